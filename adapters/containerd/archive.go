@@ -1,0 +1,190 @@
+package containerd
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containerd/containerd/content"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/images"
+	"github.com/containerd/containerd/images/archive"
+	"github.com/containerd/platforms"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"go.uber.org/zap"
+)
+
+// maxIndexDepth bounds the search through nested indexes of an archive
+// (index.json -> image index -> platform manifest is depth 2).
+const maxIndexDepth = 3
+
+// findArchive returns the archive in ImageDir that should hold want:
+// <hex>.tar when it exists, else the first *.tar whose blobs include want.
+func (r *Runtime) findArchive(ctx context.Context, want digest.Digest) (string, bool, error) {
+	if r.imageDir == "" {
+		return "", false, nil
+	}
+	named := filepath.Join(r.imageDir, want.Encoded()+".tar")
+	if _, err := os.Stat(named); err == nil {
+		return named, true, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", false, fmt.Errorf("image archive %s: %w", named, err)
+	}
+	entries, err := os.ReadDir(r.imageDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", false, nil
+		}
+		return "", false, fmt.Errorf("read image dir: %w", err)
+	}
+	blobName := path.Join("blobs", want.Algorithm().String(), want.Encoded())
+	for _, e := range entries {
+		// Dot files are partial writes by convention; skip them.
+		if e.IsDir() || strings.HasPrefix(e.Name(), ".") || !strings.HasSuffix(e.Name(), ".tar") {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return "", false, err
+		}
+		p := filepath.Join(r.imageDir, e.Name())
+		ok, err := archiveHasEntry(p, blobName)
+		if err != nil {
+			r.log.Warn("skipping unreadable image archive", zap.String("archive", p), zap.Error(err))
+			continue
+		}
+		if ok {
+			return p, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// archiveHasEntry lists a tar's headers (tar.Reader seeks over bodies of a
+// file, so this is cheap) looking for name. The entry's path only makes the
+// archive a candidate; the import verifies content by digest.
+func archiveHasEntry(p, name string) (bool, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if path.Clean(h.Name) == name {
+			return true, nil
+		}
+	}
+}
+
+// importArchive loads an OCI (or Docker) archive into the content store and
+// names only the image whose digest is want: names the archive itself
+// carries are ignored, so importing cannot retarget other images.
+func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Digest, name string) (images.Image, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return images.Image{}, 0, fmt.Errorf("open image archive: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return images.Image{}, 0, fmt.Errorf("stat image archive: %w", err)
+	}
+
+	// The lease keeps imported blobs from garbage collection until the
+	// image record references them.
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return images.Image{}, 0, fmt.Errorf("lease for import: %w", err)
+	}
+	defer func() { _ = done(context.WithoutCancel(ctx)) }()
+
+	cs := r.client.ContentStore()
+	index, err := archive.ImportIndex(ctx, cs, f)
+	if err != nil {
+		return images.Image{}, 0, fmt.Errorf("import image archive %s: %w", p, err)
+	}
+	// The store is content-addressed, so finding want here proves the
+	// archive's bytes hash to the pinned digest.
+	target, held, err := findDescriptor(ctx, cs, index, want, maxIndexDepth)
+	if err != nil {
+		return images.Image{}, 0, fmt.Errorf("read index of image archive %s: %w", p, err)
+	}
+	if target == nil {
+		return images.Image{}, 0, fmt.Errorf("%w: archive %s does not hold %s; its index lists %s",
+			ErrDigestMismatch, p, want, strings.Join(held, ", "))
+	}
+
+	handler := images.SetChildrenLabels(cs, images.FilterPlatforms(images.ChildrenHandler(cs), platforms.Default()))
+	if err := images.Walk(ctx, handler, *target); err != nil {
+		if errdefs.IsNotFound(err) {
+			return images.Image{}, 0, fmt.Errorf("image archive %s is incomplete for %s: %w", p, want, err)
+		}
+		return images.Image{}, 0, fmt.Errorf("label content of %s: %w", want, err)
+	}
+	complete, err := r.complete(ctx, *target)
+	if err != nil {
+		return images.Image{}, 0, err
+	}
+	if !complete {
+		return images.Image{}, 0, fmt.Errorf("image archive %s lacks layers of %s for %s", p, want, platforms.DefaultString())
+	}
+	img, err := r.nameImage(ctx, name, *target)
+	if err != nil {
+		return images.Image{}, 0, err
+	}
+	return img, st.Size(), nil
+}
+
+// findDescriptor searches an index and the indexes nested in it for want,
+// returning its descriptor and, for error messages, the digests it saw.
+func findDescriptor(ctx context.Context, cs content.Provider, index ocispec.Descriptor, want digest.Digest, depth int) (*ocispec.Descriptor, []string, error) {
+	p, err := content.ReadBlob(ctx, cs, index)
+	if err != nil {
+		return nil, nil, err
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(p, &idx); err != nil {
+		return nil, nil, fmt.Errorf("parse index %s: %w", index.Digest, err)
+	}
+	var held []string
+	for _, m := range idx.Manifests {
+		held = append(held, m.Digest.String())
+		if m.Digest == want {
+			d := m
+			return &d, nil, nil
+		}
+	}
+	if depth > 1 {
+		for _, m := range idx.Manifests {
+			if !images.IsIndexType(m.MediaType) {
+				continue
+			}
+			d, sub, err := findDescriptor(ctx, cs, m, want, depth-1)
+			if err != nil {
+				return nil, nil, err
+			}
+			if d != nil {
+				return d, nil, nil
+			}
+			held = append(held, sub...)
+		}
+	}
+	sort.Strings(held)
+	return nil, held, nil
+}

@@ -1,0 +1,222 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	ctrd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/images"
+	"github.com/containerd/platforms"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/agent"
+)
+
+// ErrDigestMismatch reports content whose digest is not the one a Run is
+// pinned to: a mislabelled archive, or a reference naming another digest.
+var ErrDigestMismatch = errors.New("image digest does not match the pinned digest")
+
+// Image sources reported in agent.ImageResult.
+const (
+	sourceLocal    = "local"
+	sourceArchive  = "archive"
+	sourceRegistry = "registry"
+)
+
+// EnsureImage makes the image pinned by spec.ManifestDigest present (from
+// containerd, else an archive in ImageDir, else a registry pull) under the
+// name spec.Reference, and unpacks it when asked.
+func (r *Runtime) EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.ImageResult, error) {
+	ctx = r.ctx(ctx)
+	want, err := digest.Parse(spec.ManifestDigest)
+	if err != nil {
+		return agent.ImageResult{}, fmt.Errorf("ensure image %q: invalid manifest digest %q: %w", spec.Reference, spec.ManifestDigest, err)
+	}
+	if err := checkReference(spec.Reference, want); err != nil {
+		return agent.ImageResult{}, err
+	}
+	name := spec.Reference
+	if name == "" {
+		name = want.String()
+	}
+	log := r.log.With(zap.String("image", name))
+
+	// Concurrent Runs of one image import it once; the rest see it present.
+	unlock, err := r.imageLocks.lock(ctx, want.String())
+	if err != nil {
+		return agent.ImageResult{}, err
+	}
+	defer unlock()
+
+	img, found, err := r.findImage(ctx, want, name)
+	if err != nil {
+		return agent.ImageResult{}, err
+	}
+	if found {
+		if img.Name != name {
+			if img, err = r.nameImage(ctx, name, img.Target); err != nil {
+				return agent.ImageResult{}, err
+			}
+		}
+		if err := r.unpackIfAsked(ctx, img, spec.Unpack); err != nil {
+			return agent.ImageResult{}, err
+		}
+		return agent.ImageResult{AlreadyPresent: true, Source: sourceLocal}, nil
+	}
+
+	archivePath, found, err := r.findArchive(ctx, want)
+	if err != nil {
+		return agent.ImageResult{}, err
+	}
+	if found {
+		img, size, err := r.importArchive(ctx, archivePath, want, name)
+		if err != nil {
+			return agent.ImageResult{}, err
+		}
+		if err := r.unpackIfAsked(ctx, img, spec.Unpack); err != nil {
+			return agent.ImageResult{}, err
+		}
+		log.Info("imported image archive", zap.String("archive", archivePath), zap.Int64("bytes", size))
+		return agent.ImageResult{Source: sourceArchive, FetchedBytes: size}, nil
+	}
+
+	if spec.Reference == "" {
+		return agent.ImageResult{}, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and no reference to pull was given",
+			agent.ErrImageNotFound, want, r.imageDir)
+	}
+	fetched, err := r.pull(ctx, spec, want)
+	if err != nil {
+		return agent.ImageResult{}, err
+	}
+	log.Info("pulled image", zap.Int64("bytes", fetched))
+	return agent.ImageResult{Source: sourceRegistry, FetchedBytes: fetched}, nil
+}
+
+// checkReference refuses a name@digest reference whose digest is not want.
+func checkReference(ref string, want digest.Digest) error {
+	i := strings.LastIndex(ref, "@")
+	if i < 0 {
+		return nil
+	}
+	if got := ref[i+1:]; got != want.String() {
+		return fmt.Errorf("%w: reference %s pins %s, the run pins %s", ErrDigestMismatch, ref, got, want)
+	}
+	return nil
+}
+
+// findImage returns an image record targeting want whose content is all
+// present, preferring the one called name.
+func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string) (images.Image, bool, error) {
+	recs, err := r.client.ImageService().List(ctx, "target.digest=="+want.String())
+	if err != nil {
+		return images.Image{}, false, fmt.Errorf("list images with digest %s: %w", want, err)
+	}
+	var best images.Image
+	found := false
+	for _, rec := range recs {
+		complete, err := r.complete(ctx, rec.Target)
+		if err != nil {
+			return images.Image{}, false, err
+		}
+		if !complete {
+			continue
+		}
+		if !found || rec.Name == name {
+			best, found = rec, true
+		}
+	}
+	return best, found, nil
+}
+
+// complete says whether the manifest, config and layers for this platform
+// are all in the content store. A record alone can outlive its content.
+func (r *Runtime) complete(ctx context.Context, target ocispec.Descriptor) (bool, error) {
+	available, _, _, missing, err := images.Check(ctx, r.client.ContentStore(), target, platforms.Default())
+	if err != nil {
+		return false, fmt.Errorf("check content of %s: %w", target.Digest, err)
+	}
+	return available && len(missing) == 0, nil
+}
+
+// nameImage points the record called name at target, creating it if needed.
+func (r *Runtime) nameImage(ctx context.Context, name string, target ocispec.Descriptor) (images.Image, error) {
+	is := r.client.ImageService()
+	rec := images.Image{Name: name, Target: target}
+	img, err := is.Update(ctx, rec, "target")
+	if errdefs.IsNotFound(err) {
+		img, err = is.Create(ctx, rec)
+		if errdefs.IsAlreadyExists(err) { // lost a race with another namer
+			img, err = is.Update(ctx, rec, "target")
+		}
+	}
+	if err != nil {
+		return images.Image{}, fmt.Errorf("name image %s: %w", name, err)
+	}
+	return img, nil
+}
+
+func (r *Runtime) unpackIfAsked(ctx context.Context, rec images.Image, unpack bool) error {
+	if !unpack {
+		return nil
+	}
+	img := ctrd.NewImageWithPlatform(r.client, rec, platforms.Default())
+	return r.unpack(ctx, img)
+}
+
+// unpack makes the image's layers available in the snapshotter.
+func (r *Runtime) unpack(ctx context.Context, img ctrd.Image) error {
+	ok, err := img.IsUnpacked(ctx, r.snapshotter)
+	if err != nil {
+		return fmt.Errorf("check unpacked %s: %w", img.Name(), err)
+	}
+	if ok {
+		return nil
+	}
+	if err := img.Unpack(ctx, r.snapshotter); err != nil {
+		return fmt.Errorf("unpack %s into %s: %w", img.Name(), r.snapshotter, err)
+	}
+	return nil
+}
+
+// pull fetches from the reference's registry, counting bytes it had to
+// download (content already present is not fetched again).
+func (r *Runtime) pull(ctx context.Context, spec agent.ImageSpec, want digest.Digest) (int64, error) {
+	cs := r.client.ContentStore()
+	var fetched atomic.Int64
+	count := images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		// Runs before the fetch handler, so absent content is about to be downloaded.
+		if _, err := cs.Info(ctx, desc.Digest); errdefs.IsNotFound(err) {
+			fetched.Add(desc.Size)
+		}
+		return nil, nil
+	})
+	opts := []ctrd.RemoteOpt{
+		ctrd.WithImageHandler(count),
+		ctrd.WithPlatformMatcher(platforms.Default()),
+		ctrd.WithPullSnapshotter(r.snapshotter),
+	}
+	if spec.Unpack {
+		opts = append(opts, ctrd.WithPullUnpack)
+	}
+	img, err := r.client.Pull(ctx, spec.Reference, opts...)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("pull %s: %w", spec.Reference, ctx.Err())
+		}
+		// The error carries the registry's answer but no credentials: the
+		// default resolver is anonymous.
+		return 0, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and pulling it failed: %w",
+			agent.ErrImageNotFound, spec.Reference, r.imageDir, err)
+	}
+	if got := img.Target().Digest; got != want {
+		_ = r.client.ImageService().Delete(ctx, img.Name())
+		return 0, fmt.Errorf("%w: registry served %s for %s, the run pins %s", ErrDigestMismatch, got, spec.Reference, want)
+	}
+	return fetched.Load(), nil
+}

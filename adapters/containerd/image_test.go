@@ -1,0 +1,103 @@
+package containerd
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/containerd/errdefs"
+	digest "github.com/opencontainers/go-digest"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+func (f *fixture) testEnsureImage(t *testing.T) {
+	t.Run("ImportThenPresent", func(t *testing.T) {
+		t.Parallel()
+		img := testenv.BuildBusyboxImage(t, f.imageDir, "import", testenv.WithFile("/etc/variant", "import"))
+		spec := agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
+		ctx := f.rt.ctx(testCtx(t))
+
+		res, err := f.rt.EnsureImage(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := agent.ImageResult{Source: "archive", FetchedBytes: img.SizeBytes}
+		if res != want {
+			t.Fatalf("first EnsureImage = %+v, want %+v", res, want)
+		}
+		rec, err := f.rt.client.ImageService().Get(ctx, img.Reference)
+		if err != nil {
+			t.Fatalf("image record named by reference: %v", err)
+		}
+		if rec.Target.Digest.String() != img.ManifestDigest {
+			t.Fatalf("image target %s, want %s", rec.Target.Digest, img.ManifestDigest)
+		}
+		// Names carried inside the archive are not imported.
+		if _, err := f.rt.client.ImageService().Get(ctx, "localhost/import:latest"); !errdefs.IsNotFound(err) {
+			t.Fatalf("archive's own name was imported (err %v)", err)
+		}
+
+		res, err = f.rt.EnsureImage(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (agent.ImageResult{AlreadyPresent: true, Source: "local"}); res != want {
+			t.Fatalf("second EnsureImage = %+v, want %+v", res, want)
+		}
+	})
+
+	t.Run("ArchiveFoundByScan", func(t *testing.T) {
+		t.Parallel()
+		img := testenv.BuildBusyboxImage(t, t.TempDir(), "scan", testenv.WithFile("/etc/variant", "scan"))
+		if err := os.Rename(img.ArchivePath, filepath.Join(f.imageDir, "some-name.tar")); err != nil {
+			t.Fatal(err)
+		}
+		res, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Source != "archive" || res.AlreadyPresent {
+			t.Fatalf("EnsureImage = %+v, want an archive import", res)
+		}
+	})
+
+	t.Run("MislabelledArchiveRefused", func(t *testing.T) {
+		t.Parallel()
+		other := digest.FromString("some other image")
+		img := testenv.BuildBusyboxImage(t, t.TempDir(), "liar", testenv.WithFile("/etc/variant", "liar"))
+		if err := os.Rename(img.ArchivePath, filepath.Join(f.imageDir, other.Encoded()+".tar")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: "localhost/liar@" + other.String(), ManifestDigest: other.String()})
+		requireIs(t, err, ErrDigestMismatch)
+		t.Log(err)
+		recs, lerr := f.rt.client.ImageService().List(f.rt.ctx(testCtx(t)), "target.digest=="+img.ManifestDigest)
+		if lerr != nil || len(recs) != 0 {
+			t.Fatalf("refused archive left image records %v (err %v)", recs, lerr)
+		}
+	})
+
+	t.Run("ReferencePinsOtherDigest", func(t *testing.T) {
+		t.Parallel()
+		other := digest.FromString("x")
+		_, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: f.image.Reference, ManifestDigest: other.String()})
+		requireIs(t, err, ErrDigestMismatch)
+	})
+
+	t.Run("NotFoundAnywhere", func(t *testing.T) {
+		t.Parallel()
+		missing := digest.FromString("nowhere")
+		_, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: "localhost/nowhere@" + missing.String(), ManifestDigest: missing.String()})
+		requireIs(t, err, agent.ErrImageNotFound)
+		t.Log(err)
+	})
+
+	t.Run("InvalidDigest", func(t *testing.T) {
+		t.Parallel()
+		if _, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: "x", ManifestDigest: "sha256:nothex"}); err == nil {
+			t.Fatal("invalid digest accepted")
+		}
+	})
+}

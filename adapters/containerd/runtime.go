@@ -1,0 +1,195 @@
+// Package containerd owns running workloads through a containerd daemon: it
+// implements agent.Runtime on top of the containerd client, keeping every
+// fact it needs to survive an agent restart (start time, exit, OOM) in
+// containerd itself rather than in the agent's memory.
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	ctrd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/sirupsen/logrus"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/agent"
+)
+
+// Defaults for Options.
+const (
+	DefaultAddress   = "/run/containerd/containerd.sock"
+	DefaultNamespace = "warmfleet"
+	// runcRuntime is containerd's runc shim v2, the only runtime we use.
+	runcRuntime = "io.containerd.runc.v2"
+)
+
+// Options configures a Runtime.
+type Options struct {
+	// Address is containerd's gRPC socket; DefaultAddress when empty.
+	Address string
+	// Namespace isolates this agent's images and containers in containerd;
+	// DefaultNamespace when empty.
+	Namespace string
+	// ImageDir holds OCI image archives (<hex>.tar) EnsureImage imports
+	// before it tries a registry. Empty disables archive lookup.
+	ImageDir string
+	// Snapshotter is the containerd snapshotter for rootfs. Empty means
+	// "overlayfs", falling back to "native" when overlayfs did not load.
+	Snapshotter string
+	// LogDir receives each workload's stdout+stderr as <id>.log. Empty
+	// means a directory under os.TempDir named for the namespace.
+	LogDir string
+	// Logger gets the adapter's logs; zap.NewNop when nil.
+	Logger *zap.Logger
+}
+
+// Runtime runs workloads through containerd. It implements agent.Runtime
+// and is safe for concurrent use.
+type Runtime struct {
+	client      *ctrd.Client
+	namespace   string
+	imageDir    string
+	snapshotter string
+	logDir      string
+	log         *zap.Logger
+	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
+
+	imageLocks keyedMutex
+
+	// stop ends background work (the OOM watcher); done says it ended.
+	stop      context.CancelFunc
+	done      sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ agent.Runtime = (*Runtime)(nil)
+
+// New connects to containerd and starts watching for OOM events. ctx bounds
+// only the connection and the checks New makes; Close ends the Runtime.
+func New(ctx context.Context, opts Options) (*Runtime, error) {
+	if opts.Address == "" {
+		opts.Address = DefaultAddress
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	if opts.LogDir == "" {
+		opts.LogDir = filepath.Join(os.TempDir(), "warmfleet-"+opts.Namespace+"-logs")
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	log := opts.Logger.With(zap.String("runtime", "containerd"), zap.String("namespace", opts.Namespace))
+
+	if err := os.MkdirAll(opts.LogDir, 0o700); err != nil {
+		return nil, fmt.Errorf("containerd runtime: create log dir: %w", err)
+	}
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(dl); timeout <= 0 {
+			return nil, fmt.Errorf("containerd runtime: connect: %w", context.DeadlineExceeded)
+		}
+	}
+	client, err := ctrd.New(opts.Address, ctrd.WithDefaultNamespace(opts.Namespace), ctrd.WithTimeout(timeout))
+	if err != nil {
+		return nil, fmt.Errorf("containerd runtime: connect to %s: %w", opts.Address, err)
+	}
+	r := &Runtime{
+		client:    client,
+		namespace: opts.Namespace,
+		imageDir:  opts.ImageDir,
+		logDir:    opts.LogDir,
+		log:       log,
+		clientLog: newClientLog(log),
+	}
+	nsctx := r.ctx(ctx)
+	if _, err := client.Version(nsctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("containerd runtime: daemon at %s does not answer: %w", opts.Address, err)
+	}
+	r.snapshotter, err = chooseSnapshotter(nsctx, client, opts.Snapshotter)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
+	log.Info("connected", zap.String("address", opts.Address), zap.String("snapshotter", r.snapshotter))
+
+	// The watcher must not die with New's ctx, only with Close.
+	watchCtx, stop := context.WithCancel(context.WithoutCancel(nsctx))
+	r.stop = stop
+	r.done.Add(1)
+	go func() {
+		defer r.done.Done()
+		r.watchOOM(watchCtx)
+	}()
+	return r, nil
+}
+
+// Close stops background work and closes the connection; calling it again
+// does nothing. Workloads keep running: containerd's shims own them, not
+// this process.
+func (r *Runtime) Close() error {
+	r.closeOnce.Do(func() {
+		r.stop()
+		r.done.Wait()
+		r.closeErr = r.client.Close()
+	})
+	return r.closeErr
+}
+
+// Snapshotter reports the snapshotter in use (after any fallback).
+func (r *Runtime) Snapshotter() string { return r.snapshotter }
+
+// LogPath is where the workload's stdout and stderr are written. Remove
+// deletes it, so read it before removing the workload.
+func (r *Runtime) LogPath(id string) string {
+	return filepath.Join(r.logDir, id+".log")
+}
+
+// Info names containerd and its version.
+func (r *Runtime) Info(ctx context.Context) (agent.RuntimeInfo, error) {
+	v, err := r.client.Version(r.ctx(ctx))
+	if err != nil {
+		return agent.RuntimeInfo{}, fmt.Errorf("containerd version: %w", err)
+	}
+	return agent.RuntimeInfo{Name: "containerd", Version: v.Version}, nil
+}
+
+// ctx scopes a call to this Runtime's namespace and routes the client's
+// own logging into the Runtime's logger.
+func (r *Runtime) ctx(ctx context.Context) context.Context {
+	return withClientLog(namespaces.WithNamespace(ctx, r.namespace), r.clientLog)
+}
+
+// chooseSnapshotter returns want when given, else overlayfs if it loaded,
+// else native. overlayfs fails to load where the root filesystem cannot
+// host overlay mounts (e.g. overlay on overlay, some tmpfs setups).
+func chooseSnapshotter(ctx context.Context, client *ctrd.Client, want string) (string, error) {
+	resp, err := client.IntrospectionService().Plugins(ctx, []string{`type=="io.containerd.snapshotter.v1"`})
+	if err != nil {
+		return "", fmt.Errorf("list snapshotters: %w", err)
+	}
+	usable := map[string]bool{}
+	for _, p := range resp.Plugins {
+		usable[p.ID] = p.InitErr == nil
+	}
+	if want != "" {
+		if !usable[want] {
+			return "", fmt.Errorf("snapshotter %q is not loaded in containerd", want)
+		}
+		return want, nil
+	}
+	for _, name := range []string{"overlayfs", "native"} {
+		if usable[name] {
+			return name, nil
+		}
+	}
+	return "", errors.New("neither overlayfs nor native snapshotter is loaded in containerd")
+}

@@ -1,0 +1,125 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+// fixture is shared by the subtests of TestRuntime: one containerd daemon
+// and one imported image keep the suite fast on small machines.
+type fixture struct {
+	env      *testenv.Containerd
+	imageDir string
+	image    testenv.Image // imported and unpacked before subtests run
+	rt       *Runtime
+}
+
+// TestRuntime runs every adapter test against one real containerd.
+func TestRuntime(t *testing.T) {
+	start := time.Now()
+	env := testenv.StartContainerd(t)
+	t.Logf("containerd ready in %v", time.Since(start))
+	f := &fixture{env: env, imageDir: t.TempDir()}
+	f.image = testenv.BuildBusyboxImage(t, f.imageDir, "busybox")
+	f.rt = f.newRuntime(t)
+	if _, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{
+		Reference: f.image.Reference, ManifestDigest: f.image.ManifestDigest, Unpack: true,
+	}); err != nil {
+		t.Fatalf("EnsureImage: %v", err)
+	}
+
+	t.Run("Info", f.testInfo)
+	t.Run("EnsureImage", f.testEnsureImage)
+	t.Run("Workload", f.testWorkload)
+	t.Run("Stop", f.testStop)
+	t.Run("OOM", f.testOOM)
+	t.Run("Restart", f.testRestart)
+}
+
+// newRuntime connects a fresh Runtime, closed when t ends; a second one
+// stands in for a restarted agent.
+func (f *fixture) newRuntime(t *testing.T) *Runtime {
+	t.Helper()
+	rt, err := New(testCtx(t), Options{
+		Address:   f.env.Address,
+		Namespace: f.env.Namespace,
+		ImageDir:  f.imageDir,
+		LogDir:    f.env.Dir + "/logs",
+		Logger:    zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return rt
+}
+
+// testCtx bounds a test's calls so a hang fails instead of stalling CI.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (f *fixture) testInfo(t *testing.T) {
+	t.Parallel()
+	info, err := f.rt.Info(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Name != "containerd" || info.Version == "" {
+		t.Fatalf("Info = %+v", info)
+	}
+	if f.rt.Snapshotter() == "" {
+		t.Fatal("no snapshotter chosen")
+	}
+	t.Logf("%+v, snapshotter %s", info, f.rt.Snapshotter())
+}
+
+// launch starts a workload from the fixture image and removes it when t ends.
+func (f *fixture) launch(t *testing.T, rt *Runtime, spec agent.WorkloadSpec) agent.WorkloadStatus {
+	t.Helper()
+	spec.ImageReference = f.image.Reference
+	spec.ManifestDigest = f.image.ManifestDigest
+	st, err := rt.Launch(testCtx(t), spec)
+	if err != nil {
+		t.Fatalf("Launch %s: %v", spec.ID, err)
+	}
+	t.Cleanup(func() {
+		if err := f.rt.Remove(context.Background(), spec.ID); err != nil {
+			t.Errorf("Remove %s: %v", spec.ID, err)
+		}
+	})
+	return st
+}
+
+// wait waits for a workload and checks it exited.
+func wait(t *testing.T, rt *Runtime, id string) agent.WorkloadStatus {
+	t.Helper()
+	st, err := rt.Wait(testCtx(t), id)
+	if err != nil {
+		t.Fatalf("Wait %s: %v", id, err)
+	}
+	if st.State != agent.WorkloadExited {
+		t.Fatalf("Wait %s: state %s, want exited", id, st.State)
+	}
+	return st
+}
+
+func requireIs(t *testing.T, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("error %v, want one matching %q", err, target)
+	}
+}

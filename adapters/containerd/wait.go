@@ -1,0 +1,139 @@
+package containerd
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	ctrd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/agent"
+)
+
+// Wait blocks until the workload's task exits and returns its final status.
+// It reattaches to a task started by an earlier process: containerd's shim
+// keeps the task (and its exit status) while the agent is down. A workload
+// without a task returns at once with what its labels recorded.
+func (r *Runtime) Wait(ctx context.Context, id string) (agent.WorkloadStatus, error) {
+	ctx = r.ctx(ctx)
+	container, err := r.load(ctx, id)
+	if err != nil {
+		return agent.WorkloadStatus{}, err
+	}
+	task, err := container.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return r.status(ctx, container)
+	}
+	if err != nil {
+		return agent.WorkloadStatus{}, fmt.Errorf("wait %s: load task: %w", id, err)
+	}
+	es, err := waitExit(ctx, task)
+	if err != nil {
+		if errdefs.IsNotFound(err) { // task deleted while we waited
+			return r.status(ctx, container)
+		}
+		return agent.WorkloadStatus{}, fmt.Errorf("wait %s: %w", id, err)
+	}
+	st, err := r.status(ctx, container)
+	if err != nil {
+		return agent.WorkloadStatus{}, err
+	}
+	if st.State != agent.WorkloadExited {
+		// The task was deleted between its exit and our look: trust the
+		// exit we saw, and keep it for later readers.
+		st.State = agent.WorkloadExited
+		st.ExitCode = int(es.ExitCode())
+		st.FinishedAt = es.ExitTime()
+		r.recordExit(ctx, container, nil, st)
+	}
+	return st, nil
+}
+
+// waitExit waits for the task to exit or ctx to end. It returns only after
+// the client's waiting goroutine has finished.
+func waitExit(ctx context.Context, task ctrd.Task) (ctrd.ExitStatus, error) {
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := task.Wait(waitCtx)
+	if err != nil {
+		return ctrd.ExitStatus{}, err
+	}
+	select {
+	case es := <-ch:
+		if err := es.Error(); err != nil {
+			if ctx.Err() != nil {
+				return ctrd.ExitStatus{}, ctx.Err()
+			}
+			return ctrd.ExitStatus{}, err
+		}
+		return es, nil
+	case <-ctx.Done():
+		cancel()
+		for range ch { // closed once the goroutine's Wait call returns
+		}
+		return ctrd.ExitStatus{}, ctx.Err()
+	}
+}
+
+// Stop sends SIGTERM to the workload's main process, waits up to grace for
+// it to exit, then SIGKILLs every process in the container. A workload that
+// has exited or never got a task is not an error; an unknown id returns
+// agent.ErrWorkloadNotFound.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	ctx = r.ctx(ctx)
+	container, err := r.load(ctx, id)
+	if err != nil {
+		return err
+	}
+	task, err := container.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stop %s: load task: %w", id, err)
+	}
+	// Waiting starts before the signal so the exit cannot be missed.
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited, err := task.Wait(waitCtx)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("stop %s: wait: %w", id, err)
+	}
+	defer func() {
+		cancel()
+		for range exited {
+		}
+	}()
+
+	if err := task.Kill(ctx, syscall.SIGTERM); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("stop %s: SIGTERM: %w", id, err)
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-exited:
+	case <-timer.C:
+		r.log.Info("workload ignored SIGTERM; killing", zap.String("workload", id), zap.Duration("grace", grace))
+		if err := task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("stop %s: SIGKILL: %w", id, err)
+		}
+		select {
+		case <-exited:
+		case <-ctx.Done():
+			return fmt.Errorf("stop %s: waiting for exit after SIGKILL: %w", id, ctx.Err())
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("stop %s: %w", id, ctx.Err())
+	}
+	// Record the exit now, while the task still holds it.
+	if _, err := r.status(ctx, container); err != nil {
+		r.log.Warn("record exit after stop", zap.String("workload", id), zap.Error(err))
+	}
+	return nil
+}

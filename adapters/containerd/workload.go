@@ -1,0 +1,317 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	ctrd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/oci"
+	"github.com/containerd/platforms"
+	digest "github.com/opencontainers/go-digest"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/agent"
+)
+
+// cleanupTimeout bounds the undo of a failed Launch, which runs even when
+// the caller's context has ended.
+const cleanupTimeout = 30 * time.Second
+
+// Launch creates the container (new snapshot, OCI spec from the image plus
+// spec's command, env and limits) and starts its task with stdout and
+// stderr going to LogPath(id). On failure nothing is left behind.
+func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+	ctx = r.ctx(ctx)
+	if spec.ID == "" {
+		return agent.WorkloadStatus{}, errors.New("launch: empty workload id")
+	}
+	for k := range spec.Labels {
+		if strings.HasPrefix(k, labelPrefix) {
+			return agent.WorkloadStatus{}, fmt.Errorf("launch %s: label %q uses the reserved prefix %q", spec.ID, k, labelPrefix)
+		}
+	}
+	if _, err := r.client.LoadContainer(ctx, spec.ID); err == nil {
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, agent.ErrWorkloadExists)
+	} else if !errdefs.IsNotFound(err) {
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: look up container: %w", spec.ID, err)
+	}
+
+	img, err := r.imageForLaunch(ctx, spec)
+	if err != nil {
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+
+	labels := make(map[string]string, len(spec.Labels)+1)
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	labels[labelManaged] = "true"
+	container, err := r.client.NewContainer(ctx, spec.ID,
+		ctrd.WithImage(img),
+		ctrd.WithSnapshotter(r.snapshotter),
+		ctrd.WithNewSnapshot(spec.ID, img),
+		ctrd.WithRuntime(runcRuntime, nil),
+		ctrd.WithNewSpec(specOpts(img, spec)...),
+		ctrd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		if errdefs.IsAlreadyExists(err) {
+			// Only a container makes the workload exist; a stray snapshot
+			// of the same key is a different failure.
+			if _, lerr := r.client.LoadContainer(ctx, spec.ID); lerr == nil {
+				return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, agent.ErrWorkloadExists)
+			}
+		}
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: create container: %w", spec.ID, err)
+	}
+
+	logPath := r.LogPath(spec.ID)
+	// A reused id must not inherit an earlier workload's output.
+	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.undoLaunch(ctx, container, nil)
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: clear old log: %w", spec.ID, err)
+	}
+	// The shim writes the log file itself, so output keeps flowing while
+	// the agent is down and never reaches the agent's own stdio.
+	task, err := container.NewTask(ctx, cio.LogFile(logPath))
+	if err != nil {
+		r.undoLaunch(ctx, container, nil)
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: create task: %w", spec.ID, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		r.undoLaunch(ctx, container, task)
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: start task: %w", spec.ID, err)
+	}
+	started := time.Now()
+	if _, err := container.SetLabels(ctx, map[string]string{labelStartedAt: formatTime(started)}); err != nil {
+		// The workload runs; failing Launch now would hide it. Later
+		// readers fall back to the container's creation time.
+		r.log.Warn("record start time", zap.String("workload", spec.ID), zap.Error(err))
+	}
+	r.log.Info("launched workload", zap.String("workload", spec.ID), zap.Uint32("pid", task.Pid()))
+	return agent.WorkloadStatus{
+		ID:        spec.ID,
+		State:     agent.WorkloadRunning,
+		Labels:    userLabels(labels),
+		StartedAt: started,
+	}, nil
+}
+
+// imageForLaunch finds the pinned image in containerd and makes sure it is
+// unpacked. It does not fetch: that is EnsureImage's job.
+func (r *Runtime) imageForLaunch(ctx context.Context, spec agent.WorkloadSpec) (ctrd.Image, error) {
+	want, err := digest.Parse(spec.ManifestDigest)
+	if err != nil {
+		return nil, fmt.Errorf("invalid manifest digest %q: %w", spec.ManifestDigest, err)
+	}
+	rec, found, err := r.findImage(ctx, want, spec.ImageReference)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: %s (%s) is not in containerd; EnsureImage first", agent.ErrImageNotFound, spec.ImageReference, want)
+	}
+	img := ctrd.NewImageWithPlatform(r.client, rec, platforms.Default())
+	if err := r.unpack(ctx, img); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// specOpts builds the OCI spec: the image's config, then the overrides.
+func specOpts(img ctrd.Image, spec agent.WorkloadSpec) []oci.SpecOpts {
+	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
+	if len(spec.Command) > 0 {
+		opts = append(opts, oci.WithProcessArgs(spec.Command...))
+	}
+	if len(spec.Env) > 0 {
+		opts = append(opts, oci.WithEnv(spec.Env))
+	}
+	if spec.CPUMillis > 0 {
+		const period = 100_000 // µs, the kernel's default CFS period
+		quota := spec.CPUMillis * period / 1000
+		if quota < 1000 { // the kernel's minimum quota
+			quota = 1000
+		}
+		opts = append(opts, oci.WithCPUCFS(quota, period))
+	}
+	if spec.MemoryBytes > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(spec.MemoryBytes)))
+		if swapLimitSupported() {
+			// memory+swap == memory: the limit cannot be dodged by swapping,
+			// so exceeding it is an OOM kill, not a slowdown.
+			opts = append(opts, oci.WithMemorySwap(spec.MemoryBytes))
+		}
+	}
+	return opts
+}
+
+// undoLaunch removes what a failed Launch created, even if ctx has ended.
+func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task ctrd.Task) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if task != nil {
+		if _, err := task.Delete(ctx, ctrd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			r.log.Warn("undo launch: delete task", zap.String("workload", container.ID()), zap.Error(err))
+		}
+	}
+	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		r.log.Warn("undo launch: delete container", zap.String("workload", container.ID()), zap.Error(err))
+	}
+	_ = os.Remove(r.LogPath(container.ID()))
+}
+
+// Inspect reports the workload's current status.
+func (r *Runtime) Inspect(ctx context.Context, id string) (agent.WorkloadStatus, error) {
+	ctx = r.ctx(ctx)
+	container, err := r.load(ctx, id)
+	if err != nil {
+		return agent.WorkloadStatus{}, err
+	}
+	return r.status(ctx, container)
+}
+
+// List returns the workloads this adapter created in its namespace.
+func (r *Runtime) List(ctx context.Context) ([]agent.WorkloadStatus, error) {
+	ctx = r.ctx(ctx)
+	containers, err := r.client.Containers(ctx, managedFilter)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]agent.WorkloadStatus, 0, len(containers))
+	for _, c := range containers {
+		st, err := r.status(ctx, c)
+		if errdefs.IsNotFound(err) {
+			continue // removed while we listed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("status of %s: %w", c.ID(), err)
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Remove deletes the workload's task (killing it if it still runs), its
+// container, snapshot and log. A missing workload is not an error.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	ctx = r.ctx(ctx)
+	container, err := r.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	task, err := container.Task(ctx, nil)
+	switch {
+	case err == nil:
+		if _, err := task.Delete(ctx, ctrd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove %s: delete task: %w", id, err)
+		}
+	case !errdefs.IsNotFound(err):
+		return fmt.Errorf("remove %s: load task: %w", id, err)
+	}
+	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove %s: delete container: %w", id, err)
+	}
+	if err := os.Remove(r.LogPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.log.Warn("remove log", zap.String("workload", id), zap.Error(err))
+	}
+	r.log.Info("removed workload", zap.String("workload", id))
+	return nil
+}
+
+// load finds a container, mapping absence to agent.ErrWorkloadNotFound.
+func (r *Runtime) load(ctx context.Context, id string) (ctrd.Container, error) {
+	container, err := r.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("workload %s: %w", id, agent.ErrWorkloadNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: load container: %w", id, err)
+	}
+	return container, nil
+}
+
+// status combines the task's live state with what the labels recorded.
+func (r *Runtime) status(ctx context.Context, container ctrd.Container) (agent.WorkloadStatus, error) {
+	info, err := container.Info(ctx)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return agent.WorkloadStatus{}, fmt.Errorf("workload %s: %w: %w", container.ID(), agent.ErrWorkloadNotFound, err)
+		}
+		return agent.WorkloadStatus{}, fmt.Errorf("workload %s: container info: %w", container.ID(), err)
+	}
+	st := agent.WorkloadStatus{
+		ID:        info.ID,
+		State:     agent.WorkloadUnknown,
+		Labels:    userLabels(info.Labels),
+		StartedAt: parseTime(info.Labels[labelStartedAt]),
+		OOMKilled: info.Labels[labelOOMKilled] == "true",
+	}
+	task, err := container.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		// No task: deleted, never started, or lost with a reboot. Only an
+		// exit someone recorded is known; anything else is unknown.
+		if code, finished, ok := storedExit(info.Labels); ok {
+			st.State, st.ExitCode, st.FinishedAt = agent.WorkloadExited, code, finished
+		}
+		return st, nil
+	}
+	if err != nil {
+		return agent.WorkloadStatus{}, fmt.Errorf("workload %s: load task: %w", info.ID, err)
+	}
+	ts, err := task.Status(ctx)
+	if errdefs.IsNotFound(err) {
+		return st, nil // deleted between the two calls
+	}
+	if err != nil {
+		return agent.WorkloadStatus{}, fmt.Errorf("workload %s: task status: %w", info.ID, err)
+	}
+	switch ts.Status {
+	case ctrd.Created:
+		st.State = agent.WorkloadCreated
+	case ctrd.Running, ctrd.Paused, ctrd.Pausing:
+		st.State = agent.WorkloadRunning
+		st.StartedAt = startedAt(info)
+	case ctrd.Stopped:
+		st.State = agent.WorkloadExited
+		st.StartedAt = startedAt(info)
+		st.ExitCode = int(ts.ExitStatus)
+		st.FinishedAt = ts.ExitTime
+		st.OOMKilled = st.OOMKilled || r.cgroupOOMKilled(ctx, container)
+		r.recordExit(ctx, container, info.Labels, st)
+	}
+	return st, nil
+}
+
+// startedAt is the recorded start, else (the agent died between starting
+// the task and recording it) the container's creation, which precedes the
+// start by the time it takes to create a task.
+func startedAt(info containers.Container) time.Time {
+	if t := parseTime(info.Labels[labelStartedAt]); !t.IsZero() {
+		return t
+	}
+	return info.CreatedAt
+}
+
+// recordExit stores a final status in labels once, so it survives the
+// task's deletion or a reboot.
+func (r *Runtime) recordExit(ctx context.Context, container ctrd.Container, labels map[string]string, st agent.WorkloadStatus) {
+	if _, ok := labels[labelExitCode]; ok && (labels[labelOOMKilled] == "true") == st.OOMKilled {
+		return
+	}
+	if _, err := container.SetLabels(ctx, exitLabels(st)); err != nil && !errdefs.IsNotFound(err) {
+		r.log.Warn("record exit", zap.String("workload", st.ID), zap.Error(err))
+	}
+}

@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Version is the agent build reported at enrollment.
+const Version = "0.1.0"
+
+// Config describes one node agent.
+type Config struct {
+	NodeID     string
+	RentalID   string
+	Generation uint64
+	// EnrollmentToken is the bootstrap secret; it is sent once and never logged.
+	EnrollmentToken string
+	// DataDir holds the operation journal.
+	DataDir string
+	// Capacity is what this node offers; zero fields are filled from facts.
+	Capacity     schemas.Resources
+	MaxWorkloads int
+	// StopGrace is used when the node itself stops a workload (max runtime).
+	StopGrace time.Duration
+	Now       func() time.Time
+}
+
+// Agent is one node's agent. Run drives it.
+type Agent struct {
+	cfg     Config
+	conn    *bus.Conn
+	rt      Runtime
+	log     *zap.Logger
+	journal *Journal
+
+	mu  sync.Mutex
+	enr schemas.Enrollment
+	// watching holds the workloads this process waits on, by workload id.
+	watching map[string]context.CancelFunc
+	// attempts serialises the commands of one attempt, in arrival order.
+	queues map[string]chan jetstream.Msg
+
+	wg sync.WaitGroup // every goroutine the agent starts
+}
+
+// New returns an agent; it opens the journal but talks to nobody yet.
+func New(cfg Config, conn *bus.Conn, rt Runtime, log *zap.Logger) (*Agent, error) {
+	if err := schemas.ValidateID("node_id", cfg.NodeID, schemas.CodeMalformed); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("agent: a data dir is required for the operation journal")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = schemas.DefaultGraceSeconds * time.Second
+	}
+	j, err := OpenJournal(cfg.DataDir, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, conn: conn, rt: rt, log: log.With(zap.String("node_id", cfg.NodeID)), journal: j,
+		watching: map[string]context.CancelFunc{}, queues: map[string]chan jetstream.Msg{}}, nil
+}
+
+// Enrollment returns the current session (zero before enrolling).
+func (a *Agent) Enrollment() schemas.Enrollment {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.enr
+}
+
+// Run enrolls, reconciles what the runtime already holds, and serves
+// commands and heartbeats until ctx ends. Workloads keep running when the
+// agent stops; the next agent process picks them up.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.journal.Close()
+	defer a.wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	facts := a.facts(ctx)
+	enr, err := a.enroll(ctx, facts)
+	if err != nil {
+		return err
+	}
+	cons, err := a.conn.JS.Consumer(ctx, bus.StreamCmds, enr.Consumer)
+	if err != nil {
+		return fmt.Errorf("agent: bind command consumer %s: %w", enr.Consumer, err)
+	}
+	if err := a.reconcile(ctx, facts); err != nil {
+		a.log.Warn("reconcile after start", zap.Error(err))
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { a.enqueue(ctx, m) },
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			a.log.Debug("command consumer", zap.Error(err))
+		}))
+	if err != nil {
+		return fmt.Errorf("agent: consume commands: %w", err)
+	}
+	defer cc.Stop()
+	a.log.Info("agent serving", zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("resumed", enr.Duplicate))
+	a.heartbeat(ctx, time.Duration(enr.HeartbeatSeconds)*time.Second)
+	return nil
+}
+
+// enroll asks the control plane for a session, retrying until it answers:
+// a core request has no redelivery, and an agent started before its control
+// plane must wait for it.
+func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.Enrollment, error) {
+	capacity := a.cfg.Capacity
+	if capacity.CPUMillis == 0 {
+		capacity.CPUMillis = facts.Host.CPUMillis
+	}
+	if capacity.MemoryBytes == 0 {
+		capacity.MemoryBytes = facts.Host.MemoryBytes
+	}
+	if capacity.GPUCount == 0 {
+		capacity.GPUCount = facts.Host.GPUCount
+	}
+	req := schemas.EnrollmentRequest{
+		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: a.cfg.Generation,
+		EnrollmentToken: a.cfg.EnrollmentToken, AgentVersion: Version,
+		Capacity: capacity, MaxWorkloads: a.cfg.MaxWorkloads, Facts: facts,
+	}
+	b, err := codec.Encode(codec.MsgPack, req)
+	if err != nil {
+		return schemas.Enrollment{}, err
+	}
+	wait := 250 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := a.conn.NC.RequestWithContext(rctx, bus.SubjectEnroll, b)
+		cancel()
+		if err == nil {
+			var rep schemas.Reply[schemas.Enrollment]
+			if derr := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, &rep); derr != nil {
+				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment reply: %w", derr)
+			}
+			if rep.Refusal != nil {
+				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment refused: %w", rep.Refusal)
+			}
+			if rep.OK == nil {
+				return schemas.Enrollment{}, errors.New("agent: enrollment reply carried neither a session nor a refusal")
+			}
+			a.mu.Lock()
+			a.enr = *rep.OK
+			a.mu.Unlock()
+			return *rep.OK, nil
+		}
+		a.log.Info("control plane not answering enrollment yet", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return schemas.Enrollment{}, fmt.Errorf("agent: enroll: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
+
+// heartbeat publishes liveness until ctx ends.
+func (a *Agent) heartbeat(ctx context.Context, every time.Duration) {
+	if every <= 0 {
+		every = 2 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		enr := a.Enrollment()
+		a.mu.Lock()
+		running := len(a.watching)
+		a.mu.Unlock()
+		hb := schemas.Heartbeat{NodeID: a.cfg.NodeID, FencingToken: enr.FencingToken, SentAt: a.cfg.Now(), Running: running}
+		if b, err := codec.Encode(codec.MsgPack, hb); err == nil {
+			_ = a.conn.NC.Publish(bus.NodeHeartbeat(a.cfg.NodeID), b)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// publish sends one observation under the current session. dedupeID, when
+// set, lets JetStream drop a repeat of the same report.
+func (a *Agent) publish(ctx context.Context, o schemas.Observation, dedupeID string) error {
+	enr := a.Enrollment()
+	o.NodeID, o.FencingToken, o.Generation = a.cfg.NodeID, enr.FencingToken, enr.Generation
+	b, err := codec.Encode(codec.MsgPack, o)
+	if err != nil {
+		return err
+	}
+	m := &nats.Msg{Subject: bus.NodeObs(a.cfg.NodeID), Data: b}
+	var opts []jetstream.PublishOpt
+	if dedupeID != "" {
+		opts = append(opts, jetstream.WithMsgID(dedupeID))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := a.conn.JS.PublishMsg(pctx, m, opts...); err != nil {
+		return fmt.Errorf("agent: publish %s: %w", o.Kind, err)
+	}
+	return nil
+}

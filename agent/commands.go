@@ -1,0 +1,260 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// enqueue routes a command to its attempt's queue, so commands of one
+// attempt apply in order (prepare before launch before stop) while a slow
+// image pull for one Run does not hold up a stop for another.
+func (a *Agent) enqueue(ctx context.Context, m jetstream.Msg) {
+	var c schemas.Command
+	if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &c); err != nil {
+		a.log.Warn("malformed command terminated", zap.Error(err))
+		_ = m.Term()
+		return
+	}
+	key := attemptOf(c)
+	a.mu.Lock()
+	q, ok := a.queues[key]
+	if !ok {
+		q = make(chan jetstream.Msg, 64)
+		a.queues[key] = q
+		a.wg.Go(func() { a.drain(ctx, key, q) })
+	}
+	a.mu.Unlock()
+	select {
+	case q <- m:
+	case <-ctx.Done():
+	}
+}
+
+// drain applies an attempt's queued commands and exits when the queue is
+// empty (it is recreated by the next command).
+func (a *Agent) drain(ctx context.Context, key string, q chan jetstream.Msg) {
+	for {
+		a.mu.Lock()
+		select {
+		case m := <-q:
+			a.mu.Unlock()
+			a.handle(ctx, m)
+		default:
+			delete(a.queues, key)
+			a.mu.Unlock()
+			return
+		}
+	}
+}
+
+func attemptOf(c schemas.Command) string {
+	switch {
+	case c.Launch != nil:
+		return c.Launch.AttemptID
+	case c.PrepareImage != nil && c.PrepareImage.AttemptID != "":
+		return c.PrepareImage.AttemptID
+	case c.Stop != nil:
+		return c.Stop.AttemptID
+	}
+	return "op:" + c.OperationID
+}
+
+// handle applies one command at most once and acks it after the outcome is
+// journaled. The order matters: effect, journal, receipt, ack. A crash
+// before the journal write redelivers the command and the runtime's own
+// idempotency absorbs the repeat.
+func (a *Agent) handle(ctx context.Context, m jetstream.Msg) {
+	var c schemas.Command
+	if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &c); err != nil {
+		_ = m.Term()
+		return
+	}
+	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
+	rc.RunID, rc.AttemptID = runOf(c)
+	enr := a.Enrollment()
+
+	if err := c.Validate(); err != nil {
+		ref := schemas.AsRefusal(err)
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, ref.Code, ref.Error()
+		a.finish(ctx, m, c, rc, false)
+		return
+	}
+	switch {
+	case c.NodeID != a.cfg.NodeID:
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeWrongNode, "command addressed to node "+c.NodeID
+		a.finish(ctx, m, c, rc, false)
+		return
+	case c.FencingToken > enr.FencingToken:
+		// A newer session of this node exists: this process is the stale
+		// one and must not act. Leave the command for the current session.
+		a.log.Warn("command from a newer session; this agent is superseded", zap.String("op", c.OperationID),
+			zap.Uint64("command_token", c.FencingToken), zap.Uint64("own_token", enr.FencingToken))
+		_ = m.NakWithDelay(time.Second)
+		return
+	case c.FencingToken < enr.FencingToken:
+		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleFencingToken
+		rc.Message = fmt.Sprintf("command stamped with fencing token %d; this session holds %d", c.FencingToken, enr.FencingToken)
+		a.finish(ctx, m, c, rc, false)
+		return
+	case c.Generation != enr.Generation:
+		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleGeneration
+		rc.Message = fmt.Sprintf("command for generation %d; this node is generation %d", c.Generation, enr.Generation)
+		a.finish(ctx, m, c, rc, false)
+		return
+	}
+	if prev, ok := a.journal.Lookup(c.OperationID); ok {
+		rc.Duplicate, rc.Outcome, rc.Code, rc.Message = true, prev.Outcome, prev.Code, prev.Message
+		a.finish(ctx, m, c, rc, false)
+		return
+	}
+	stopReason := ""
+	switch c.Kind {
+	case schemas.CmdPrepareImage:
+		a.applyPrepare(ctx, m, c, &rc)
+	case schemas.CmdLaunchWorkload:
+		a.applyLaunch(ctx, c, &rc)
+	case schemas.CmdStopWorkload:
+		stopReason = c.Stop.Reason
+		a.applyStop(ctx, c, &rc)
+	case schemas.CmdReconcile:
+		err := a.reconcile(ctx, a.facts(ctx))
+		rc.Outcome = outcomeOf(err, &rc)
+	}
+	if ctx.Err() != nil {
+		return // shutting down mid-effect: unacked, so it is redelivered
+	}
+	if err := a.journal.Record(JournalEntry{OperationID: c.OperationID, Kind: c.Kind, RunID: rc.RunID, AttemptID: rc.AttemptID,
+		Outcome: rc.Outcome, Code: rc.Code, Message: rc.Message, StopReason: stopReason, AppliedAt: a.cfg.Now()}); err != nil {
+		a.log.Error("journal write failed; command will be redelivered", zap.String("op", c.OperationID), zap.Error(err))
+		_ = m.Nak()
+		return
+	}
+	a.finish(ctx, m, c, rc, true)
+}
+
+// finish publishes the receipt and acks. A receipt that cannot be published
+// leaves the command unacked: the redelivery answers from the journal.
+func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, rc schemas.OperationReceipt, applied bool) {
+	dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
+	if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe); err != nil {
+		a.log.Warn("receipt not published; command will be redelivered", zap.String("op", c.OperationID), zap.Error(err))
+		_ = m.Nak()
+		return
+	}
+	_ = m.Ack()
+	a.log.Debug("command done", zap.String("op", c.OperationID), zap.String("outcome", rc.Outcome), zap.Bool("duplicate", rc.Duplicate), zap.Bool("applied", applied))
+}
+
+func runOf(c schemas.Command) (string, string) {
+	switch {
+	case c.Launch != nil:
+		return c.Launch.RunID, c.Launch.AttemptID
+	case c.PrepareImage != nil:
+		return c.PrepareImage.RunID, c.PrepareImage.AttemptID
+	case c.Stop != nil:
+		return c.Stop.RunID, c.Stop.AttemptID
+	}
+	return "", ""
+}
+
+func outcomeOf(err error, rc *schemas.OperationReceipt) string {
+	if err == nil {
+		return schemas.OutcomeApplied
+	}
+	rc.Message = err.Error()
+	return schemas.OutcomeFailed
+}
+
+func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Command, rc *schemas.OperationReceipt) {
+	p := c.PrepareImage
+	if p.RunID != "" {
+		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPreparing})
+	}
+	// A pull can outlast AckWait; tell JetStream the command is in hand.
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	a.wg.Go(func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	})
+	res, err := a.rt.EnsureImage(ctx, ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack})
+	rc.Outcome = outcomeOf(err, rc)
+	if err != nil {
+		rc.Code = schemas.CodeLaunchFailed
+		return
+	}
+	a.log.Info("image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
+		zap.String("source", res.Source), zap.Int64("fetched_bytes", res.FetchedBytes))
+	if p.RunID != "" {
+		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPrepared})
+	}
+}
+
+func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
+	l := c.Launch
+	if stop, ok := a.journal.Stopped(l.AttemptID); ok {
+		// Stopped before it started (a cancel overtook the launch).
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeCancelled, "attempt was stopped before launch: "+stop.StopReason
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
+			FailureReason: "stopped before launch", StopReason: stop.StopReason})
+		return
+	}
+	env := make([]string, 0, len(l.Env))
+	for _, e := range l.Env {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	spec := WorkloadSpec{
+		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
+		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,
+		Labels: map[string]string{
+			LabelRunID: l.RunID, LabelAttemptID: l.AttemptID,
+			LabelMaxRuntime: strconv.FormatInt(l.MaxRuntimeSeconds, 10),
+		},
+	}
+	a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadStarting})
+	st, err := a.rt.Launch(ctx, spec)
+	switch {
+	case errors.Is(err, ErrWorkloadExists):
+		// Launched by an earlier delivery whose journal write was lost.
+		rc.Duplicate, rc.Outcome = true, schemas.OutcomeApplied
+		a.watch(ctx, l.AttemptID)
+	case err != nil:
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+	default:
+		rc.Outcome = schemas.OutcomeApplied
+		a.log.Info("workload started", zap.String("run_id", l.RunID), zap.String("workload", l.AttemptID))
+		a.report(ctx, observationOf(st))
+		a.watch(ctx, l.AttemptID)
+	}
+}
+
+func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
+	s := c.Stop
+	err := a.rt.Stop(ctx, s.AttemptID, time.Duration(s.GraceSeconds)*time.Second)
+	if errors.Is(err, ErrWorkloadNotFound) {
+		// Never launched here: say so, and the journal entry for this stop
+		// refuses a launch that arrives later.
+		err = nil
+		a.report(ctx, schemas.WorkloadObservation{RunID: s.RunID, AttemptID: s.AttemptID, Phase: schemas.WorkloadFailed,
+			FailureReason: "stopped before launch", StopReason: s.Reason})
+	}
+	rc.Outcome = outcomeOf(err, rc)
+}

@@ -1,0 +1,194 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// DefaultJournalRetention is how many operations the journal remembers.
+//
+// Retention rule: the newest N operations are kept; older ones are
+// forgotten when the file is compacted (at 2N lines). A duplicate reaches an
+// agent only while its command is unacked (JetStream redelivery) or within
+// the stream's dedupe window of a resend, both far shorter than N
+// operations; past that, the runtime's own idempotency (a workload id exists
+// once) still prevents a second container.
+const DefaultJournalRetention = 4096
+
+// JournalEntry is one applied operation.
+type JournalEntry struct {
+	OperationID string              `json:"operation_id"`
+	Kind        schemas.CommandKind `json:"kind"`
+	RunID       string              `json:"run_id,omitempty"`
+	AttemptID   string              `json:"attempt_id,omitempty"`
+	Outcome     string              `json:"outcome"`
+	Code        schemas.Code        `json:"code,omitempty"`
+	Message     string              `json:"message,omitempty"`
+	// StopReason is kept for stops, so an exit reported after a restart
+	// still says why the workload ended.
+	StopReason string    `json:"stop_reason,omitempty"`
+	AppliedAt  time.Time `json:"applied_at"`
+}
+
+// Journal is the agent's durable record of applied operations: an
+// append-only JSON-lines file, fsynced per entry, compacted when it grows
+// past twice its retention.
+type Journal struct {
+	mu        sync.Mutex
+	path      string
+	f         *os.File
+	retention int
+	lines     int
+	order     []string
+	byOp      map[string]JournalEntry
+	stopped   map[string]JournalEntry // attempt id → its stop entry
+}
+
+// OpenJournal opens (or creates) the journal in dir.
+func OpenJournal(dir string, retention int) (*Journal, error) {
+	if retention <= 0 {
+		retention = DefaultJournalRetention
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	j := &Journal{path: filepath.Join(dir, "operations.jsonl"), retention: retention, byOp: map[string]JournalEntry{}, stopped: map[string]JournalEntry{}}
+	if err := j.load(); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(j.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("journal: open %s: %w", j.path, err)
+	}
+	j.f = f
+	return j, nil
+}
+
+func (j *Journal) load() error {
+	f, err := os.Open(j.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e JournalEntry
+		// A torn last line (crash mid-write) is skipped: its operation was
+		// not acked, so it will be delivered again.
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.OperationID == "" {
+			continue
+		}
+		j.remember(e)
+		j.lines++
+	}
+	return sc.Err()
+}
+
+func (j *Journal) remember(e JournalEntry) {
+	if _, ok := j.byOp[e.OperationID]; !ok {
+		j.order = append(j.order, e.OperationID)
+	}
+	j.byOp[e.OperationID] = e
+	if e.Kind == schemas.CmdStopWorkload && e.AttemptID != "" {
+		j.stopped[e.AttemptID] = e
+	}
+	for len(j.order) > j.retention {
+		old := j.byOp[j.order[0]]
+		delete(j.byOp, j.order[0])
+		if s, ok := j.stopped[old.AttemptID]; ok && s.OperationID == old.OperationID {
+			delete(j.stopped, old.AttemptID)
+		}
+		j.order = j.order[1:]
+	}
+}
+
+// Lookup returns the entry for an operation id, if it was applied.
+func (j *Journal) Lookup(op string) (JournalEntry, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	e, ok := j.byOp[op]
+	return e, ok
+}
+
+// Stopped returns the stop entry of an attempt, if one was applied.
+func (j *Journal) Stopped(attemptID string) (JournalEntry, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	e, ok := j.stopped[attemptID]
+	return e, ok
+}
+
+// Record durably appends e. It returns only after the entry is on disk.
+func (j *Journal) Record(e JournalEntry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if _, err := j.f.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("journal: append: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("journal: sync: %w", err)
+	}
+	j.remember(e)
+	j.lines++
+	if j.lines > 2*j.retention {
+		return j.compact()
+	}
+	return nil
+}
+
+// compact rewrites the file with only the retained entries, atomically.
+func (j *Journal) compact() error {
+	tmp := j.path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal: compact: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	for _, op := range j.order {
+		b, _ := json.Marshal(j.byOp[op])
+		_, _ = w.Write(append(b, '\n'))
+	}
+	if err := errors.Join(w.Flush(), f.Sync(), f.Close()); err != nil {
+		return fmt.Errorf("journal: compact: %w", err)
+	}
+	if err := os.Rename(tmp, j.path); err != nil {
+		return fmt.Errorf("journal: compact: %w", err)
+	}
+	nf, err := os.OpenFile(j.path, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal: reopen: %w", err)
+	}
+	_ = j.f.Close()
+	j.f, j.lines = nf, len(j.order)
+	return nil
+}
+
+// Applied lists the retained operation ids, oldest first.
+func (j *Journal) Applied() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]string(nil), j.order...)
+}
+
+// Close closes the file.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.f.Close()
+}

@@ -1,0 +1,33 @@
+package bus
+
+// Subjects. Operators publish and subscribe to these with the nats CLI.
+const (
+	SubjectSubmit      = "wf.runs.submit"
+	SubjectCancel      = "wf.runs.cancel"
+	SubjectEnroll      = "wf.enroll"
+	SubjectEventsAll   = "wf.events.run.>"
+	subjectEventPrefix = "wf.events.run."
+	subjectNodePrefix  = "wf.node."
+	SubjectNodeCmdAll  = "wf.node.*.cmd"
+	SubjectNodeObsAll  = "wf.node.*.obs"
+	SubjectHeartbeats  = "wf.node.*.heartbeat"
+	SubjectRenewals    = "wf.node.*.renew"
+)
+
+// RunEvents is the subject of one Run's audit log.
+func RunEvents(runID string) string { return subjectEventPrefix + runID }
+
+// NodeCmd is where the control plane sends commands for one node.
+func NodeCmd(nodeID string) string { return subjectNodePrefix + nodeID + ".cmd" }
+
+// NodeObs is where one node publishes observations.
+func NodeObs(nodeID string) string { return subjectNodePrefix + nodeID + ".obs" }
+
+// NodeHeartbeat is where one node heartbeats.
+func NodeHeartbeat(nodeID string) string { return subjectNodePrefix + nodeID + ".heartbeat" }
+
+// NodeRenew is where one node renews its session.
+func NodeRenew(nodeID string) string { return subjectNodePrefix + nodeID + ".renew" }
+
+// NodeConsumer is the durable name of a node's command consumer.
+func NodeConsumer(nodeID string) string { return "node-" + nodeID }

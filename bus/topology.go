@@ -1,0 +1,157 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream names.
+const (
+	StreamRuns   = "WF_RUNS"
+	StreamEvents = "WF_EVENTS"
+	StreamCmds   = "WF_CMDS"
+	StreamObs    = "WF_OBS"
+)
+
+// KV bucket names.
+const (
+	BucketNodes = "wf_nodes"
+	BucketRuns  = "wf_runs"
+)
+
+// Durable consumer names owned by the control plane. Several control-plane
+// replicas share each one, so a message is handled by one replica.
+const (
+	ConsumerIntake = "cp-intake"
+	ConsumerObs    = "cp-obs"
+)
+
+// DedupeWindow is how long JetStream remembers a Nats-Msg-Id. A submit
+// repeated after it is still one Run: the Run id is derived from the request
+// id and created with KV Create.
+const DedupeWindow = 10 * time.Minute
+
+// Topology says how the streams and buckets are laid out.
+type Topology struct {
+	// Replicas for every stream and bucket: 1 on a single server, 3 on a
+	// JetStream cluster.
+	Replicas int
+	// EventsMaxAge bounds the audit log; 0 keeps it forever.
+	EventsMaxAge time.Duration
+}
+
+// StreamConfigs returns the stream definitions.
+func (t Topology) StreamConfigs() []jetstream.StreamConfig {
+	r := max(t.Replicas, 1)
+	return []jetstream.StreamConfig{
+		{
+			Name:        StreamRuns,
+			Description: "Run submissions and cancellations from producers",
+			Subjects:    []string{SubjectSubmit, SubjectCancel},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Duplicates:  DedupeWindow,
+			Replicas:    r,
+		},
+		{
+			Name:        StreamEvents,
+			Description: "Run events: the audit log of every decision and phase change",
+			Subjects:    []string{SubjectEventsAll},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			MaxAge:      t.EventsMaxAge,
+			Duplicates:  2 * time.Minute,
+			Replicas:    r,
+		},
+		{
+			Name:        StreamCmds,
+			Description: "Commands from the control plane to node agents, one durable consumer per node",
+			Subjects:    []string{SubjectNodeCmdAll},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Duplicates:  DedupeWindow,
+			Replicas:    r,
+		},
+		{
+			Name:        StreamObs,
+			Description: "Observations from node agents to the control plane",
+			Subjects:    []string{SubjectNodeObsAll},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Duplicates:  2 * time.Minute,
+			Replicas:    r,
+		},
+	}
+}
+
+// KVConfigs returns the bucket definitions.
+func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
+	r := max(t.Replicas, 1)
+	return []jetstream.KeyValueConfig{
+		{Bucket: BucketNodes, Description: "fenced node registry", History: 5, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketRuns, Description: "Runs by id; every phase change is a CAS update", History: 5, Storage: jetstream.FileStorage, Replicas: r},
+	}
+}
+
+// Provision creates or updates every stream and bucket. It is idempotent
+// and keeps existing data.
+func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
+	for _, cfg := range t.StreamConfigs() {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("bus: provision stream %s: %w", cfg.Name, err)
+		}
+	}
+	for _, cfg := range t.KVConfigs() {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+			return fmt.Errorf("bus: provision bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// IntakeConsumerConfig is the control plane's shared consumer on WF_RUNS.
+// Refused input is acked (Term), so redelivery only retries transient
+// failures (KV or stream unavailable); BackOff spaces those out, and
+// MaxDeliver is unlimited because a submit is never to be dropped.
+func IntakeConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       ConsumerIntake,
+		Description:   "control-plane intake of submits and cancels",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		BackOff:       []time.Duration{time.Second, 5 * time.Second, 15 * time.Second, 30 * time.Second},
+		MaxAckPending: 1024,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// ObsConsumerConfig is the control plane's shared consumer on WF_OBS.
+func ObsConsumerConfig() jetstream.ConsumerConfig {
+	c := IntakeConsumerConfig()
+	c.Durable = ConsumerObs
+	c.Description = "control-plane ingest of node observations"
+	return c
+}
+
+// NodeConsumerConfig is the durable consumer a node's agent reads commands
+// from. It is created by the control plane at enrollment: agents hold no
+// JetStream API rights beyond reading it. AckWait covers a command's whole
+// effect (an image pull sends InProgress to extend it); BackOff spaces out
+// redelivery to an agent that crashed before acking.
+func NodeConsumerConfig(nodeID string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       NodeConsumer(nodeID),
+		Description:   "commands for node " + nodeID,
+		FilterSubject: NodeCmd(nodeID),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		BackOff:       []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second},
+		MaxAckPending: 256,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}

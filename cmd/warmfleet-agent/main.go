@@ -1,0 +1,100 @@
+// Command warmfleet-agent is the node agent. It dials out to NATS (it opens
+// no port), enrolls, and runs the control plane's commands through
+// containerd.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/adapters/containerd"
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/logging"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "warmfleet-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	var (
+		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel string
+		generation                                                            uint64
+		capacity                                                              schemas.Resources
+		maxWorkloads                                                          int
+	)
+	cmd := &cobra.Command{
+		Use:           "warmfleet-agent",
+		Short:         "warmfleet node agent: runs the control plane's workloads through containerd",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logging.New(logLevel)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			if nodeID == "" {
+				host, _ := os.Hostname()
+				nodeID = host
+			}
+			if dataDir == "" {
+				dataDir = filepath.Join("/var/lib/warmfleet-agent", nodeID)
+			}
+			rt, err := containerd.New(cmd.Context(), containerd.Options{Address: ctrdAddr, Namespace: ctrdNS, ImageDir: imageDir,
+				LogDir: filepath.Join(dataDir, "logs"), Logger: log})
+			if err != nil {
+				return fmt.Errorf("containerd at %s: %w (is containerd running? `containerd --version`; set --containerd-address)", ctrdAddr, err)
+			}
+			defer rt.Close()
+			conn, err := bus.Connect(natsURL, "warmfleet-agent-"+nodeID, log)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir,
+				Capacity: capacity, MaxWorkloads: maxWorkloads}, conn, rt, log)
+			if err != nil {
+				return err
+			}
+			log.Info("agent starting", zap.String("node_id", nodeID), zap.String("nats", natsURL), zap.String("containerd", ctrdAddr))
+			return a.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL the agent dials")
+	f.StringVar(&nodeID, "node-id", os.Getenv("WARMFLEET_NODE_ID"), "node identity (default: hostname)")
+	f.StringVar(&rentalID, "rental-id", "", "rental this node belongs to")
+	f.Uint64Var(&generation, "generation", 1, "rental lifecycle generation")
+	f.StringVar(&dataDir, "data-dir", "", "journal and logs (default /var/lib/warmfleet-agent/<node-id>)")
+	f.StringVar(&ctrdAddr, "containerd-address", containerd.DefaultAddress, "containerd socket")
+	f.StringVar(&ctrdNS, "containerd-namespace", containerd.DefaultNamespace, "containerd namespace for warmfleet's images and containers")
+	f.StringVar(&imageDir, "image-dir", "", "directory of OCI image archives (<digest-hex>.tar) to import before pulling from a registry")
+	f.Int64Var(&capacity.CPUMillis, "cpu-millis", 0, "CPU offered to Runs (default: all cores)")
+	f.Int64Var(&capacity.MemoryBytes, "memory-bytes", 0, "memory offered to Runs (default: all memory)")
+	f.Int64Var(&capacity.GPUCount, "gpus", 0, "GPUs offered to Runs")
+	f.IntVar(&maxWorkloads, "max-workloads", 0, "most workloads at once (0: no cap)")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// connect opens a quiet connection for CLI use.
+func (g *globals) connect(ctx context.Context) (*bus.Conn, error) {
+	conn, err := bus.Connect(g.natsURL, "warmfleet-cli", zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := conn.WaitConnected(cctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("no NATS server at %s (start one with `warmfleet serve` or pass --nats-url): %w", g.natsURL, err)
+	}
+	return conn, nil
+}
+
+// render writes v as JSON with -o json, else calls table.
+func (g *globals) render(w io.Writer, v any, table func(*tabwriter.Writer)) error {
+	switch g.output {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "table", "":
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		table(tw)
+		return tw.Flush()
+	default:
+		return fmt.Errorf("-o %q: use table or json", g.output)
+	}
+}
+
+// readEvents returns a Run's events in order. With follow it keeps reading
+// until the Run reaches a terminal phase or ctx ends, calling each as it
+// arrives.
+func readEvents(ctx context.Context, js jetstream.JetStream, runID string, follow bool, each func(schemas.RunEvent)) error {
+	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEvents(runID)}})
+	if err != nil {
+		return fmt.Errorf("read events of %s: %w", runID, err)
+	}
+	for {
+		batch, err := c.Fetch(100, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			var ev schemas.RunEvent
+			if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &ev); err != nil {
+				continue
+			}
+			each(ev)
+			md, _ := m.Metadata()
+			if follow && ev.Type == schemas.EventPhase && ev.Phase.Terminal() {
+				return nil
+			}
+			if !follow && md != nil && md.NumPending == 0 {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil && ctx.Err() == nil {
+			return err
+		}
+		if got == 0 && !follow {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

@@ -1,0 +1,51 @@
+// Command warmfleet is the control plane (`warmfleet serve`) and the
+// operator CLI (`warmfleet run …`, `warmfleet node …`).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "warmfleet:", err)
+		os.Exit(1)
+	}
+}
+
+// globals are the flags every subcommand shares.
+type globals struct {
+	natsURL  string
+	output   string
+	logLevel string
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "warmfleet",
+		Short:         "GPU fleet control plane: places Runs on the warmest machine that fits",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g))
+	return root
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+func newRunCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "run", Short: "Submit, inspect and cancel Runs"}
+	cmd.AddCommand(newRunSubmit(g), newRunGet(g), newRunList(g), newRunEvents(g), newRunCancel(g), newRunDecision(g))
+	return cmd
+}
+
+func newRunSubmit(g *globals) *cobra.Command {
+	var file, requestID, image string
+	var env []string
+	var cpu, mem, gpus, maxRuntime int64
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "submit [flags] [-- command args...]",
+		Short: "Submit a Run (from -f request.json or from flags)",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var req schemas.RunRequest
+			if file != "" {
+				b, err := os.ReadFile(file)
+				if err != nil {
+					return err
+				}
+				if err := codec.Decode(codec.JSON, b, &req); err != nil {
+					return fmt.Errorf("%s: %w", file, err)
+				}
+			} else {
+				req = schemas.RunRequest{RequestID: requestID, Image: image, Command: args,
+					Resources: schemas.Resources{CPUMillis: cpu, MemoryBytes: mem, GPUCount: gpus}, MaxRuntimeSeconds: maxRuntime}
+				if req.RequestID == "" {
+					req.RequestID = fmt.Sprintf("cli-%d", time.Now().UnixNano())
+				}
+				for _, kv := range env {
+					k, v, _ := strings.Cut(kv, "=")
+					if req.Env == nil {
+						req.Env = map[string]string{}
+					}
+					req.Env[k] = v
+				}
+			}
+			if err := req.Validate(); err != nil {
+				return err
+			}
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			b, _ := json.Marshal(req)
+			m := &nats.Msg{Subject: bus.SubjectSubmit, Data: b, Header: nats.Header{}}
+			m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
+			if _, err := conn.JS.PublishMsg(cmd.Context(), m, jetstream.WithMsgID(req.RequestID)); err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			runID := schemas.RunIDFor(req.RequestID)
+			fmt.Fprintf(cmd.OutOrStdout(), "submitted %s as run %s\n", req.RequestID, runID)
+			if !wait {
+				return nil
+			}
+			return followEvents(cmd.Context(), g, conn, runID)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&file, "file", "f", "", "RunRequest as JSON")
+	f.StringVar(&requestID, "request-id", "", "idempotency key (default: generated)")
+	f.StringVar(&image, "image", "", "image pinned by digest: name@sha256:<hex>")
+	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE (repeatable)")
+	f.Int64Var(&cpu, "cpu-millis", 0, "CPU to reserve, in millicores")
+	f.Int64Var(&mem, "memory-bytes", 0, "memory to reserve and limit, in bytes")
+	f.Int64Var(&gpus, "gpus", 0, "GPUs to reserve")
+	f.Int64Var(&maxRuntime, "max-runtime", 0, "seconds before the Run is stopped (0: no limit)")
+	f.BoolVarP(&wait, "wait", "w", false, "follow the Run's events until it ends")
+	return cmd
+}
+
+func followEvents(ctx context.Context, g *globals, conn *bus.Conn, runID string) error {
+	var last schemas.RunEvent
+	err := readEvents(ctx, conn.JS, runID, true, func(ev schemas.RunEvent) {
+		last = ev
+		printEvent(g, ev)
+	})
+	if err != nil {
+		return err
+	}
+	if last.Phase == schemas.PhaseFailed || last.Phase == schemas.PhaseLost || last.Type == schemas.EventRejected {
+		return fmt.Errorf("run %s ended %s (%s)", runID, last.Phase, last.Code)
+	}
+	return nil
+}
+
+func printEvent(g *globals, ev schemas.RunEvent) {
+	if g.output == "json" {
+		b, _ := json.Marshal(ev)
+		fmt.Println(string(b))
+		return
+	}
+	detail := ev.Message
+	if ev.ExitCode != nil {
+		detail += fmt.Sprintf(" (exit %d)", *ev.ExitCode)
+	}
+	if ev.Field != "" {
+		detail = ev.Field + ": " + detail
+	}
+	fmt.Printf("%-4d %s  %-16s %-10s %-12s %-22s %s\n", ev.Seq, ev.At.UTC().Format("15:04:05.000"), ev.Type, ev.Phase, or(ev.NodeID, "-"), or(string(ev.Code), "-"), detail)
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func getRun(ctx context.Context, conn *bus.Conn, id string) (schemas.Run, error) {
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		return schemas.Run{}, err
+	}
+	var r schemas.Run
+	if _, err := bus.GetJSON(ctx, kv, id, &r); err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return r, fmt.Errorf("no run %s (runs are named r-…; `warmfleet run list` shows them)", id)
+		}
+		return r, err
+	}
+	r.Outbox = nil
+	return r, nil
+}
+
+func newRunGet(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "get RUN_ID", Short: "Show one Run", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			r, err := getRun(cmd.Context(), conn, args[0])
+			if err != nil {
+				return err
+			}
+			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
+				exit := "-"
+				if r.ExitCode != nil {
+					exit = fmt.Sprint(*r.ExitCode)
+				}
+				for _, row := range [][2]string{
+					{"ID", r.ID}, {"Request", r.Request.RequestID}, {"Image", r.Request.Image}, {"Phase", string(r.Phase)},
+					{"Reason", or(r.Reason, "-")}, {"Node", or(r.NodeID, "-")}, {"Attempt", fmt.Sprint(r.Attempt)},
+					{"Exit code", exit}, {"OOM killed", fmt.Sprint(r.OOMKilled)}, {"Started", fmtTime(r.StartedAt)},
+					{"Finished", fmtTime(r.FinishedAt)}, {"Created", fmtTime(&r.CreatedAt)}, {"Waiting", or(r.Waiting, "-")},
+				} {
+					fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+				}
+			})
+		},
+	}
+}
+
+func newRunList(g *globals) *cobra.Command {
+	var phase string
+	cmd := &cobra.Command{
+		Use: "list", Short: "List Runs, newest first",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			runs, err := listRuns(cmd.Context(), conn)
+			if err != nil {
+				return err
+			}
+			if phase != "" {
+				runs = slices.DeleteFunc(runs, func(r schemas.Run) bool { return string(r.Phase) != phase })
+			}
+			return g.render(cmd.OutOrStdout(), runs, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "RUN\tREQUEST\tPHASE\tNODE\tEXIT\tREASON\tCREATED")
+				for _, r := range runs {
+					exit := "-"
+					if r.ExitCode != nil {
+						exit = fmt.Sprint(*r.ExitCode)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Request.RequestID, r.Phase, or(r.NodeID, "-"), exit, or(r.Reason, "-"), fmtTime(&r.CreatedAt))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&phase, "phase", "", "only Runs in this phase")
+	return cmd
+}
+
+func listRuns(ctx context.Context, conn *bus.Conn) ([]schemas.Run, error) {
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var runs []schemas.Run
+	for k := range lister.Keys() {
+		var r schemas.Run
+		if _, err := bus.GetJSON(ctx, kv, k, &r); err == nil {
+			r.Outbox = nil
+			runs = append(runs, r)
+		}
+	}
+	slices.SortFunc(runs, func(a, b schemas.Run) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return runs, nil
+}
+
+func newRunEvents(g *globals) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use: "events RUN_ID", Short: "Print a Run's events in order", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if g.output != "json" {
+				fmt.Printf("%-4s %-12s  %-16s %-10s %-12s %-22s %s\n", "SEQ", "AT", "TYPE", "PHASE", "NODE", "CODE", "DETAIL")
+			}
+			return readEvents(cmd.Context(), conn.JS, args[0], follow, func(ev schemas.RunEvent) { printEvent(g, ev) })
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading until the Run ends")
+	return cmd
+}
+
+func newRunCancel(g *globals) *cobra.Command {
+	var grace int64
+	var reason string
+	cmd := &cobra.Command{
+		Use: "cancel RUN_ID", Short: "Stop a Run: SIGTERM, grace period, SIGKILL", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := schemas.CancelRun{RunID: args[0], GraceSeconds: grace, Reason: reason}
+			if err := c.Validate(); err != nil {
+				return err
+			}
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			b, _ := json.Marshal(c)
+			if _, err := conn.JS.Publish(cmd.Context(), bus.SubjectCancel, b); err != nil {
+				return fmt.Errorf("cancel: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "cancel of %s requested\n", c.RunID)
+			return nil
+		},
+	}
+	cmd.Flags().Int64Var(&grace, "grace", 0, "seconds between SIGTERM and SIGKILL (default 10)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the Run's events")
+	return cmd
+}
+
+func newRunDecision(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "decision RUN_ID", Short: "Show the placement decisions made for a Run", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			var ds []schemas.BookingDecision
+			if err := readEvents(cmd.Context(), conn.JS, args[0], false, func(ev schemas.RunEvent) {
+				if ev.Decision != nil {
+					ds = append(ds, *ev.Decision)
+				}
+			}); err != nil {
+				return err
+			}
+			if len(ds) == 0 {
+				return fmt.Errorf("no decision recorded for %s yet", args[0])
+			}
+			return g.render(cmd.OutOrStdout(), ds, func(tw *tabwriter.Writer) {
+				for _, d := range ds {
+					fmt.Fprintf(tw, "attempt %d decided %s, winner %s\n", d.Attempt, d.DecidedAt.UTC().Format(time.RFC3339), or(d.Winner, "none"))
+					fmt.Fprintln(tw, "NODE\tELIGIBLE\tSCORE\tREASON\tDETAIL")
+					for _, c := range d.Candidates {
+						fmt.Fprintf(tw, "%s\t%v\t%.3f\t%s\t%s\n", c.NodeID, c.Eligible, c.Score, or(string(c.Reason), "-"), c.Detail)
+					}
+				}
+			})
+		},
+	}
+}

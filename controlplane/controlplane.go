@@ -1,0 +1,193 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+)
+
+// Config tunes the control plane. Zero values take the defaults.
+type Config struct {
+	// HeartbeatInterval is what nodes are told to heartbeat at; a node's
+	// lease is LeaseMultiplier heartbeats long.
+	HeartbeatInterval time.Duration
+	LeaseMultiplier   int
+	// SessionTTL is how long an enrollment's session token is good for.
+	SessionTTL time.Duration
+	// ReconcileInterval is how often stuck Runs and lapsed leases are swept.
+	ReconcileInterval time.Duration
+	// RedispatchAfter is how long a Run may sit in placed/preparing/launching
+	// without progress before its commands are sent again (same operation
+	// ids, so a node applies them once).
+	RedispatchAfter time.Duration
+	// MaxAttempts is how many nodes a Run may be lost on before it fails.
+	MaxAttempts int
+	// MaxRuntimeSlack is how long past its max runtime a Run may report
+	// running before the control plane itself sends a stop; the node enforces
+	// the limit first.
+	MaxRuntimeSlack time.Duration
+	Topology        bus.Topology
+	// Now is the control plane's clock; tests may replace it.
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.LeaseMultiplier <= 0 {
+		c.LeaseMultiplier = 5
+	}
+	if c.SessionTTL <= 0 {
+		c.SessionTTL = time.Hour
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = time.Second
+	}
+	if c.RedispatchAfter <= 0 {
+		c.RedispatchAfter = 30 * time.Second
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 3
+	}
+	if c.MaxRuntimeSlack <= 0 {
+		c.MaxRuntimeSlack = 30 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// ControlPlane is one replica of the control plane.
+type ControlPlane struct {
+	cfg     Config
+	conn    *bus.Conn
+	log     *zap.Logger
+	runsKV  jetstream.KeyValue
+	nodesKV jetstream.KeyValue
+	cache   *cache
+	metrics metrics
+
+	// kick asks the scheduler to look at accepted Runs now.
+	kick chan struct{}
+	// enrollMu serialises enrollments in this replica; across replicas the
+	// node record's CAS decides.
+	enrollMu sync.Mutex
+}
+
+type metrics struct {
+	transitions   atomic.Int64
+	fencedObs     atomic.Int64
+	rejected      atomic.Int64
+	staleReports  atomic.Int64
+	leaseLapses   atomic.Int64
+	commandsSent  atomic.Int64
+	placementMiss atomic.Int64
+}
+
+// Metrics is a snapshot of the control plane's counters.
+type Metrics struct {
+	Transitions, FencedObservations, Rejected, StaleReports, LeaseLapses, CommandsSent, PlacementMisses int64
+}
+
+// Metrics returns the current counters.
+func (cp *ControlPlane) Metrics() Metrics {
+	m := &cp.metrics
+	return Metrics{m.transitions.Load(), m.fencedObs.Load(), m.rejected.Load(), m.staleReports.Load(), m.leaseLapses.Load(), m.commandsSent.Load(), m.placementMiss.Load()}
+}
+
+// New provisions the streams and buckets (idempotently) and returns a
+// control plane ready to Run.
+func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*ControlPlane, error) {
+	cfg.defaults()
+	if err := bus.Provision(ctx, conn.JS, cfg.Topology); err != nil {
+		return nil, err
+	}
+	runsKV, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketRuns, err)
+	}
+	nodesKV, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketNodes, err)
+	}
+	return &ControlPlane{
+		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV,
+		cache: newCache(), kick: make(chan struct{}, 1),
+	}, nil
+}
+
+func (cp *ControlPlane) now() time.Time { return cp.cfg.Now() }
+
+func (cp *ControlPlane) leaseTTL() time.Duration {
+	return cp.cfg.HeartbeatInterval * time.Duration(cp.cfg.LeaseMultiplier)
+}
+
+// Run serves until ctx ends: KV watches, intake, observation ingest,
+// enrollment and heartbeats, and the reconcile loop. It returns the first
+// error that stops a part, or nil after ctx ends.
+func (cp *ControlPlane) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait() // runs last: after cancel below
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := cp.cache.start(ctx, &wg, cp.runsKV, cp.nodesKV, cp.log); err != nil {
+		return err
+	}
+	stopSubs, err := cp.serveNodes(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopSubs()
+
+	intake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), cp.handleIntake)
+	if err != nil {
+		return err
+	}
+	defer intake.Stop()
+	obs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), cp.handleObservation)
+	if err != nil {
+		return err
+	}
+	defer obs.Stop()
+
+	wg.Go(func() { cp.reconcileLoop(ctx) })
+	cp.log.Info("control plane serving", zap.String("nats", cp.conn.NC.ConnectedUrlRedacted()))
+	<-ctx.Done()
+	return nil
+}
+
+// consume binds a durable consumer and hands each message to h. Messages of
+// one consumer are handled one at a time in this replica, in stream order.
+func (cp *ControlPlane) consume(ctx context.Context, stream string, cfg jetstream.ConsumerConfig, h func(context.Context, jetstream.Msg)) (jetstream.ConsumeContext, error) {
+	c, err := cp.conn.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: consumer %s on %s: %w", cfg.Durable, stream, err)
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) { h(ctx, m) },
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, context.Canceled) {
+				cp.log.Debug("consumer error", zap.String("consumer", cfg.Durable), zap.Error(err))
+			}
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: consume %s: %w", cfg.Durable, err)
+	}
+	return cc, nil
+}
+
+// poke wakes the scheduler without blocking.
+func (cp *ControlPlane) poke() {
+	select {
+	case cp.kick <- struct{}{}:
+	default:
+	}
+}

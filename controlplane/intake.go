@@ -1,0 +1,147 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strconv"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// handleIntake takes one message off WF_RUNS. Refused input is answered with
+// a rejected event and terminated; a transient failure is left unacked so
+// JetStream redelivers it under the consumer's BackOff.
+func (cp *ControlPlane) handleIntake(ctx context.Context, m jetstream.Msg) {
+	var err error
+	switch m.Subject() {
+	case bus.SubjectSubmit:
+		err = cp.submit(ctx, m)
+	case bus.SubjectCancel:
+		err = cp.cancel(ctx, m)
+	default:
+		err = cp.reject(ctx, m, "", &schemas.Refusal{Code: schemas.CodeMalformed, Reason: "unknown intake subject " + m.Subject()})
+	}
+	if err != nil {
+		cp.log.Warn("intake will retry", zap.String("subject", m.Subject()), zap.Error(err))
+		_ = m.Nak() // redelivered after the consumer's BackOff
+		return
+	}
+	_ = m.Ack()
+}
+
+// submit turns one RunRequest into a stored Run, or a rejection.
+func (cp *ControlPlane) submit(ctx context.Context, m jetstream.Msg) error {
+	req, _, err := schemas.DecodeRunRequest(m.Headers(), m.Data())
+	if err != nil {
+		return cp.reject(ctx, m, req.RequestID, schemas.AsRefusal(err))
+	}
+	run, dup, err := cp.createRun(ctx, req)
+	if err != nil {
+		return err
+	}
+	if dup {
+		if !reflect.DeepEqual(normalise(run.Request), normalise(req)) {
+			return cp.reject(ctx, m, "", &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
+				Reason: "this request id already names a different Run (" + run.ID + "); use a new request id for a new Run"})
+		}
+		// The same request again: one Run. Republish its latest events in
+		// case the first delivery died between the KV write and the publish.
+		cp.log.Debug("duplicate submit", zap.String("run_id", run.ID))
+		return cp.publishEvents(ctx, run.Outbox)
+	}
+	cp.log.Info("run accepted", zap.String("run_id", run.ID), zap.String("request_id", req.RequestID))
+	cp.poke()
+	return nil
+}
+
+// normalise makes empty and nil collections compare equal across encodings.
+func normalise(r schemas.RunRequest) schemas.RunRequest {
+	if len(r.Command) == 0 {
+		r.Command = nil
+	}
+	if len(r.Args) == 0 {
+		r.Args = nil
+	}
+	if len(r.Env) == 0 {
+		r.Env = nil
+	}
+	if len(r.Labels) == 0 {
+		r.Labels = nil
+	}
+	r.Version = 0
+	return r
+}
+
+// reject publishes a coded rejected event. It goes on the subject of the Run
+// the request id would have named, so a producer watching its own Run sees
+// why; input without a usable request id goes under "rejected".
+func (cp *ControlPlane) reject(ctx context.Context, m jetstream.Msg, requestID string, ref *schemas.Refusal) error {
+	cp.metrics.rejected.Add(1)
+	runID := "rejected"
+	if requestID != "" && schemas.ValidateID("request_id", requestID, schemas.CodeInvalidRequestID) == nil {
+		runID = schemas.RunIDFor(requestID)
+	} else {
+		requestID = ""
+	}
+	meta, err := m.Metadata()
+	if err != nil {
+		return err
+	}
+	ev := schemas.RunEvent{
+		RunID: runID, Type: schemas.EventRejected, RequestID: requestID,
+		Code: ref.Code, Field: ref.Field, Message: ref.Reason, At: cp.now(),
+	}
+	cp.log.Info("request refused", zap.String("subject", m.Subject()), zap.String("code", string(ref.Code)), zap.String("field", ref.Field))
+	return cp.publishEvent(ctx, ev, "rejected:"+strconv.FormatUint(meta.Sequence.Stream, 10))
+}
+
+// cancel marks a Run for cancellation and stops it where it runs.
+func (cp *ControlPlane) cancel(ctx context.Context, m jetstream.Msg) error {
+	var c schemas.CancelRun
+	enc := codec.Detect(m.Headers(), m.Data())
+	if err := codec.Decode(enc, m.Data(), &c); err != nil {
+		code := schemas.CodeMalformed
+		if errors.Is(err, codec.ErrUnknownField) {
+			code = schemas.CodeUnknownField
+		}
+		return cp.reject(ctx, m, "", &schemas.Refusal{Code: code, Reason: "cancel body is not a CancelRun object"})
+	}
+	if err := c.Validate(); err != nil {
+		return cp.reject(ctx, m, c.RequestID, schemas.AsRefusal(err))
+	}
+	grace := c.GraceSeconds
+	if grace == 0 {
+		grace = schemas.DefaultGraceSeconds
+	}
+	run, err := cp.advance(ctx, c.RunID, func(r *schemas.Run, emit func(schemas.RunEvent)) error {
+		if r.Phase.Terminal() || r.CancelRequested {
+			return bus.ErrNoChange
+		}
+		r.CancelRequested, r.CancelReason, r.GraceSeconds = true, c.Reason, grace
+		emit(schemas.RunEvent{Type: schemas.EventCancel, Phase: r.Phase, Message: c.Reason})
+		if r.Phase == schemas.PhaseAccepted {
+			from := r.Phase
+			r.Phase, r.Reason = schemas.PhaseCancelled, "cancelled before placement"
+			emit(phaseEvent(r, from, schemas.CodeCancelled, r.Reason))
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return cp.reject(ctx, m, "", &schemas.Refusal{Code: schemas.CodeRunNotFound, Field: "run_id", Reason: "no Run " + c.RunID + "; check the id with `warmfleet run list`"})
+	case errors.Is(err, bus.ErrNoChange):
+		return nil
+	case err != nil:
+		return err
+	}
+	if !run.Phase.Terminal() {
+		return cp.sendStop(ctx, run, "cancelled")
+	}
+	return nil
+}

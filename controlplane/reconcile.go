@@ -1,0 +1,209 @@
+package controlplane
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// reconcileLoop drives every Run forward from what is stored, not from what
+// this replica remembers, so a restarted or second replica picks up where
+// another stopped. It runs on a timer and whenever intake or enrollment
+// pokes it.
+func (cp *ControlPlane) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(cp.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		cp.reconcileOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-cp.kick:
+		}
+	}
+}
+
+func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
+	now := cp.now()
+	cp.expireLeases(ctx, now)
+	runs := cp.cache.activeRuns()
+	slices.SortFunc(runs, func(a, b schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
+	nodes := cp.cache.nodeList()
+	usage := usageOf(runs)
+	for _, r := range runs {
+		if ctx.Err() != nil {
+			return
+		}
+		var err error
+		switch {
+		case r.Phase == schemas.PhaseAccepted:
+			err = cp.schedule(ctx, r, nodes, usage, now)
+		case r.CancelRequested:
+			if now.Sub(r.PhaseSince) > cp.cfg.RedispatchAfter {
+				err = cp.sendStop(ctx, r, "cancelled")
+			}
+		case cp.nodeSuperseded(r):
+			// The node re-enrolled since these commands were sent: resend
+			// under its current session. Operation ids are unchanged, so the
+			// node applies each once.
+			err = cp.resend(ctx, r)
+		case r.Phase != schemas.PhaseRunning && now.Sub(r.PhaseSince) > cp.cfg.RedispatchAfter:
+			err = cp.resend(ctx, r)
+		case r.Phase == schemas.PhaseRunning && r.Request.MaxRuntimeSeconds > 0 &&
+			now.Sub(r.PhaseSince) > time.Duration(r.Request.MaxRuntimeSeconds)*time.Second+cp.cfg.MaxRuntimeSlack:
+			err = cp.sendStopAttempt(ctx, r.NodeID, r.ID, r.AttemptID, 0, string(schemas.CodeMaxRuntime))
+		}
+		if err != nil && !errors.Is(err, bus.ErrNoChange) {
+			cp.log.Warn("reconcile run", zap.String("run_id", r.ID), zap.String("phase", string(r.Phase)), zap.Error(err))
+		}
+	}
+}
+
+// nodeSuperseded reports whether the Run's commands carry an older fencing
+// token than its node now has.
+func (cp *ControlPlane) nodeSuperseded(r schemas.Run) bool {
+	n, ok := cp.cache.node(r.NodeID)
+	return ok && n.FencingToken > r.FencingToken
+}
+
+// resend sends the attempt's launch commands again and records the token
+// they now carry.
+func (cp *ControlPlane) resend(ctx context.Context, r schemas.Run) error {
+	n, ok := cp.cache.node(r.NodeID)
+	if !ok || !n.Live(cp.now()) {
+		return nil // the lease sweep will move the Run on
+	}
+	run, err := cp.advance(ctx, r.ID, func(s *schemas.Run, _ func(schemas.RunEvent)) error {
+		if s.AttemptID != r.AttemptID || s.Phase.Terminal() {
+			return errSkip
+		}
+		s.FencingToken, s.Generation = n.FencingToken, n.Generation
+		return nil
+	})
+	if errors.Is(err, errSkip) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	cp.log.Info("resending commands", zap.String("run_id", r.ID), zap.String("node_id", r.NodeID), zap.Uint64("fencing_token", n.FencingToken))
+	return cp.sendLaunch(ctx, run)
+}
+
+var errSkip = errors.New("skip")
+
+// schedule books an accepted Run on the best node, or records why none fits
+// (once per distinct answer).
+func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, nodes []schemas.NodeRecord, usage fleetUsage, now time.Time) error {
+	d := decide(r, nodes, usage, now)
+	var winner schemas.NodeRecord
+	for _, n := range nodes {
+		if n.NodeID == d.Winner {
+			winner = n
+		}
+	}
+	if d.Winner == "" {
+		cp.metrics.placementMiss.Add(1)
+		summary := waitingSummary(d)
+		_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
+			if s.Phase != schemas.PhaseAccepted || s.Waiting == summary {
+				return bus.ErrNoChange
+			}
+			s.Waiting = summary
+			emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: s.Phase, Code: schemas.CodeNoCapacity, Message: "no node fits now; waiting", Decision: &d})
+			return nil
+		})
+		return err
+	}
+	run, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
+		if s.Phase != schemas.PhaseAccepted {
+			return bus.ErrNoChange
+		}
+		s.Attempt++
+		s.NodeID, s.AttemptID, s.Waiting = winner.NodeID, schemas.WorkloadID(s.ID, s.Attempt), ""
+		s.FencingToken, s.Generation = winner.FencingToken, winner.Generation
+		s.Phase = schemas.PhasePlaced
+		emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: winner.NodeID, Attempt: s.Attempt, Decision: &d})
+		emit(phaseEvent(s, schemas.PhaseAccepted, "", "booked on "+winner.NodeID))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	nu := usage[winner.NodeID]
+	nu.reserved, nu.workloads = nu.reserved.Add(r.Request.Resources), nu.workloads+1
+	usage[winner.NodeID] = nu
+	cp.log.Info("run placed", zap.String("run_id", r.ID), zap.String("node_id", winner.NodeID), zap.Int("attempt", run.Attempt))
+	return cp.sendLaunch(ctx, run)
+}
+
+// expireLeases marks nodes whose lease lapsed as lost and moves their Runs
+// on: back to accepted for another attempt, or lost when attempts are spent.
+func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
+	for _, n := range cp.cache.nodeList() {
+		if n.State == schemas.NodeLost || now.Before(n.LeaseExpires) {
+			continue
+		}
+		rec, rev, err := bus.UpdateJSON(ctx, cp.nodesKV, n.NodeID, func(s *schemas.NodeRecord) error {
+			if s.State == schemas.NodeLost || now.Before(s.LeaseExpires) {
+				return bus.ErrNoChange
+			}
+			s.State = schemas.NodeLost
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, bus.ErrNoChange) {
+				cp.log.Warn("mark node lost", zap.String("node_id", n.NodeID), zap.Error(err))
+			}
+			continue
+		}
+		cp.cache.applyNodeRecord(rec, rev)
+		cp.metrics.leaseLapses.Add(1)
+		cp.log.Warn("node lease lapsed", zap.String("node_id", n.NodeID), zap.Time("lease_expired", n.LeaseExpires))
+	}
+	moved := false
+	for _, r := range cp.cache.activeRuns() {
+		if r.NodeID == "" || r.Phase == schemas.PhaseAccepted {
+			continue
+		}
+		if n, ok := cp.cache.node(r.NodeID); !ok || n.State != schemas.NodeLost {
+			continue
+		}
+		_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
+			if s.AttemptID != r.AttemptID || s.Phase.Terminal() || s.Phase == schemas.PhaseAccepted {
+				return bus.ErrNoChange
+			}
+			from := s.Phase
+			switch {
+			case s.CancelRequested:
+				s.Phase, s.Reason = schemas.PhaseCancelled, string(schemas.CodeNodeLost)
+			case s.Attempt >= cp.cfg.MaxAttempts:
+				s.Phase, s.Reason = schemas.PhaseLost, string(schemas.CodeAttemptsExhausted)
+			default:
+				s.Phase, s.Reason = schemas.PhaseAccepted, string(schemas.CodeNodeLost)
+			}
+			emit(phaseEvent(s, from, schemas.CodeNodeLost, "node "+s.NodeID+" stopped heartbeating"))
+			if s.Phase == schemas.PhaseAccepted {
+				s.NodeID = ""
+			}
+			return nil
+		})
+		switch {
+		case err == nil:
+			moved = true
+		case !errors.Is(err, bus.ErrNoChange):
+			cp.log.Warn("lose run attempt", zap.String("run_id", r.ID), zap.Error(err))
+		}
+	}
+	if moved {
+		cp.poke() // schedule the returned Runs elsewhere
+	}
+}

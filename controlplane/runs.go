@@ -1,0 +1,123 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// change mutates a Run and appends the events describing what it did with
+// emit. Returning bus.ErrNoChange means the Run already reflects the change.
+type change func(r *schemas.Run, emit func(schemas.RunEvent)) error
+
+// advance applies ch to the stored Run by CAS, then publishes the change's
+// events. When ch finds nothing to do, the Run's outbox is published again:
+// that repairs a crash between an earlier CAS and its publish, and the
+// events' Nats-Msg-Id keeps the log free of duplicates.
+func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (schemas.Run, error) {
+	now := cp.now()
+	run, rev, err := bus.UpdateJSON(ctx, cp.runsKV, runID, func(r *schemas.Run) error {
+		prev := r.Outbox
+		r.Outbox = nil
+		from := r.Phase
+		emit := func(ev schemas.RunEvent) {
+			r.EventSeq++
+			ev.RunID, ev.Seq, ev.At = r.ID, r.EventSeq, now
+			if ev.RequestID == "" && ev.Type == schemas.EventAccepted {
+				ev.RequestID = r.Request.RequestID
+			}
+			r.Outbox = append(r.Outbox, ev)
+		}
+		if err := ch(r, emit); err != nil {
+			r.Outbox = prev
+			return err
+		}
+		if r.Phase != from {
+			if err := checkTransition(from, r.Phase); err != nil {
+				return err
+			}
+			r.PhaseSince = now
+		}
+		r.UpdatedAt = now
+		return nil
+	})
+	if err != nil && !errors.Is(err, bus.ErrNoChange) {
+		return run, fmt.Errorf("run %s: %w", runID, err)
+	}
+	if err == nil {
+		cp.cache.noteRun(run, rev)
+		cp.metrics.transitions.Add(1)
+	}
+	if perr := cp.publishEvents(ctx, run.Outbox); perr != nil {
+		return run, perr
+	}
+	return run, err
+}
+
+// createRun stores a new Run and publishes its accepted event.
+func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (schemas.Run, bool, error) {
+	now := cp.now()
+	run := schemas.Run{
+		ID: schemas.RunIDFor(req.RequestID), Request: req, Phase: schemas.PhaseAccepted,
+		CreatedAt: now, UpdatedAt: now, PhaseSince: now, EventSeq: 1,
+	}
+	run.Outbox = []schemas.RunEvent{{RunID: run.ID, Seq: 1, Type: schemas.EventAccepted, RequestID: req.RequestID, Phase: schemas.PhaseAccepted, At: now}}
+	rev, err := bus.CreateJSON(ctx, cp.runsKV, run.ID, &run)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		var stored schemas.Run
+		if _, gerr := bus.GetJSON(ctx, cp.runsKV, run.ID, &stored); gerr != nil {
+			return run, false, fmt.Errorf("run %s: read existing: %w", run.ID, gerr)
+		}
+		return stored, true, nil
+	}
+	if err != nil {
+		return run, false, fmt.Errorf("run %s: create: %w", run.ID, err)
+	}
+	cp.cache.noteRun(run, rev)
+	return run, false, cp.publishEvents(ctx, run.Outbox)
+}
+
+// publishEvents appends events to WF_EVENTS, each deduplicated by run:seq.
+func (cp *ControlPlane) publishEvents(ctx context.Context, evs []schemas.RunEvent) error {
+	for _, ev := range evs {
+		if err := cp.publishEvent(ctx, ev, ev.RunID+":"+strconv.FormatUint(ev.Seq, 10)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// publishEvent appends one event as JSON, the encoding operators read.
+func (cp *ControlPlane) publishEvent(ctx context.Context, ev schemas.RunEvent, msgID string) error {
+	b, err := codec.Encode(codec.JSON, ev)
+	if err != nil {
+		return err
+	}
+	m := &nats.Msg{Subject: bus.RunEvents(ev.RunID), Data: b, Header: nats.Header{}}
+	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := cp.conn.JS.PublishMsg(pctx, m, jetstream.WithMsgID(msgID)); err != nil {
+		cp.log.Warn("publish run event failed", zap.String("run_id", ev.RunID), zap.Uint64("seq", ev.Seq), zap.Error(err))
+		return fmt.Errorf("publish event %s: %w", msgID, err)
+	}
+	return nil
+}
+
+// phaseEvent describes a phase change.
+func phaseEvent(r *schemas.Run, from schemas.Phase, code schemas.Code, msg string) schemas.RunEvent {
+	return schemas.RunEvent{
+		Type: schemas.EventPhase, From: from, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt,
+		Code: code, Message: msg, ExitCode: r.ExitCode, OOMKilled: r.OOMKilled,
+	}
+}

@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warmfleet/warmfleet/adapters/containerd"
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// fleet is one test's world: NATS, a control plane, and node agents.
+type fleet struct {
+	t    *testing.T
+	nats *testenv.NATS
+	conn *bus.Conn // the producer's / operator's connection
+	log  *zap.Logger
+	cp   *part
+}
+
+// part is a component running in a goroutine, stoppable on its own.
+type part struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (p *part) stop(t testing.TB) {
+	p.cancel()
+	select {
+	case err := <-p.done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("part stopped with: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("part did not stop within 20s")
+	}
+}
+
+func cpConfig() controlplane.Config {
+	return controlplane.Config{HeartbeatInterval: time.Second, ReconcileInterval: 200 * time.Millisecond, RedispatchAfter: 10 * time.Second}
+}
+
+func newFleet(t *testing.T) *fleet {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	log := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	conn, err := bus.Connect(n.URL(), "producer", log.Named("producer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	f := &fleet{t: t, nats: n, conn: conn, log: log}
+	f.cp = f.startCP()
+	return f
+}
+
+func (f *fleet) startCP() *part {
+	f.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := bus.Connect(f.nats.URL(), "cp", f.log.Named("cp"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cp, err := controlplane.New(ctx, conn, cpConfig(), f.log.Named("cp"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p := &part{cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- cp.Run(ctx); conn.Close() }()
+	f.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			p.stop(f.t)
+		}
+	})
+	return p
+}
+
+// node is one agent with its own containerd namespace and image dir.
+type node struct {
+	id       string
+	ctrd     *testenv.Containerd
+	imageDir string
+	dataDir  string
+	agent    *agent.Agent
+	part     *part
+}
+
+func (f *fleet) startAgent(id string, ctrd *testenv.Containerd, imageDir, dataDir string) *node {
+	f.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	rt, err := containerd.New(ctx, containerd.Options{Address: ctrd.Address, Namespace: ctrd.Namespace, ImageDir: imageDir, LogDir: dataDir + "/logs", Logger: f.log.Named(id)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	conn, err := bus.Connect(f.nats.URL(), id, f.log.Named(id))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, DataDir: dataDir, StopGrace: 2 * time.Second}, conn, rt, f.log.Named(id))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p := &part{cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- a.Run(ctx); conn.Close(); _ = rt.Close() }()
+	n := &node{id: id, ctrd: ctrd, imageDir: imageDir, dataDir: dataDir, agent: a, part: p}
+	f.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			p.stop(f.t)
+		}
+	})
+	f.waitNode(id, a)
+	return n
+}
+
+// waitNode waits until the agent holds a session the registry agrees with.
+func (f *fleet) waitNode(id string, a *agent.Agent) {
+	f.t.Helper()
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketNodes)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.eventually(20*time.Second, "node "+id+" enrolled", func() bool {
+		var rec schemas.NodeRecord
+		_, err := bus.GetJSON(context.Background(), kv, id, &rec)
+		return err == nil && rec.FencingToken != 0 && rec.FencingToken == a.Enrollment().FencingToken
+	})
+}
+
+func (f *fleet) eventually(within time.Duration, what string, cond func() bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// publishJSON publishes a body the way `nats pub` does: no Nats-Msg-Id
+// unless given, JSON detected from the leading brace.
+func (f *fleet) publish(subject string, body []byte, msgID string) {
+	f.t.Helper()
+	m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	if _, err := f.conn.JS.PublishMsg(context.Background(), m, opts...); err != nil {
+		f.t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+func (f *fleet) submit(req schemas.RunRequest) string {
+	f.t.Helper()
+	b, err := json.Marshal(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.publish(bus.SubjectSubmit, b, req.RequestID)
+	return schemas.RunIDFor(req.RequestID)
+}
+
+func (f *fleet) run(id string) (schemas.Run, bool) {
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketRuns)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var r schemas.Run
+	_, err = bus.GetJSON(context.Background(), kv, id, &r)
+	return r, err == nil
+}
+
+// waitPhase waits until the Run is in phase (or any terminal phase when
+// phase is "") and returns it.
+func (f *fleet) waitPhase(id string, phase schemas.Phase, within time.Duration) schemas.Run {
+	f.t.Helper()
+	var r schemas.Run
+	f.eventually(within, "run "+id+" to reach "+string(phase), func() bool {
+		var ok bool
+		r, ok = f.run(id)
+		if !ok {
+			return false
+		}
+		if phase == "" {
+			return r.Phase.Terminal()
+		}
+		return r.Phase == phase || (r.Phase.Terminal() && r.Phase != phase && f.failNow(r, phase))
+	})
+	return r
+}
+
+func (f *fleet) failNow(r schemas.Run, want schemas.Phase) bool {
+	f.t.Helper()
+	f.t.Fatalf("run %s ended %s (reason %q) while waiting for %s", r.ID, r.Phase, r.Reason, want)
+	return false
+}
+
+// events reads a Run's whole event log.
+func (f *fleet) events(runID string) []schemas.RunEvent {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := f.conn.JS.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEvents(runID)))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	want := int(info.State.Subjects[bus.RunEvents(runID)])
+	var out []schemas.RunEvent
+	if want == 0 {
+		return out
+	}
+	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEvents(runID)}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for len(out) < want {
+		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			f.t.Fatalf("read events of %s: %v", runID, err)
+		}
+		var ev schemas.RunEvent
+		if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &ev); err != nil {
+			f.t.Fatalf("decode event: %v", err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// world is a containerd plus an image dir holding one busybox image.
+type world struct {
+	ctrd     *testenv.Containerd
+	imageDir string
+	image    testenv.Image
+}
+
+var imageOnce sync.Mutex
+
+func newWorld(t *testing.T) world {
+	t.Helper()
+	ctrd := testenv.StartContainerd(t)
+	dir := t.TempDir()
+	imageOnce.Lock()
+	defer imageOnce.Unlock()
+	img := testenv.BuildBusyboxImage(t, dir, "busybox")
+	return world{ctrd: ctrd, imageDir: dir, image: img}
+}
+
+func tempDir(t *testing.T) string {
+	d, err := os.MkdirTemp("", "wfagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
+}

@@ -1,0 +1,57 @@
+package testenv
+
+import (
+	"net"
+	"os"
+	"testing"
+
+	"github.com/warmfleet/warmfleet/bus"
+)
+
+// NATS is an embedded nats-server with JetStream owned by one test.
+type NATS struct {
+	*bus.Embedded
+	// StoreDir is the JetStream file store; a restarted server given the
+	// same dir keeps every stream and bucket.
+	StoreDir string
+	port     int
+}
+
+// StartNATS starts an embedded JetStream server on a random loopback port
+// with its file store in a temp dir, and shuts it down when t ends.
+func StartNATS(t testing.TB) *NATS {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wfnats")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	n := &NATS{StoreDir: dir, port: -1}
+	n.start(t)
+	return n
+}
+
+func (n *NATS) start(t testing.TB) {
+	t.Helper()
+	e, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: n.StoreDir, Port: n.port})
+	if err != nil {
+		t.Fatalf("testenv: start nats: %v", err)
+	}
+	n.Embedded = e
+	if a, ok := e.Server().Addr().(*net.TCPAddr); ok {
+		n.port = a.Port // a restart comes back on the same port
+	}
+	t.Cleanup(func() {
+		if n.Embedded == e {
+			e.Shutdown()
+		}
+	})
+}
+
+// Restart shuts the server down and starts it again on the same port and
+// store, as an operator restarting nats-server would.
+func (n *NATS) Restart(t testing.TB) {
+	t.Helper()
+	n.Embedded.Shutdown()
+	n.start(t)
+}

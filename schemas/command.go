@@ -1,0 +1,126 @@
+package schemas
+
+import "time"
+
+// CommandKind names what a Command asks a node to do.
+type CommandKind string
+
+const (
+	CmdPrepareImage   CommandKind = "prepare_image"
+	CmdLaunchWorkload CommandKind = "launch_workload"
+	CmdStopWorkload   CommandKind = "stop_workload"
+	CmdReconcile      CommandKind = "reconcile"
+)
+
+// Command is what the control plane sends on wf.node.<id>.cmd. Exactly the
+// payload named by Kind is set. OperationID makes it idempotent at the node
+// (invariant 1); FencingToken and Generation make a superseded session's
+// commands refusable (invariant 2).
+type Command struct {
+	Version      int         `json:"version,omitempty"`
+	OperationID  string      `json:"operation_id"`
+	NodeID       string      `json:"node_id"`
+	FencingToken uint64      `json:"fencing_token"`
+	Generation   uint64      `json:"generation"`
+	Kind         CommandKind `json:"kind"`
+	IssuedAt     time.Time   `json:"issued_at"`
+
+	PrepareImage *PrepareImage   `json:"prepare_image,omitempty"`
+	Launch       *LaunchWorkload `json:"launch,omitempty"`
+	Stop         *StopWorkload   `json:"stop,omitempty"`
+}
+
+// PrepareImage asks a node to hold an image's bytes, unpacked.
+type PrepareImage struct {
+	RunID          string `json:"run_id,omitempty"`
+	AttemptID      string `json:"attempt_id,omitempty"`
+	Reference      string `json:"reference"`
+	ManifestDigest string `json:"manifest_digest"`
+	Unpack         bool   `json:"unpack"`
+}
+
+// LaunchWorkload asks a node to start one attempt of a Run.
+type LaunchWorkload struct {
+	RunID             string    `json:"run_id"`
+	AttemptID         string    `json:"attempt_id"`
+	Reference         string    `json:"reference"`
+	ManifestDigest    string    `json:"manifest_digest"`
+	Command           []string  `json:"command,omitempty"`
+	Env               []EnvVar  `json:"env,omitempty"`
+	Resources         Resources `json:"resources"`
+	MaxRuntimeSeconds int64     `json:"max_runtime_seconds,omitempty"`
+}
+
+// EnvVar is one environment binding.
+type EnvVar struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// StopWorkload asks a node to stop an attempt: SIGTERM, GraceSeconds, SIGKILL.
+type StopWorkload struct {
+	RunID        string `json:"run_id"`
+	AttemptID    string `json:"attempt_id"`
+	GraceSeconds int64  `json:"grace_seconds"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// Validate checks the envelope and that the payload matches Kind.
+func (c *Command) Validate() error {
+	if c.Version < 0 || c.Version > SchemaVersion {
+		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported", c.Version)
+	}
+	if err := ValidateID("operation_id", c.OperationID, CodeMalformed); err != nil {
+		return err
+	}
+	if err := ValidateID("node_id", c.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	if c.FencingToken == 0 {
+		return refuse(CodeStaleFencingToken, "fencing_token", "a command must carry the fencing token of an enrollment (≥ 1)")
+	}
+	set := 0
+	for _, p := range []bool{c.PrepareImage != nil, c.Launch != nil, c.Stop != nil} {
+		if p {
+			set++
+		}
+	}
+	want := 1
+	if c.Kind == CmdReconcile {
+		want = 0
+	}
+	ok := set == want
+	switch c.Kind {
+	case CmdPrepareImage:
+		ok = ok && c.PrepareImage != nil
+	case CmdLaunchWorkload:
+		ok = ok && c.Launch != nil
+	case CmdStopWorkload:
+		ok = ok && c.Stop != nil
+	case CmdReconcile:
+	default:
+		return refuse(CodeMalformed, "kind", "unknown command kind")
+	}
+	if !ok {
+		return refuse(CodeMalformed, string(c.Kind), "the payload must match kind and be the only one set")
+	}
+	if c.Launch != nil {
+		if err := ValidateID("launch.attempt_id", c.Launch.AttemptID, CodeMalformed); err != nil {
+			return err
+		}
+		if _, err := ParseImageRef("launch.reference", c.Launch.Reference); err != nil {
+			return err
+		}
+	}
+	if c.PrepareImage != nil {
+		if _, err := ParseImageRef("prepare_image.reference", c.PrepareImage.Reference); err != nil {
+			return err
+		}
+	}
+	if c.Stop != nil {
+		if err := ValidateID("stop.attempt_id", c.Stop.AttemptID, CodeMalformed); err != nil {
+			return err
+		}
+	}
+	return nil
+}

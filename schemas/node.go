@@ -1,0 +1,118 @@
+package schemas
+
+import "time"
+
+// NodeState is the registry's view of a node.
+type NodeState string
+
+const (
+	NodeReady    NodeState = "ready"
+	NodeDraining NodeState = "draining"
+	NodeLost     NodeState = "lost"
+)
+
+// NodeRecord is a node's entry in wf_nodes, changed only by CAS. The fencing
+// token rises on every enrollment; the session token is stored as a hash.
+type NodeRecord struct {
+	NodeID           string    `json:"node_id"`
+	RentalID         string    `json:"rental_id,omitempty"`
+	Generation       uint64    `json:"generation"`
+	FencingToken     uint64    `json:"fencing_token"`
+	SessionTokenHash string    `json:"session_token_hash,omitempty"`
+	SessionExpires   time.Time `json:"session_expires"`
+	State            NodeState `json:"state"`
+	EnrolledAt       time.Time `json:"enrolled_at"`
+	LeaseExpires     time.Time `json:"lease_expires"`
+	AgentVersion     string    `json:"agent_version,omitempty"`
+	// Capacity is what the node offers to Runs; MaxWorkloads 0 means no cap.
+	Capacity     Resources  `json:"capacity"`
+	MaxWorkloads int        `json:"max_workloads,omitempty"`
+	Facts        *NodeFacts `json:"facts,omitempty"`
+	// FactsReceivedAt is the control plane's clock when Facts arrived.
+	FactsReceivedAt time.Time `json:"facts_received_at,omitzero"`
+}
+
+// Live reports whether the node's lease holds at now.
+func (n *NodeRecord) Live(now time.Time) bool {
+	return n.State != NodeLost && now.Before(n.LeaseExpires)
+}
+
+// NodeFacts is what a node measured about itself.
+type NodeFacts struct {
+	ObservedAt time.Time `json:"observed_at"`
+	Host       HostFacts `json:"host"`
+}
+
+// HostFacts describes the machine.
+type HostFacts struct {
+	OS               string `json:"os"`
+	KernelVersion    string `json:"kernel_version,omitempty"`
+	Architecture     string `json:"architecture"`
+	ContainerRuntime string `json:"container_runtime,omitempty"`
+	RuntimeVersion   string `json:"runtime_version,omitempty"`
+	CPUMillis        int64  `json:"cpu_millis"`
+	MemoryBytes      int64  `json:"memory_bytes"`
+	GPUCount         int64  `json:"gpu_count,omitempty"`
+}
+
+// EnrollmentRequest is what an agent sends on wf.enroll.
+type EnrollmentRequest struct {
+	Version    int    `json:"version,omitempty"`
+	NodeID     string `json:"node_id"`
+	RentalID   string `json:"rental_id,omitempty"`
+	Generation uint64 `json:"generation"`
+	// EnrollmentToken is the single-use bootstrap secret; never logged.
+	EnrollmentToken string    `json:"enrollment_token,omitempty"`
+	AgentVersion    string    `json:"agent_version"`
+	Capacity        Resources `json:"capacity"`
+	MaxWorkloads    int       `json:"max_workloads,omitempty"`
+	Facts           NodeFacts `json:"facts"`
+}
+
+// Validate checks an EnrollmentRequest.
+func (e *EnrollmentRequest) Validate() error {
+	if e.Version < 0 || e.Version > SchemaVersion {
+		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported", e.Version)
+	}
+	if err := ValidateID("node_id", e.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	if e.RentalID != "" {
+		if err := ValidateID("rental_id", e.RentalID, CodeMalformed); err != nil {
+			return err
+		}
+	}
+	if e.MaxWorkloads < 0 {
+		return refuse(CodeNegativeResource, "max_workloads", "must be zero (no cap) or positive")
+	}
+	return e.Capacity.validate("capacity")
+}
+
+// Enrollment is the control plane's answer to a successful enrollment.
+type Enrollment struct {
+	NodeID         string    `json:"node_id"`
+	SessionToken   string    `json:"session_token"`
+	SessionExpires time.Time `json:"session_expires"`
+	FencingToken   uint64    `json:"fencing_token"`
+	Generation     uint64    `json:"generation"`
+	LeaseExpires   time.Time `json:"lease_expires"`
+	// HeartbeatSeconds is how often the node must heartbeat.
+	HeartbeatSeconds int64 `json:"heartbeat_seconds"`
+	// Consumer is the durable command consumer on WF_CMDS bound to this node.
+	Consumer  string `json:"consumer"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+}
+
+// Heartbeat is a node's cheap liveness report on wf.node.<id>.heartbeat.
+type Heartbeat struct {
+	NodeID       string    `json:"node_id"`
+	FencingToken uint64    `json:"fencing_token"`
+	SentAt       time.Time `json:"sent_at"`
+	Running      int       `json:"running"`
+}
+
+// Reply wraps request/reply answers: either OK's payload or a Refusal.
+type Reply[T any] struct {
+	OK      *T       `json:"ok,omitempty"`
+	Refusal *Refusal `json:"refusal,omitempty"`
+}

@@ -1,0 +1,120 @@
+package schemas
+
+import "time"
+
+// ObservationKind names what an Observation carries.
+type ObservationKind string
+
+const (
+	ObsReceipt        ObservationKind = "receipt"
+	ObsWorkload       ObservationKind = "workload"
+	ObsFacts          ObservationKind = "facts"
+	ObsReconciliation ObservationKind = "reconciliation"
+)
+
+// Observation is what a node publishes on wf.node.<id>.obs. The control
+// plane drops one stamped with a superseded fencing token.
+type Observation struct {
+	Version      int             `json:"version,omitempty"`
+	NodeID       string          `json:"node_id"`
+	FencingToken uint64          `json:"fencing_token"`
+	Generation   uint64          `json:"generation"`
+	Kind         ObservationKind `json:"kind"`
+
+	Receipt        *OperationReceipt    `json:"receipt,omitempty"`
+	Workload       *WorkloadObservation `json:"workload,omitempty"`
+	Facts          *NodeFacts           `json:"facts,omitempty"`
+	Reconciliation *Reconciliation      `json:"reconciliation,omitempty"`
+}
+
+// Receipt outcomes.
+const (
+	OutcomeApplied = "applied"
+	OutcomeRefused = "refused" // never applied: stale token, bad payload
+	OutcomeFailed  = "failed"  // applied and did not work
+)
+
+// OperationReceipt answers one Command.
+type OperationReceipt struct {
+	OperationID string      `json:"operation_id"`
+	Kind        CommandKind `json:"kind"`
+	RunID       string      `json:"run_id,omitempty"`
+	AttemptID   string      `json:"attempt_id,omitempty"`
+	AcceptedAt  time.Time   `json:"accepted_at"`
+	// Duplicate means this operation id was already applied; no second
+	// effect happened.
+	Duplicate bool   `json:"duplicate,omitempty"`
+	Outcome   string `json:"outcome"`
+	Code      Code   `json:"code,omitempty"`
+	Message   string `json:"message,omitempty"`
+}
+
+// WorkloadPhase is a node's view of one workload.
+type WorkloadPhase string
+
+const (
+	WorkloadPreparing WorkloadPhase = "preparing" // fetching or unpacking the image
+	WorkloadPrepared  WorkloadPhase = "prepared"  // image ready
+	WorkloadStarting  WorkloadPhase = "starting"
+	WorkloadRunning   WorkloadPhase = "running"
+	WorkloadExited    WorkloadPhase = "exited"
+	WorkloadFailed    WorkloadPhase = "failed" // could not be started
+	WorkloadUnknown   WorkloadPhase = "unknown"
+)
+
+// WorkloadObservation is a node's report of one workload attempt. Times other
+// than ReceivedAt are the node's clock; ReceivedAt is stamped by the control
+// plane (invariant 7) and ignored when a node sends it.
+type WorkloadObservation struct {
+	RunID         string        `json:"run_id"`
+	AttemptID     string        `json:"attempt_id"`
+	Phase         WorkloadPhase `json:"phase"`
+	ObservedAt    time.Time     `json:"observed_at"`
+	ReceivedAt    time.Time     `json:"received_at,omitzero"`
+	ExitCode      *int          `json:"exit_code,omitempty"`
+	OOMKilled     bool          `json:"oom_killed,omitempty"`
+	FailureReason string        `json:"failure_reason,omitempty"`
+	StartedAt     *time.Time    `json:"started_at,omitempty"`
+	FinishedAt    *time.Time    `json:"finished_at,omitempty"`
+	// StopReason is set when the node stopped the workload itself or on
+	// command (e.g. "max_runtime_exceeded", "cancelled").
+	StopReason string `json:"stop_reason,omitempty"`
+}
+
+// Reconciliation is a node's full account of itself after a restart or
+// reconnect: what it applied and what runs there.
+type Reconciliation struct {
+	NodeID              string                `json:"node_id"`
+	Generation          uint64                `json:"generation"`
+	FencingToken        uint64                `json:"fencing_token"`
+	AppliedOperationIDs []string              `json:"applied_operation_ids,omitempty"`
+	Workloads           []WorkloadObservation `json:"workloads,omitempty"`
+	Facts               NodeFacts             `json:"facts"`
+}
+
+// Validate checks the envelope and that the payload matches Kind.
+func (o *Observation) Validate() error {
+	if o.Version < 0 || o.Version > SchemaVersion {
+		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported", o.Version)
+	}
+	if err := ValidateID("node_id", o.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	ok := false
+	switch o.Kind {
+	case ObsReceipt:
+		ok = o.Receipt != nil
+	case ObsWorkload:
+		ok = o.Workload != nil
+	case ObsFacts:
+		ok = o.Facts != nil
+	case ObsReconciliation:
+		ok = o.Reconciliation != nil
+	default:
+		return refuse(CodeMalformed, "kind", "unknown observation kind")
+	}
+	if !ok {
+		return refuse(CodeMissingField, string(o.Kind), "the payload named by kind is missing")
+	}
+	return nil
+}

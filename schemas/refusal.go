@@ -1,0 +1,84 @@
+package schemas
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable, machine-readable reason for a refusal.
+type Code string
+
+// Refusal codes. They are part of the wire contract: never renumber or reuse.
+const (
+	CodeMalformed          Code = "malformed_payload"
+	CodeUnknownField       Code = "unknown_field"
+	CodePayloadTooLarge    Code = "payload_too_large"
+	CodeUnsupportedVersion Code = "unsupported_version"
+	CodeMissingField       Code = "missing_field"
+	CodeInvalidRequestID   Code = "invalid_request_id"
+	CodeInvalidRunID       Code = "invalid_run_id"
+	CodeImageNotPinned     Code = "image_not_pinned"
+	CodeInvalidImage       Code = "invalid_image_reference"
+	CodeInvalidDigest      Code = "invalid_digest"
+	CodeNegativeResource   Code = "negative_resource"
+	CodeResourceTooLarge   Code = "resource_too_large"
+	CodeInvalidEnv         Code = "invalid_env"
+	CodeTooManyItems       Code = "too_many_items"
+	CodeValueTooLong       Code = "value_too_long"
+	CodeInvalidMaxRuntime  Code = "invalid_max_runtime"
+	CodeInvalidLabel       Code = "invalid_label"
+	CodeInvalidGrace       Code = "invalid_grace"
+	CodeRunNotFound        Code = "run_not_found"
+	CodeNoCapacity         Code = "no_capacity"
+	CodeRequestIDConflict  Code = "request_id_conflict"
+	CodeCancelled          Code = "cancelled"
+	CodeMaxRuntime         Code = "max_runtime_exceeded"
+	CodeExitNonZero        Code = "exit_nonzero"
+	CodeOOMKilled          Code = "oom_killed"
+	CodeLaunchFailed       Code = "launch_failed"
+	CodeNodeLost           Code = "node_lost"
+	CodeAttemptsExhausted  Code = "attempts_exhausted"
+
+	// Node-facing codes.
+	CodeStaleFencingToken Code = "stale_fencing_token"
+	CodeStaleGeneration   Code = "stale_generation"
+	CodeUnknownNode       Code = "unknown_node"
+	CodeWrongNode         Code = "wrong_node"
+	CodeInternal          Code = "internal"
+)
+
+// Refusal is a coded, operator-readable refusal of one input. Field names the
+// offending field in its wire (json) spelling; Reason says what class of value
+// was wrong and what to do. Refusals never echo secret values.
+type Refusal struct {
+	Code   Code   `json:"code"`
+	Field  string `json:"field,omitempty"`
+	Reason string `json:"reason"`
+}
+
+func (r *Refusal) Error() string {
+	if r.Field == "" {
+		return fmt.Sprintf("%s: %s", r.Code, r.Reason)
+	}
+	return fmt.Sprintf("%s: field %q: %s", r.Code, r.Field, r.Reason)
+}
+
+// Is makes errors.Is(err, &Refusal{Code: c}) match any refusal with code c.
+func (r *Refusal) Is(target error) bool {
+	t, ok := target.(*Refusal)
+	return ok && t.Code == r.Code && (t.Field == "" || t.Field == r.Field)
+}
+
+func refuse(code Code, field, format string, args ...any) *Refusal {
+	return &Refusal{Code: code, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// AsRefusal returns err's Refusal, or an internal refusal wrapping its text
+// when err is not one.
+func AsRefusal(err error) *Refusal {
+	var r *Refusal
+	if errors.As(err, &r) {
+		return r
+	}
+	return &Refusal{Code: CodeInternal, Reason: err.Error()}
+}

@@ -1,0 +1,121 @@
+package schemas
+
+import (
+	"strconv"
+	"time"
+)
+
+// Phase is where a Run is in its lifecycle. The legal moves between phases
+// are the control plane's transition table (controlplane/runphase.go).
+type Phase string
+
+const (
+	PhaseAccepted  Phase = "accepted"  // stored, waiting for a node
+	PhasePlaced    Phase = "placed"    // booked on a node, commands sent
+	PhasePreparing Phase = "preparing" // node is fetching/unpacking the image
+	PhaseLaunching Phase = "launching" // image ready, container being started
+	PhaseRunning   Phase = "running"
+	PhaseSucceeded Phase = "succeeded"
+	PhaseFailed    Phase = "failed"
+	PhaseCancelled Phase = "cancelled"
+	PhaseLost      Phase = "lost" // the node stopped answering; terminal for this attempt
+)
+
+// Terminal reports whether no further transition is possible.
+func (p Phase) Terminal() bool {
+	switch p {
+	case PhaseSucceeded, PhaseFailed, PhaseCancelled, PhaseLost:
+		return true
+	}
+	return false
+}
+
+// Run is the control plane's record of one accepted RunRequest, stored in
+// wf_runs under its id. Every change is a CAS update.
+type Run struct {
+	ID        string     `json:"id"`
+	Request   RunRequest `json:"request"`
+	Phase     Phase      `json:"phase"`
+	Attempt   int        `json:"attempt"`
+	NodeID    string     `json:"node_id,omitempty"`
+	AttemptID string     `json:"attempt_id,omitempty"`
+	// FencingToken is the node's token when this attempt was booked; commands
+	// for the attempt carry it.
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	Generation   uint64 `json:"generation,omitempty"`
+
+	// Waiting summarises why an accepted Run has no node, so an unchanged
+	// answer is not recorded again on every scheduling pass.
+	Waiting string `json:"waiting,omitempty"`
+
+	CancelRequested bool   `json:"cancel_requested,omitempty"`
+	CancelReason    string `json:"cancel_reason,omitempty"`
+	GraceSeconds    int64  `json:"grace_seconds,omitempty"`
+
+	ExitCode  *int   `json:"exit_code,omitempty"`
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+	Reason    string `json:"reason,omitempty"` // coded reason for failed/lost/cancelled
+
+	// StartedAt and FinishedAt are the node's own clock (invariant 7).
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// PhaseSince is when the control plane recorded the current phase.
+	PhaseSince time.Time `json:"phase_since"`
+	// EventSeq numbers this Run's events; it makes each event's Nats-Msg-Id
+	// unique and stable across a redelivered transition.
+	EventSeq uint64 `json:"event_seq"`
+	// Outbox holds the events of the latest change. They are written with the
+	// change itself and published after it, with Nats-Msg-Id run:seq, so a
+	// crash between the two is repaired by publishing them again.
+	Outbox []RunEvent `json:"outbox,omitempty"`
+}
+
+// WorkloadID names the container for one attempt of a Run on a node.
+func WorkloadID(runID string, attempt int) string {
+	return runID + "-a" + strconv.Itoa(attempt)
+}
+
+// CancelRun asks the control plane to stop a Run. Either RunID or RequestID
+// names it.
+type CancelRun struct {
+	Version      int    `json:"version,omitempty"`
+	RunID        string `json:"run_id,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+	GraceSeconds int64  `json:"grace_seconds,omitempty"`
+}
+
+// Validate checks a CancelRun and resolves RunID from RequestID.
+func (c *CancelRun) Validate() error {
+	if c.Version < 0 || c.Version > SchemaVersion {
+		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported; this control plane speaks %d", c.Version, SchemaVersion)
+	}
+	if c.RunID == "" && c.RequestID == "" {
+		return refuse(CodeMissingField, "run_id", "name the Run by run_id or request_id")
+	}
+	if c.RunID != "" {
+		if err := ValidateID("run_id", c.RunID, CodeInvalidRunID); err != nil {
+			return err
+		}
+	}
+	if c.RequestID != "" {
+		if err := ValidateID("request_id", c.RequestID, CodeInvalidRequestID); err != nil {
+			return err
+		}
+		if c.RunID == "" {
+			c.RunID = RunIDFor(c.RequestID)
+		} else if c.RunID != RunIDFor(c.RequestID) {
+			return refuse(CodeInvalidRunID, "run_id", "run_id and request_id name different Runs; send one of them")
+		}
+	}
+	if c.GraceSeconds < 0 || c.GraceSeconds > MaxGraceSeconds {
+		return refuse(CodeInvalidGrace, "grace_seconds", "must be between 0 (default %ds) and %d", DefaultGraceSeconds, MaxGraceSeconds)
+	}
+	if len(c.Reason) > 512 {
+		return refuse(CodeValueTooLong, "reason", "at most 512 bytes")
+	}
+	return nil
+}
