@@ -53,10 +53,10 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 	}
 
 	wantStory := map[string][]schemas.Phase{
-		okID:      {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseSucceeded},
-		failID:    {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseFailed},
-		sleepID:   {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseCancelled},
-		slowID:    {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseFailed},
+		okID:    {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseSucceeded},
+		failID:  {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseFailed},
+		sleepID: {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseCancelled},
+		slowID:  {schemas.PhaseAccepted, schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseFailed},
 	}
 	for id, want := range wantStory {
 		evs := f.events(id)

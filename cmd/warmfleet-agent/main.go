@@ -33,9 +33,9 @@ func main() {
 func newRoot() *cobra.Command {
 	var (
 		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel string
-		generation                                                            uint64
-		capacity                                                              schemas.Resources
-		maxWorkloads                                                          int
+		generation                                                               uint64
+		capacity                                                                 schemas.Resources
+		maxWorkloads                                                             int
 	)
 	cmd := &cobra.Command{
 		Use:           "warmfleet-agent",
