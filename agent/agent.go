@@ -24,7 +24,8 @@ type Config struct {
 	NodeID     string
 	RentalID   string
 	Generation uint64
-	// EnrollmentToken is the bootstrap secret; it is sent once and never logged.
+	// EnrollmentToken is the bootstrap secret; it is sent once and never
+	// logged. After enrolling, the agent resumes with its saved session.
 	EnrollmentToken string
 	// DataDir holds the operation journal.
 	DataDir string
@@ -50,6 +51,9 @@ type Agent struct {
 	watching map[string]context.CancelFunc
 	// attempts serialises the commands of one attempt, in arrival order.
 	queues map[string]chan jetstream.Msg
+	// cancel stops Run; stopErr is what Run then returns.
+	cancel  context.CancelFunc
+	stopErr error
 
 	wg sync.WaitGroup // every goroutine the agent starts
 }
@@ -91,6 +95,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	a.mu.Lock()
+	a.cancel = cancel
+	a.mu.Unlock()
 
 	facts := a.facts(ctx)
 	enr, err := a.enroll(ctx, facts)
@@ -113,8 +120,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer cc.Stop()
 	a.log.Info("agent serving", zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("resumed", enr.Duplicate))
+	a.wg.Go(func() { a.renewLoop(ctx, a.supersede) })
 	a.heartbeat(ctx, time.Duration(enr.HeartbeatSeconds)*time.Second)
-	return nil
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stopErr
+}
+
+// supersede stops the agent for good: a newer session of this node exists.
+func (a *Agent) supersede(err error) {
+	a.mu.Lock()
+	if a.stopErr == nil {
+		a.stopErr = err
+		a.log.Warn("stopping: this session was superseded", zap.Error(err))
+	}
+	cancel := a.cancel
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // enroll asks the control plane for a session, retrying until it answers:
@@ -131,35 +155,36 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 	if capacity.GPUCount == 0 {
 		capacity.GPUCount = facts.Host.GPUCount
 	}
+	token, resuming := a.loadSession()
+	if !resuming {
+		token = a.cfg.EnrollmentToken
+	}
 	req := schemas.EnrollmentRequest{
 		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: a.cfg.Generation,
-		EnrollmentToken: a.cfg.EnrollmentToken, AgentVersion: Version,
+		EnrollmentToken: token, AgentVersion: Version,
 		Capacity: capacity, MaxWorkloads: a.cfg.MaxWorkloads, Facts: facts,
-	}
-	b, err := codec.Encode(codec.MsgPack, req)
-	if err != nil {
-		return schemas.Enrollment{}, err
 	}
 	wait := 250 * time.Millisecond
 	for {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := a.conn.NC.RequestWithContext(rctx, bus.SubjectEnroll, b)
-		cancel()
+		var rep schemas.Reply[schemas.Enrollment]
+		err := a.request(ctx, bus.SubjectEnroll, req, &rep)
 		if err == nil {
-			var rep schemas.Reply[schemas.Enrollment]
-			if derr := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, &rep); derr != nil {
-				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment reply: %w", derr)
-			}
 			if rep.Refusal != nil {
-				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment refused: %w", rep.Refusal)
+				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment refused (resuming a saved session: %v): %w", resuming, rep.Refusal)
 			}
 			if rep.OK == nil {
 				return schemas.Enrollment{}, errors.New("agent: enrollment reply carried neither a session nor a refusal")
+			}
+			if err := a.saveSession(*rep.OK); err != nil {
+				return schemas.Enrollment{}, err
 			}
 			a.mu.Lock()
 			a.enr = *rep.OK
 			a.mu.Unlock()
 			return *rep.OK, nil
+		}
+		if errors.Is(err, codec.ErrMalformed) {
+			return schemas.Enrollment{}, fmt.Errorf("agent: enrollment reply: %w", err)
 		}
 		a.log.Info("control plane not answering enrollment yet", zap.Error(err))
 		select {

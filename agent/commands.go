@@ -96,9 +96,8 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg) {
 	case c.FencingToken > enr.FencingToken:
 		// A newer session of this node exists: this process is the stale
 		// one and must not act. Leave the command for the current session.
-		a.log.Warn("command from a newer session; this agent is superseded", zap.String("op", c.OperationID),
-			zap.Uint64("command_token", c.FencingToken), zap.Uint64("own_token", enr.FencingToken))
-		_ = m.NakWithDelay(time.Second)
+		_ = m.Nak()
+		a.supersede(fmt.Errorf("%w: command %s carries fencing token %d, this session holds %d", ErrSuperseded, c.OperationID, c.FencingToken, enr.FencingToken))
 		return
 	case c.FencingToken < enr.FencingToken:
 		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleFencingToken

@@ -12,6 +12,8 @@ const (
 	SubjectNodeObsAll  = "wf.node.*.obs"
 	SubjectHeartbeats  = "wf.node.*.heartbeat"
 	SubjectRenewals    = "wf.node.*.renew"
+	// SubjectInvite is the operator's request to mint a node bootstrap.
+	SubjectInvite = "wf.admin.node.invite"
 )
 
 // RunEvents is the subject of one Run's audit log.

@@ -18,8 +18,9 @@ const (
 
 // KV bucket names.
 const (
-	BucketNodes = "wf_nodes"
-	BucketRuns  = "wf_runs"
+	BucketNodes  = "wf_nodes"
+	BucketRuns   = "wf_runs"
+	BucketEnroll = "wf_enroll"
 )
 
 // Durable consumer names owned by the control plane. Several control-plane
@@ -93,6 +94,9 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{
 		{Bucket: BucketNodes, Description: "fenced node registry", History: 5, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketRuns, Description: "Runs by id; every phase change is a CAS update", History: 5, Storage: jetstream.FileStorage, Replicas: r},
+		// Invitations carry their own expires_at, checked on redemption; the
+		// bucket's TTL only sweeps ones never redeemed.
+		{Bucket: BucketEnroll, Description: "single-use node invitations by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: 8 * 24 * time.Hour},
 	}
 }
 
@@ -140,17 +144,19 @@ func ObsConsumerConfig() jetstream.ConsumerConfig {
 // NodeConsumerConfig is the durable consumer a node's agent reads commands
 // from. It is created by the control plane at enrollment: agents hold no
 // JetStream API rights beyond reading it. AckWait covers a command's whole
-// effect (an image pull sends InProgress to extend it); BackOff spaces out
-// redelivery to an agent that crashed before acking.
-func NodeConsumerConfig(nodeID string) jetstream.ConsumerConfig {
+// effect (an image pull sends InProgress to extend it) and is how long a
+// command taken by an agent that then crashed waits before redelivery.
+func NodeConsumerConfig(nodeID string, ackWait time.Duration) jetstream.ConsumerConfig {
+	if ackWait <= 0 {
+		ackWait = 30 * time.Second
+	}
 	return jetstream.ConsumerConfig{
 		Durable:       NodeConsumer(nodeID),
 		Description:   "commands for node " + nodeID,
 		FilterSubject: NodeCmd(nodeID),
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       ackWait,
 		MaxDeliver:    -1,
-		BackOff:       []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second},
 		MaxAckPending: 256,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}

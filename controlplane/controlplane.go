@@ -34,7 +34,13 @@ type Config struct {
 	// running before the control plane itself sends a stop; the node enforces
 	// the limit first.
 	MaxRuntimeSlack time.Duration
-	Topology        bus.Topology
+	// CommandAckWait is how long a node's command waits for an ack before
+	// JetStream redelivers it (to the agent's next process after a crash).
+	CommandAckWait time.Duration
+	// OpenEnrollment admits nodes that present no enrollment token. For
+	// local development only: anyone who can publish wf.enroll joins.
+	OpenEnrollment bool
+	Topology       bus.Topology
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
 }
@@ -68,13 +74,14 @@ func (c *Config) defaults() {
 
 // ControlPlane is one replica of the control plane.
 type ControlPlane struct {
-	cfg     Config
-	conn    *bus.Conn
-	log     *zap.Logger
-	runsKV  jetstream.KeyValue
-	nodesKV jetstream.KeyValue
-	cache   *cache
-	metrics metrics
+	cfg      Config
+	conn     *bus.Conn
+	log      *zap.Logger
+	runsKV   jetstream.KeyValue
+	nodesKV  jetstream.KeyValue
+	enrollKV jetstream.KeyValue
+	cache    *cache
+	metrics  metrics
 
 	// kick asks the scheduler to look at accepted Runs now.
 	kick chan struct{}
@@ -119,8 +126,12 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketNodes, err)
 	}
+	enrollKV, err := conn.JS.KeyValue(ctx, bus.BucketEnroll)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketEnroll, err)
+	}
 	return &ControlPlane{
-		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV,
+		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV, enrollKV: enrollKV,
 		cache: newCache(), kick: make(chan struct{}, 1),
 	}, nil
 }

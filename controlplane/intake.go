@@ -47,7 +47,7 @@ func (cp *ControlPlane) submit(ctx context.Context, m jetstream.Msg) error {
 	}
 	if dup {
 		if !reflect.DeepEqual(normalise(run.Request), normalise(req)) {
-			return cp.reject(ctx, m, "", &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
+			return cp.reject(ctx, m, req.RequestID, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
 				Reason: "this request id already names a different Run (" + run.ID + "); use a new request id for a new Run"})
 		}
 		// The same request again: one Run. Republish its latest events in

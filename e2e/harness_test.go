@@ -51,7 +51,8 @@ func (p *part) stop(t testing.TB) {
 }
 
 func cpConfig() controlplane.Config {
-	return controlplane.Config{HeartbeatInterval: time.Second, ReconcileInterval: 200 * time.Millisecond, RedispatchAfter: 10 * time.Second}
+	return controlplane.Config{HeartbeatInterval: time.Second, ReconcileInterval: 200 * time.Millisecond, RedispatchAfter: 10 * time.Second,
+		CommandAckWait: 3 * time.Second, OpenEnrollment: true}
 }
 
 func newFleet(t *testing.T) *fleet {
@@ -276,4 +277,31 @@ func tempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(d) })
 	return d
+}
+
+// allEvents reads every event in WF_EVENTS, in stream order.
+func (f *fleet) allEvents() []schemas.RunEvent {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := f.conn.JS.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []schemas.RunEvent
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		var ev schemas.RunEvent
+		if codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &ev) == nil {
+			out = append(out, ev)
+		}
+	}
+	return out
 }

@@ -103,6 +103,71 @@ type Enrollment struct {
 	Duplicate bool   `json:"duplicate,omitempty"`
 }
 
+// NodeBootstrap is what a new machine receives (a file, user data) to
+// enroll: where the control plane is, who the node is, and a single-use
+// enrollment token. Only the token's hash is stored by the control plane.
+type NodeBootstrap struct {
+	ControlPlaneURL string    `json:"control_plane_url"`
+	NodeID          string    `json:"node_id"`
+	RentalID        string    `json:"rental_id,omitempty"`
+	Generation      uint64    `json:"generation"`
+	EnrollmentToken string    `json:"enrollment_token"`
+	ExpiresAt       time.Time `json:"expires_at"`
+	// AgentVersion is the agent build this node is expected to run.
+	AgentVersion string `json:"agent_version,omitempty"`
+}
+
+// Invitation is the stored half of a NodeBootstrap in wf_enroll, keyed by
+// the token's hash. Redeeming it deletes it at its revision, so a second
+// redemption fails.
+type Invitation struct {
+	NodeID       string    `json:"node_id"`
+	RentalID     string    `json:"rental_id,omitempty"`
+	Generation   uint64    `json:"generation"`
+	AgentVersion string    `json:"agent_version,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	ExpiresAt    time.Time `json:"expires_at"`
+}
+
+// InviteRequest asks the control plane (on wf.admin.node.invite) to mint a
+// NodeBootstrap.
+type InviteRequest struct {
+	NodeID       string `json:"node_id"`
+	RentalID     string `json:"rental_id,omitempty"`
+	Generation   uint64 `json:"generation"`
+	TTLSeconds   int64  `json:"ttl_seconds,omitempty"`
+	AgentVersion string `json:"agent_version,omitempty"`
+}
+
+// Validate checks an InviteRequest.
+func (r *InviteRequest) Validate() error {
+	if err := ValidateID("node_id", r.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	if r.RentalID != "" {
+		if err := ValidateID("rental_id", r.RentalID, CodeMalformed); err != nil {
+			return err
+		}
+	}
+	if r.Generation == 0 {
+		return refuse(CodeMissingField, "generation", "must be 1 or more; bump it each time the machine is reprovisioned")
+	}
+	if r.TTLSeconds < 0 || r.TTLSeconds > 7*24*3600 {
+		return refuse(CodeMalformed, "ttl_seconds", "must be between 0 (default) and one week")
+	}
+	return nil
+}
+
+// SessionRenewal is both the request (SessionToken set) and the answer
+// (SessionExpires set) on wf.node.<id>.renew. Renewal never moves the
+// fencing token.
+type SessionRenewal struct {
+	NodeID         string    `json:"node_id"`
+	SessionToken   string    `json:"session_token,omitempty"`
+	SessionExpires time.Time `json:"session_expires,omitzero"`
+	FencingToken   uint64    `json:"fencing_token"`
+}
+
 // Heartbeat is a node's cheap liveness report on wf.node.<id>.heartbeat.
 type Heartbeat struct {
 	NodeID       string    `json:"node_id"`

@@ -48,6 +48,49 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		}
 	})
 
+	t.Run("ConcurrentCallsImportOnce", func(t *testing.T) {
+		t.Parallel()
+		img := testenv.BuildBusyboxImage(t, f.imageDir, "concurrent", testenv.WithFile("/etc/variant", "concurrent"))
+		spec := agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
+		results := make(chan agent.ImageResult, 3)
+		errs := make(chan error, 3)
+		for range 3 {
+			go func() {
+				res, err := f.rt.EnsureImage(testCtx(t), spec)
+				results <- res
+				errs <- err
+			}()
+		}
+		imports := 0
+		for range 3 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+			if res := <-results; !res.AlreadyPresent {
+				imports++
+			}
+		}
+		if imports != 1 {
+			t.Fatalf("%d of 3 concurrent calls imported, want 1", imports)
+		}
+	})
+
+	t.Run("PresentUnderAnotherName", func(t *testing.T) {
+		t.Parallel()
+		alias := "localhost/alias@" + f.image.ManifestDigest
+		res, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: alias, ManifestDigest: f.image.ManifestDigest, Unpack: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.AlreadyPresent || res.Source != "local" || res.FetchedBytes != 0 {
+			t.Fatalf("EnsureImage = %+v, want already present", res)
+		}
+		rec, err := f.rt.client.ImageService().Get(f.rt.ctx(testCtx(t)), alias)
+		if err != nil || rec.Target.Digest.String() != f.image.ManifestDigest {
+			t.Fatalf("alias record %+v, %v", rec, err)
+		}
+	})
+
 	t.Run("ArchiveFoundByScan", func(t *testing.T) {
 		t.Parallel()
 		img := testenv.BuildBusyboxImage(t, t.TempDir(), "scan", testenv.WithFile("/etc/variant", "scan"))

@@ -36,6 +36,7 @@ func TestRuntime(t *testing.T) {
 	}
 
 	t.Run("Info", f.testInfo)
+	t.Run("SnapshotterOption", f.testSnapshotterOption)
 	t.Run("EnsureImage", f.testEnsureImage)
 	t.Run("Workload", f.testWorkload)
 	t.Run("Stop", f.testStop)
@@ -85,6 +86,25 @@ func (f *fixture) testInfo(t *testing.T) {
 		t.Fatal("no snapshotter chosen")
 	}
 	t.Logf("%+v, snapshotter %s", info, f.rt.Snapshotter())
+}
+
+func (f *fixture) testSnapshotterOption(t *testing.T) {
+	t.Parallel()
+	opts := Options{Address: f.env.Address, Namespace: f.env.Namespace, LogDir: t.TempDir(), Logger: zaptest.NewLogger(t)}
+	opts.Snapshotter = "native"
+	rt, err := New(testCtx(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if rt.Snapshotter() != "native" {
+		t.Fatalf("snapshotter %s, want native", rt.Snapshotter())
+	}
+	opts.Snapshotter = "no-such-snapshotter"
+	if rt, err := New(testCtx(t), opts); err == nil {
+		rt.Close()
+		t.Fatal("New accepted an unknown snapshotter")
+	}
 }
 
 // launch starts a workload from the fixture image and removes it when t ends.

@@ -47,6 +47,7 @@ func (r *Runtime) Wait(ctx context.Context, id string) (agent.WorkloadStatus, er
 		st.State = agent.WorkloadExited
 		st.ExitCode = int(es.ExitCode())
 		st.FinishedAt = es.ExitTime()
+		clampStart(&st)
 		r.recordExit(ctx, container, nil, st)
 	}
 	return st, nil

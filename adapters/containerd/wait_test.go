@@ -67,7 +67,15 @@ func (f *fixture) testOOM(t *testing.T) {
 	if !st.OOMKilled || st.ExitCode != 137 {
 		t.Fatalf("Wait = %+v, want OOM-killed (137)", st)
 	}
-	// The OOM event lands as a label shortly after.
+	// Both detectors work on their own: the cgroup counter...
+	c, err := f.rt.client.LoadContainer(f.rt.ctx(testCtx(t)), "oom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.rt.cgroupOOMKilled(f.rt.ctx(testCtx(t)), c) {
+		t.Error("cgroup oom_kill counter did not show the kill")
+	}
+	// ...and the /tasks/oom event, which lands as a label.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, err := f.rt.client.LoadContainer(f.rt.ctx(testCtx(t)), "oom")

@@ -265,6 +265,7 @@ func (r *Runtime) status(ctx context.Context, container ctrd.Container) (agent.W
 		// exit someone recorded is known; anything else is unknown.
 		if code, finished, ok := storedExit(info.Labels); ok {
 			st.State, st.ExitCode, st.FinishedAt = agent.WorkloadExited, code, finished
+			clampStart(&st)
 		}
 		return st, nil
 	}
@@ -289,6 +290,7 @@ func (r *Runtime) status(ctx context.Context, container ctrd.Container) (agent.W
 		st.StartedAt = startedAt(info)
 		st.ExitCode = int(ts.ExitStatus)
 		st.FinishedAt = ts.ExitTime
+		clampStart(&st)
 		st.OOMKilled = st.OOMKilled || r.cgroupOOMKilled(ctx, container)
 		r.recordExit(ctx, container, info.Labels, st)
 	}
@@ -303,6 +305,15 @@ func startedAt(info containers.Container) time.Time {
 		return t
 	}
 	return info.CreatedAt
+}
+
+// clampStart keeps StartedAt <= FinishedAt. Launch takes the start time
+// after Start returns, and a process can exit before that; the exit time is
+// then the better bound.
+func clampStart(st *agent.WorkloadStatus) {
+	if !st.FinishedAt.IsZero() && st.StartedAt.After(st.FinishedAt) {
+		st.StartedAt = st.FinishedAt
+	}
 }
 
 // recordExit stores a final status in labels once, so it survives the

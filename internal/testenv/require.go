@@ -1,7 +1,7 @@
 // Package testenv gives tests of every package real dependencies to run
-// against: a private containerd daemon and a small OCI image built from the
-// host's static busybox. It is ordinary (non-_test) code so any package's
-// tests can import it.
+// against, such as a private containerd daemon and a small OCI image built
+// from the host's static busybox. It is ordinary (non-_test) code so any
+// package's tests can import it.
 //
 // A dependency that is missing skips the test with a hint how to install it,
 // except when the CI environment variable is set: CI must never skip silently,
