@@ -35,6 +35,21 @@ type Config struct {
 	// StopGrace is used when the node itself stops a workload (max runtime).
 	StopGrace time.Duration
 	Now       func() time.Time
+	// Faults injects crashes for fault tests; nil in production.
+	Faults *Faults
+}
+
+// Faults are the crash points fault tests use to prove invariant 1 (one
+// operation id, one effect) across a real agent restart.
+type Faults struct {
+	// LeaveUnacked is consulted after a command's effect, journal entry and
+	// receipt: returning true leaves it unacked, as if the process died
+	// before acking, so JetStream redelivers it after AckWait.
+	LeaveUnacked func(schemas.Command) bool
+	// SkipJournal is consulted after a command's effect: returning true
+	// drops the journal entry and the ack, as if the process died between
+	// the effect and the journal write.
+	SkipJournal func(schemas.Command) bool
 }
 
 // Agent is one node's agent. Run drives it.

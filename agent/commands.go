@@ -131,10 +131,18 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg) {
 	if ctx.Err() != nil {
 		return // shutting down mid-effect: unacked, so it is redelivered
 	}
+	if f := a.cfg.Faults; f != nil && f.SkipJournal != nil && f.SkipJournal(c) {
+		return
+	}
 	if err := a.journal.Record(JournalEntry{OperationID: c.OperationID, Kind: c.Kind, RunID: rc.RunID, AttemptID: rc.AttemptID,
 		Outcome: rc.Outcome, Code: rc.Code, Message: rc.Message, StopReason: stopReason, AppliedAt: a.cfg.Now()}); err != nil {
 		a.log.Error("journal write failed; command will be redelivered", zap.String("op", c.OperationID), zap.Error(err))
 		_ = m.Nak()
+		return
+	}
+	if f := a.cfg.Faults; f != nil && f.LeaveUnacked != nil && f.LeaveUnacked(c) {
+		dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
+		_ = a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
 		return
 	}
 	a.finish(ctx, m, c, rc, true)
@@ -226,6 +234,14 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			LabelRunID: l.RunID, LabelAttemptID: l.AttemptID,
 			LabelMaxRuntime: strconv.FormatInt(l.MaxRuntimeSeconds, 10),
 		},
+	}
+	// A launch does not depend on its prepare having been applied first:
+	// commands of one attempt can be redelivered out of order (a superseded
+	// process hands one back), and EnsureImage is cheap when the image is here.
+	if _, err := a.rt.EnsureImage(ctx, ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+		return
 	}
 	a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadStarting})
 	st, err := a.rt.Launch(ctx, spec)

@@ -137,11 +137,21 @@ func (a *Agent) reportExit(ctx context.Context, st WorkloadStatus) {
 		w.StopReason = e.StopReason
 	}
 	w.ObservedAt = a.cfg.Now()
-	dedupe := "exit:" + st.ID + ":" + strconv.FormatUint(a.Enrollment().FencingToken, 10)
-	if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsWorkload, Workload: &w}, dedupe); err != nil {
-		// Kept in the runtime: the next reconcile reports it again.
-		a.log.Warn("exit report not published; will report at next reconcile", zap.String("workload", st.ID), zap.Error(err))
-		return
+	// The exit is the one report that must arrive: retry until JetStream has
+	// it (NATS may be restarting). The workload is kept until then, so a
+	// restarted agent reports it again from the runtime.
+	for wait := 250 * time.Millisecond; ; wait = min(wait*2, 5*time.Second) {
+		dedupe := "exit:" + st.ID + ":" + strconv.FormatUint(a.Enrollment().FencingToken, 10)
+		err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsWorkload, Workload: &w}, dedupe)
+		if err == nil {
+			break
+		}
+		a.log.Warn("exit report not published; retrying", zap.String("workload", st.ID), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 	a.log.Info("workload exited", zap.String("run_id", w.RunID), zap.String("workload", st.ID), zap.Int("exit_code", st.ExitCode), zap.Bool("oom_killed", st.OOMKilled))
 	if err := a.rt.Remove(ctx, st.ID); err != nil && !errors.Is(err, ErrWorkloadNotFound) {

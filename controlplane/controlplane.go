@@ -83,6 +83,8 @@ type ControlPlane struct {
 	cache    *cache
 	metrics  metrics
 
+	// ready closes once Run serves every subject.
+	ready chan struct{}
 	// kick asks the scheduler to look at accepted Runs now.
 	kick chan struct{}
 	// enrollMu serialises enrollments in this replica; across replicas the
@@ -132,9 +134,12 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	}
 	return &ControlPlane{
 		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV, enrollKV: enrollKV,
-		cache: newCache(), kick: make(chan struct{}, 1),
+		cache: newCache(), kick: make(chan struct{}, 1), ready: make(chan struct{}),
 	}, nil
 }
+
+// Ready is closed once Run answers on every subject.
+func (cp *ControlPlane) Ready() <-chan struct{} { return cp.ready }
 
 func (cp *ControlPlane) now() time.Time { return cp.cfg.Now() }
 
@@ -170,7 +175,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	defer obs.Stop()
 
+	cp.askReconcile(ctx)
 	wg.Go(func() { cp.reconcileLoop(ctx) })
+	close(cp.ready)
 	cp.log.Info("control plane serving", zap.String("nats", cp.conn.NC.ConnectedUrlRedacted()))
 	<-ctx.Done()
 	return nil

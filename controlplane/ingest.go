@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -53,13 +54,7 @@ func (cp *ControlPlane) observe(ctx context.Context, subject string, o schemas.O
 	case schemas.ObsReceipt:
 		return cp.applyReceipt(ctx, node, *o.Receipt)
 	case schemas.ObsReconciliation:
-		for _, w := range o.Reconciliation.Workloads {
-			w.ReceivedAt = now
-			if err := cp.applyWorkload(ctx, node, w); err != nil {
-				return err
-			}
-		}
-		return cp.applyFacts(ctx, o.NodeID, o.FencingToken, o.Reconciliation.Facts)
+		return cp.applyReconciliation(ctx, node, *o.Reconciliation, now)
 	case schemas.ObsFacts:
 		return cp.applyFacts(ctx, o.NodeID, o.FencingToken, *o.Facts)
 	}
@@ -107,6 +102,9 @@ func (cp *ControlPlane) applyWorkload(ctx context.Context, node schemas.NodeReco
 	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		cp.log.Info("report for an unknown run", zap.String("run_id", w.RunID), zap.String("node_id", node.NodeID))
+		if w.Phase == schemas.WorkloadRunning || w.Phase == schemas.WorkloadStarting {
+			return cp.sendStopAttempt(ctx, node.NodeID, w.RunID, w.AttemptID, 0, "unknown to the control plane")
+		}
 		return nil
 	}
 	if errors.Is(err, ErrIllegalTransition) {
@@ -121,6 +119,35 @@ func (cp *ControlPlane) applyWorkload(ctx context.Context, node schemas.NodeReco
 		return err
 	}
 	return nil
+}
+
+// applyReconciliation squares the node's full account with the Runs booked
+// on it: what runs there moves its Run; a Run whose launch the node applied
+// but whose workload is gone (and whose exit never arrived) lost its
+// attempt. Workloads the control plane does not know are stopped by
+// applyWorkload.
+func (cp *ControlPlane) applyReconciliation(ctx context.Context, node schemas.NodeRecord, rec schemas.Reconciliation, now time.Time) error {
+	present := map[string]bool{}
+	for _, w := range rec.Workloads {
+		w.ReceivedAt = now
+		present[w.AttemptID] = true
+		if err := cp.applyWorkload(ctx, node, w); err != nil {
+			return err
+		}
+	}
+	applied := map[string]bool{}
+	for _, op := range rec.AppliedOperationIDs {
+		applied[op] = true
+	}
+	for _, r := range cp.cache.activeRuns() {
+		if r.NodeID != node.NodeID || present[r.AttemptID] || !applied[opID(r.AttemptID, "launch")] {
+			continue
+		}
+		if _, err := cp.loseAttempt(ctx, r, "node "+node.NodeID+" no longer holds the workload it launched"); err != nil && !errors.Is(err, bus.ErrNoChange) {
+			return err
+		}
+	}
+	return cp.applyFacts(ctx, node.NodeID, node.FencingToken, rec.Facts)
 }
 
 // targetPhase maps a workload report onto the Run's lifecycle.

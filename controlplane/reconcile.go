@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -177,25 +178,7 @@ func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
 		if n, ok := cp.cache.node(r.NodeID); !ok || n.State != schemas.NodeLost {
 			continue
 		}
-		_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
-			if s.AttemptID != r.AttemptID || s.Phase.Terminal() || s.Phase == schemas.PhaseAccepted {
-				return bus.ErrNoChange
-			}
-			from := s.Phase
-			switch {
-			case s.CancelRequested:
-				s.Phase, s.Reason = schemas.PhaseCancelled, string(schemas.CodeNodeLost)
-			case s.Attempt >= cp.cfg.MaxAttempts:
-				s.Phase, s.Reason = schemas.PhaseLost, string(schemas.CodeAttemptsExhausted)
-			default:
-				s.Phase, s.Reason = schemas.PhaseAccepted, string(schemas.CodeNodeLost)
-			}
-			emit(phaseEvent(s, from, schemas.CodeNodeLost, "node "+s.NodeID+" stopped heartbeating"))
-			if s.Phase == schemas.PhaseAccepted {
-				s.NodeID = ""
-			}
-			return nil
-		})
+		_, err := cp.loseAttempt(ctx, r, "node "+r.NodeID+" stopped heartbeating")
 		switch {
 		case err == nil:
 			moved = true
@@ -205,5 +188,47 @@ func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
 	}
 	if moved {
 		cp.poke() // schedule the returned Runs elsewhere
+	}
+}
+
+// loseAttempt ends the Run's current attempt as lost: the Run goes back to
+// accepted for another node, or ends lost when its attempts are spent (or
+// cancelled, when a cancel was pending).
+func (cp *ControlPlane) loseAttempt(ctx context.Context, r schemas.Run, why string) (schemas.Run, error) {
+	return cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
+		if s.AttemptID != r.AttemptID || s.Phase.Terminal() || s.Phase == schemas.PhaseAccepted {
+			return bus.ErrNoChange
+		}
+		from := s.Phase
+		switch {
+		case s.CancelRequested:
+			s.Phase, s.Reason = schemas.PhaseCancelled, string(schemas.CodeNodeLost)
+		case s.Attempt >= cp.cfg.MaxAttempts:
+			s.Phase, s.Reason = schemas.PhaseLost, string(schemas.CodeAttemptsExhausted)
+		default:
+			s.Phase, s.Reason = schemas.PhaseAccepted, string(schemas.CodeNodeLost)
+		}
+		emit(phaseEvent(s, from, schemas.CodeNodeLost, why))
+		if s.Phase == schemas.PhaseAccepted {
+			s.NodeID = ""
+			cp.poke()
+		}
+		return nil
+	})
+}
+
+// askReconcile asks every live node for its full account. A control plane
+// that just started may have missed reports while it was down; the answers
+// (Reconciliation observations) square its Runs with what really runs.
+func (cp *ControlPlane) askReconcile(ctx context.Context) {
+	now := cp.now()
+	for _, n := range cp.cache.nodeList() {
+		if !n.Live(now) {
+			continue
+		}
+		c := cp.command(n, "reconcile."+strconv.FormatInt(now.UnixNano(), 36), schemas.CmdReconcile)
+		if err := cp.sendCommand(ctx, c); err != nil {
+			cp.log.Warn("ask node to reconcile", zap.String("node_id", n.NodeID), zap.Error(err))
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -29,24 +30,47 @@ type fleet struct {
 	nats *testenv.NATS
 	conn *bus.Conn // the producer's / operator's connection
 	log  *zap.Logger
+	cfg  controlplane.Config
 	cp   *part
+	// plane is the running control plane, for its counters.
+	plane *controlplane.ControlPlane
 }
 
 // part is a component running in a goroutine, stoppable on its own.
 type part struct {
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when the goroutine returned
+	err    error         // what it returned; read after done
+}
+
+func newPart(cancel context.CancelFunc, run func() error) *part {
+	p := &part{cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(p.done); p.err = run() }()
+	return p
+}
+
+// wait returns the part's result, or fails t after within.
+func (p *part) wait(t testing.TB, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(within):
+		t.Fatalf("part still running after %s", within)
+		return nil
+	}
 }
 
 func (p *part) stop(t testing.TB) {
 	p.cancel()
 	select {
-	case err := <-p.done:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("part stopped with: %v", err)
+	case <-p.done:
+		if p.err != nil && !errors.Is(p.err, context.Canceled) && !errors.Is(p.err, agent.ErrSuperseded) {
+			t.Logf("part stopped with: %v", p.err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Errorf("part did not stop within 20s")
+		buf := make([]byte, 1<<20)
+		t.Errorf("part did not stop within 20s; goroutines:\n%s", buf[:runtime.Stack(buf, true)])
 	}
 }
 
@@ -55,7 +79,7 @@ func cpConfig() controlplane.Config {
 		CommandAckWait: 3 * time.Second, OpenEnrollment: true}
 }
 
-func newFleet(t *testing.T) *fleet {
+func newFleet(t *testing.T, tune ...func(*controlplane.Config)) *fleet {
 	t.Helper()
 	n := testenv.StartNATS(t)
 	log := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
@@ -64,7 +88,11 @@ func newFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(conn.Close)
-	f := &fleet{t: t, nats: n, conn: conn, log: log}
+	cfg := cpConfig()
+	for _, fn := range tune {
+		fn(&cfg)
+	}
+	f := &fleet{t: t, nats: n, conn: conn, log: log, cfg: cfg}
 	f.cp = f.startCP()
 	return f
 }
@@ -76,58 +104,77 @@ func (f *fleet) startCP() *part {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	cp, err := controlplane.New(ctx, conn, cpConfig(), f.log.Named("cp"))
+	cp, err := controlplane.New(ctx, conn, f.cfg, f.log.Named("cp"))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	p := &part{cancel: cancel, done: make(chan error, 1)}
-	go func() { p.done <- cp.Run(ctx); conn.Close() }()
-	f.t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			p.stop(f.t)
-		}
-	})
+	f.plane = cp
+	p := newPart(cancel, func() error { defer conn.Close(); return cp.Run(ctx) })
+	select {
+	case <-cp.Ready():
+	case <-p.done:
+		f.t.Fatalf("control plane stopped: %v", p.err)
+	case <-time.After(20 * time.Second):
+		f.t.Fatal("control plane not ready in 20s")
+	}
+	f.t.Cleanup(func() { p.stop(f.t) })
 	return p
 }
 
-// node is one agent with its own containerd namespace and image dir.
-type node struct {
-	id       string
-	ctrd     *testenv.Containerd
-	imageDir string
-	dataDir  string
-	agent    *agent.Agent
-	part     *part
+// agentSpec describes one agent process to start.
+type agentSpec struct {
+	id         string
+	world      world
+	dataDir    string
+	token      string
+	generation uint64
+	faults     *agent.Faults
+	counts     *counts // shared across restarts of one node, to count effects
+	noWait     bool    // do not wait for enrollment (it is expected to fail)
 }
 
-func (f *fleet) startAgent(id string, ctrd *testenv.Containerd, imageDir, dataDir string) *node {
+// node is one running agent process.
+type node struct {
+	spec  agentSpec
+	agent *agent.Agent
+	part  *part
+}
+
+func (f *fleet) startAgent(spec agentSpec) *node {
 	f.t.Helper()
+	if spec.generation == 0 {
+		spec.generation = 1
+	}
+	if spec.dataDir == "" {
+		spec.dataDir = tempDir(f.t)
+	}
+	if spec.counts == nil {
+		spec.counts = &counts{}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rt, err := containerd.New(ctx, containerd.Options{Address: ctrd.Address, Namespace: ctrd.Namespace, ImageDir: imageDir, LogDir: dataDir + "/logs", Logger: f.log.Named(id)})
+	rt, err := containerd.New(ctx, containerd.Options{Address: spec.world.ctrd.Address, Namespace: spec.world.ctrd.Namespace,
+		ImageDir: spec.world.imageDir, LogDir: spec.dataDir + "/logs", Logger: f.log.Named(spec.id)})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	conn, err := bus.Connect(f.nats.URL(), id, f.log.Named(id))
+	conn, err := bus.Connect(f.nats.URL(), spec.id, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, DataDir: dataDir, StopGrace: 2 * time.Second}, conn, rt, f.log.Named(id))
+	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: spec.generation, EnrollmentToken: spec.token, DataDir: spec.dataDir,
+		StopGrace: 2 * time.Second, Faults: spec.faults}, conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	p := &part{cancel: cancel, done: make(chan error, 1)}
-	go func() { p.done <- a.Run(ctx); conn.Close(); _ = rt.Close() }()
-	n := &node{id: id, ctrd: ctrd, imageDir: imageDir, dataDir: dataDir, agent: a, part: p}
-	f.t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			p.stop(f.t)
-		}
+	p := newPart(cancel, func() error {
+		defer func() { conn.Close(); _ = rt.Close() }()
+		return a.Run(ctx)
 	})
-	f.waitNode(id, a)
+	n := &node{spec: spec, agent: a, part: p}
+	f.t.Cleanup(func() { p.stop(f.t) })
+	if !spec.noWait {
+		f.waitNode(spec.id, a)
+	}
 	return n
 }
 

@@ -18,7 +18,7 @@ import (
 func TestAcceptance_RunToExitCode(t *testing.T) {
 	w := newWorld(t)
 	f := newFleet(t)
-	f.startAgent("node-a", w.ctrd, w.imageDir, tempDir(t))
+	f.startAgent(agentSpec{id: "node-a", world: w})
 
 	// Published as raw JSON, exactly what `nats pub wf.runs.submit '<json>'` sends.
 	okBody := fmt.Sprintf(`{"request_id":"exit-0","image":%q,"command":["sh","-c","echo hello; test \"$GREETING\" = hi"],"env":{"GREETING":"hi"},"resources":{"cpu_millis":100,"memory_bytes":67108864}}`, w.image.Reference)

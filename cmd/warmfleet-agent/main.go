@@ -17,6 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/logging"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -32,10 +33,10 @@ func main() {
 
 func newRoot() *cobra.Command {
 	var (
-		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel string
-		generation                                                               uint64
-		capacity                                                                 schemas.Resources
-		maxWorkloads                                                             int
+		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel, bootstrap string
+		generation                                                                          uint64
+		capacity                                                                            schemas.Resources
+		maxWorkloads                                                                        int
 	)
 	cmd := &cobra.Command{
 		Use:           "warmfleet-agent",
@@ -48,6 +49,18 @@ func newRoot() *cobra.Command {
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			var token string
+			if bootstrap != "" {
+				b, err := readBootstrap(bootstrap)
+				if err != nil {
+					return err
+				}
+				// The bootstrap names the node; flags only fill what it leaves out.
+				nodeID, rentalID, generation, token = b.NodeID, b.RentalID, b.Generation, b.EnrollmentToken
+				if !cmd.Flags().Changed("nats-url") && b.ControlPlaneURL != "" {
+					natsURL = b.ControlPlaneURL
+				}
+			}
 			if nodeID == "" {
 				host, _ := os.Hostname()
 				nodeID = host
@@ -66,7 +79,7 @@ func newRoot() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir,
+			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads}, conn, rt, log)
 			if err != nil {
 				return err
@@ -77,6 +90,7 @@ func newRoot() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL the agent dials")
+	f.StringVar(&bootstrap, "bootstrap", os.Getenv("WARMFLEET_BOOTSTRAP"), "NodeBootstrap JSON file from `warmfleet node invite`")
 	f.StringVar(&nodeID, "node-id", os.Getenv("WARMFLEET_NODE_ID"), "node identity (default: hostname)")
 	f.StringVar(&rentalID, "rental-id", "", "rental this node belongs to")
 	f.Uint64Var(&generation, "generation", 1, "rental lifecycle generation")
@@ -97,4 +111,21 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// readBootstrap reads a NodeBootstrap file strictly; its token is a secret
+// and is never printed.
+func readBootstrap(path string) (schemas.NodeBootstrap, error) {
+	var b schemas.NodeBootstrap
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return b, fmt.Errorf("--bootstrap: %w", err)
+	}
+	if err := codec.Decode(codec.JSON, data, &b); err != nil {
+		return b, fmt.Errorf("--bootstrap %s: not a NodeBootstrap: %w", path, err)
+	}
+	if err := schemas.ValidateID("node_id", b.NodeID, schemas.CodeMalformed); err != nil {
+		return b, fmt.Errorf("--bootstrap %s: %w", path, err)
+	}
+	return b, nil
 }

