@@ -184,6 +184,13 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 		var rep schemas.Reply[schemas.Enrollment]
 		err := a.request(ctx, bus.SubjectEnroll, req, &rep)
 		if err == nil {
+			if rep.Refusal != nil && resuming && a.cfg.EnrollmentToken != "" {
+				// The saved session is gone (expired, superseded); a fresh
+				// bootstrap token admits the node anew.
+				a.log.Info("saved session refused; enrolling with the bootstrap token", zap.String("code", string(rep.Refusal.Code)))
+				resuming, req.EnrollmentToken = false, a.cfg.EnrollmentToken
+				continue
+			}
 			if rep.Refusal != nil {
 				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment refused (resuming a saved session: %v): %w", resuming, rep.Refusal)
 			}

@@ -223,10 +223,13 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			FailureReason: "stopped before launch", StopReason: stop.StopReason})
 		return
 	}
-	env := make([]string, 0, len(l.Env))
+	// The workload learns who it is from the environment, after the
+	// request's own variables so they cannot be spoofed by it.
+	env := make([]string, 0, len(l.Env)+3)
 	for _, e := range l.Env {
 		env = append(env, e.Name+"="+e.Value)
 	}
+	env = append(env, "WARMFLEET_RUN_ID="+l.RunID, "WARMFLEET_ATTEMPT_ID="+l.AttemptID, "WARMFLEET_NODE_ID="+a.cfg.NodeID)
 	spec := WorkloadSpec{
 		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
 		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,

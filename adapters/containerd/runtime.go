@@ -88,6 +88,12 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	log := opts.Logger.With(zap.String("runtime", "containerd"), zap.String("namespace", opts.Namespace))
 
+	// The shim opens the log file itself, from another working directory.
+	abs, err := filepath.Abs(opts.LogDir)
+	if err != nil {
+		return nil, fmt.Errorf("containerd: log dir %q: %w", opts.LogDir, err)
+	}
+	opts.LogDir = abs
 	if err := os.MkdirAll(opts.LogDir, 0o700); err != nil {
 		return nil, fmt.Errorf("containerd runtime: create log dir: %w", err)
 	}

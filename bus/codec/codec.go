@@ -81,7 +81,14 @@ func classify(enc string, err error) error {
 
 // Decode strictly decodes data in encoding e into v: unknown fields and
 // trailing data are errors wrapping ErrMalformed.
-func Decode(e Encoding, data []byte, v any) error {
+func Decode(e Encoding, data []byte, v any) (err error) {
+	// The msgpack decoder panics on some malformed input (nil where a
+	// time.Time belongs); that input is malformed, not a reason to crash.
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %s: decoder panic: %v", ErrMalformed, e, p)
+		}
+	}()
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty body", ErrMalformed)
 	}

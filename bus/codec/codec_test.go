@@ -425,6 +425,28 @@ func TestMsgpackHugeLengthClaims(t *testing.T) {
 	}
 }
 
+// msgpack nil where a time.Time belongs made the msgpack decoder panic
+// (reflect: IsNil on a struct value). It is malformed input, not a crash.
+func TestMsgpackNilTimeIsMalformed(t *testing.T) {
+	for name, data := range map[string][]byte{
+		"field":         mustMsgpack(t, map[string]any{"at": nil}),
+		"slice element": mustMsgpack(t, map[string]any{"Others": []any{nil}}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var v stamped
+			err := codec.Decode(codec.MsgPack, data, &v)
+			if !errors.Is(err, codec.ErrMalformed) || errors.Is(err, codec.ErrUnknownField) {
+				t.Fatalf("Decode = %v, want ErrMalformed", err)
+			}
+		})
+	}
+	// nil for a pointer to a time is an absent time.
+	v := stamped{Maybe: &time.Time{}}
+	if err := codec.Decode(codec.MsgPack, mustMsgpack(t, map[string]any{"maybe": nil}), &v); err != nil || v.Maybe != nil {
+		t.Fatalf("Decode = %v, Maybe = %v; want nil, nil", err, v.Maybe)
+	}
+}
+
 func TestEncodeError(t *testing.T) {
 	for _, e := range []codec.Encoding{codec.JSON, codec.MsgPack} {
 		if _, err := codec.Encode(e, make(chan int)); err == nil {

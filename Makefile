@@ -1,0 +1,41 @@
+# warmfleet — two entry points on a fresh Debian machine:
+#   make run    start the control plane (embedded NATS), containerd if needed, and one local agent
+#   make test   install what the tests need, then run every test with the race detector
+
+GO      ?= go
+BIN     := bin
+DATA    ?= .warmfleet
+PKGS    := ./...
+
+.PHONY: run test build deps vet fmt fuzz bench clean
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# deps installs the system packages the agent and the tests use: containerd,
+# runc, and a static busybox to build test images from (no registry is
+# reachable from CI, so images are built locally).
+deps:
+	@missing=""; \
+	for p in containerd runc busybox-static; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+run: deps build
+	./scripts/run-local.sh
+
+test: deps
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
+	$(GO) test -race -timeout 20m $(PKGS)
+
+fuzz:
+	./scripts/fuzz.sh 30s
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+clean:
+	rm -rf $(BIN) $(DATA)

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/internal/ociimage"
+)
+
+// newDevCmd holds helpers for trying warmfleet on one machine without a
+// registry.
+func newDevCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "dev", Short: "Local development helpers", Hidden: true}
+	var dir, name string
+	img := &cobra.Command{
+		Use:   "busybox-image",
+		Short: "Build a busybox OCI archive into an agent's --image-dir and print its pinned reference",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			im, err := ociimage.BuildBusybox(dir, name, nil)
+			if err != nil {
+				return fmt.Errorf("build image (is busybox-static installed? apt-get install -y busybox-static): %w", err)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), im.Reference)
+			return err
+		},
+	}
+	img.Flags().StringVar(&dir, "dir", ".warmfleet/images", "directory to write <digest>.tar into")
+	img.Flags().StringVar(&name, "name", "busybox", "repository name under localhost/")
+	cmd.AddCommand(img)
+	return cmd
+}
