@@ -168,7 +168,7 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 		capacity.MemoryBytes = facts.Host.MemoryBytes
 	}
 	if capacity.GPUCount == 0 {
-		capacity.GPUCount = facts.Host.GPUCount
+		capacity.GPUCount = facts.Host.Accelerator.GPUCount()
 	}
 	token, resuming := a.loadSession()
 	if !resuming {

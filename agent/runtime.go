@@ -77,6 +77,15 @@ type WorkloadSpec struct {
 	CPUMillis      int64    // 0 = unlimited
 	MemoryBytes    int64    // 0 = unlimited
 	Labels         map[string]string
+	// Mounts are host directories bind-mounted into the container.
+	Mounts []Mount
+}
+
+// Mount is a bind mount of a host directory.
+type Mount struct {
+	Source   string // absolute host path
+	Target   string // absolute path in the container
+	ReadOnly bool
 }
 
 // WorkloadState is a runtime's view of one workload.

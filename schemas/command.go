@@ -41,14 +41,15 @@ type PrepareImage struct {
 
 // LaunchWorkload asks a node to start one attempt of a Run.
 type LaunchWorkload struct {
-	RunID             string    `json:"run_id"`
-	AttemptID         string    `json:"attempt_id"`
-	Reference         string    `json:"reference"`
-	ManifestDigest    string    `json:"manifest_digest"`
-	Command           []string  `json:"command,omitempty"`
-	Env               []EnvVar  `json:"env,omitempty"`
-	Resources         Resources `json:"resources"`
-	MaxRuntimeSeconds int64     `json:"max_runtime_seconds,omitempty"`
+	RunID             string       `json:"run_id"`
+	AttemptID         string       `json:"attempt_id"`
+	Reference         string       `json:"reference"`
+	ManifestDigest    string       `json:"manifest_digest"`
+	Command           []string     `json:"command,omitempty"`
+	Env               []EnvVar     `json:"env,omitempty"`
+	Resources         Resources    `json:"resources"`
+	MaxRuntimeSeconds int64        `json:"max_runtime_seconds,omitempty"`
+	Caches            []CacheMount `json:"caches,omitempty"`
 }
 
 // EnvVar is one environment binding.

@@ -37,24 +37,6 @@ func (n *NodeRecord) Live(now time.Time) bool {
 	return n.State != NodeLost && now.Before(n.LeaseExpires)
 }
 
-// NodeFacts is what a node measured about itself.
-type NodeFacts struct {
-	ObservedAt time.Time `json:"observed_at"`
-	Host       HostFacts `json:"host"`
-}
-
-// HostFacts describes the machine.
-type HostFacts struct {
-	OS               string `json:"os"`
-	KernelVersion    string `json:"kernel_version,omitempty"`
-	Architecture     string `json:"architecture"`
-	ContainerRuntime string `json:"container_runtime,omitempty"`
-	RuntimeVersion   string `json:"runtime_version,omitempty"`
-	CPUMillis        int64  `json:"cpu_millis"`
-	MemoryBytes      int64  `json:"memory_bytes"`
-	GPUCount         int64  `json:"gpu_count,omitempty"`
-}
-
 // EnrollmentRequest is what an agent sends on wf.enroll.
 type EnrollmentRequest struct {
 	Version    int    `json:"version,omitempty"`

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -43,6 +44,33 @@ type RunRequest struct {
 	Resources         Resources         `json:"resources"`
 	MaxRuntimeSeconds int64             `json:"max_runtime_seconds,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
+	// Platform the workload needs; empty means the node's own.
+	Platform *Platform `json:"platform,omitempty"`
+	// GPU narrows which cards count toward resources.gpu_count.
+	GPU *GPURequirement `json:"gpu,omitempty"`
+	// Caches are named directories that outlive the Run on its node; a node
+	// that already holds one is warmer for the next Run that asks for it.
+	Caches []CacheMount `json:"caches,omitempty"`
+}
+
+// GPURequirement constrains the cards a Run gets.
+type GPURequirement struct {
+	// Model matches a device model case-insensitively by substring
+	// ("H100" matches "NVIDIA H100 80GB HBM3").
+	Model          string `json:"model,omitempty"`
+	MinMemoryBytes int64  `json:"min_memory_bytes,omitempty"`
+	// MinDriverCapability is the CUDA driver API version the image's
+	// accelerator stack needs, e.g. "12.2".
+	MinDriverCapability string `json:"min_driver_capability,omitempty"`
+}
+
+// CacheMount asks for a named cache directory mounted at Path. Runs that
+// name the same cache with the same CompatibilityKey share its contents.
+type CacheMount struct {
+	Name             string `json:"name"`
+	CompatibilityKey string `json:"compatibility_key,omitempty"`
+	Path             string `json:"path"`
+	ReadOnly         bool   `json:"read_only,omitempty"`
 }
 
 // Resources are the reservations a Run needs.
@@ -50,6 +78,8 @@ type Resources struct {
 	CPUMillis   int64 `json:"cpu_millis,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	GPUCount    int64 `json:"gpu_count,omitempty"`
+	// DiskBytes is the free disk a node must have (a floor, not reserved).
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // Fits reports whether r fits in free.
@@ -148,6 +178,9 @@ func (r *RunRequest) Validate() error {
 	if r.MaxRuntimeSeconds < 0 || r.MaxRuntimeSeconds > MaxRuntimeSeconds {
 		return refuse(CodeInvalidMaxRuntime, "max_runtime_seconds", "must be between 0 (no limit) and %d", MaxRuntimeSeconds)
 	}
+	if err := r.validatePlacement(); err != nil {
+		return err
+	}
 	if len(r.Labels) > MaxLabelItems {
 		return refuse(CodeTooManyItems, "labels", "at most %d labels", MaxLabelItems)
 	}
@@ -159,12 +192,59 @@ func (r *RunRequest) Validate() error {
 	return nil
 }
 
+var (
+	cacheNamePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	capabilityPattern = regexp.MustCompile(`^[0-9]{1,3}(\.[0-9]{1,3}){0,2}$`)
+)
+
+// MaxCaches bounds cache mounts per Run.
+const MaxCaches = 16
+
+func (r *RunRequest) validatePlacement() error {
+	if p := r.Platform; p != nil && (p.OS == "" || p.Architecture == "") {
+		return refuse(CodeInvalidPlatform, "platform", "give both os and architecture, e.g. linux/amd64, or omit platform")
+	}
+	if g := r.GPU; g != nil {
+		if g.MinMemoryBytes < 0 {
+			return refuse(CodeNegativeResource, "gpu.min_memory_bytes", "must be zero or positive")
+		}
+		if g.MinDriverCapability != "" && !capabilityPattern.MatchString(g.MinDriverCapability) {
+			return refuse(CodeInvalidGPU, "gpu.min_driver_capability", "a version like 12.2")
+		}
+		if len(g.Model) > 128 {
+			return refuse(CodeValueTooLong, "gpu.model", "at most 128 bytes")
+		}
+		if r.Resources.GPUCount == 0 {
+			return refuse(CodeInvalidGPU, "gpu", "a GPU requirement needs resources.gpu_count of at least 1")
+		}
+	}
+	if len(r.Caches) > MaxCaches {
+		return refuse(CodeTooManyItems, "caches", "at most %d cache mounts", MaxCaches)
+	}
+	seen := map[string]bool{}
+	for i, c := range r.Caches {
+		field := "caches[" + strconv.Itoa(i) + "]"
+		switch {
+		case !cacheNamePattern.MatchString(c.Name):
+			return refuse(CodeInvalidCache, field+".name", "lowercase [a-z0-9._-], 1-63 characters")
+		case c.CompatibilityKey != "" && !idPattern.MatchString(c.CompatibilityKey):
+			return refuse(CodeInvalidCache, field+".compatibility_key", "1-128 characters of [A-Za-z0-9._:-]")
+		case !strings.HasPrefix(c.Path, "/") || strings.Contains(c.Path, "..") || len(c.Path) > 1024 || c.Path == "/":
+			return refuse(CodeInvalidCache, field+".path", "an absolute path inside the container, without ..")
+		case seen[c.Path]:
+			return refuse(CodeInvalidCache, field+".path", "two caches mounted at one path")
+		}
+		seen[c.Path] = true
+	}
+	return nil
+}
+
 func (r Resources) validate(field string) error {
 	for _, f := range []struct {
 		name string
 		v    int64
 		max  int64
-	}{{"cpu_millis", r.CPUMillis, MaxCPUMillis}, {"memory_bytes", r.MemoryBytes, MaxMemoryBytes}, {"gpu_count", r.GPUCount, MaxGPUCount}} {
+	}{{"cpu_millis", r.CPUMillis, MaxCPUMillis}, {"memory_bytes", r.MemoryBytes, MaxMemoryBytes}, {"gpu_count", r.GPUCount, MaxGPUCount}, {"disk_bytes", r.DiskBytes, MaxMemoryBytes}} {
 		if f.v < 0 {
 			return refuse(CodeNegativeResource, field+"."+f.name, "must be zero or positive")
 		}
