@@ -87,14 +87,15 @@ func (r Resources) Fits(free Resources) bool {
 	return r.CPUMillis <= free.CPUMillis && r.MemoryBytes <= free.MemoryBytes && r.GPUCount <= free.GPUCount
 }
 
-// Sub returns r minus o.
+// Sub returns r minus o. DiskBytes is a floor, not a reservation: it is
+// kept from r.
 func (r Resources) Sub(o Resources) Resources {
-	return Resources{r.CPUMillis - o.CPUMillis, r.MemoryBytes - o.MemoryBytes, r.GPUCount - o.GPUCount}
+	return Resources{CPUMillis: r.CPUMillis - o.CPUMillis, MemoryBytes: r.MemoryBytes - o.MemoryBytes, GPUCount: r.GPUCount - o.GPUCount, DiskBytes: r.DiskBytes}
 }
 
-// Add returns r plus o.
+// Add returns r plus o (DiskBytes kept from r, as in Sub).
 func (r Resources) Add(o Resources) Resources {
-	return Resources{r.CPUMillis + o.CPUMillis, r.MemoryBytes + o.MemoryBytes, r.GPUCount + o.GPUCount}
+	return Resources{CPUMillis: r.CPUMillis + o.CPUMillis, MemoryBytes: r.MemoryBytes + o.MemoryBytes, GPUCount: r.GPUCount + o.GPUCount, DiskBytes: r.DiskBytes}
 }
 
 var (
