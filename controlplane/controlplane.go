@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
 )
 
 // Config tunes the control plane. Zero values take the defaults.
@@ -37,6 +38,11 @@ type Config struct {
 	// CommandAckWait is how long a node's command waits for an ack before
 	// JetStream redelivers it (to the agent's next process after a crash).
 	CommandAckWait time.Duration
+	// Placement weighs time against price; zero fields take defaults.
+	Placement placement.Config
+	// WaitForCapacity keeps a Run that no enrolled node could ever run
+	// waiting (for a node to join) instead of failing it at once.
+	WaitForCapacity bool
 	// OpenEnrollment admits nodes that present no enrollment token. For
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
@@ -70,6 +76,26 @@ func (c *Config) defaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	def := placement.DefaultConfig()
+	p := &c.Placement
+	if p.PullBytesPerSecond <= 0 {
+		p.PullBytesPerSecond = def.PullBytesPerSecond
+	}
+	if p.CacheBytesPerSecond <= 0 {
+		p.CacheBytesPerSecond = def.CacheBytesPerSecond
+	}
+	if p.UnknownImageBytes <= 0 {
+		p.UnknownImageBytes = def.UnknownImageBytes
+	}
+	if p.UnknownRuntime <= 0 {
+		p.UnknownRuntime = def.UnknownRuntime
+	}
+	if p.SecondsPerDollarHour <= 0 {
+		p.SecondsPerDollarHour = def.SecondsPerDollarHour
+	}
+	if p.FactsMaxAge <= 0 {
+		p.FactsMaxAge = def.FactsMaxAge
+	}
 }
 
 // ControlPlane is one replica of the control plane.
@@ -100,17 +126,20 @@ type metrics struct {
 	leaseLapses   atomic.Int64
 	commandsSent  atomic.Int64
 	placementMiss atomic.Int64
+	decisions     atomic.Int64
+	decisionNanos atomic.Int64
 }
 
 // Metrics is a snapshot of the control plane's counters.
 type Metrics struct {
 	Transitions, FencedObservations, Rejected, StaleReports, LeaseLapses, CommandsSent, PlacementMisses int64
+	Decisions, DecisionNanos                                                                            int64
 }
 
 // Metrics returns the current counters.
 func (cp *ControlPlane) Metrics() Metrics {
 	m := &cp.metrics
-	return Metrics{m.transitions.Load(), m.fencedObs.Load(), m.rejected.Load(), m.staleReports.Load(), m.leaseLapses.Load(), m.commandsSent.Load(), m.placementMiss.Load()}
+	return Metrics{m.transitions.Load(), m.fencedObs.Load(), m.rejected.Load(), m.staleReports.Load(), m.leaseLapses.Load(), m.commandsSent.Load(), m.placementMiss.Load(), m.decisions.Load(), m.decisionNanos.Load()}
 }
 
 // New provisions the streams and buckets (idempotently) and returns a

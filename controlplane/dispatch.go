@@ -34,18 +34,32 @@ func (cp *ControlPlane) sendLaunch(ctx context.Context, run schemas.Run) error {
 	for k, v := range run.Request.Env {
 		env = append(env, schemas.EnvVar{Name: k, Value: v})
 	}
-	prep := cp.command(node, opID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
-	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
 	launch := cp.command(node, opID(run.AttemptID, "launch"), schemas.CmdLaunchWorkload)
 	launch.Launch = &schemas.LaunchWorkload{
 		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
-		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds,
+		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 	}
-	if err := cp.sendCommand(ctx, prep); err != nil {
+	if err := cp.sendPrepare(ctx, run); err != nil {
 		return err
 	}
 	return cp.sendCommand(ctx, launch)
+}
+
+// sendPrepare sends only the PrepareImage command: a queued Run prefetches
+// its image while it waits for room.
+func (cp *ControlPlane) sendPrepare(ctx context.Context, run schemas.Run) error {
+	node, ok := cp.cache.node(run.NodeID)
+	if !ok {
+		return fmt.Errorf("dispatch %s: node %s not in registry", run.ID, run.NodeID)
+	}
+	ref, err := schemas.ParseImageRef("image", run.Request.Image)
+	if err != nil {
+		return err
+	}
+	prep := cp.command(node, opID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
+	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
+	return cp.sendCommand(ctx, prep)
 }
 
 // sendStop asks the Run's node to stop its current attempt.

@@ -131,8 +131,9 @@ func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentReques
 	rec.FencingToken++
 	rec.SessionTokenHash, rec.SessionExpires = hashToken(session), now.Add(cp.cfg.SessionTTL)
 	rec.State, rec.EnrolledAt, rec.LeaseExpires = schemas.NodeReady, now, now.Add(cp.leaseTTL())
-	rec.AgentVersion, rec.Capacity, rec.MaxWorkloads = req.AgentVersion, req.Capacity, req.MaxWorkloads
+	rec.AgentVersion, rec.Capacity, rec.MaxWorkloads, rec.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, req.PricePerHour
 	facts := req.Facts
+	facts.Normalize()
 	rec.Facts, rec.FactsReceivedAt = &facts, now
 	// The consumer exists before the record says the node is ready, so no
 	// command is published for a node that cannot read it.

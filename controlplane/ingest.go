@@ -217,6 +217,7 @@ func (cp *ControlPlane) applyReceipt(ctx context.Context, node schemas.NodeRecor
 // applyFacts stores a node's latest facts on its record.
 func (cp *ControlPlane) applyFacts(ctx context.Context, nodeID string, token uint64, f schemas.NodeFacts) error {
 	now := cp.now()
+	f.Normalize()
 	rec, rev, err := bus.UpdateJSON(ctx, cp.nodesKV, nodeID, func(n *schemas.NodeRecord) error {
 		if n.FencingToken != token {
 			return errFenced

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -37,8 +38,14 @@ func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
 	cp.expireLeases(ctx, now)
 	runs := cp.cache.activeRuns()
 	slices.SortFunc(runs, func(a, b schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
-	nodes := cp.cache.nodeList()
-	usage := usageOf(runs)
+	// The snapshot is built only when a pass has something to place.
+	var fleet *placement.Fleet
+	snapshot := func() *placement.Fleet {
+		if fleet == nil {
+			fleet = cp.snapshot(runs, now)
+		}
+		return fleet
+	}
 	for _, r := range runs {
 		if ctx.Err() != nil {
 			return
@@ -46,7 +53,9 @@ func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
 		var err error
 		switch {
 		case r.Phase == schemas.PhaseAccepted:
-			err = cp.schedule(ctx, r, nodes, usage, now)
+			err = cp.schedule(ctx, r, snapshot(), now)
+		case r.Queued && !r.CancelRequested:
+			err = cp.startQueued(ctx, r, snapshot())
 		case r.CancelRequested:
 			if now.Sub(r.PhaseSince) > cp.cfg.RedispatchAfter {
 				err = cp.sendStop(ctx, r, "cancelled")
@@ -56,6 +65,7 @@ func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
 			// under its current session. Operation ids are unchanged, so the
 			// node applies each once.
 			err = cp.resend(ctx, r)
+		case r.Queued:
 		case r.Phase != schemas.PhaseRunning && now.Sub(r.PhaseSince) > cp.cfg.RedispatchAfter:
 			err = cp.resend(ctx, r)
 		case r.Phase == schemas.PhaseRunning && r.Request.MaxRuntimeSeconds > 0 &&
@@ -101,48 +111,86 @@ func (cp *ControlPlane) resend(ctx context.Context, r schemas.Run) error {
 
 var errSkip = errors.New("skip")
 
-// schedule books an accepted Run on the best node, or records why none fits
-// (once per distinct answer).
-func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, nodes []schemas.NodeRecord, usage fleetUsage, now time.Time) error {
-	d := decide(r, nodes, usage, now)
-	var winner schemas.NodeRecord
-	for _, n := range nodes {
-		if n.NodeID == d.Winner {
-			winner = n
-		}
+// schedule books an accepted Run on the best node — now, or in a busy
+// node's queue when waiting there beats starting cold elsewhere — or records
+// why none fits (once per distinct answer). A Run no node could ever run
+// fails at once unless the control plane waits for capacity.
+func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *placement.Fleet, now time.Time) error {
+	ref, err := schemas.ParseImageRef("image", r.Request.Image)
+	if err != nil {
+		return err
 	}
+	start := time.Now()
+	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest}, fleet, now, cp.cfg.Placement)
+	cp.metrics.decisionNanos.Add(time.Since(start).Nanoseconds())
+	cp.metrics.decisions.Add(1)
 	if d.Winner == "" {
 		cp.metrics.placementMiss.Add(1)
+		fail := !cp.cfg.WaitForCapacity && unsatisfiable(d)
 		summary := waitingSummary(d)
 		_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
-			if s.Phase != schemas.PhaseAccepted || s.Waiting == summary {
+			if s.Phase != schemas.PhaseAccepted || (!fail && s.Waiting == summary) {
 				return bus.ErrNoChange
 			}
 			s.Waiting = summary
+			if fail {
+				emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: s.Phase, Code: schemas.CodeUnsatisfiable, Message: "no enrolled node can ever run this request", Decision: &d})
+				s.Phase, s.Reason = schemas.PhaseFailed, string(schemas.CodeUnsatisfiable)
+				emit(phaseEvent(s, schemas.PhaseAccepted, schemas.CodeUnsatisfiable, "every node rejects it for a reason waiting will not change; see the decision"))
+				return nil
+			}
 			emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: s.Phase, Code: schemas.CodeNoCapacity, Message: "no node fits now; waiting", Decision: &d})
 			return nil
 		})
 		return err
 	}
+	winner := fleet.Node(d.Winner).Record
 	run, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
 		if s.Phase != schemas.PhaseAccepted {
 			return bus.ErrNoChange
 		}
 		s.Attempt++
-		s.NodeID, s.AttemptID, s.Waiting = winner.NodeID, schemas.WorkloadID(s.ID, s.Attempt), ""
+		s.NodeID, s.AttemptID, s.Waiting, s.Queued = winner.NodeID, schemas.WorkloadID(s.ID, s.Attempt), "", d.WinnerQueued
 		s.FencingToken, s.Generation = winner.FencingToken, winner.Generation
 		s.Phase = schemas.PhasePlaced
 		emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: winner.NodeID, Attempt: s.Attempt, Decision: &d})
-		emit(phaseEvent(s, schemas.PhaseAccepted, "", "booked on "+winner.NodeID))
+		msg := "booked on " + winner.NodeID
+		if s.Queued {
+			msg += ", queued behind its running work; prefetching the image"
+		}
+		emit(phaseEvent(s, schemas.PhaseAccepted, "", msg))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	nu := usage[winner.NodeID]
-	nu.reserved, nu.workloads = nu.reserved.Add(r.Request.Resources), nu.workloads+1
-	usage[winner.NodeID] = nu
-	cp.log.Info("run placed", zap.String("run_id", r.ID), zap.String("node_id", winner.NodeID), zap.Int("attempt", run.Attempt))
+	fleet.Book(winner.NodeID, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: cp.expectedEnd(run, now)}, run.Queued)
+	cp.log.Info("run placed", zap.String("run_id", r.ID), zap.String("node_id", winner.NodeID), zap.Int("attempt", run.Attempt), zap.Bool("queued", run.Queued))
+	if run.Queued {
+		return cp.sendPrepare(ctx, run)
+	}
+	return cp.sendLaunch(ctx, run)
+}
+
+// startQueued launches a queued Run once it heads its node's queue and
+// fits beside what runs there.
+func (cp *ControlPlane) startQueued(ctx context.Context, r schemas.Run, fleet *placement.Fleet) error {
+	n := fleet.Node(r.NodeID)
+	if n == nil || !n.CanStart(r.ID) {
+		return nil
+	}
+	run, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
+		if !s.Queued || s.AttemptID != r.AttemptID || s.Phase.Terminal() {
+			return bus.ErrNoChange
+		}
+		s.Queued = false
+		emit(schemas.RunEvent{Type: schemas.EventNote, Phase: s.Phase, NodeID: s.NodeID, Attempt: s.Attempt, Message: "left the queue; launching"})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fleet.Start(r.NodeID, r.ID)
 	return cp.sendLaunch(ctx, run)
 }
 

@@ -39,22 +39,41 @@ type RunEvent struct {
 // BookingDecision records a placement: the winner and why every other
 // candidate lost (invariant 4).
 type BookingDecision struct {
-	RunID      string      `json:"run_id"`
-	Attempt    int         `json:"attempt"`
-	Winner     string      `json:"winner,omitempty"`
-	Candidates []Candidate `json:"candidates"`
-	DecidedAt  time.Time   `json:"decided_at"`
+	RunID   string `json:"run_id"`
+	Attempt int    `json:"attempt"`
+	Winner  string `json:"winner,omitempty"`
+	// WinnerQueued means the winner is busy and the Run waits in its queue
+	// (it prefetches its image meanwhile).
+	WinnerQueued bool        `json:"winner_queued,omitempty"`
+	Candidates   []Candidate `json:"candidates"`
+	DecidedAt    time.Time   `json:"decided_at"`
 }
 
 // Candidate is one node considered for a booking.
 type Candidate struct {
-	NodeID   string  `json:"node_id"`
-	Eligible bool    `json:"eligible"`
-	Reason   Code    `json:"reason,omitempty"` // why an ineligible or losing node lost
-	Detail   string  `json:"detail,omitempty"`
-	Score    float64 `json:"score,omitempty"`
+	NodeID   string `json:"node_id"`
+	Eligible bool   `json:"eligible"`
+	Reason   Code   `json:"reason,omitempty"` // why an ineligible or losing node lost
+	Detail   string `json:"detail,omitempty"`
+	// Cost is the score, lower wins: seconds until the Run could start plus
+	// price converted to seconds.
+	Cost       float64         `json:"cost,omitempty"`
+	Components ScoreComponents `json:"components,omitzero"`
 	// Free is what the node had unreserved when the decision was made.
 	Free Resources `json:"free"`
+}
+
+// ScoreComponents explain a Cost.
+type ScoreComponents struct {
+	ImageState     string  `json:"image_state,omitempty"`
+	PullBytes      int64   `json:"pull_bytes,omitempty"`
+	PullSeconds    float64 `json:"pull_seconds,omitempty"`
+	CachesWarm     int     `json:"caches_warm,omitempty"`
+	CacheFillBytes int64   `json:"cache_fill_bytes,omitempty"`
+	CacheSeconds   float64 `json:"cache_seconds,omitempty"`
+	QueueSeconds   float64 `json:"queue_seconds,omitempty"`
+	StartSeconds   float64 `json:"start_seconds"`
+	PricePerHour   float64 `json:"price_per_hour,omitempty"`
 }
 
 // Placement reason codes.
@@ -62,8 +81,17 @@ const (
 	ReasonInsufficientCPU    Code = "insufficient_cpu"
 	ReasonInsufficientMemory Code = "insufficient_memory"
 	ReasonInsufficientGPU    Code = "insufficient_gpu"
+	ReasonInsufficientDisk   Code = "insufficient_disk"
+	ReasonDiskUnknown        Code = "disk_unknown"
+	ReasonGPUModelMismatch   Code = "gpu_model_mismatch"
+	ReasonDriverMissing      Code = "driver_missing"
+	ReasonDriverTooOld       Code = "driver_too_old"
+	ReasonPlatformMismatch   Code = "platform_mismatch"
 	ReasonLeaseStale         Code = "lease_stale"
+	ReasonFactsStale         Code = "facts_stale"
 	ReasonNodeNotReady       Code = "node_not_ready"
+	ReasonNodeDraining       Code = "node_draining"
 	ReasonAtCapacity         Code = "at_max_workloads"
+	ReasonQueueFull          Code = "queue_full"
 	ReasonOutscored          Code = "outscored"
 )

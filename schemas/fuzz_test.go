@@ -46,6 +46,9 @@ var runRequestCodes = map[schemas.Code]bool{
 	schemas.CodeValueTooLong:       true,
 	schemas.CodeInvalidMaxRuntime:  true,
 	schemas.CodeInvalidLabel:       true,
+	schemas.CodeInvalidPlatform:    true,
+	schemas.CodeInvalidGPU:         true,
+	schemas.CodeInvalidCache:       true,
 }
 
 func fuzzHeader(contentType string) nats.Header {
@@ -161,45 +164,72 @@ func checkNoEnvLeak(t *testing.T, body []byte, enc codec.Encoding, req schemas.R
 	}
 }
 
-func emptyToNil[M ~map[string]string](m M) M {
-	if len(m) == 0 {
-		return nil
-	}
-	return m
-}
-
-func emptySliceToNil(s []string) []string {
-	if len(s) == 0 {
-		return nil
-	}
-	return s
-}
-
 // equalRequests compares requests, treating empty and absent collections as
 // equal (omitempty drops an empty one on the way out).
 func equalRequests(a, b schemas.RunRequest) bool {
-	for _, r := range []*schemas.RunRequest{&a, &b} {
-		r.Command = emptySliceToNil(r.Command)
-		r.Args = emptySliceToNil(r.Args)
-		r.Env = emptyToNil(r.Env)
-		r.Labels = emptyToNil(r.Labels)
-	}
+	emptyToNil(reflect.ValueOf(&a).Elem())
+	emptyToNil(reflect.ValueOf(&b).Elem())
 	return reflect.DeepEqual(a, b)
 }
 
+// emptyToNil sets every empty slice and map reachable from v to nil.
+func emptyToNil(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			emptyToNil(v.Elem())
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				emptyToNil(v.Field(i))
+			}
+		}
+	case reflect.Slice, reflect.Map:
+		if v.Len() == 0 {
+			if v.CanSet() {
+				v.SetZero()
+			}
+			return
+		}
+		if v.Kind() == reflect.Slice {
+			for i := range v.Len() {
+				emptyToNil(v.Index(i))
+			}
+		}
+	}
+}
+
+// requestIsUTF8 reports whether every string in r, keys included, is valid
+// UTF-8.
 func requestIsUTF8(r schemas.RunRequest) bool {
-	ss := []string{r.RequestID, r.Image}
-	ss = append(ss, r.Command...)
-	ss = append(ss, r.Args...)
-	for k, v := range r.Env {
-		ss = append(ss, k, v)
-	}
-	for k, v := range r.Labels {
-		ss = append(ss, k, v)
-	}
-	for _, s := range ss {
-		if !utf8.ValidString(s) {
-			return false
+	return stringsUTF8(reflect.ValueOf(r))
+}
+
+func stringsUTF8(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.String:
+		return utf8.ValidString(v.String())
+	case reflect.Pointer:
+		return v.IsNil() || stringsUTF8(v.Elem())
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() && !stringsUTF8(v.Field(i)) {
+				return false
+			}
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			if !stringsUTF8(v.Index(i)) {
+				return false
+			}
+		}
+	case reflect.Map:
+		it := v.MapRange()
+		for it.Next() {
+			if !stringsUTF8(it.Key()) || !stringsUTF8(it.Value()) {
+				return false
+			}
 		}
 	}
 	return true

@@ -25,8 +25,10 @@ type NodeRecord struct {
 	LeaseExpires     time.Time `json:"lease_expires"`
 	AgentVersion     string    `json:"agent_version,omitempty"`
 	// Capacity is what the node offers to Runs; MaxWorkloads 0 means no cap.
-	Capacity     Resources  `json:"capacity"`
-	MaxWorkloads int        `json:"max_workloads,omitempty"`
+	Capacity     Resources `json:"capacity"`
+	MaxWorkloads int       `json:"max_workloads,omitempty"`
+	// PricePerHour is what the node costs, for placement to weigh.
+	PricePerHour float64    `json:"price_per_hour,omitempty"`
 	Facts        *NodeFacts `json:"facts,omitempty"`
 	// FactsReceivedAt is the control plane's clock when Facts arrived.
 	FactsReceivedAt time.Time `json:"facts_received_at,omitzero"`
@@ -48,6 +50,7 @@ type EnrollmentRequest struct {
 	AgentVersion    string    `json:"agent_version"`
 	Capacity        Resources `json:"capacity"`
 	MaxWorkloads    int       `json:"max_workloads,omitempty"`
+	PricePerHour    float64   `json:"price_per_hour,omitempty"`
 	Facts           NodeFacts `json:"facts"`
 }
 
@@ -63,6 +66,9 @@ func (e *EnrollmentRequest) Validate() error {
 		if err := ValidateID("rental_id", e.RentalID, CodeMalformed); err != nil {
 			return err
 		}
+	}
+	if e.PricePerHour < 0 || e.PricePerHour > 1e6 || e.PricePerHour != e.PricePerHour {
+		return refuse(CodeMalformed, "price_per_hour", "must be a non-negative number of dollars per hour")
 	}
 	if e.MaxWorkloads < 0 {
 		return refuse(CodeNegativeResource, "max_workloads", "must be zero (no cap) or positive")

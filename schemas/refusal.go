@@ -30,6 +30,7 @@ const (
 	CodeInvalidGrace       Code = "invalid_grace"
 	CodeRunNotFound        Code = "run_not_found"
 	CodeNoCapacity         Code = "no_capacity"
+	CodeUnsatisfiable      Code = "unsatisfiable"
 	CodeInvalidPlatform    Code = "invalid_platform"
 	CodeInvalidGPU         Code = "invalid_gpu_requirement"
 	CodeInvalidCache       Code = "invalid_cache_mount"

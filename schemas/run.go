@@ -44,6 +44,9 @@ type Run struct {
 	FencingToken uint64 `json:"fencing_token,omitempty"`
 	Generation   uint64 `json:"generation,omitempty"`
 
+	// Queued means the Run is booked on NodeID but waits in its queue for
+	// room; only its image is prefetched until then.
+	Queued bool `json:"queued,omitempty"`
 	// Waiting summarises why an accepted Run has no node, so an unchanged
 	// answer is not recorded again on every scheduling pass.
 	Waiting string `json:"waiting,omitempty"`

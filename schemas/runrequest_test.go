@@ -106,6 +106,14 @@ func envOf(n int) map[string]any {
 	return m
 }
 
+func cachesOf(n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = map[string]any{"name": fmt.Sprintf("c%d", i), "path": fmt.Sprintf("/cache/%d", i)}
+	}
+	return out
+}
+
 func labelsOf(n int) map[string]any {
 	m := make(map[string]any, n)
 	for i := range n {
@@ -183,6 +191,15 @@ func runRequestCases(t testing.TB) []decodeCase {
 		{name: "valid label value 256 bytes", body: J(req("labels", map[string]any{"k": strings.Repeat("v", 256)}))},
 		{name: "valid body at size limit", body: padJSON(t, J(baseRequest()), schemas.MaxRunRequestBytes)},
 		{name: "valid nulls", body: J(req("command", nil, "env", nil, "labels", nil))},
+
+		{name: "valid platform", body: J(req("platform", map[string]any{"os": "linux", "architecture": "arm64", "variant": "v8"}))},
+		{name: "valid gpu requirement", body: J(req("gpu", map[string]any{"model": "H100", "min_memory_bytes": 80 << 30, "min_driver_capability": "12.2"}))},
+		{name: "valid caches", body: M(req("caches", []any{
+			map[string]any{"name": "pip", "path": "/root/.cache/pip"},
+			map[string]any{"name": "hf.models-1", "compatibility_key": "torch-2.3:cu121", "path": "/models", "read_only": true},
+		}))},
+		{name: "valid caches at item limit", body: J(req("caches", cachesOf(schemas.MaxCaches)))},
+		{name: "valid disk at limit", body: J(req("resources.disk_bytes", schemas.MaxMemoryBytes))},
 
 		// malformed_payload
 		{name: "empty body", body: nil, code: schemas.CodeMalformed},
@@ -307,6 +324,29 @@ func runRequestCases(t testing.TB) []decodeCase {
 		// invalid_max_runtime
 		{name: "negative max runtime", body: J(req("max_runtime_seconds", -1)), code: schemas.CodeInvalidMaxRuntime, field: "max_runtime_seconds"},
 		{name: "max runtime too long", body: J(req("max_runtime_seconds", schemas.MaxRuntimeSeconds+1)), code: schemas.CodeInvalidMaxRuntime, field: "max_runtime_seconds"},
+
+		// negative_resource, resource_too_large: disk and gpu requirement
+		{name: "negative disk", body: J(req("resources.disk_bytes", -1)), code: schemas.CodeNegativeResource, field: "resources.disk_bytes"},
+		{name: "disk too large", body: J(req("resources.disk_bytes", schemas.MaxMemoryBytes+1)), code: schemas.CodeResourceTooLarge, field: "resources.disk_bytes"},
+		{name: "negative gpu memory", body: J(req("gpu", map[string]any{"min_memory_bytes": -1})), code: schemas.CodeNegativeResource, field: "gpu.min_memory_bytes"},
+		{name: "gpu model too long", body: J(req("gpu", map[string]any{"model": strings.Repeat("m", 129)})), code: schemas.CodeValueTooLong, field: "gpu.model"},
+
+		// invalid_platform
+		{name: "platform without architecture", body: J(req("platform", map[string]any{"os": "linux"})), code: schemas.CodeInvalidPlatform, field: "platform"},
+		{name: "platform empty", body: J(req("platform", map[string]any{})), code: schemas.CodeInvalidPlatform, field: "platform"},
+
+		// invalid_gpu_requirement
+		{name: "gpu bad driver capability", body: J(req("gpu", map[string]any{"min_driver_capability": "twelve"})), code: schemas.CodeInvalidGPU, field: "gpu.min_driver_capability"},
+		{name: "gpu requirement without gpus", body: J(req("gpu", map[string]any{"model": "H100"}, "resources.gpu_count", 0)), code: schemas.CodeInvalidGPU, field: "gpu"},
+
+		// invalid_cache_mount, too_many_items for caches
+		{name: "cache bad name", body: J(req("caches", []any{map[string]any{"name": "Pip", "path": "/c"}})), code: schemas.CodeInvalidCache, field: "caches[0].name"},
+		{name: "cache bad compatibility key", body: J(req("caches", []any{map[string]any{"name": "pip", "compatibility_key": "a b", "path": "/c"}})), code: schemas.CodeInvalidCache, field: "caches[0].compatibility_key"},
+		{name: "cache relative path", body: J(req("caches", []any{map[string]any{"name": "pip", "path": "c"}})), code: schemas.CodeInvalidCache, field: "caches[0].path"},
+		{name: "cache path escapes", body: J(req("caches", []any{map[string]any{"name": "pip", "path": "/c/../../etc"}})), code: schemas.CodeInvalidCache, field: "caches[0].path"},
+		{name: "cache at root", body: J(req("caches", []any{map[string]any{"name": "pip", "path": "/"}})), code: schemas.CodeInvalidCache, field: "caches[0].path"},
+		{name: "two caches at one path", body: J(req("caches", []any{map[string]any{"name": "a", "path": "/c"}, map[string]any{"name": "b", "path": "/c"}})), code: schemas.CodeInvalidCache, field: "caches[1].path"},
+		{name: "too many caches", body: J(req("caches", cachesOf(schemas.MaxCaches+1))), code: schemas.CodeTooManyItems, field: "caches"},
 
 		// invalid_label
 		{name: "label key leading dash", body: J(req("labels", map[string]any{"-x": "v"})), code: schemas.CodeInvalidLabel, field: "labels"},

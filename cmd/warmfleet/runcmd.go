@@ -303,12 +303,31 @@ func newRunDecision(g *globals) *cobra.Command {
 			return g.render(cmd.OutOrStdout(), ds, func(tw *tabwriter.Writer) {
 				for _, d := range ds {
 					fmt.Fprintf(tw, "attempt %d decided %s, winner %s\n", d.Attempt, d.DecidedAt.UTC().Format(time.RFC3339), or(d.Winner, "none"))
-					fmt.Fprintln(tw, "NODE\tELIGIBLE\tSCORE\tREASON\tDETAIL")
+					fmt.Fprintln(tw, "NODE\tELIGIBLE\tCOST(s)\tIMAGE\tPULL\tCACHE FILL\tQUEUE(s)\t$/H\tREASON\tDETAIL")
 					for _, c := range d.Candidates {
-						fmt.Fprintf(tw, "%s\t%v\t%.3f\t%s\t%s\n", c.NodeID, c.Eligible, c.Score, or(string(c.Reason), "-"), c.Detail)
+						cost, image, pull, fill, queue, price := "-", "-", "-", "-", "-", "-"
+						if c.Eligible {
+							k := c.Components
+							cost, image, pull, fill = fmt.Sprintf("%.1f", c.Cost), k.ImageState, humanBytes(k.PullBytes), humanBytes(k.CacheFillBytes)
+							queue, price = fmt.Sprintf("%.0f", k.QueueSeconds), fmt.Sprintf("%.2f", k.PricePerHour)
+						}
+						fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.NodeID, c.Eligible, cost, image, pull, fill, queue, price, or(string(c.Reason), "winner"), c.Detail)
 					}
 				}
 			})
 		},
 	}
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -1,0 +1,307 @@
+package placement
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// MaxQueued is how many bookings may wait on a node behind the running ones.
+const MaxQueued = 4
+
+// Config weighs time against money and says how fast bytes move.
+type Config struct {
+	// PullBytesPerSecond is the assumed registry → node bandwidth.
+	PullBytesPerSecond float64
+	// CacheBytesPerSecond is how fast a missing cache is filled.
+	CacheBytesPerSecond float64
+	// UnknownImageBytes is assumed for an image no node has reported.
+	UnknownImageBytes int64
+	// UnknownRuntime is how long a booking without max_runtime_seconds is
+	// assumed to hold its place.
+	UnknownRuntime time.Duration
+	// SecondsPerDollarHour converts price into start-time seconds: a node
+	// $1/hour dearer must start this many seconds sooner to win.
+	SecondsPerDollarHour float64
+	// FactsMaxAge is how old a node's facts may be before it is not
+	// trusted with a booking.
+	FactsMaxAge time.Duration
+}
+
+// DefaultConfig is what the control plane uses unless configured.
+func DefaultConfig() Config {
+	return Config{
+		PullBytesPerSecond:   100e6,
+		CacheBytesPerSecond:  200e6,
+		UnknownImageBytes:    1 << 30,
+		UnknownRuntime:       10 * time.Minute,
+		SecondsPerDollarHour: 60,
+		FactsMaxAge:          2 * time.Minute,
+	}
+}
+
+// Request is one Run to place.
+type Request struct {
+	RunID   string
+	Attempt int
+	Run     schemas.RunRequest
+	// Digest is the image's manifest digest (from Run.Image).
+	Digest string
+}
+
+// Decide scores every node for req and returns the decision: the winner
+// (lowest cost) and every other node with its reason.
+func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.BookingDecision {
+	d := schemas.BookingDecision{RunID: req.RunID, Attempt: req.Attempt, DecidedAt: now, Candidates: make([]schemas.Candidate, 0, len(fleet.Nodes))}
+	q := query{req: req, cfg: cfg, now: now, hot: fleet.hot[req.Digest]}
+	q.ref, q.refKnown = fleet.images[req.Digest]
+	for _, l := range q.ref.layers {
+		q.layerHolders = append(q.layerHolders, fleet.layers[l])
+	}
+	for _, cm := range req.Run.Caches {
+		k := cacheKey(cm.Name, cm.CompatibilityKey)
+		q.cacheHolders = append(q.cacheHolders, fleet.caches[k])
+		q.cacheSizes = append(q.cacheSizes, fleet.cacheSize[k])
+	}
+	if req.Run.GPU != nil {
+		q.model = strings.ToLower(req.Run.GPU.Model)
+	}
+	best := -1
+	for i, n := range fleet.Nodes {
+		c := q.evaluate(i, n)
+		d.Candidates = append(d.Candidates, c)
+		if c.Eligible {
+			i := len(d.Candidates) - 1
+			if best < 0 || c.Cost < d.Candidates[best].Cost || (c.Cost == d.Candidates[best].Cost && c.NodeID < d.Candidates[best].NodeID) {
+				best = i
+			}
+		}
+	}
+	// Candidates stay in fleet order: sorting 10k of them would cost more
+	// than scoring them. Readers (the CLI) sort for display.
+	if best >= 0 {
+		w := d.Candidates[best]
+		d.Winner, d.WinnerQueued = w.NodeID, w.Components.QueueSeconds > 0
+		for i := range d.Candidates {
+			if c := &d.Candidates[i]; c.Eligible && i != best {
+				c.Reason = schemas.ReasonOutscored // Cost beside the winner's says by how much
+			}
+		}
+	}
+	return d
+}
+
+// query is one decision's request with the fleet's indexes looked up once:
+// the holders of the image, of each of its layers and of each cache.
+type query struct {
+	req          Request
+	cfg          Config
+	now          time.Time
+	ref          imageRef
+	refKnown     bool
+	hot          bitset
+	layerHolders []bitset
+	cacheHolders []bitset
+	cacheSizes   []int64
+	model        string
+}
+
+// evaluate applies the hard constraints in a fixed order (the first that
+// fails is the reason) and then scores node i.
+func (q *query) evaluate(i int, n *Node) schemas.Candidate {
+	req, cfg, now, ref, refKnown := q.req, q.cfg, q.now, q.ref, q.refKnown
+	rec := &n.Record
+	need := req.Run.Resources
+	c := schemas.Candidate{NodeID: rec.NodeID}
+	reject := func(code schemas.Code, format string, args ...any) schemas.Candidate {
+		c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
+		return c
+	}
+	var reserved schemas.Resources
+	for _, b := range n.Running {
+		reserved = reserved.Add(b.Resources)
+	}
+	free := rec.Capacity.Sub(reserved)
+	c.Free = free
+	var host *schemas.HostFacts
+	if rec.Facts != nil {
+		host = &rec.Facts.Host
+	} else {
+		host = &schemas.HostFacts{}
+	}
+
+	switch {
+	case rec.State == schemas.NodeDraining:
+		return reject(schemas.ReasonNodeDraining, "node is draining")
+	case rec.State != schemas.NodeReady:
+		return reject(schemas.ReasonNodeNotReady, "node is %s", rec.State)
+	case !now.Before(rec.LeaseExpires):
+		return reject(schemas.ReasonLeaseStale, "no heartbeat since the lease expired at %s", rec.LeaseExpires.UTC().Format(time.RFC3339))
+	case rec.Facts == nil || now.Sub(rec.FactsReceivedAt) > cfg.FactsMaxAge:
+		return reject(schemas.ReasonFactsStale, "facts are older than %s", cfg.FactsMaxAge)
+	}
+	if p := wantPlatform(req, ref, refKnown); p != nil && (p.OS != host.OS || p.Architecture != host.Architecture) {
+		return reject(schemas.ReasonPlatformMismatch, "needs %s/%s, node is %s/%s", p.OS, p.Architecture, host.OS, host.Architecture)
+	}
+	if need.GPUCount > 0 {
+		acc := host.Accelerator
+		if req.Run.GPU != nil && req.Run.GPU.MinDriverCapability != "" {
+			switch {
+			case acc.Vendor == "":
+				return reject(schemas.ReasonDriverMissing, "needs driver capability %s; node has no accelerator driver", req.Run.GPU.MinDriverCapability)
+			case versionLess(acc.DriverCapability, req.Run.GPU.MinDriverCapability):
+				return reject(schemas.ReasonDriverTooOld, "needs driver capability %s, node has %s", req.Run.GPU.MinDriverCapability, acc.DriverCapability)
+			}
+		}
+		if matching := gpuMatches(n, acc, req.Run.GPU, q.model); matching < need.GPUCount {
+			if req.Run.GPU != nil && (req.Run.GPU.Model != "" || req.Run.GPU.MinMemoryBytes > 0) && acc.GPUCount() >= need.GPUCount {
+				return reject(schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need.GPUCount, gpuWant(req.Run.GPU), describeGPUs(acc))
+			}
+			return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs; node has %d", need.GPUCount, matching)
+		}
+	}
+	if need.DiskBytes > 0 {
+		switch {
+		case !host.Disk.Known:
+			return reject(schemas.ReasonDiskUnknown, "needs %d free bytes; node could not measure its disk", need.DiskBytes)
+		case host.Disk.FreeBytes < need.DiskBytes:
+			return reject(schemas.ReasonInsufficientDisk, "needs %d free bytes, node has %d", need.DiskBytes, host.Disk.FreeBytes)
+		}
+	}
+	// Capacity the node could ever give, then what it gives now.
+	switch {
+	case need.CPUMillis > rec.Capacity.CPUMillis:
+		return reject(schemas.ReasonInsufficientCPU, "needs %dm CPU, node offers %dm", need.CPUMillis, rec.Capacity.CPUMillis)
+	case need.MemoryBytes > rec.Capacity.MemoryBytes:
+		return reject(schemas.ReasonInsufficientMemory, "needs %d bytes of memory, node offers %d", need.MemoryBytes, rec.Capacity.MemoryBytes)
+	case need.GPUCount > rec.Capacity.GPUCount:
+		return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs, node offers %d", need.GPUCount, rec.Capacity.GPUCount)
+	}
+	queue := 0.0
+	fitsNow := need.Fits(free) && (rec.MaxWorkloads == 0 || len(n.Running) < rec.MaxWorkloads) && len(n.Queued) == 0
+	if !fitsNow {
+		if len(n.Queued) >= MaxQueued {
+			return reject(schemas.ReasonQueueFull, "%d bookings already wait on this node", len(n.Queued))
+		}
+		queue = waitSeconds(n, need, now, cfg)
+	}
+
+	// Score: seconds until the workload could start, plus price.
+	comp := schemas.ScoreComponents{QueueSeconds: queue, PricePerHour: rec.PricePerHour}
+	switch {
+	case q.hot.has(i):
+		comp.ImageState = string(schemas.LocalityHot)
+	case refKnown:
+		for j, holders := range q.layerHolders {
+			if !holders.has(i) {
+				comp.PullBytes += ref.sizes[j]
+			}
+		}
+		comp.ImageState = string(schemas.LocalityCold)
+		if comp.PullBytes < ref.total {
+			comp.ImageState = string(schemas.LocalityPartial)
+		}
+	default:
+		comp.PullBytes, comp.ImageState = cfg.UnknownImageBytes, string(schemas.LocalityUnknown)
+	}
+	comp.PullSeconds = float64(comp.PullBytes) / cfg.PullBytesPerSecond
+	for j, holders := range q.cacheHolders {
+		if holders.has(i) {
+			comp.CachesWarm++
+			continue
+		}
+		comp.CacheFillBytes += q.cacheSizes[j]
+	}
+	comp.CacheSeconds = float64(comp.CacheFillBytes) / cfg.CacheBytesPerSecond
+	// A queued booking prefetches while it waits, so only the longer of the
+	// two counts.
+	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds)
+	c.Eligible, c.Components = true, comp
+	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
+	return c
+}
+
+// waitSeconds estimates when enough running bookings end for need to fit
+// behind whatever is already queued on the node (queued bookings start
+// first, in order).
+func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg Config) float64 {
+	running := slices.Clone(n.Running)
+	slices.SortFunc(running, func(a, b Booking) int { return a.ExpectedEnd.Compare(b.ExpectedEnd) })
+	free := n.Record.Capacity
+	for _, b := range running {
+		free = free.Sub(b.Resources)
+	}
+	want := need
+	for _, q := range n.Queued {
+		want = want.Add(q.Resources)
+	}
+	slots, active := n.Record.MaxWorkloads, len(running)+len(n.Queued)
+	at := now
+	for i := 0; !want.Fits(free) || (slots > 0 && active >= slots); i++ {
+		if i == len(running) {
+			// Even an empty node cannot hold the queue and this Run at
+			// once: the queue must run first.
+			return at.Sub(now).Seconds() + cfg.UnknownRuntime.Seconds()
+		}
+		free, active = free.Add(running[i].Resources), active-1
+		if running[i].ExpectedEnd.After(at) {
+			at = running[i].ExpectedEnd
+		}
+	}
+	return at.Sub(now).Seconds()
+}
+
+// wantPlatform is the platform the Run needs: its own, else its image's.
+func wantPlatform(req Request, ref imageRef, known bool) *schemas.Platform {
+	if req.Run.Platform != nil {
+		return req.Run.Platform
+	}
+	if known && ref.platform.OS != "" {
+		return &ref.platform
+	}
+	return nil
+}
+
+// versionLess compares dotted versions numerically ("12.10" > "12.4").
+func versionLess(have, want string) bool {
+	h, w := strings.Split(have, "."), strings.Split(want, ".")
+	for i := range max(len(h), len(w)) {
+		var a, b int
+		if i < len(h) {
+			a, _ = strconv.Atoi(h[i])
+		}
+		if i < len(w) {
+			b, _ = strconv.Atoi(w[i])
+		}
+		if a != b {
+			return a < b
+		}
+	}
+	return false
+}
+
+func gpuWant(g *schemas.GPURequirement) string {
+	s := g.Model
+	if s == "" {
+		s = "any model"
+	}
+	if g.MinMemoryBytes > 0 {
+		s += fmt.Sprintf(" with ≥%d bytes", g.MinMemoryBytes)
+	}
+	return s
+}
+
+func describeGPUs(a schemas.AcceleratorFacts) string {
+	if len(a.Devices) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, d := range a.Devices {
+		parts = append(parts, fmt.Sprintf("%d × %s (%d bytes)", d.Count, d.Model, d.MemoryBytes))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,192 @@
+package placement
+
+import (
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Booking is a Run that holds (running) or waits for (queued) a place on a
+// node.
+type Booking struct {
+	RunID     string
+	Resources schemas.Resources
+	// ExpectedEnd is when the booking should free its place: its start plus
+	// its max runtime, or Config.UnknownRuntime when it has none.
+	ExpectedEnd time.Time
+}
+
+// Node is one node as placement sees it: its registry record and what is
+// booked on it.
+type Node struct {
+	Record  schemas.NodeRecord
+	Running []Booking
+	Queued  []Booking
+
+	// models are the node's GPU models, lowercased once for matching.
+	models []string
+}
+
+// NewNode wraps a node record for placement.
+func NewNode(rec schemas.NodeRecord) *Node {
+	n := &Node{Record: rec}
+	if rec.Facts != nil {
+		for _, d := range rec.Facts.Host.Accelerator.Devices {
+			n.models = append(n.models, strings.ToLower(d.Model))
+		}
+	}
+	return n
+}
+
+func cacheKey(name, compat string) string { return name + "\x00" + compat }
+
+// imageRef is what the fleet knows of one image: its layers and their sizes.
+type imageRef struct {
+	platform schemas.Platform
+	layers   []string
+	sizes    []int64
+	total    int64
+}
+
+// Fleet is a snapshot of every node, indexed the other way round from the
+// facts: for each image, layer and cache, the set of nodes holding it. A
+// decision then asks "does node i hold layer L" as one bit test instead of
+// a map lookup in each node's facts, which is what keeps 10k nodes within
+// milliseconds.
+type Fleet struct {
+	Nodes  []*Node
+	pos    map[string]int
+	images map[string]imageRef
+	hot    map[string]bitset // image digest → nodes holding it hot
+	layers map[string]bitset // compressed layer digest → nodes holding it
+	caches map[string]bitset // cache name/key → nodes holding it
+	// cacheSize is the largest size seen for a cache name/key: what a node
+	// without it would have to fill.
+	cacheSize map[string]int64
+}
+
+// bitset is a set of node positions.
+type bitset []uint64
+
+func (b bitset) has(i int) bool { return i>>6 < len(b) && b[i>>6]&(1<<(uint(i)&63)) != 0 }
+
+func (f *Fleet) set(m map[string]bitset, key string, i int) {
+	b := m[key]
+	if b == nil {
+		b = make(bitset, (len(f.Nodes)+63)/64)
+		m[key] = b
+	}
+	b[i>>6] |= 1 << (uint(i) & 63)
+}
+
+// NewFleet indexes nodes.
+func NewFleet(nodes []*Node) *Fleet {
+	f := &Fleet{Nodes: nodes, pos: make(map[string]int, len(nodes)), images: map[string]imageRef{},
+		hot: map[string]bitset{}, layers: map[string]bitset{}, caches: map[string]bitset{}, cacheSize: map[string]int64{}}
+	for i, n := range nodes {
+		f.pos[n.Record.NodeID] = i
+		if n.Record.Facts == nil {
+			continue
+		}
+		for _, im := range n.Record.Facts.Images {
+			f.learn(im)
+			if im.State == schemas.LocalityHot {
+				f.set(f.hot, im.ManifestDigest, i)
+			}
+			if im.State == schemas.LocalityHot || im.ContentPresent {
+				for _, l := range im.LayerDigests {
+					f.set(f.layers, l, i)
+				}
+			}
+		}
+		for _, c := range n.Record.Facts.Caches {
+			k := cacheKey(c.Name, c.CompatibilityKey)
+			f.set(f.caches, k, i)
+			f.cacheSize[k] = max(f.cacheSize[k], c.SizeBytes)
+		}
+	}
+	return f
+}
+
+// learn records an image's layers and sizes: the first node to report them
+// teaches every decision how big the image is.
+func (f *Fleet) learn(im schemas.ImageLocality) {
+	if _, ok := f.images[im.ManifestDigest]; ok || len(im.LayerSizes) == 0 {
+		return
+	}
+	ref := imageRef{platform: im.Platform, layers: im.LayerDigests, sizes: im.LayerSizes}
+	for _, s := range im.LayerSizes {
+		ref.total += s
+	}
+	f.images[im.ManifestDigest] = ref
+}
+
+// gpuMatches counts the node's cards that satisfy req; model is req.Model
+// lowercased by the caller once per decision.
+func gpuMatches(n *Node, a schemas.AcceleratorFacts, req *schemas.GPURequirement, model string) int64 {
+	if req == nil {
+		return a.GPUCount()
+	}
+	var count int64
+	for i, d := range a.Devices {
+		if model != "" && (i >= len(n.models) || !strings.Contains(n.models[i], model)) {
+			continue
+		}
+		if d.MemoryBytes < req.MinMemoryBytes {
+			continue
+		}
+		count += d.Count
+	}
+	return count
+}
+
+// Node returns the node with id, or nil.
+func (f *Fleet) Node(id string) *Node {
+	if i, ok := f.pos[id]; ok {
+		return f.Nodes[i]
+	}
+	return nil
+}
+
+// Book records a booking just made, so later decisions in the same pass
+// see it.
+func (f *Fleet) Book(nodeID string, b Booking, queued bool) {
+	n := f.Node(nodeID)
+	if n == nil {
+		return
+	}
+	if queued {
+		n.Queued = append(n.Queued, b)
+	} else {
+		n.Running = append(n.Running, b)
+	}
+}
+
+// Start moves a queued booking to running.
+func (f *Fleet) Start(nodeID, runID string) {
+	n := f.Node(nodeID)
+	if n == nil {
+		return
+	}
+	for i, q := range n.Queued {
+		if q.RunID == runID {
+			n.Queued = append(n.Queued[:i:i], n.Queued[i+1:]...)
+			n.Running = append(n.Running, q)
+			return
+		}
+	}
+}
+
+// CanStart reports whether the first queued booking on the node, which must
+// be runID, fits beside what runs now.
+func (n *Node) CanStart(runID string) bool {
+	if len(n.Queued) == 0 || n.Queued[0].RunID != runID {
+		return false
+	}
+	free := n.Record.Capacity
+	for _, b := range n.Running {
+		free = free.Sub(b.Resources)
+	}
+	return n.Queued[0].Resources.Fits(free) && (n.Record.MaxWorkloads == 0 || len(n.Running) < n.Record.MaxWorkloads)
+}

@@ -1,0 +1,179 @@
+package placement
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// scenario is one file of testdata/scenarios: a fleet, a Run, and the
+// decision placement must reach with the reasons it must give.
+type scenario struct {
+	Name   string                   `json:"name"`
+	Images map[string]scenarioImage `json:"images"`
+	Nodes  []scenarioNode           `json:"nodes"`
+	// Run is a RunRequest; its image may name an entry of Images by key
+	// ("@app") instead of a full reference.
+	Run    schemas.RunRequest `json:"run"`
+	Expect struct {
+		Winner  string                  `json:"winner"`
+		Queued  bool                    `json:"queued"`
+		Reasons map[string]schemas.Code `json:"reasons"`
+	} `json:"expect"`
+}
+
+type scenarioImage struct {
+	Digest   string           `json:"digest"`
+	Platform schemas.Platform `json:"platform"`
+	Layers   []struct {
+		Digest string `json:"digest"`
+		Size   int64  `json:"size"`
+	} `json:"layers"`
+}
+
+type scenarioNode struct {
+	ID           string                      `json:"id"`
+	State        schemas.NodeState           `json:"state"`
+	Price        float64                     `json:"price_per_hour"`
+	Capacity     schemas.Resources           `json:"capacity"`
+	MaxWorkloads int                         `json:"max_workloads"`
+	Arch         string                      `json:"arch"`
+	Images       []string                    `json:"images"`         // hot
+	LayersOf     []string                    `json:"partial_images"` // first layer only
+	Caches       []schemas.CacheFact         `json:"caches"`
+	GPUs         []schemas.AcceleratorDevice `json:"gpus"`
+	Driver       string                      `json:"driver_capability"`
+	DiskFree     int64                       `json:"disk_free"`
+	LeaseIn      int                         `json:"lease_expires_in_seconds"`
+	FactsAge     int                         `json:"facts_age_seconds"`
+	Running      []scenarioBooking           `json:"running"`
+	Queued       []scenarioBooking           `json:"queued"`
+}
+
+type scenarioBooking struct {
+	Resources schemas.Resources `json:"resources"`
+	EndsIn    int               `json:"ends_in_seconds"`
+}
+
+var scenarioNow = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
+	var nodes []*Node
+	for _, sn := range s.Nodes {
+		if sn.State == "" {
+			sn.State = schemas.NodeReady
+		}
+		if sn.LeaseIn == 0 {
+			sn.LeaseIn = 30
+		}
+		if sn.Arch == "" {
+			sn.Arch = "amd64"
+		}
+		facts := &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: sn.Arch,
+			Accelerator: schemas.AcceleratorFacts{Established: true},
+			Disk:        schemas.DiskFacts{Known: true, TotalBytes: 1 << 40, FreeBytes: 1 << 39}}, Caches: sn.Caches}
+		if sn.DiskFree != 0 {
+			facts.Host.Disk.FreeBytes = sn.DiskFree
+		}
+		if len(sn.GPUs) > 0 {
+			facts.Host.Accelerator = schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverVersion: "550.54", DriverCapability: sn.Driver, Devices: sn.GPUs}
+		}
+		for _, key := range sn.Images {
+			facts.Images = append(facts.Images, locality(t, s.Images, key, schemas.LocalityHot, 0))
+		}
+		for _, key := range sn.LayersOf {
+			facts.Images = append(facts.Images, locality(t, s.Images, key, schemas.LocalityPartial, 1))
+		}
+		rec := schemas.NodeRecord{NodeID: sn.ID, State: sn.State, Capacity: sn.Capacity, MaxWorkloads: sn.MaxWorkloads, PricePerHour: sn.Price,
+			LeaseExpires: scenarioNow.Add(time.Duration(sn.LeaseIn) * time.Second), Facts: facts,
+			FactsReceivedAt: scenarioNow.Add(-time.Duration(sn.FactsAge) * time.Second), FencingToken: 1, Generation: 1}
+		n := NewNode(rec)
+		for i, b := range sn.Running {
+			n.Running = append(n.Running, Booking{RunID: sn.ID + "-r" + string(rune('0'+i)), Resources: b.Resources, ExpectedEnd: scenarioNow.Add(time.Duration(b.EndsIn) * time.Second)})
+		}
+		for i, b := range sn.Queued {
+			n.Queued = append(n.Queued, Booking{RunID: sn.ID + "-q" + string(rune('0'+i)), Resources: b.Resources})
+		}
+		nodes = append(nodes, n)
+	}
+	run := s.Run
+	if key, ok := strings.CutPrefix(run.Image, "@"); ok {
+		run.Image = "registry.example/" + key + "@" + s.Images[key].Digest
+	}
+	if err := run.Validate(); err != nil {
+		t.Fatalf("scenario run is invalid: %v", err)
+	}
+	ref, _ := schemas.ParseImageRef("image", run.Image)
+	return NewFleet(nodes), Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest}
+}
+
+// locality renders an image as a node reports it; a partial image holds
+// only its first `keep` layers (0 = all).
+func locality(t *testing.T, images map[string]scenarioImage, key string, state schemas.LocalityState, keep int) schemas.ImageLocality {
+	im, ok := images[key]
+	if !ok {
+		t.Fatalf("node names unknown image %q", key)
+	}
+	l := schemas.ImageLocality{ManifestDigest: im.Digest, Platform: im.Platform, State: state, ContentPresent: state == schemas.LocalityHot}
+	for i, layer := range im.Layers {
+		if keep > 0 && i >= keep {
+			break
+		}
+		l.LayerDigests = append(l.LayerDigests, layer.Digest)
+		l.LayerSizes = append(l.LayerSizes, layer.Size)
+	}
+	if state == schemas.LocalityPartial {
+		// A partial image's layers are present even though the image is
+		// not: mark content present for the held layers' sake.
+		l.ContentPresent = true
+		l.ManifestDigest = "sha256:" + strings.Repeat("f", 64)
+	}
+	return l
+}
+
+// TestAcceptance_PlacementScenarios runs the whole scenario corpus.
+func TestAcceptance_PlacementScenarios(t *testing.T) {
+	files, err := filepath.Glob("testdata/scenarios/*.json")
+	if err != nil || len(files) < 7 {
+		t.Fatalf("scenario corpus: %d files, %v", len(files), err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".json"), func(t *testing.T) {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s scenario
+			dec := json.NewDecoder(strings.NewReader(string(b)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&s); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			fleet, req := s.fleet(t)
+			d := Decide(req, fleet, scenarioNow, DefaultConfig())
+			if d.Winner != s.Expect.Winner || d.WinnerQueued != s.Expect.Queued {
+				t.Errorf("%s: winner %q queued %v, want %q queued %v", s.Name, d.Winner, d.WinnerQueued, s.Expect.Winner, s.Expect.Queued)
+			}
+			if len(d.Candidates) != len(s.Nodes) {
+				t.Errorf("decision lists %d candidates for %d nodes", len(d.Candidates), len(s.Nodes))
+			}
+			for _, c := range d.Candidates {
+				if c.NodeID != d.Winner && c.Reason == "" {
+					t.Errorf("%s lost without a reason", c.NodeID)
+				}
+				if want, ok := s.Expect.Reasons[c.NodeID]; ok && c.Reason != want {
+					t.Errorf("%s: reason %q (%s), want %q", c.NodeID, c.Reason, c.Detail, want)
+				}
+			}
+			if t.Failed() {
+				out, _ := json.MarshalIndent(d, "", "  ")
+				t.Logf("decision:\n%s", out)
+			}
+		})
+	}
+}
