@@ -10,11 +10,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
+	"github.com/warmfleet/warmfleet/adapters/nvml"
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
@@ -34,6 +36,8 @@ func main() {
 func newRoot() *cobra.Command {
 	var (
 		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel, bootstrap string
+		contentRoot, cacheDir                                                               string
+		factsInterval                                                                       time.Duration
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
 		maxWorkloads                                                                        int
@@ -80,7 +84,8 @@ func newRoot() *cobra.Command {
 			}
 			defer conn.Close()
 			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
-				Capacity: capacity, MaxWorkloads: maxWorkloads}, conn, rt, log)
+				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
+				Accelerator: nvml.New(log)}, conn, rt, log)
 			if err != nil {
 				return err
 			}
@@ -102,6 +107,9 @@ func newRoot() *cobra.Command {
 	f.Int64Var(&capacity.MemoryBytes, "memory-bytes", 0, "memory offered to Runs (default: all memory)")
 	f.Int64Var(&capacity.GPUCount, "gpus", 0, "GPUs offered to Runs")
 	f.IntVar(&maxWorkloads, "max-workloads", 0, "most workloads at once (0: no cap)")
+	f.StringVar(&contentRoot, "content-root", "/var/lib/containerd", "containerd's root directory; its filesystem's size and free space are reported as disk facts")
+	f.StringVar(&cacheDir, "cache-dir", "", "directory holding the caches Runs mount (default <data-dir>/caches)")
+	f.DurationVar(&factsInterval, "facts-interval", agent.DefaultFactsInterval, "how often node facts are reported (changes are reported sooner)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }

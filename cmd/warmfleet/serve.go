@@ -14,7 +14,8 @@ import (
 
 func newServe(g *globals) *cobra.Command {
 	var dataDir, listen string
-	var port int
+	var port, replicas int
+	var openEnrollment, waitForCapacity bool
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -43,7 +44,9 @@ func newServe(g *globals) *cobra.Command {
 			if err := conn.WaitConnected(cmd.Context()); err != nil {
 				return err
 			}
-			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{}, log)
+			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
+				Topology: bus.Topology{Replicas: replicas}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
+			}, log)
 			if err != nil {
 				return err
 			}
@@ -54,5 +57,8 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./.warmfleet", "directory for the embedded NATS file store")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1", "address the embedded NATS listens on")
 	cmd.Flags().IntVar(&port, "port", 4222, "port the embedded NATS listens on (-1 for a random one)")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas for every stream and bucket (3 on a JetStream cluster)")
+	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
+	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }
