@@ -1,0 +1,70 @@
+package bus_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+// TestProvisionIsIdempotent: provisioning again, and after a server restart
+// on the same store, keeps every stream and bucket with its data.
+func TestProvisionIsIdempotent(t *testing.T) {
+	n := testenv.StartNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := bus.Connect(n.URL(), "test", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	topo := bus.Topology{}
+	if err := bus.Provision(ctx, conn.JS, topo); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "r-keep", []byte(`{"id":"r-keep"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.JS.Publish(ctx, bus.RunEvents("r-keep"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		if err := bus.Provision(ctx, conn.JS, topo); err != nil {
+			t.Fatalf("%s: provision again: %v", when, err)
+		}
+		kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := kv.Get(ctx, "r-keep"); err != nil || string(e.Value()) != `{"id":"r-keep"}` {
+			t.Fatalf("%s: run record lost: %v", when, err)
+		}
+		s, err := conn.JS.Stream(ctx, bus.StreamEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
+			t.Fatalf("%s: events: %v %+v", when, err, info)
+		}
+		for _, cfg := range topo.StreamConfigs() {
+			if _, err := conn.JS.Stream(ctx, cfg.Name); err != nil {
+				t.Fatalf("%s: stream %s: %v", when, cfg.Name, err)
+			}
+		}
+	}
+	check("second provision")
+	n.Restart(t)
+	if err := conn.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("after restart")
+}
