@@ -103,6 +103,9 @@ func Decode(e Encoding, data []byte, v any) (err error) {
 			return fmt.Errorf("%w: json: trailing data after the object", ErrMalformed)
 		}
 	default:
+		if err := checkMsgpackLengths(data); err != nil {
+			return fmt.Errorf("%w: msgpack: %v", ErrMalformed, err)
+		}
 		r := bytes.NewReader(data)
 		dec := msgpack.NewDecoder(r)
 		dec.DisallowUnknownFields(true)
@@ -113,6 +116,79 @@ func Decode(e Encoding, data []byte, v any) (err error) {
 		if r.Len() != 0 {
 			return fmt.Errorf("%w: msgpack: %d trailing bytes", ErrMalformed, r.Len())
 		}
+	}
+	return nil
+}
+
+// checkMsgpackLengths walks the first msgpack value in data, without
+// recursion or allocation, and fails where a string, binary, extension, array
+// or map claims more bytes or elements than data holds. The msgpack decoder
+// allocates a slice of structs for an array's claimed length before reading
+// it, so without this check a few bytes can demand terabytes.
+func checkMsgpackLengths(data []byte) error {
+	p, pending := 0, 1 // next byte; values still to read
+	length := func(size int) (int64, error) {
+		if len(data)-p < size {
+			return 0, io.ErrUnexpectedEOF
+		}
+		var n int64
+		for _, b := range data[p : p+size] {
+			n = n<<8 | int64(b)
+		}
+		p += size
+		return n, nil
+	}
+	for ; pending > 0; pending-- {
+		if p >= len(data) {
+			return io.ErrUnexpectedEOF
+		}
+		c := data[p]
+		p++
+		var (
+			skip, values int64
+			err          error
+		)
+		switch {
+		case c <= 0x7f || c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3: // fixint, nil, bool
+		case c <= 0x8f: // fixmap
+			values = 2 * int64(c&0x0f)
+		case c <= 0x9f: // fixarray
+			values = int64(c & 0x0f)
+		case c <= 0xbf: // fixstr
+			skip = int64(c & 0x1f)
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			skip, err = length(1)
+		case c == 0xc5 || c == 0xda: // bin16, str16
+			skip, err = length(2)
+		case c == 0xc6 || c == 0xdb: // bin32, str32
+			skip, err = length(4)
+		case c >= 0xc7 && c <= 0xc9: // ext8, ext16, ext32: length, type, data
+			skip, err = length(1 << (c - 0xc7))
+			skip++
+		case c == 0xca, c == 0xcb: // float32, float64
+			skip = 4 << (c - 0xca)
+		case c >= 0xcc && c <= 0xcf: // uint8..uint64
+			skip = 1 << (c - 0xcc)
+		case c >= 0xd0 && c <= 0xd3: // int8..int64
+			skip = 1 << (c - 0xd0)
+		case c >= 0xd4 && c <= 0xd8: // fixext1..fixext16: type, data
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc || c == 0xdd: // array16, array32
+			values, err = length(2 << (c - 0xdc))
+		case c == 0xde || c == 0xdf: // map16, map32
+			values, err = length(2 << (c - 0xde))
+			values *= 2
+		default:
+			return fmt.Errorf("invalid code %#x", c)
+		}
+		if err != nil {
+			return err
+		}
+		if left := int64(len(data) - p); skip > left || values > left {
+			return fmt.Errorf("code %#x claims more than the %d bytes left", c, left)
+		}
+		p += int(skip)
+		pending += int(values)
 	}
 	return nil
 }

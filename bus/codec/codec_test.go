@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -444,6 +445,75 @@ func TestMsgpackNilTimeIsMalformed(t *testing.T) {
 	v := stamped{Maybe: &time.Time{}}
 	if err := codec.Decode(codec.MsgPack, mustMsgpack(t, map[string]any{"maybe": nil}), &v); err != nil || v.Maybe != nil {
 		t.Fatalf("Decode = %v, Maybe = %v; want nil, nil", err, v.Maybe)
+	}
+}
+
+// Every msgpack format, at each width, passes the length check in Decode.
+type wide struct {
+	I8, I16, I32, I64 int64
+	U64               uint64
+	F32               float32
+	F64               float64
+	Bin               []byte
+	Strs              []string
+	Ints              []int
+	Map               map[string]int
+	At, Mid, Far      time.Time
+}
+
+func TestMsgpackAllFormatsDecode(t *testing.T) {
+	big := make(map[string]int, 70000)
+	for i := range 70000 {
+		big[strconv.Itoa(i)] = i
+	}
+	in := wide{
+		I8: -100, I16: -30000, I32: -2_000_000_000, I64: -1 << 62, U64: 1<<64 - 1,
+		F32: 1.5, F64: -2.25,
+		Bin:  bytes.Repeat([]byte{0xc1}, 70000),
+		Strs: []string{"", strings.Repeat("a", 31), strings.Repeat("b", 32), strings.Repeat("c", 256), strings.Repeat("d", 70000)},
+		Ints: make([]int, 70000),
+		Map:  big,
+		At:   time.Unix(1_700_000_000, 0).UTC(), // timestamp 32
+		Far:  time.Unix(1<<40, 123).UTC(),       // timestamp 96
+	}
+	for _, n := range []int{0, 15, 16, 65535, 65536} {
+		b, err := codec.Encode(codec.MsgPack, make([]string, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		if err := codec.Decode(codec.MsgPack, b, &out); err != nil || len(out) != n {
+			t.Fatalf("array of %d: len %d, %v", n, len(out), err)
+		}
+	}
+	b, err := codec.Encode(codec.MsgPack, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out wide
+	if err := codec.Decode(codec.MsgPack, b, &out); err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	if !out.At.Equal(in.At) || !out.Mid.Equal(in.Mid) || !out.Far.Equal(in.Far) {
+		t.Errorf("times: %v %v %v", out.At, out.Mid, out.Far)
+	}
+	out.At, out.Mid, out.Far = in.At, in.Mid, in.Far
+	if !reflect.DeepEqual(in, out) {
+		t.Error("round trip changed the value")
+	}
+}
+
+// Deep nesting is refused quickly, without exhausting the stack.
+func TestMsgpackDeepNesting(t *testing.T) {
+	data := append(bytes.Repeat([]byte{0x91}, 8<<20), 0xc0)
+	start := time.Now()
+	var v sample
+	err := codec.Decode(codec.MsgPack, data, &v)
+	if !errors.Is(err, codec.ErrMalformed) {
+		t.Fatalf("Decode = %v, want ErrMalformed", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v", d)
 	}
 }
 
