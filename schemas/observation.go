@@ -116,5 +116,51 @@ func (o *Observation) Validate() error {
 	if !ok {
 		return refuse(CodeMissingField, string(o.Kind), "the payload named by kind is missing")
 	}
+	set := 0
+	for _, p := range []bool{o.Receipt != nil, o.Workload != nil, o.Facts != nil, o.Reconciliation != nil} {
+		if p {
+			set++
+		}
+	}
+	if set != 1 {
+		return refuse(CodeMalformed, "kind", "exactly one payload, the one named by kind, must be set")
+	}
+	if w := o.Workload; w != nil {
+		if err := w.validate("workload"); err != nil {
+			return err
+		}
+	}
+	if r := o.Reconciliation; r != nil {
+		for i := range r.Workloads {
+			if err := r.Workloads[i].validate("reconciliation.workloads"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Times a node may report: anything outside is a broken clock or a forged
+// report, and would not survive being stored as JSON.
+var (
+	minReportTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxReportTime = time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+func (w *WorkloadObservation) validate(field string) error {
+	if err := ValidateID(field+".run_id", w.RunID, CodeMalformed); err != nil {
+		return err
+	}
+	if err := ValidateID(field+".attempt_id", w.AttemptID, CodeMalformed); err != nil {
+		return err
+	}
+	for _, t := range []*time.Time{&w.ObservedAt, w.StartedAt, w.FinishedAt} {
+		if t != nil && !t.IsZero() && (t.Before(minReportTime) || t.After(maxReportTime)) {
+			return refuse(CodeMalformed, field, "a reported time is outside 2000–9000; check the node's clock")
+		}
+	}
+	if len(w.FailureReason) > MaxStringBytes || len(w.StopReason) > 256 {
+		return refuse(CodeValueTooLong, field, "reasons are bounded")
+	}
 	return nil
 }

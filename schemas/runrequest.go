@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/warmfleet/warmfleet/bus/codec"
@@ -104,6 +105,7 @@ var (
 	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
 	repoPattern     = regexp.MustCompile(`^[a-z0-9]+(?:[._-]{1,2}[a-z0-9]+|[.:][0-9]+)*(?:/[a-z0-9]+(?:[._-]{1,2}[a-z0-9]+)*)*$`)
 	hexPattern      = regexp.MustCompile(`^[a-f0-9]{64}$`)
+	tagPattern      = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 )
 
 // ImageRef is a parsed, digest-pinned image reference.
@@ -137,6 +139,9 @@ func ParseImageRef(field, s string) (ImageRef, error) {
 	repo := name
 	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
 		repo = name[:i]
+		if !tagPattern.MatchString(name[i+1:]) {
+			return ImageRef{}, refuse(CodeInvalidImage, field, "a tag beside the digest must match [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+		}
 	}
 	if repo == "" || !repoPattern.MatchString(repo) {
 		return ImageRef{}, refuse(CodeInvalidImage, field, "repository name must be lowercase [a-z0-9] components separated by / . _ -")
@@ -168,9 +173,9 @@ func (r *RunRequest) Validate() error {
 		if !envNamePattern.MatchString(k) || len(k) > MaxStringBytes {
 			return refuse(CodeInvalidEnv, "env", "variable names must match [A-Za-z_][A-Za-z0-9_]*")
 		}
-		if len(v) > MaxStringBytes || strings.IndexByte(v, 0) >= 0 {
+		if !cleanText(v) {
 			// The value is not echoed: env often carries secrets.
-			return refuse(CodeInvalidEnv, "env."+k, "value must be at most %d bytes with no NUL", MaxStringBytes)
+			return refuse(CodeInvalidEnv, "env."+k, "value must be valid UTF-8 of at most %d bytes with no NUL", MaxStringBytes)
 		}
 	}
 	if err := r.Resources.validate("resources"); err != nil {
@@ -186,7 +191,7 @@ func (r *RunRequest) Validate() error {
 		return refuse(CodeTooManyItems, "labels", "at most %d labels", MaxLabelItems)
 	}
 	for k, v := range r.Labels {
-		if !labelKeyPattern.MatchString(k) || len(v) > 256 {
+		if !labelKeyPattern.MatchString(k) || len(v) > 256 || !cleanText(v) {
 			return refuse(CodeInvalidLabel, "labels", "keys match [A-Za-z0-9][A-Za-z0-9._/-]{0,62}, values are at most 256 bytes")
 		}
 	}
@@ -195,6 +200,7 @@ func (r *RunRequest) Validate() error {
 
 var (
 	cacheNamePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	platformPattern   = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
 	capabilityPattern = regexp.MustCompile(`^[0-9]{1,3}(\.[0-9]{1,3}){0,2}$`)
 )
 
@@ -202,7 +208,7 @@ var (
 const MaxCaches = 16
 
 func (r *RunRequest) validatePlacement() error {
-	if p := r.Platform; p != nil && (p.OS == "" || p.Architecture == "") {
+	if p := r.Platform; p != nil && (!platformPattern.MatchString(p.OS) || !platformPattern.MatchString(p.Architecture) || (p.Variant != "" && !platformPattern.MatchString(p.Variant))) {
 		return refuse(CodeInvalidPlatform, "platform", "give both os and architecture, e.g. linux/amd64, or omit platform")
 	}
 	if g := r.GPU; g != nil {
@@ -212,8 +218,8 @@ func (r *RunRequest) validatePlacement() error {
 		if g.MinDriverCapability != "" && !capabilityPattern.MatchString(g.MinDriverCapability) {
 			return refuse(CodeInvalidGPU, "gpu.min_driver_capability", "a version like 12.2")
 		}
-		if len(g.Model) > 128 {
-			return refuse(CodeValueTooLong, "gpu.model", "at most 128 bytes")
+		if len(g.Model) > 128 || !cleanText(g.Model) {
+			return refuse(CodeValueTooLong, "gpu.model", "valid UTF-8 of at most 128 bytes")
 		}
 		if r.Resources.GPUCount == 0 {
 			return refuse(CodeInvalidGPU, "gpu", "a GPU requirement needs resources.gpu_count of at least 1")
@@ -230,7 +236,7 @@ func (r *RunRequest) validatePlacement() error {
 			return refuse(CodeInvalidCache, field+".name", "lowercase [a-z0-9._-], 1-63 characters")
 		case c.CompatibilityKey != "" && !idPattern.MatchString(c.CompatibilityKey):
 			return refuse(CodeInvalidCache, field+".compatibility_key", "1-128 characters of [A-Za-z0-9._:-]")
-		case !strings.HasPrefix(c.Path, "/") || strings.Contains(c.Path, "..") || len(c.Path) > 1024 || c.Path == "/":
+		case !strings.HasPrefix(c.Path, "/") || strings.Contains(c.Path, "..") || len(c.Path) > 1024 || c.Path == "/" || !cleanText(c.Path):
 			return refuse(CodeInvalidCache, field+".path", "an absolute path inside the container, without ..")
 		case seen[c.Path]:
 			return refuse(CodeInvalidCache, field+".path", "two caches mounted at one path")
@@ -261,11 +267,17 @@ func validateStrings(field string, ss []string) error {
 		return refuse(CodeTooManyItems, field, "at most %d items", MaxCommandItems)
 	}
 	for _, s := range ss {
-		if len(s) > MaxStringBytes || strings.IndexByte(s, 0) >= 0 {
-			return refuse(CodeValueTooLong, field, "each item must be at most %d bytes with no NUL", MaxStringBytes)
+		if !cleanText(s) {
+			return refuse(CodeValueTooLong, field, "each item must be valid UTF-8 of at most %d bytes with no NUL", MaxStringBytes)
 		}
 	}
 	return nil
+}
+
+// cleanText is what every free-text field must be: valid UTF-8 (JSON, the
+// KV encoding, would otherwise silently rewrite it), no NUL, bounded.
+func cleanText(s string) bool {
+	return len(s) <= MaxStringBytes && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // ValidateID checks an identifier used in subjects, KV keys and Nats-Msg-Id.
