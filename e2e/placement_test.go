@@ -1,0 +1,89 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// decision returns the last booking decision recorded for a Run.
+func (f *fleet) decision(runID string) *schemas.BookingDecision {
+	f.t.Helper()
+	var d *schemas.BookingDecision
+	for _, ev := range f.events(runID) {
+		if ev.Decision != nil {
+			d = ev.Decision
+		}
+	}
+	if d == nil {
+		f.t.Fatalf("run %s has no decision", runID)
+	}
+	return d
+}
+
+func candidate(d *schemas.BookingDecision, node string) schemas.Candidate {
+	for _, c := range d.Candidates {
+		if c.NodeID == node {
+			return c
+		}
+	}
+	return schemas.Candidate{}
+}
+
+// TestAcceptance_WarmNodeWins: two agents on two containerds; the one that
+// already holds the image's layers gets the Run, and the decision says why:
+// the cold node would have had to pull the image's bytes.
+func TestAcceptance_WarmNodeWins(t *testing.T) {
+	wa, wb := newWorld(t), newWorld(t)
+	f := newFleet(t)
+	f.startAgent(agentSpec{id: "node-warm", world: wa})
+	first := f.submit(schemas.RunRequest{RequestID: "warm-up", Image: wa.image.Reference, Command: []string{"true"}})
+	f.waitPhase(first, schemas.PhaseSucceeded, 60*time.Second)
+	// The warm node's facts now list the image hot.
+	f.eventually(30*time.Second, "the warm node's facts to list the image", func() bool {
+		rec := f.nodeRecord("node-warm")
+		if rec.Facts == nil {
+			return false
+		}
+		for _, im := range rec.Facts.Images {
+			if im.ManifestDigest == wa.image.ManifestDigest && im.State == schemas.LocalityHot {
+				return true
+			}
+		}
+		return false
+	})
+	f.startAgent(agentSpec{id: "node-cold", world: wb})
+
+	id := f.submit(schemas.RunRequest{RequestID: "goes-warm", Image: wa.image.Reference, Command: []string{"true"}})
+	done := f.waitPhase(id, schemas.PhaseSucceeded, 60*time.Second)
+	if done.NodeID != "node-warm" {
+		t.Fatalf("ran on %s, want node-warm", done.NodeID)
+	}
+	d := f.decision(id)
+	warm, cold := candidate(d, "node-warm"), candidate(d, "node-cold")
+	if d.Winner != "node-warm" || warm.Components.ImageState != string(schemas.LocalityHot) || warm.Components.PullBytes != 0 {
+		t.Fatalf("winner %s, warm candidate %+v", d.Winner, warm)
+	}
+	if !cold.Eligible || cold.Reason != schemas.ReasonOutscored || cold.Components.PullBytes == 0 || cold.Cost <= warm.Cost {
+		t.Fatalf("cold candidate should be eligible, outscored, with bytes to pull: %+v", cold)
+	}
+}
+
+// TestAcceptance_GPURunOnGPULessFleet: on this machine the agent finds no
+// GPU driver; a Run that needs a GPU is refused at once with a reason per
+// node, instead of waiting forever.
+func TestAcceptance_GPURunOnGPULessFleet(t *testing.T) {
+	w := newWorld(t)
+	f := newFleet(t)
+	f.startAgent(agentSpec{id: "cpu-only", world: w})
+	id := f.submit(schemas.RunRequest{RequestID: "needs-gpu", Image: w.image.Reference, Command: []string{"nvidia-smi"},
+		Resources: schemas.Resources{GPUCount: 1}})
+	r := f.waitPhase(id, schemas.PhaseFailed, 30*time.Second)
+	if r.Reason != string(schemas.CodeUnsatisfiable) {
+		t.Fatalf("reason %q, want %s", r.Reason, schemas.CodeUnsatisfiable)
+	}
+	if c := candidate(f.decision(id), "cpu-only"); c.Reason != schemas.ReasonInsufficientGPU {
+		t.Fatalf("cpu-only rejected for %q (%s), want %s", c.Reason, c.Detail, schemas.ReasonInsufficientGPU)
+	}
+}
