@@ -18,9 +18,10 @@ const (
 
 // KV bucket names.
 const (
-	BucketNodes  = "wf_nodes"
-	BucketRuns   = "wf_runs"
-	BucketEnroll = "wf_enroll"
+	BucketNodes   = "wf_nodes"
+	BucketRuns    = "wf_runs"
+	BucketEnroll  = "wf_enroll"
+	BucketRentals = "wf_rentals"
 )
 
 // Durable consumer names owned by the control plane. Several control-plane
@@ -94,6 +95,7 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{
 		{Bucket: BucketNodes, Description: "fenced node registry", History: 5, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketRuns, Description: "Runs by id; every phase change is a CAS update", History: 5, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketRentals, Description: "rented machines by rental id; every change is a CAS update", History: 5, Storage: jetstream.FileStorage, Replicas: r},
 		// Invitations carry their own expires_at, checked on redemption; the
 		// bucket's TTL only sweeps ones never redeemed.
 		{Bucket: BucketEnroll, Description: "single-use node invitations by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: 8 * 24 * time.Hour},

@@ -43,6 +43,8 @@ type Config struct {
 	// WaitForCapacity keeps a Run that no enrolled node could ever run
 	// waiting (for a node to join) instead of failing it at once.
 	WaitForCapacity bool
+	// Capacity, when set, rents machines for Runs no node fits.
+	Capacity *CapacityConfig
 	// OpenEnrollment admits nodes that present no enrollment token. For
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
@@ -76,6 +78,9 @@ func (c *Config) defaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.Capacity != nil {
+		c.Capacity.defaults()
+	}
 	def := placement.DefaultConfig()
 	p := &c.Placement
 	if p.PullBytesPerSecond <= 0 {
@@ -106,8 +111,10 @@ type ControlPlane struct {
 	runsKV   jetstream.KeyValue
 	nodesKV  jetstream.KeyValue
 	enrollKV jetstream.KeyValue
-	cache    *cache
-	metrics  metrics
+	// rentalsKV is wf_rentals; used only when Capacity is configured.
+	rentalsKV jetstream.KeyValue
+	cache     *cache
+	metrics   metrics
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -161,8 +168,15 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketEnroll, err)
 	}
+	rentalsKV, err := conn.JS.KeyValue(ctx, bus.BucketRentals)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketRentals, err)
+	}
+	if cfg.Capacity != nil && (cfg.Capacity.Provider == nil || cfg.Capacity.OwnershipToken == "") {
+		return nil, errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
+	}
 	return &ControlPlane{
-		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV, enrollKV: enrollKV,
+		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV, enrollKV: enrollKV, rentalsKV: rentalsKV,
 		cache: newCache(), kick: make(chan struct{}, 1), ready: make(chan struct{}),
 	}, nil
 }
@@ -206,6 +220,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 
 	cp.askReconcile(ctx)
 	wg.Go(func() { cp.reconcileLoop(ctx) })
+	if cp.cfg.Capacity != nil {
+		wg.Go(func() { cp.rentalLoop(ctx) })
+	}
 	close(cp.ready)
 	cp.log.Info("control plane serving", zap.String("nats", cp.conn.NC.ConnectedUrlRedacted()))
 	<-ctx.Done()

@@ -34,26 +34,34 @@ func (cp *ControlPlane) handleInvite(ctx context.Context, m *nats.Msg) {
 		cp.reply(m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: refusalOf(err, "body is not an InviteRequest")})
 		return
 	}
+	boot, err := cp.invite(ctx, req)
+	if err != nil {
+		cp.reply(m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.AsRefusal(err)})
+		return
+	}
+	cp.reply(m, enc, schemas.Reply[schemas.NodeBootstrap]{OK: &boot})
+}
+
+// invite mints a single-use enrollment token for req and stores its hash.
+func (cp *ControlPlane) invite(ctx context.Context, req schemas.InviteRequest) (schemas.NodeBootstrap, error) {
 	ttl := DefaultInviteTTL
 	if req.TTLSeconds > 0 {
 		ttl = time.Duration(req.TTLSeconds) * time.Second
 	}
 	token, err := newToken()
 	if err != nil {
-		cp.reply(m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.AsRefusal(err)})
-		return
+		return schemas.NodeBootstrap{}, err
 	}
 	now := cp.now()
 	inv := schemas.Invitation{NodeID: req.NodeID, RentalID: req.RentalID, Generation: req.Generation, AgentVersion: req.AgentVersion, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	if _, err := bus.CreateJSON(ctx, cp.enrollKV, inviteKey(token), &inv); err != nil {
-		cp.reply(m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.AsRefusal(fmt.Errorf("store invitation: %w", err))})
-		return
+		return schemas.NodeBootstrap{}, fmt.Errorf("store invitation: %w", err)
 	}
-	cp.log.Info("node invited", zap.String("node_id", req.NodeID), zap.Uint64("generation", req.Generation), zap.Time("expires_at", inv.ExpiresAt))
-	cp.reply(m, enc, schemas.Reply[schemas.NodeBootstrap]{OK: &schemas.NodeBootstrap{
+	cp.log.Info("node invited", zap.String("node_id", req.NodeID), zap.String("rental_id", req.RentalID), zap.Uint64("generation", req.Generation), zap.Time("expires_at", inv.ExpiresAt))
+	return schemas.NodeBootstrap{
 		ControlPlaneURL: cp.conn.NC.ConnectedUrlRedacted(), NodeID: req.NodeID, RentalID: req.RentalID, Generation: req.Generation,
 		EnrollmentToken: token, ExpiresAt: inv.ExpiresAt, AgentVersion: req.AgentVersion,
-	}})
+	}, nil
 }
 
 // handleEnroll registers a node and answers in the request's encoding.
@@ -132,6 +140,13 @@ func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentReques
 	rec.SessionTokenHash, rec.SessionExpires = hashToken(session), now.Add(cp.cfg.SessionTTL)
 	rec.State, rec.EnrolledAt, rec.LeaseExpires = schemas.NodeReady, now, now.Add(cp.leaseTTL())
 	rec.AgentVersion, rec.Capacity, rec.MaxWorkloads, rec.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, req.PricePerHour
+	if req.RentalID != "" && cp.cfg.Capacity != nil {
+		// A rented node costs what its rental does.
+		var rt schemas.Rental
+		if _, err := bus.GetJSON(ctx, cp.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
+			rec.PricePerHour = rt.PricePerHour
+		}
+	}
 	facts := req.Facts
 	facts.Normalize()
 	rec.Facts, rec.FactsReceivedAt = &facts, now

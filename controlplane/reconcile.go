@@ -126,7 +126,15 @@ func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *plac
 	cp.metrics.decisions.Add(1)
 	if d.Winner == "" {
 		cp.metrics.placementMiss.Add(1)
-		fail := !cp.cfg.WaitForCapacity && unsatisfiable(d)
+		coming := false
+		if cp.cfg.Capacity != nil {
+			var err error
+			if coming, err = cp.rentFor(ctx, r); err != nil {
+				cp.log.Warn("renting capacity", zap.String("run_id", r.ID), zap.Error(err))
+				coming = true // try again next pass rather than fail the Run
+			}
+		}
+		fail := !cp.cfg.WaitForCapacity && !coming && unsatisfiable(d)
 		summary := waitingSummary(d)
 		_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
 			if s.Phase != schemas.PhaseAccepted || (!fail && s.Waiting == summary) {

@@ -1,0 +1,433 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// CapacityConfig lets the control plane rent machines when no node fits.
+type CapacityConfig struct {
+	Provider     capacity.Provider
+	ConnectionID string
+	// OwnershipToken marks every machine this deployment rents, so the
+	// janitor never touches a machine that merely resembles ours.
+	OwnershipToken string
+	// MaxRentals bounds machines rented at once (not yet terminated).
+	MaxRentals int
+	// IdleTimeout retires a ready rental whose node had no Run this long.
+	IdleTimeout time.Duration
+	// LostAnswerAfter is how long a provision may go unanswered before the
+	// provider's owned capacity is searched for it (and, failing that, it is
+	// provisioned again under the same operation key).
+	LostAnswerAfter time.Duration
+	// JanitorInterval is how often owned capacity is listed to adopt what a
+	// rental lost track of and terminate what belongs to no live rental.
+	JanitorInterval time.Duration
+	// MaxLifetime is passed to providers that can enforce it.
+	MaxLifetime time.Duration
+	// Interval is how often rentals are observed.
+	Interval time.Duration
+}
+
+func (c *CapacityConfig) defaults() {
+	if c.ConnectionID == "" {
+		c.ConnectionID = "default"
+	}
+	if c.MaxRentals <= 0 {
+		c.MaxRentals = 4
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.LostAnswerAfter <= 0 {
+		c.LostAnswerAfter = 30 * time.Second
+	}
+	if c.JanitorInterval <= 0 {
+		c.JanitorInterval = time.Minute
+	}
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+}
+
+// rentFor asks for a machine for a Run no node fits: it provisions the
+// cheapest matching offer unless a rental that could take the Run is
+// already on its way. It reports whether capacity is coming.
+func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, error) {
+	cc := cp.cfg.Capacity
+	rentals, err := cp.listRentals(ctx)
+	if err != nil {
+		return false, err
+	}
+	live := 0
+	for _, rt := range rentals {
+		if rt.State.Done() {
+			continue
+		}
+		live++
+		switch rt.State {
+		case schemas.RentalRequested, schemas.RentalProvisioning, schemas.RentalBooting, schemas.RentalEnrolling:
+			if r.Request.Resources.Fits(rt.Resources) {
+				return true, nil // on its way
+			}
+		}
+	}
+	offers, err := cc.Provider.ListCapacity(ctx, capacity.OfferQuery{Resources: r.Request.Resources, GPU: r.Request.GPU})
+	if err != nil {
+		return false, fmt.Errorf("list offers: %w", err)
+	}
+	offers = slices.DeleteFunc(offers, func(o capacity.Offer) bool { return !o.Available })
+	if len(offers) == 0 {
+		return false, nil
+	}
+	if live >= cc.MaxRentals {
+		cp.log.Info("not renting: at the rental limit", zap.String("run_id", r.ID), zap.Int("max_rentals", cc.MaxRentals))
+		return true, nil
+	}
+	slices.SortFunc(offers, func(a, b capacity.Offer) int { return int(a.PricePerHour.MicrosPerHour - b.PricePerHour.MicrosPerHour) })
+	return true, cp.provision(ctx, r, offers[0])
+}
+
+// provision writes the rental before asking the provider, so a lost answer
+// can be found again by its id and operation key.
+func (cp *ControlPlane) provision(ctx context.Context, r schemas.Run, offer capacity.Offer) error {
+	cc := cp.cfg.Capacity
+	id, err := rentalID()
+	if err != nil {
+		return err
+	}
+	now := cp.now()
+	rt := schemas.Rental{
+		RentalID: id, ConnectionID: cc.ConnectionID, OfferID: offer.ID, Generation: 1, OwnershipToken: cc.OwnershipToken,
+		OperationKey: id + "-g1", NodeID: id, State: schemas.RentalRequested, ForRun: r.ID,
+		Resources:    schemas.Resources{CPUMillis: offer.CPUMillis, MemoryBytes: offer.MemoryBytes, GPUCount: offer.GPUCount, DiskBytes: offer.DiskBytes},
+		PricePerHour: float64(offer.PricePerHour.MicrosPerHour) / 1e6, Interruptible: offer.Interruptible,
+		CreatedAt: now, UpdatedAt: now, Stages: []schemas.RentalStage{{State: schemas.RentalRequested, At: now}},
+	}
+	if _, err := bus.CreateJSON(ctx, cp.rentalsKV, id, &rt); err != nil {
+		return fmt.Errorf("record rental: %w", err)
+	}
+	cp.log.Info("renting a machine", zap.String("rental_id", id), zap.String("offer", offer.ID), zap.String("for_run", r.ID))
+	return cp.askProvider(ctx, rt)
+}
+
+// askProvider sends (or resends, under the same operation key) a rental's
+// provision with a fresh bootstrap, and records the answer.
+func (cp *ControlPlane) askProvider(ctx context.Context, rt schemas.Rental) error {
+	cc := cp.cfg.Capacity
+	boot, err := cp.invite(ctx, schemas.InviteRequest{NodeID: rt.NodeID, RentalID: rt.RentalID, Generation: rt.Generation, TTLSeconds: 3600})
+	if err != nil {
+		return err
+	}
+	rc, err := cc.Provider.ProvisionCapacity(ctx, capacity.ProvisionCommand{
+		ConnectionID: cc.ConnectionID, OperationKey: rt.OperationKey, RentalID: rt.RentalID, Generation: rt.Generation,
+		OwnershipToken: rt.OwnershipToken, OfferID: rt.OfferID, Resources: rt.Resources, Bootstrap: boot,
+		Interruptible: rt.Interruptible, MaxLifetimeSeconds: int64(cc.MaxLifetime / time.Second),
+	})
+	return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		if err != nil {
+			s.LastError = err.Error()
+			if capacity.Ambiguous(err) {
+				// The provider may have acted: look for the machine later.
+				return setRentalState(s, schemas.RentalProvisioning, time.Time{}, now)
+			}
+			return setRentalState(s, schemas.RentalFailed, time.Time{}, now)
+		}
+		s.NativeRef, s.LastError, s.Interruptible = rc.NativeRef, "", rc.Interruptible
+		if rc.Pricing.MicrosPerHour > 0 {
+			s.PricePerHour = float64(rc.Pricing.MicrosPerHour) / 1e6
+		}
+		to := rentalStateOf(s.State, capacity.Observation{State: rc.State})
+		if to == "" || to == s.State {
+			to = schemas.RentalProvisioning
+		}
+		if to == s.State {
+			return nil
+		}
+		return setRentalState(s, to, rc.AcceptedAt, now)
+	})
+}
+
+// rentalLoop observes rentals until ctx ends; the janitor runs on its own
+// slower cadence inside it.
+func (cp *ControlPlane) rentalLoop(ctx context.Context) {
+	cc := cp.cfg.Capacity
+	t := time.NewTicker(cc.Interval)
+	defer t.Stop()
+	lastJanitor := time.Time{}
+	for {
+		cp.rentalPass(ctx)
+		if time.Since(lastJanitor) >= cc.JanitorInterval {
+			cp.janitor(ctx)
+			lastJanitor = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (cp *ControlPlane) rentalPass(ctx context.Context) {
+	rentals, err := cp.listRentals(ctx)
+	if err != nil {
+		cp.log.Warn("list rentals", zap.Error(err))
+		return
+	}
+	active := cp.cache.activeRuns()
+	for _, rt := range rentals {
+		if rt.State.Done() || ctx.Err() != nil {
+			continue
+		}
+		if err := cp.driveRental(ctx, rt, active); err != nil {
+			cp.log.Warn("rental", zap.String("rental_id", rt.RentalID), zap.String("state", string(rt.State)), zap.Error(err))
+		}
+	}
+}
+
+// driveRental moves one rental on from what its provider and its node say.
+func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, active []schemas.Run) error {
+	cc := cp.cfg.Capacity
+	now := cp.now()
+	if rt.NativeRef == "" {
+		// The provider's answer never arrived: find the machine by what we
+		// told it, or ask again under the same operation key.
+		if now.Sub(rt.UpdatedAt) < cc.LostAnswerAfter {
+			return nil
+		}
+		if adopted, err := cp.adopt(ctx, rt); err != nil || adopted {
+			return err
+		}
+		return cp.askProvider(ctx, rt)
+	}
+	node, nodeKnown := cp.cache.node(rt.NodeID)
+	busy := false
+	for _, r := range active {
+		if r.NodeID == rt.NodeID && r.Phase != schemas.PhaseAccepted {
+			busy = true
+		}
+	}
+	switch rt.State {
+	case schemas.RentalEnrolling:
+		if nodeKnown && node.RentalID == rt.RentalID && node.Generation == rt.Generation && node.Live(now) {
+			return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+				s.IdleSince = now
+				return setRentalState(s, schemas.RentalReady, time.Time{}, now)
+			})
+		}
+	case schemas.RentalReady, schemas.RentalDraining:
+		idleFor := time.Duration(0)
+		if !busy && !rt.IdleSince.IsZero() {
+			idleFor = now.Sub(rt.IdleSince)
+		}
+		switch {
+		case busy && !rt.IdleSince.IsZero():
+			if err := cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, _ time.Time) error { s.IdleSince = time.Time{}; return nil }); err != nil {
+				return err
+			}
+		case !busy && rt.IdleSince.IsZero():
+			if err := cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error { s.IdleSince = now; return nil }); err != nil {
+				return err
+			}
+		case !busy && (idleFor >= cc.IdleTimeout || rt.State == schemas.RentalDraining):
+			return cp.retire(ctx, rt)
+		}
+	}
+	obs, err := cc.Provider.ObserveCapacity(ctx, capacity.Ref{ConnectionID: rt.ConnectionID, RentalID: rt.RentalID, NativeRef: rt.NativeRef, OwnershipToken: rt.OwnershipToken})
+	if errors.Is(err, capacity.ErrNotFound) && (rt.State == schemas.RentalTerminating || !cc.Provider.Support().ObserveAfterTerminate) {
+		obs, err = capacity.Observation{NativeRef: rt.NativeRef, State: capacity.StateTerminated, ObservedAt: now}, nil
+	}
+	if err != nil {
+		return fmt.Errorf("observe: %w", err)
+	}
+	to := rentalStateOf(rt.State, obs)
+	if to == "" || to == rt.State {
+		return nil
+	}
+	if to == schemas.RentalInterrupted || to == schemas.RentalTerminated || to == schemas.RentalFailed {
+		cp.loseNodeRuns(ctx, rt.NodeID, "rental "+rt.RentalID+" is "+string(to))
+	}
+	return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		if s.State != rt.State {
+			return bus.ErrNoChange // moved meanwhile; the next pass looks again
+		}
+		return setRentalState(s, to, obs.StateSince, now)
+	})
+}
+
+// retire stops an idle rental where stop, resume and a persistent disk let
+// it come back warm, and terminates it otherwise. Its node is drained first
+// so nothing new lands on it.
+func (cp *ControlPlane) retire(ctx context.Context, rt schemas.Rental) error {
+	cc := cp.cfg.Capacity
+	if _, _, err := bus.UpdateJSON(ctx, cp.nodesKV, rt.NodeID, func(n *schemas.NodeRecord) error {
+		if n.State == schemas.NodeDraining {
+			return bus.ErrNoChange
+		}
+		n.State = schemas.NodeDraining
+		return nil
+	}); err != nil && !errors.Is(err, bus.ErrNoChange) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
+	sup := cc.Provider.Support()
+	cmd := capacity.Command{Ref: capacity.Ref{ConnectionID: rt.ConnectionID, RentalID: rt.RentalID, NativeRef: rt.NativeRef, OwnershipToken: rt.OwnershipToken},
+		OperationKey: rt.OperationKey + "-retire", Generation: rt.Generation}
+	to, verb := schemas.RentalTerminating, "terminate"
+	var err error
+	if sup.Stop && sup.Resume && sup.PersistentDisk {
+		to, verb = schemas.RentalStopping, "stop"
+		_, err = cc.Provider.StopCapacity(ctx, cmd)
+	} else {
+		_, err = cc.Provider.TerminateCapacity(ctx, cmd)
+	}
+	if err != nil {
+		return fmt.Errorf("%s idle rental: %w", verb, err)
+	}
+	cp.log.Info("idle rental retired", zap.String("rental_id", rt.RentalID), zap.String("how", verb))
+	return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		return setRentalState(s, to, time.Time{}, now)
+	})
+}
+
+// adopt looks for a rental's machine among the provider's owned capacity.
+func (cp *ControlPlane) adopt(ctx context.Context, rt schemas.Rental) (bool, error) {
+	cc := cp.cfg.Capacity
+	owned, err := cc.Provider.ListOwnedCapacity(ctx, capacity.OwnershipQuery{ConnectionID: rt.ConnectionID, OwnershipToken: rt.OwnershipToken, RentalID: rt.RentalID})
+	if err != nil {
+		return false, fmt.Errorf("list owned: %w", err)
+	}
+	for _, o := range owned {
+		if o.OwnershipToken != rt.OwnershipToken || o.RentalID != rt.RentalID || o.State.Gone() {
+			continue
+		}
+		cp.log.Info("adopted a machine whose provision answer was lost", zap.String("rental_id", rt.RentalID), zap.String("native_ref", o.NativeRef))
+		return true, cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+			if s.NativeRef != "" {
+				return bus.ErrNoChange
+			}
+			s.NativeRef, s.LastError = o.NativeRef, ""
+			if to := rentalStateOf(s.State, capacity.Observation{State: o.State}); to != "" && to != s.State {
+				return setRentalState(s, to, time.Time{}, now)
+			}
+			return nil
+		})
+	}
+	return false, nil
+}
+
+// janitor lists what the provider says we own: a machine of a live rental
+// that lost it is adopted; one that belongs to no live rental is
+// terminated. Only machines carrying our ownership token are touched.
+func (cp *ControlPlane) janitor(ctx context.Context) {
+	cc := cp.cfg.Capacity
+	owned, err := cc.Provider.ListOwnedCapacity(ctx, capacity.OwnershipQuery{ConnectionID: cc.ConnectionID, OwnershipToken: cc.OwnershipToken})
+	if err != nil {
+		cp.log.Warn("janitor: list owned capacity", zap.Error(err))
+		return
+	}
+	for _, o := range owned {
+		if o.OwnershipToken != cc.OwnershipToken || o.State.Gone() {
+			continue
+		}
+		var rt schemas.Rental
+		_, gerr := bus.GetJSON(ctx, cp.rentalsKV, o.RentalID, &rt)
+		switch {
+		case gerr == nil && !rt.State.Done() && rt.NativeRef == "":
+			if _, err := cp.adopt(ctx, rt); err != nil {
+				cp.log.Warn("janitor: adopt", zap.String("rental_id", rt.RentalID), zap.Error(err))
+			}
+			continue
+		case gerr == nil && !rt.State.Done() && rt.NativeRef == o.NativeRef:
+			continue // ours and accounted for
+		case gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound):
+			cp.log.Warn("janitor: read rental", zap.String("rental_id", o.RentalID), zap.Error(gerr))
+			continue
+		}
+		cp.log.Warn("janitor: terminating an orphan machine", zap.String("native_ref", o.NativeRef), zap.String("rental_id", o.RentalID))
+		if _, err := cc.Provider.TerminateCapacity(ctx, capacity.Command{
+			Ref:          capacity.Ref{ConnectionID: cc.ConnectionID, RentalID: o.RentalID, NativeRef: o.NativeRef, OwnershipToken: o.OwnershipToken},
+			OperationKey: "janitor-" + o.NativeRef, Generation: max(o.Generation, 1),
+		}); err != nil {
+			cp.log.Warn("janitor: terminate orphan", zap.String("native_ref", o.NativeRef), zap.Error(err))
+		}
+	}
+}
+
+// loseNodeRuns ends the attempts of every Run on a node that is gone.
+func (cp *ControlPlane) loseNodeRuns(ctx context.Context, nodeID, why string) {
+	for _, r := range cp.cache.activeRuns() {
+		if r.NodeID != nodeID || r.Phase == schemas.PhaseAccepted {
+			continue
+		}
+		if _, err := cp.loseAttempt(ctx, r, why); err != nil && !errors.Is(err, bus.ErrNoChange) {
+			cp.log.Warn("lose run attempt", zap.String("run_id", r.ID), zap.Error(err))
+		}
+	}
+}
+
+// updateRental is a CAS update of one rental.
+func (cp *ControlPlane) updateRental(ctx context.Context, id string, mutate func(*schemas.Rental, time.Time) error) error {
+	now := cp.now()
+	_, _, err := bus.UpdateJSON(ctx, cp.rentalsKV, id, func(s *schemas.Rental) error {
+		if err := mutate(s, now); err != nil {
+			return err
+		}
+		s.UpdatedAt = now
+		return nil
+	})
+	if errors.Is(err, bus.ErrNoChange) {
+		return nil
+	}
+	return err
+}
+
+// setRentalState moves a rental by the table and records the stage: at the
+// provider's own time when it gave one, else as a bound at now.
+func setRentalState(s *schemas.Rental, to schemas.RentalState, providerSince, now time.Time) error {
+	if err := checkRentalTransition(s.State, to); err != nil {
+		return err
+	}
+	stage := schemas.RentalStage{State: to, At: providerSince}
+	if providerSince.IsZero() {
+		stage.At, stage.Bound = now, true
+	}
+	s.State = to
+	s.Stages = append(s.Stages, stage)
+	return nil
+}
+
+func (cp *ControlPlane) listRentals(ctx context.Context) ([]schemas.Rental, error) {
+	lister, err := cp.rentalsKV.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []schemas.Rental
+	for k := range lister.Keys() {
+		var rt schemas.Rental
+		if _, err := bus.GetJSON(ctx, cp.rentalsKV, k, &rt); err == nil {
+			out = append(out, rt)
+		}
+	}
+	return out, nil
+}
+
+func rentalID() (string, error) {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return "rt-" + hex.EncodeToString(b), nil
+}

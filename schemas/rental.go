@@ -1,0 +1,68 @@
+package schemas
+
+import "time"
+
+// RentalState is where a rented machine is in its lifecycle. The legal
+// moves are the control plane's rental transition table.
+type RentalState string
+
+const (
+	RentalRequested    RentalState = "requested"    // record written, provider not yet asked
+	RentalProvisioning RentalState = "provisioning" // provider accepted (or the answer was lost)
+	RentalBooting      RentalState = "booting"      // machine exists, not yet running
+	RentalEnrolling    RentalState = "enrolling"    // machine running, its agent not yet enrolled
+	RentalReady        RentalState = "ready"        // its node is enrolled and takes Runs
+	RentalDraining     RentalState = "draining"     // no new Runs; retiring once idle
+	RentalStopping     RentalState = "stopping"
+	RentalStopped      RentalState = "stopped"
+	RentalTerminating  RentalState = "terminating"
+	RentalTerminated   RentalState = "terminated"
+	RentalFailed       RentalState = "failed"
+	RentalInterrupted  RentalState = "interrupted" // the provider reclaimed spot capacity
+)
+
+// Done reports whether the rental holds no machine any more.
+func (s RentalState) Done() bool {
+	return s == RentalTerminated || s == RentalFailed
+}
+
+// Rental is one machine the control plane rents, stored in wf_rentals and
+// changed only by CAS. Its RentalID is assigned before the provider is
+// asked, so a lost answer can be found again by listing owned capacity.
+type Rental struct {
+	RentalID     string `json:"rental_id"`
+	ConnectionID string `json:"connection_id"`
+	OfferID      string `json:"offer_id"`
+	// NativeRef is the provider's id for the machine, once known.
+	NativeRef string `json:"native_ref,omitempty"`
+	// Generation rises on every lifecycle cycle; commands under an older
+	// one are refused by providers that fence.
+	Generation     uint64      `json:"generation"`
+	OwnershipToken string      `json:"ownership_token"`
+	OperationKey   string      `json:"operation_key"`
+	NodeID         string      `json:"node_id"`
+	State          RentalState `json:"state"`
+	// Stages records when each state was entered. At is the provider's own
+	// StateSince when it gave one; otherwise Bound is set and At is only the
+	// control plane's observation (the stage ended at or before it).
+	Stages        []RentalStage `json:"stages,omitempty"`
+	Interruptible bool          `json:"interruptible,omitempty"`
+	PricePerHour  float64       `json:"price_per_hour,omitempty"`
+	// ForRun is the Run whose placement asked for this rental.
+	ForRun    string    `json:"for_run,omitempty"`
+	Resources Resources `json:"resources"`
+	LastError string    `json:"last_error,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// IdleSince is when the rental's node last had no Run; zero while busy.
+	IdleSince time.Time `json:"idle_since,omitzero"`
+}
+
+// RentalStage is one entry of a rental's timeline.
+type RentalStage struct {
+	State RentalState `json:"state"`
+	At    time.Time   `json:"at"`
+	// Bound marks At as the control plane's observation, not the
+	// provider's own account of the transition.
+	Bound bool `json:"bound,omitempty"`
+}
