@@ -14,6 +14,10 @@ const (
 	SubjectRenewals    = "wf.node.*.renew"
 	// SubjectInvite is the operator's request to mint a node bootstrap.
 	SubjectInvite = "wf.admin.node.invite"
+	// SubjectDrain stops new work going to a node.
+	SubjectDrain = "wf.admin.node.drain"
+	// SubjectRetire retires a rental once its node is idle.
+	SubjectRetire = "wf.admin.rental.retire"
 )
 
 // RunEvents is the subject of one Run's audit log.

@@ -33,6 +33,8 @@ func (cp *ControlPlane) serveNodes(ctx context.Context) (func(), error) {
 		bus.SubjectHeartbeats: func(m *nats.Msg) { cp.handleHeartbeat(ctx, m) },
 		bus.SubjectRenewals:   func(m *nats.Msg) { cp.handleRenew(ctx, m) },
 		bus.SubjectInvite:     func(m *nats.Msg) { cp.handleInvite(ctx, m) },
+		bus.SubjectDrain:      func(m *nats.Msg) { cp.handleDrain(ctx, m) },
+		bus.SubjectRetire:     func(m *nats.Msg) { cp.handleRetire(ctx, m) },
 	} {
 		s, err := cp.conn.NC.QueueSubscribe(subj, "warmfleet-cp", h)
 		if err != nil {

@@ -169,3 +169,9 @@ type Reply[T any] struct {
 	OK      *T       `json:"ok,omitempty"`
 	Refusal *Refusal `json:"refusal,omitempty"`
 }
+
+// AdminRequest names the object of an operator's request on wf.admin.*.
+type AdminRequest struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason,omitempty"`
+}

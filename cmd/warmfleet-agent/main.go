@@ -21,6 +21,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/logging"
+	"github.com/warmfleet/warmfleet/internal/metrics"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -36,7 +37,7 @@ func main() {
 func newRoot() *cobra.Command {
 	var (
 		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel, bootstrap string
-		contentRoot, cacheDir                                                               string
+		contentRoot, cacheDir, metricsAddr                                                  string
 		factsInterval                                                                       time.Duration
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
@@ -90,7 +91,10 @@ func newRoot() *cobra.Command {
 				return err
 			}
 			log.Info("agent starting", zap.String("node_id", nodeID), zap.String("nats", natsURL), zap.String("containerd", ctrdAddr))
-			return a.Run(cmd.Context())
+			if metricsAddr == "" {
+				return a.Run(cmd.Context())
+			}
+			return runWithMetrics(cmd.Context(), metricsAddr, nodeID, a, log)
 		},
 	}
 	f := cmd.Flags()
@@ -111,7 +115,38 @@ func newRoot() *cobra.Command {
 	f.StringVar(&cacheDir, "cache-dir", "", "directory holding the caches Runs mount (default <data-dir>/caches)")
 	f.DurationVar(&factsInterval, "facts-interval", agent.DefaultFactsInterval, "how often node facts are reported (changes are reported sooner)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&metricsAddr, "metrics-addr", os.Getenv("WARMFLEET_METRICS_ADDR"), "serve Prometheus /metrics, /healthz and /readyz (ready once enrolled) on this host:port (default: off)")
 	return cmd
+}
+
+// runWithMetrics runs the agent with its metrics server beside it: the
+// process and Go collectors plus its session (enrolled, fencing token).
+// A metrics server that fails stops the agent too, and its error is
+// returned.
+func runWithMetrics(ctx context.Context, addr, nodeID string, a *agent.Agent, log *zap.Logger) error {
+	ln, err := metrics.Listen(addr)
+	if err != nil {
+		return err
+	}
+	log.Info("metrics listening", zap.String("addr", ln.Addr().String()))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := metrics.NewAgentRegistry(nodeID, a.Enrollment)
+	done := make(chan error, 1)
+	go func() {
+		err := metrics.ServeListener(ctx, ln, reg, func() bool { return metrics.Enrolled(a.Enrollment()) })
+		if err != nil {
+			log.Error("metrics server stopped", zap.Error(err))
+			cancel()
+		}
+		done <- err
+	}()
+	runErr := a.Run(ctx)
+	cancel()
+	if err := <-done; err != nil {
+		return err
+	}
+	return runErr
 }
 
 func envOr(k, def string) string {

@@ -19,6 +19,7 @@ import (
 func newNodeCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "Invite and inspect nodes"}
 	cmd.AddCommand(newNodeInvite(g))
+	cmd.AddCommand(nodeExtraCmds(g)...)
 	cmd.AddCommand(&cobra.Command{
 		Use: "list", Short: "List nodes in the registry",
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -27,21 +28,12 @@ func newNodeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			kv, err := conn.JS.KeyValue(cmd.Context(), bus.BucketNodes)
+			nodes, err := listJSON[schemas.NodeRecord](cmd.Context(), conn, bus.BucketNodes)
 			if err != nil {
 				return err
 			}
-			lister, err := kv.ListKeys(cmd.Context())
-			if err != nil {
-				return err
-			}
-			var nodes []schemas.NodeRecord
-			for k := range lister.Keys() {
-				var n schemas.NodeRecord
-				if _, err := bus.GetJSON(cmd.Context(), kv, k, &n); err == nil {
-					n.SessionTokenHash = "" // not for display
-					nodes = append(nodes, n)
-				}
+			for i := range nodes {
+				nodes[i].SessionTokenHash = "" // not for display
 			}
 			slices.SortFunc(nodes, func(a, b schemas.NodeRecord) int { return strings.Compare(a.NodeID, b.NodeID) })
 			now := time.Now()

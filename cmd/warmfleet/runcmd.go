@@ -212,21 +212,12 @@ func newRunList(g *globals) *cobra.Command {
 }
 
 func listRuns(ctx context.Context, conn *bus.Conn) ([]schemas.Run, error) {
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	runs, err := listJSON[schemas.Run](ctx, conn, bus.BucketRuns)
 	if err != nil {
 		return nil, err
 	}
-	lister, err := kv.ListKeys(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var runs []schemas.Run
-	for k := range lister.Keys() {
-		var r schemas.Run
-		if _, err := bus.GetJSON(ctx, kv, k, &r); err == nil {
-			r.Outbox = nil
-			runs = append(runs, r)
-		}
+	for i := range runs {
+		runs[i].Outbox = nil
 	}
 	slices.SortFunc(runs, func(a, b schemas.Run) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	return runs, nil

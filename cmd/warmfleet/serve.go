@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 
@@ -10,10 +11,11 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/logging"
+	"github.com/warmfleet/warmfleet/internal/metrics"
 )
 
 func newServe(g *globals) *cobra.Command {
-	var dataDir, listen string
+	var dataDir, listen, metricsAddr string
 	var port, replicas int
 	var openEnrollment, waitForCapacity bool
 	cmd := &cobra.Command{
@@ -50,8 +52,23 @@ func newServe(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			var metricsDone chan error
+			if metricsAddr != "" {
+				if metricsDone, err = serveCPMetrics(ctx, cancel, cmd, metricsAddr, conn, cp, log); err != nil {
+					return err
+				}
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats -s %s pub wf.runs.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, url)
-			return cp.Run(cmd.Context())
+			runErr := cp.Run(ctx)
+			cancel()
+			if metricsDone != nil {
+				if err := <-metricsDone; err != nil {
+					return err
+				}
+			}
+			return runErr
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./.warmfleet", "directory for the embedded NATS file store")
@@ -59,6 +76,53 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&port, "port", 4222, "port the embedded NATS listens on (-1 for a random one)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas for every stream and bucket (3 on a JetStream cluster)")
 	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
+}
+
+// serveCPMetrics opens the metrics listener (so a taken port fails serve at
+// once) and serves the control plane's registry until ctx ends. The Runs by
+// phase come from a watch on wf_runs kept in memory, so a scrape costs no
+// KV reads. /readyz answers 200 once the control plane serves every subject
+// and while its NATS connection is up. If the metrics server fails, it
+// cancels the control plane too (through cancel) and the error comes back
+// on the returned channel.
+func serveCPMetrics(ctx context.Context, cancel context.CancelFunc, cmd *cobra.Command, addr string, conn *bus.Conn,
+	cp *controlplane.ControlPlane, log *zap.Logger) (chan error, error) {
+	ln, err := metrics.Listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	runsKV, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("metrics: open %s: %w", bus.BucketRuns, err)
+	}
+	phases, err := metrics.WatchRunPhases(ctx, runsKV)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	ready := func() bool {
+		select {
+		case <-cp.Ready():
+			return conn.NC.IsConnected()
+		default:
+			return false
+		}
+	}
+	reg := metrics.NewControlPlaneRegistry(cp.Metrics, phases.Counts)
+	done := make(chan error, 1)
+	go func() {
+		err := metrics.ServeListener(ctx, ln, reg, ready)
+		if err != nil {
+			log.Error("metrics server stopped", zap.Error(err))
+			cancel()
+		}
+		done <- err
+	}()
+	log.Info("metrics listening", zap.String("addr", ln.Addr().String()))
+	fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: metrics at http://%s/metrics (also /healthz, /readyz)\n", ln.Addr())
+	return done, nil
 }

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/adapters/containerd"
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/ociimage"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+type e2eOpts struct {
+	runs    int
+	command []string
+}
+
+func newE2ECmd(g *globals) *cobra.Command {
+	o := e2eOpts{}
+	cmd := &cobra.Command{
+		Use:   "e2e",
+		Short: "Submit → container running on real containerd, warm vs cold, vs calling containerd directly",
+		Long: `e2e starts a private containerd (as scripts/run-local.sh does), an embedded
+NATS, the control plane and one real agent on the containerd runtime, and
+submits Runs one at a time, each after the last ended:
+
+  warm  the image is already in containerd (imported by an untimed first Run)
+  cold  every Run names a different image (busybox plus one distinct file),
+        so each imports its OCI archive and unpacks its layer
+
+Each Run's phases come from its events (accepted, placed, preparing,
+launching, running; the control plane's clock), and submit → running is
+timed on this process's clock from the publish to the running event.
+
+The baseline calls the containerd adapter directly on the same daemon (its
+own namespace): EnsureImage then Launch, until Launch returns a running
+task, with the same warm and cold images and the same command. The ratio is
+what warmfleet's path (NATS, placement, commands, journal, reports) adds.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := runE2E(cmd.Context(), g, o)
+			if err != nil {
+				return err
+			}
+			return rep.print(cmd.OutOrStdout(), g.output)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.runs, "runs", 20, "timed Runs per case (warm, cold), and as many direct launches")
+	f.StringSliceVar(&o.command, "command", []string{"true"}, "the container's command")
+	return cmd
+}
+
+func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
+	if _, err := os.Stat(ociimage.BusyboxPath); err != nil {
+		return nil, fmt.Errorf("%s missing (apt-get install -y busybox-static): %w", ociimage.BusyboxPath, err)
+	}
+	prof, err := newProfiler(g.cpuProfile)
+	if err != nil {
+		return nil, err
+	}
+	defer prof.close()
+	cd, err := startContainerd()
+	if err != nil {
+		return nil, err
+	}
+	defer cd.stop()
+	imgDir := filepath.Join(cd.Dir, "images")
+	if err := os.MkdirAll(imgDir, 0o755); err != nil {
+		return nil, err
+	}
+	warm, err := ociimage.BuildBusybox(imgDir, "bench-warm", nil)
+	if err != nil {
+		return nil, err
+	}
+	coldImages := func(tag string) ([]ociimage.Image, error) {
+		var out []ociimage.Image
+		for i := range o.runs {
+			img, err := ociimage.BuildBusybox(imgDir, "bench-cold", map[string]string{"/cold": tag + strconv.Itoa(i)})
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, img)
+		}
+		return out, nil
+	}
+	coldWF, err := coldImages("warmfleet-")
+	if err != nil {
+		return nil, err
+	}
+	coldDirect, err := coldImages("direct-")
+	if err != nil {
+		return nil, err
+	}
+
+	e, err := newEnv(g, "e2e")
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	if err := e.startCP(controlplane.Config{OpenEnrollment: true}); err != nil {
+		return nil, err
+	}
+	stopAgent, err := startContainerdAgent(e, cd, imgDir, "bench-ctrd-1")
+	if err != nil {
+		return nil, err
+	}
+	defer stopAgent()
+	client, err := e.connect("bench-client")
+	if err != nil {
+		return nil, err
+	}
+	if err := prof.start(); err != nil {
+		return nil, err
+	}
+
+	// Baseline: the adapter called directly, in its own namespace.
+	direct, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace + "-direct", ImageDir: imgDir,
+		LogDir: filepath.Join(cd.Dir, "direct-logs"), Logger: zap.NewNop()})
+	if err != nil {
+		return nil, err
+	}
+	defer direct.Close()
+	if _, err := directLaunch(ctx, direct, warm, "direct-warmup", o.command); err != nil {
+		return nil, fmt.Errorf("direct warm-up: %w", err)
+	}
+	var directWarm, directCold []time.Duration
+	for i := range o.runs {
+		d, err := directLaunch(ctx, direct, warm, "direct-warm-"+strconv.Itoa(i), o.command)
+		if err != nil {
+			return nil, err
+		}
+		directWarm = append(directWarm, d)
+	}
+	for i, img := range coldDirect {
+		d, err := directLaunch(ctx, direct, img, "direct-cold-"+strconv.Itoa(i), o.command)
+		if err != nil {
+			return nil, err
+		}
+		directCold = append(directCold, d)
+	}
+
+	// warmfleet: one untimed Run imports the warm image, then the timed ones.
+	w, err := watchRuns(client.NC)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.sub.Unsubscribe() }()
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+	submit := func(rid string, img ociimage.Image) (*runTimings, error) {
+		t := &runTimings{byStage: map[string][]time.Duration{}}
+		req := runRequest(rid, img.Reference)
+		req.Command = o.command
+		m, err := submitMsg(req, codec.JSON)
+		if err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		if _, err := client.JS.PublishMsg(ctx, m, jetstream.WithMsgID(rid)); err != nil {
+			return nil, err
+		}
+		ph, seen, acc, err := w.waitTerminal(ctx, schemas.RunIDFor(rid), 120*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := ph[schemas.PhaseSucceeded]; !ok {
+			return nil, fmt.Errorf("run %s did not succeed (phases %v); see %s", rid, keys(ph), filepath.Join(e.dir, "cp.log"))
+		}
+		t.add(t0, acc, ph, seen)
+		return t, nil
+	}
+	if _, err := submit("e2e-"+nonce+"-warmup", warm); err != nil {
+		return nil, fmt.Errorf("warm-up run: %w", err)
+	}
+	warmT := &runTimings{byStage: map[string][]time.Duration{}}
+	for i := range o.runs {
+		t, err := submit(fmt.Sprintf("e2e-%s-warm-%03d", nonce, i), warm)
+		if err != nil {
+			return nil, err
+		}
+		warmT.merge(t)
+	}
+	coldT := &runTimings{byStage: map[string][]time.Duration{}}
+	for i, img := range coldWF {
+		t, err := submit(fmt.Sprintf("e2e-%s-cold-%03d", nonce, i), img)
+		if err != nil {
+			return nil, err
+		}
+		coldT.merge(t)
+	}
+	prof.stop()
+
+	rep := newReport("e2e")
+	dw, dc := summarise(directWarm), summarise(directCold)
+	ws, cs := summarise(warmT.submitToRunning), summarise(coldT.submitToRunning)
+	rep.add("warm: submit → running p50", ws.P50, "ms", dw.P50, "containerd adapter direct, warm p50")
+	rep.add("cold: submit → running p50", cs.P50, "ms", dc.P50, "containerd adapter direct, cold p50")
+	rep.add("cold − warm p50 (image import + unpack)", cs.P50-ws.P50, "ms", dc.P50-dw.P50, "direct cold − warm")
+	rep.Details["warm_stages"] = warmT.stages()
+	rep.Details["cold_stages"] = coldT.stages()
+	rep.Details["direct_warm"] = dw
+	rep.Details["direct_cold"] = dc
+	rep.note("warm stages p50: %s", stageTable(warmT.stages()))
+	rep.note("cold stages p50: %s", stageTable(coldT.stages()))
+	rep.note("%d Runs per case, one at a time; command %q; image %d-byte OCI archive of busybox-static", o.runs, o.command, warm.SizeBytes)
+	return rep, nil
+}
+
+func (r *runTimings) merge(o *runTimings) {
+	r.submitToRunning = append(r.submitToRunning, o.submitToRunning...)
+	r.placedToRunning = append(r.placedToRunning, o.placedToRunning...)
+	for k, v := range o.byStage {
+		r.byStage[k] = append(r.byStage[k], v...)
+	}
+}
+
+// directLaunch is the baseline: EnsureImage then Launch, timed until Launch
+// returns a running task; then the workload is waited for and removed.
+func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Image, id string, command []string) (time.Duration, error) {
+	t0 := time.Now()
+	if _, err := rt.EnsureImage(ctx, agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
+		return 0, err
+	}
+	st, err := rt.Launch(ctx, agent.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command})
+	if err != nil {
+		return 0, err
+	}
+	d := time.Since(t0)
+	if st.State != agent.WorkloadRunning {
+		return 0, fmt.Errorf("direct launch %s: state %s", id, st.State)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if _, err := rt.Wait(wctx, id); err != nil {
+		return 0, err
+	}
+	return d, rt.Remove(ctx, id)
+}
+
+// startContainerdAgent runs a real agent on the containerd runtime and waits
+// until the registry holds its session.
+func startContainerdAgent(e *env, cd *benchContainerd, imgDir, nodeID string) (func(), error) {
+	dataDir := filepath.Join(e.dir, "agent-"+nodeID)
+	ctx, cancel := context.WithCancel(context.Background())
+	rt, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace, ImageDir: imgDir,
+		LogDir: filepath.Join(dataDir, "logs"), Logger: e.log.Named("containerd")})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	conn, err := e.connect("agent-" + nodeID)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	a, err := agent.New(agent.Config{NodeID: nodeID, Generation: 1, DataDir: dataDir, ContentRoot: cd.Root, StopGrace: 2 * time.Second},
+		conn, rt, e.log.Named(nodeID))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stop := func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+		}
+		_ = rt.Close()
+	}
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var rec schemas.NodeRecord
+		if _, err := bus.GetJSON(ctx, kv, nodeID, &rec); err == nil && rec.FencingToken != 0 && rec.FencingToken == a.Enrollment().FencingToken {
+			return stop, nil
+		}
+		select {
+		case err := <-done:
+			stop()
+			return nil, fmt.Errorf("agent stopped: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, errors.New("agent did not enroll in 30s")
+		}
+	}
+}

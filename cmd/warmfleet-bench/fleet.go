@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+type fleetOpts struct {
+	sizes      []int
+	warmup     time.Duration
+	window     time.Duration
+	lapse      int
+	images     int
+	factsEvery time.Duration
+	heartbeat  time.Duration
+	noBaseline bool
+}
+
+func newFleetCmd(g *globals) *cobra.Command {
+	o := fleetOpts{}
+	cmd := &cobra.Command{
+		Use:   "fleet",
+		Short: "Control-plane CPU and memory with N simulated agents, and lease-lapse detection",
+		Long: `fleet runs three processes: this one holds the embedded NATS server; a child
+runs the control plane (so its CPU and memory are its own, read from
+/proc/<pid>/stat and /proc/<pid>/status); another child runs N simulated
+agents, each a goroutine with its own NATS connection, which enroll on
+wf.enroll (open enrollment), heartbeat every second on
+wf.node.<id>.heartbeat and publish facts every 30 s on wf.node.<id>.obs.
+
+After enrollment and --warmup, the control plane's CPU is measured over
+--window. The baseline is the same fleet against a null control plane (a
+process that answers enrollments with a fixed session, decodes every
+heartbeat and consumes, decodes and acks every observation): the cost of the
+traffic itself. Then --lapse agents stop heartbeating and the bench polls
+wf_nodes until each is marked lost; the delay is measured from each one's
+last heartbeat and compared with the lease (heartbeat × 5).`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := runFleet(cmd.Context(), g, o)
+			if err != nil {
+				return err
+			}
+			return rep.print(cmd.OutOrStdout(), g.output)
+		},
+	}
+	f := cmd.Flags()
+	f.IntSliceVar(&o.sizes, "n", []int{500}, "fleet sizes, one measurement each (e.g. 500,2000,5000)")
+	f.DurationVar(&o.warmup, "warmup", 3*time.Second, "settling time after the last enrollment")
+	f.DurationVar(&o.window, "window", 10*time.Second, "CPU measurement window")
+	f.IntVar(&o.lapse, "lapse", 5, "agents that stop heartbeating to time lease-lapse detection (0 skips)")
+	f.IntVar(&o.images, "images", 8, "images each simulated node reports in its facts")
+	f.DurationVar(&o.factsEvery, "facts-interval", 30*time.Second, "facts interval of simulated nodes")
+	f.DurationVar(&o.heartbeat, "heartbeat", time.Second, "heartbeat interval the control plane hands out")
+	f.BoolVar(&o.noBaseline, "no-baseline", false, "skip the null-control-plane baseline")
+	return cmd
+}
+
+// fleetRun is one fleet size against one kind of control plane.
+type fleetRun struct {
+	Mode           string    `json:"mode"`
+	N              int       `json:"n"`
+	EnrollSeconds  float64   `json:"enroll_s"`
+	CPCores        float64   `json:"cp_cores"`
+	NATSCores      float64   `json:"nats_cores"`
+	SimCores       float64   `json:"sim_cores"`
+	CPRSS          int64     `json:"cp_rss_bytes"`
+	CPHeapInuse    float64   `json:"cp_heap_inuse_bytes"`
+	CPGoroutines   float64   `json:"cp_goroutines"`
+	NATSRSS        int64     `json:"nats_rss_bytes"`
+	HeartbeatsSent float64   `json:"heartbeats_sent_per_s"`
+	NodeWrites     float64   `json:"wf_nodes_writes_per_s,omitempty"`
+	FalseLapses    float64   `json:"false_lease_lapses"`
+	SlowConsumer   float64   `json:"slow_consumer_errors"`
+	Lapse          Latencies `json:"lapse_from_last_heartbeat,omitzero"`
+	LapseN         int       `json:"lapse_detected"`
+}
+
+func runFleet(ctx context.Context, g *globals, o fleetOpts) (*Report, error) {
+	rep := newReport("fleet")
+	var runs []fleetRun
+	lease := o.heartbeat * 5
+	for _, n := range o.sizes {
+		var base *fleetRun
+		if !o.noBaseline {
+			b, err := fleetOnce(ctx, g, o, n, "null")
+			if err != nil {
+				return nil, fmt.Errorf("fleet %d, null control plane: %w", n, err)
+			}
+			base = &b
+			runs = append(runs, b)
+		}
+		r, err := fleetOnce(ctx, g, o, n, "cp")
+		if err != nil {
+			return nil, fmt.Errorf("fleet %d: %w", n, err)
+		}
+		runs = append(runs, r)
+		var bc, bn, bm float64
+		if base != nil {
+			bc, bn, bm = base.CPCores, base.NATSCores, base.CPHeapInuse/(1<<20)
+		}
+		row := rep.add(fmt.Sprintf("N=%d control-plane CPU", n), r.CPCores, "cores", bc, "null control plane")
+		if n >= 5000 {
+			row.goal("< 1 core at 5000", r.CPCores < 1)
+		}
+		rep.add(fmt.Sprintf("N=%d NATS server CPU", n), r.NATSCores, "cores", bn, "same, under the null control plane")
+		rep.add(fmt.Sprintf("N=%d control-plane heap in use", n), r.CPHeapInuse/(1<<20), "MiB", bm, "null control plane")
+		rep.add(fmt.Sprintf("N=%d control-plane RSS", n), float64(r.CPRSS)/(1<<20), "MiB", 0, "")
+		rep.add(fmt.Sprintf("N=%d wf_nodes writes", n), r.NodeWrites, "/s", r.HeartbeatsSent, "heartbeats sent/s")
+		if r.LapseN > 0 {
+			rep.add(fmt.Sprintf("N=%d lease lapse → lost, p50 (from last heartbeat)", n), r.Lapse.P50/1000, "s", lease.Seconds(), "lease length")
+			rep.add(fmt.Sprintf("N=%d lease lapse → lost, max", n), r.Lapse.Max/1000, "s", lease.Seconds(), "lease length")
+		}
+		if r.FalseLapses > 0 || r.SlowConsumer > 0 {
+			rep.note("N=%d: %v live nodes were marked lost and the control plane's connection reported %v slow-consumer drops", n, r.FalseLapses, r.SlowConsumer)
+		}
+		rep.add(fmt.Sprintf("N=%d enrollment of the whole fleet", n), r.EnrollSeconds, "s", 0, "")
+	}
+	rep.Details["runs"] = runs
+	rep.note("CPU is /proc/<pid>/stat utime+stime over the window divided by its wall time; heap is runtime.MemStats.HeapInuse after a GC")
+	rep.note("heartbeat %s, lease %s, control-plane reconcile every 1 s; facts every %s with %d images each", o.heartbeat, lease, o.factsEvery, o.images)
+	return rep, nil
+}
+
+func fleetOnce(ctx context.Context, g *globals, o fleetOpts, n int, mode string) (fleetRun, error) {
+	res := fleetRun{Mode: mode, N: n}
+	e, err := newEnv(g, "fleet")
+	if err != nil {
+		return res, err
+	}
+	defer e.close()
+	cp, err := startChild("cp-serve", "cp-serve", "--nats-url", e.url, "--mode", mode, "--heartbeat", o.heartbeat.String(),
+		"--log-level", g.cpLogLevel, "--log-file", filepath.Join(e.dir, "cp.log"))
+	if err != nil {
+		return res, err
+	}
+	defer cp.stop(30 * time.Second)
+	if _, err := cp.await("ready", 60*time.Second); err != nil {
+		return res, err
+	}
+	sim, err := startChild("fleet-sim", "fleet-sim", "--nats-url", e.url, "--n", strconv.Itoa(n), "--images", strconv.Itoa(o.images),
+		"--facts-interval", o.factsEvery.String())
+	if err != nil {
+		return res, err
+	}
+	defer sim.stop(30 * time.Second)
+	m, err := sim.await("enrolled", time.Duration(n)*50*time.Millisecond+60*time.Second)
+	if err != nil {
+		return res, err
+	}
+	res.EnrollSeconds, _ = m["seconds"].(float64)
+	select {
+	case <-time.After(o.warmup):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	client, err := e.connect("bench-observer")
+	if err != nil {
+		return res, err
+	}
+	simBefore, err := simStats(sim)
+	if err != nil {
+		return res, err
+	}
+	kvSeq0 := streamLastSeq(ctx, client.JS, "KV_"+bus.BucketNodes)
+	prof := g.cpuProfile != ""
+	if prof {
+		if err := cp.send("prof-start " + profPath(g.cpuProfile, mode, n)); err != nil {
+			return res, err
+		}
+		if _, err := cp.await("prof-started", 10*time.Second); err != nil {
+			return res, err
+		}
+	}
+	cpM, err := startMeter(cp.pid())
+	if err != nil {
+		return res, err
+	}
+	natsM, _ := startMeter(os.Getpid())
+	simM, _ := startMeter(sim.pid())
+	t0 := time.Now()
+	select {
+	case <-time.After(o.window):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	res.CPCores, _ = cpM.cores()
+	res.NATSCores, _ = natsM.cores()
+	res.SimCores, _ = simM.cores()
+	wall := time.Since(t0).Seconds()
+	if prof {
+		_ = cp.send("prof-stop")
+		_, _ = cp.await("prof-stopped", 10*time.Second)
+	}
+	res.NodeWrites = float64(streamLastSeq(ctx, client.JS, "KV_"+bus.BucketNodes)-kvSeq0) / wall
+	after, err := cpStats(cp)
+	if err != nil {
+		return res, err
+	}
+	simAfter, err := simStats(sim)
+	if err != nil {
+		return res, err
+	}
+	res.HeartbeatsSent = (simAfter["heartbeats_sent"].(float64) - simBefore["heartbeats_sent"].(float64)) / wall
+	res.CPRSS = rssBytes(cp.pid())
+	res.NATSRSS = rssBytes(os.Getpid())
+	res.CPHeapInuse, _ = after["heap_inuse"].(float64)
+	res.CPGoroutines, _ = after["goroutines"].(float64)
+	res.SlowConsumer, _ = after["slow_consumer_errors"].(float64)
+	if mode == "cp" {
+		res.FalseLapses = lapses(after)
+	}
+	if mode != "cp" || o.lapse <= 0 {
+		return res, nil
+	}
+	lat, err := measureLapse(ctx, client, sim, o.lapse, 10*o.heartbeat*5)
+	if err != nil {
+		return res, err
+	}
+	res.Lapse, res.LapseN = summarise(lat), len(lat)
+	return res, nil
+}
+
+func profPath(base, mode string, n int) string {
+	ext := filepath.Ext(base)
+	return fmt.Sprintf("%s.%s-%d%s", base[:len(base)-len(ext)], mode, n, ext)
+}
+
+func cpStats(c *child) (map[string]any, error) {
+	if err := c.send("stats"); err != nil {
+		return nil, err
+	}
+	return c.await("stats", 30*time.Second)
+}
+
+func simStats(c *child) (map[string]any, error) {
+	if err := c.send("stats"); err != nil {
+		return nil, err
+	}
+	return c.await("stats", 30*time.Second)
+}
+
+// lapses is the control plane's lease-lapse counter from a stats line.
+func lapses(st map[string]any) float64 {
+	m, _ := st["metrics"].(map[string]any)
+	v, _ := m["LeaseLapses"].(float64)
+	return v
+}
+
+func streamLastSeq(ctx context.Context, js jetstream.JetStream, stream string) uint64 {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0
+	}
+	return info.State.LastSeq
+}
+
+// measureLapse stops k agents' heartbeats and times, from each one's last
+// heartbeat, until wf_nodes records it lost.
+func measureLapse(ctx context.Context, client *bus.Conn, sim *child, k int, within time.Duration) ([]time.Duration, error) {
+	kv, err := client.JS.KeyValue(ctx, bus.BucketNodes)
+	if err != nil {
+		return nil, err
+	}
+	if err := sim.send("stop " + strconv.Itoa(k)); err != nil {
+		return nil, err
+	}
+	m, err := sim.await("stopped", 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	nodes, _ := m["nodes"].([]any)
+	last := map[string]time.Time{}
+	for _, x := range nodes {
+		nm, _ := x.(map[string]any)
+		id, _ := nm["id"].(string)
+		ns, _ := nm["last_heartbeat_unix_nano"].(float64)
+		last[id] = time.Unix(0, int64(ns))
+	}
+	var out []time.Duration
+	deadline := time.Now().Add(within)
+	for len(last) > 0 {
+		for id, hb := range last {
+			var rec schemas.NodeRecord
+			if _, err := bus.GetJSON(ctx, kv, id, &rec); err == nil && rec.State == schemas.NodeLost {
+				out = append(out, time.Since(hb))
+				delete(last, id)
+			}
+		}
+		if time.Now().After(deadline) {
+			return out, errors.New("lease lapse not detected for every stopped agent within " + within.String())
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return out, ctx.Err()
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+type intakeOpts struct {
+	producers []int
+	duration  time.Duration
+	drain     time.Duration
+	rounds    int
+	encoding  string
+	idle      time.Duration
+}
+
+func newIntakeCmd(g *globals) *cobra.Command {
+	o := intakeOpts{}
+	cmd := &cobra.Command{
+		Use:   "intake",
+		Short: "Runs accepted and durably recorded per second vs raw JetStream publish-with-ack",
+		Long: `intake measures how many Runs per second the control plane accepts and durably
+records: the submit is in WF_RUNS, the Run is in wf_runs, and its accepted
+event is in WF_EVENTS. Producers publish submits with publish-with-ack, one
+in flight each, for --duration; a Run counts as recorded when its accepted
+event arrives. The rate is Runs / (first submit → last accepted event), so a
+backlog the control plane is still draining when producers stop counts
+against it.
+
+The baseline is the same number of producers publishing the same payload
+size, with the same headers and Nats-Msg-Id, to a plain work-queue file
+stream on the same server, measured just before. No node is enrolled, so
+every Run waits in accepted (the scheduler still runs: each Run gets one
+"decided: no capacity" event). Each round starts a fresh server and
+control plane.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := runIntake(cmd.Context(), g, o)
+			if err != nil {
+				return err
+			}
+			return rep.print(cmd.OutOrStdout(), g.output)
+		},
+	}
+	f := cmd.Flags()
+	f.IntSliceVar(&o.producers, "producers", []int{1, 4, 16}, "concurrent producers, one measurement each")
+	f.DurationVar(&o.duration, "duration", 3*time.Second, "how long producers publish, per measurement")
+	f.DurationVar(&o.drain, "drain-timeout", 60*time.Second, "how long to wait for the control plane to record every submit")
+	f.IntVar(&o.rounds, "rounds", 1, "rounds per producer count; the median is reported")
+	f.StringVar(&o.encoding, "encoding", "json", "submit encoding: json (as the CLI sends) or msgpack")
+	f.DurationVar(&o.idle, "idle", 3*time.Second, "after the drain, how long to measure what the waiting Runs cost with no traffic (0 skips)")
+	return cmd
+}
+
+// intakeRound is one measurement at one producer count.
+type intakeRound struct {
+	Producers    int       `json:"producers"`
+	BaselineRate float64   `json:"baseline_msgs_per_s"`
+	SubmitRate   float64   `json:"submit_acks_per_s"`
+	RecordedRate float64   `json:"recorded_runs_per_s"`
+	Submitted    int       `json:"submitted"`
+	Recorded     int       `json:"recorded"`
+	InWFRuns     uint64    `json:"runs_in_wf_runs"`
+	DrainSeconds float64   `json:"drain_s"`
+	Latency      Latencies `json:"submit_to_accepted"`
+	PayloadBytes int       `json:"payload_bytes"`
+	// EventPublishes counts every event publish seen on wf.events.run.>
+	// (republished outboxes included); EventsStored is what WF_EVENTS kept
+	// after Nats-Msg-Id dedupe.
+	EventPublishes int64  `json:"event_publishes"`
+	EventsStored   uint64 `json:"events_stored"`
+	// Idle: with every Run recorded and no traffic, the process's CPU and
+	// the event publishes per second that the waiting Runs cause.
+	IdleCores         float64 `json:"idle_cores,omitempty"`
+	IdlePublishesPerS float64 `json:"idle_event_publishes_per_s,omitempty"`
+	IntakeCores       float64 `json:"process_cores_during_intake"`
+}
+
+func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
+	enc, err := parseEncoding(o.encoding)
+	if err != nil {
+		return nil, err
+	}
+	prof, err := newProfiler(g.cpuProfile)
+	if err != nil {
+		return nil, err
+	}
+	defer prof.close()
+	rep := newReport("intake")
+	var all []intakeRound
+	for pi, p := range o.producers {
+		var rounds []intakeRound
+		for r := range o.rounds {
+			var pr *profiler
+			if pi == len(o.producers)-1 && r == o.rounds-1 {
+				pr = prof // profile the intake phase of the last measurement only
+			}
+			res, err := intakeOnce(ctx, g, o, enc, p, pr)
+			if err != nil {
+				return nil, fmt.Errorf("intake with %d producers: %w", p, err)
+			}
+			rounds = append(rounds, res)
+			all = append(all, res)
+		}
+		rec, base, lat := make([]float64, 0), make([]float64, 0), make([]float64, 0)
+		for _, x := range rounds {
+			rec, base, lat = append(rec, x.RecordedRate), append(base, x.BaselineRate), append(lat, x.Latency.P50)
+		}
+		recRate, baseRate := median(rec), median(base)
+		row := rep.add(fmt.Sprintf("intake, %d producer(s)", p), recRate, "Runs/s", baseRate, "raw JetStream publish-with-ack")
+		row.goal("≥ 5000 Runs/s and ≥ 30% of baseline", recRate >= 5000 && recRate >= 0.3*baseRate)
+		rep.add(fmt.Sprintf("submit → accepted p50, %d producer(s)", p), median(lat), "ms", 0, "")
+		last := rounds[len(rounds)-1]
+		rep.add(fmt.Sprintf("event publishes per stored event, %d producer(s)", p), float64(last.EventPublishes)/float64(max(last.EventsStored, 1)), "×", 0, "")
+		if o.idle > 0 {
+			rep.add(fmt.Sprintf("idle CPU with %d Runs waiting", last.Submitted), last.IdleCores, "cores", 0, "")
+			rep.add(fmt.Sprintf("idle event republishes with %d Runs waiting", last.Submitted), last.IdlePublishesPerS, "/s", 0, "")
+		}
+	}
+	rep.Details["rounds"] = all
+	rep.note("recorded = the Run's accepted event is in WF_EVENTS (after the wf_runs Create); rate = Runs / (first submit → last accepted event), drain included")
+	rep.note("submit → accepted grows with the backlog: producers outrun the control plane, so it is queueing delay, not service time")
+	rep.note("encoding %s; one fresh embedded NATS + control plane per round; %d round(s) per row, median shown", o.encoding, o.rounds)
+	return rep, nil
+}
+
+func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encoding, producers int, prof *profiler) (intakeRound, error) {
+	res := intakeRound{Producers: producers}
+	e, err := newEnv(g, "intake")
+	if err != nil {
+		return res, err
+	}
+	defer e.close()
+	if err := e.startCP(controlplane.Config{WaitForCapacity: true}); err != nil {
+		return res, err
+	}
+	prod, err := e.connect("producer")
+	if err != nil {
+		return res, err
+	}
+	image := "localhost/bench@" + benchDigest("intake")
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+	sample, err := submitMsg(runRequest("bench-"+nonce+"-00-0000000", image), enc)
+	if err != nil {
+		return res, err
+	}
+	res.PayloadBytes = len(sample.Data)
+
+	// Baseline: the same producers publishing the same bytes to a plain
+	// work-queue file stream with the same dedupe window.
+	if _, err := prod.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: bus.DedupeWindow}); err != nil {
+		return res, err
+	}
+	n, elapsed, err := publishFor(ctx, producers, o.duration, func(p, i int) *nats.Msg {
+		m := &nats.Msg{Subject: "bench.raw", Data: sample.Data, Header: nats.Header{}}
+		m.Header.Set(codec.ContentTypeHeader, enc.ContentType())
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("raw-%s-%02d-%07d", nonce, p, i))
+		return m
+	}, prod.JS)
+	if err != nil {
+		return res, fmt.Errorf("baseline: %w", err)
+	}
+	res.BaselineRate = float64(n) / elapsed.Seconds()
+	if err := prod.JS.DeleteStream(ctx, "BENCH_RAW"); err != nil {
+		return res, err
+	}
+
+	// Intake: count accepted events as they are published.
+	var (
+		mu       sync.Mutex
+		accepted = map[string]time.Time{}
+		last     time.Time
+		events   atomic.Int64
+	)
+	sub, err := prod.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+		events.Add(1)
+		if !bytes.Contains(m.Data, []byte(`"type":"accepted"`)) {
+			return
+		}
+		now := time.Now()
+		id := strings.TrimPrefix(m.Subject, "wf.events.run.")
+		mu.Lock()
+		if _, ok := accepted[id]; !ok {
+			accepted[id] = now
+			last = now
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := prod.NC.Flush(); err != nil {
+		return res, err
+	}
+	var (
+		sentMu sync.Mutex
+		sent   = map[string]time.Time{}
+	)
+	if prof != nil {
+		if err := prof.start(); err != nil {
+			return res, err
+		}
+	}
+	meter, err := startMeter(os.Getpid())
+	if err != nil {
+		return res, err
+	}
+	start := time.Now()
+	n, elapsed, err = publishFor(ctx, producers, o.duration, func(p, i int) *nats.Msg {
+		rid := fmt.Sprintf("bench-%s-%02d-%07d", nonce, p, i)
+		m, err := submitMsg(runRequest(rid, image), enc)
+		if err != nil {
+			panic(err) // a fixed, valid request: cannot fail
+		}
+		m.Header.Set(jetstream.MsgIDHeader, rid)
+		sentMu.Lock()
+		sent[schemas.RunIDFor(rid)] = time.Now()
+		sentMu.Unlock()
+		return m
+	}, prod.JS)
+	if err != nil {
+		return res, fmt.Errorf("submit: %w", err)
+	}
+	windowEnd := start.Add(elapsed)
+	res.Submitted = int(n)
+	res.SubmitRate = float64(n) / elapsed.Seconds()
+	deadline := time.Now().Add(o.drain)
+	for {
+		mu.Lock()
+		got := len(accepted)
+		mu.Unlock()
+		if got >= res.Submitted {
+			break
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("only %d of %d Runs recorded %s after producers stopped", got, res.Submitted, o.drain)
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	res.IntakeCores, _ = meter.cores()
+	if prof != nil {
+		prof.stop()
+	}
+	mu.Lock()
+	res.Recorded = len(accepted)
+	res.RecordedRate = float64(res.Recorded) / last.Sub(start).Seconds()
+	res.DrainSeconds = max(0, last.Sub(windowEnd).Seconds())
+	lat := make([]time.Duration, 0, len(accepted))
+	for id, at := range accepted {
+		if s, ok := sent[id]; ok {
+			lat = append(lat, at.Sub(s))
+		}
+	}
+	mu.Unlock()
+	res.Latency = summarise(lat)
+	// Cross-check the durable record: one wf_runs key per Run.
+	if s, err := prod.JS.Stream(ctx, "KV_"+bus.BucketRuns); err == nil {
+		if info, err := s.Info(ctx); err == nil {
+			res.InWFRuns = info.State.NumSubjects
+		}
+	}
+	if res.InWFRuns < uint64(res.Submitted) {
+		return res, fmt.Errorf("wf_runs holds %d Runs, %d were submitted", res.InWFRuns, res.Submitted)
+	}
+	// Give the scheduler a moment to record its one decision per Run, then
+	// see what the waiting Runs cost with no traffic at all.
+	time.Sleep(time.Second)
+	res.EventPublishes = events.Load()
+	res.EventsStored = streamMsgs(ctx, prod.JS, bus.StreamEvents)
+	if o.idle > 0 {
+		idle, err := startMeter(os.Getpid())
+		if err != nil {
+			return res, err
+		}
+		ev0 := events.Load()
+		select {
+		case <-time.After(o.idle):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		res.IdleCores, _ = idle.cores()
+		res.IdlePublishesPerS = float64(events.Load()-ev0) / o.idle.Seconds()
+	}
+	return res, nil
+}
+
+// publishFor runs producers goroutines that each publish with ack, one in
+// flight, until d has passed. It returns the acked count and the window.
+func publishFor(ctx context.Context, producers int, d time.Duration, msg func(p, i int) *nats.Msg, js jetstream.JetStream) (int64, time.Duration, error) {
+	var (
+		count   atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		firstEr error
+	)
+	start := time.Now()
+	stop := start.Add(d)
+	for p := range producers {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop) && ctx.Err() == nil; i++ {
+				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := js.PublishMsg(pctx, msg(p, i))
+				cancel()
+				if err != nil {
+					errOnce.Do(func() { firstEr = err })
+					return
+				}
+				count.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return count.Load(), time.Since(start), firstEr
+}
+
+func streamMsgs(ctx context.Context, js jetstream.JetStream, stream string) uint64 {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
+}

@@ -1,0 +1,471 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+type rttOpts struct {
+	samples int
+	warmup  int
+	runs    int
+}
+
+func newRTTCmd(g *globals) *cobra.Command {
+	o := rttOpts{}
+	cmd := &cobra.Command{
+		Use:   "rtt",
+		Short: "Command round trip (control plane → agent → receipt) vs core NATS request/reply",
+		Long: `rtt times the command path with a real agent (agent.Agent, its journal
+included) over the no-op runtime (internal/noopruntime), so only warmfleet
+and NATS are measured.
+
+Command round trip: the bench publishes a PrepareImage command on
+wf.node.<id>.cmd into WF_CMDS exactly as the control plane's dispatch does
+(msgpack, Nats-Msg-Id <op>:<token>, the node's current fencing token and
+generation) and times until the agent's receipt for that operation id is
+published on wf.node.<id>.obs. One command is in flight at a time. The
+prepare names no Run, so the agent sends the receipt and no workload
+report; the image is held, so the runtime returns at once. The path is: JetStream
+store, pull delivery to the agent, decode, fencing checks, journal lookup,
+EnsureImage, journal append (fsync), receipt publish-with-ack into WF_OBS.
+
+Baseline: core NATS request/reply of the same payload size on the same
+server, one in flight.
+
+Also: submit → running for whole Runs on the same agent (placement, two
+commands, four reports, every CAS), from the Run's events.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := runRTT(cmd.Context(), g, o)
+			if err != nil {
+				return err
+			}
+			return rep.print(cmd.OutOrStdout(), g.output)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.samples, "samples", 2000, "commands (and requests) timed")
+	f.IntVar(&o.warmup, "warmup", 100, "untimed commands (and requests) first")
+	f.IntVar(&o.runs, "runs", 100, "whole Runs timed submit → running (0 skips)")
+	return cmd
+}
+
+func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
+	prof, err := newProfiler(g.cpuProfile)
+	if err != nil {
+		return nil, err
+	}
+	defer prof.close()
+	e, err := newEnv(g, "rtt")
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	if err := e.startCP(controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true}); err != nil {
+		return nil, err
+	}
+	const nodeID = "bench-node-1"
+	digest := benchDigest("rtt")
+	ag, stopAgent, err := startNoopAgent(e, nodeID, noopruntime.Options{Images: []string{digest}, ExitAfter: 20 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	defer stopAgent()
+	client, err := e.connect("bench-client")
+	if err != nil {
+		return nil, err
+	}
+	enr := ag.Enrollment()
+
+	sample := rttCommand(nodeID, enr, "bench-rtt-sample-000000", digest)
+	cmdBytes, err := codec.Encode(codec.MsgPack, sample)
+	if err != nil {
+		return nil, err
+	}
+	if err := prof.start(); err != nil {
+		return nil, err
+	}
+	// Baseline: core request/reply, same payload size, same server.
+	base, err := requestReply(ctx, e, client, len(cmdBytes), o.warmup, o.samples)
+	if err != nil {
+		return nil, fmt.Errorf("baseline: %w", err)
+	}
+	cmdLat, deliver, err := commandRTT(ctx, client, nodeID, enr, digest, o.warmup, o.samples)
+	if err != nil {
+		return nil, err
+	}
+	var runs *runTimings
+	if o.runs > 0 {
+		runs, err = submitToRunning(ctx, client, "localhost/bench@"+digest, o.runs, 30*time.Second)
+		if err != nil {
+			return nil, err
+		}
+	}
+	prof.stop()
+
+	rep := newReport("rtt")
+	bs, cs := summarise(base), summarise(cmdLat)
+	rep.add("command round trip p50", cs.P50, "ms", bs.P50, "core request/reply p50")
+	row := rep.add("command round trip p99", cs.P99, "ms", bs.P99, "core request/reply p99")
+	row.goal("p99 ≤ 3× baseline", cs.P99 <= 3*bs.P99)
+	ds := summarise(deliver)
+	rep.add("  of which publish → agent starts handling, p50", ds.P50, "ms", 0, "")
+	rep.Details["baseline_request_reply"] = bs
+	rep.Details["command_round_trip"] = cs
+	rep.Details["publish_to_agent_accepted"] = ds
+	rep.Details["payload_bytes"] = len(cmdBytes)
+	if runs != nil {
+		sr, pr := summarise(runs.submitToRunning), summarise(runs.placedToRunning)
+		rep.add("Run submit → running p50 (noop runtime)", sr.P50, "ms", bs.P50, "core request/reply p50")
+		rep.add("Run submit → running p99 (noop runtime)", sr.P99, "ms", bs.P99, "core request/reply p99")
+		rep.add("Run placed → running p50 (event clock)", pr.P50, "ms", 0, "")
+		rep.Details["run_submit_to_running"] = sr
+		rep.Details["run_stages"] = runs.stages()
+	}
+	rep.note("command = PrepareImage with no Run, image already held: the agent's journal append (fsync) is on the path")
+	rep.note("both sides one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
+	return rep, nil
+}
+
+// startNoopAgent runs a real agent over the no-op runtime and waits until
+// the control plane's registry holds its session.
+func startNoopAgent(e *env, nodeID string, ro noopruntime.Options) (*agent.Agent, func(), error) {
+	conn, err := e.connect("agent-" + nodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := agent.New(agent.Config{NodeID: nodeID, Generation: 1, DataDir: filepath.Join(e.dir, "agent-"+nodeID),
+		Capacity: schemas.Resources{CPUMillis: 64_000, MemoryBytes: 256 << 30}}, conn, noopruntime.New(ro), e.log.Named(nodeID))
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stop := func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+		}
+	}
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var rec schemas.NodeRecord
+		if _, err := bus.GetJSON(ctx, kv, nodeID, &rec); err == nil && rec.FencingToken != 0 && rec.FencingToken == a.Enrollment().FencingToken {
+			return a, stop, nil
+		}
+		select {
+		case err := <-done:
+			return nil, nil, fmt.Errorf("agent stopped: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, nil, errors.New("agent did not enroll in 30s")
+		}
+	}
+}
+
+func rttCommand(nodeID string, enr schemas.Enrollment, op, digest string) schemas.Command {
+	return schemas.Command{
+		OperationID: op, NodeID: nodeID, FencingToken: enr.FencingToken, Generation: enr.Generation,
+		Kind: schemas.CmdPrepareImage, IssuedAt: time.Now(),
+		PrepareImage: &schemas.PrepareImage{Reference: "localhost/bench@" + digest, ManifestDigest: digest, Unpack: true},
+	}
+}
+
+// requestReply times core request/reply with a responder on its own
+// connection, one request in flight.
+func requestReply(ctx context.Context, e *env, client *bus.Conn, size, warmup, samples int) ([]time.Duration, error) {
+	resp, err := e.connect("bench-responder")
+	if err != nil {
+		return nil, err
+	}
+	sub, err := resp.NC.Subscribe("bench.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := resp.NC.Flush(); err != nil {
+		return nil, err
+	}
+	payload := make([]byte, size)
+	out := make([]time.Duration, 0, samples)
+	for i := range warmup + samples {
+		t0 := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := client.NC.RequestWithContext(rctx, "bench.echo", payload)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if i >= warmup {
+			out = append(out, time.Since(t0))
+		}
+	}
+	return out, nil
+}
+
+// commandRTT publishes commands as dispatch does and times each receipt.
+// It also returns publish → the agent's AcceptedAt (same machine clock).
+func commandRTT(ctx context.Context, client *bus.Conn, nodeID string, enr schemas.Enrollment, digest string, warmup, samples int) ([]time.Duration, []time.Duration, error) {
+	type receipt struct {
+		seen       time.Time
+		acceptedAt time.Time
+	}
+	var (
+		mu      sync.Mutex
+		waiting = map[string]chan receipt{}
+	)
+	sub, err := client.NC.Subscribe(bus.NodeObs(nodeID), func(m *nats.Msg) {
+		now := time.Now()
+		var o schemas.Observation
+		if codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &o) != nil || o.Receipt == nil {
+			return
+		}
+		mu.Lock()
+		ch := waiting[o.Receipt.OperationID]
+		delete(waiting, o.Receipt.OperationID)
+		mu.Unlock()
+		if ch != nil {
+			ch <- receipt{now, o.Receipt.AcceptedAt}
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := client.NC.Flush(); err != nil {
+		return nil, nil, err
+	}
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+	rtt := make([]time.Duration, 0, samples)
+	deliver := make([]time.Duration, 0, samples)
+	for i := range warmup + samples {
+		op := fmt.Sprintf("bench-rtt-%s-%06d", nonce, i)
+		c := rttCommand(nodeID, enr, op, digest)
+		b, err := codec.Encode(codec.MsgPack, c)
+		if err != nil {
+			return nil, nil, err
+		}
+		ch := make(chan receipt, 1)
+		mu.Lock()
+		waiting[op] = ch
+		mu.Unlock()
+		t0 := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = client.JS.PublishMsg(pctx, &nats.Msg{Subject: bus.NodeCmd(nodeID), Data: b},
+			jetstream.WithMsgID(op+":"+strconv.FormatUint(c.FencingToken, 10)))
+		cancel()
+		if err != nil {
+			return nil, nil, fmt.Errorf("publish command: %w", err)
+		}
+		select {
+		case r := <-ch:
+			if i >= warmup {
+				rtt = append(rtt, r.seen.Sub(t0))
+				deliver = append(deliver, r.acceptedAt.Sub(t0))
+			}
+		case <-time.After(10 * time.Second):
+			return nil, nil, fmt.Errorf("no receipt for %s in 10s", op)
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+	return rtt, deliver, nil
+}
+
+// runTimings are whole Runs timed from their events.
+type runTimings struct {
+	submitToRunning []time.Duration // wall clock: publish → running event seen
+	placedToRunning []time.Duration // event At: placed → running
+	byStage         map[string][]time.Duration
+}
+
+var stageOrder = []string{"submit→accepted", "accepted→placed", "placed→preparing", "preparing→launching", "launching→running", "submit→running"}
+
+func (r *runTimings) stages() map[string]Latencies {
+	out := map[string]Latencies{}
+	for k, v := range r.byStage {
+		out[k] = summarise(v)
+	}
+	return out
+}
+
+// runWatch follows every Run's events on a core subscription.
+type runWatch struct {
+	mu     sync.Mutex
+	phases map[string]map[schemas.Phase]time.Time // run → phase → event At
+	seen   map[string]map[schemas.Phase]time.Time // run → phase → when this process saw it
+	accAt  map[string]time.Time
+	cond   chan struct{}
+	sub    *nats.Subscription
+}
+
+func watchRuns(nc *nats.Conn) (*runWatch, error) {
+	w := &runWatch{phases: map[string]map[schemas.Phase]time.Time{}, seen: map[string]map[schemas.Phase]time.Time{},
+		accAt: map[string]time.Time{}, cond: make(chan struct{}, 1)}
+	sub, err := nc.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+		now := time.Now()
+		var ev schemas.RunEvent
+		if json.Unmarshal(m.Data, &ev) != nil {
+			return
+		}
+		w.mu.Lock()
+		switch ev.Type {
+		case schemas.EventAccepted:
+			if _, ok := w.accAt[ev.RunID]; !ok {
+				w.accAt[ev.RunID] = ev.At
+			}
+		case schemas.EventPhase:
+			if w.phases[ev.RunID] == nil {
+				w.phases[ev.RunID], w.seen[ev.RunID] = map[schemas.Phase]time.Time{}, map[schemas.Phase]time.Time{}
+			}
+			if _, ok := w.phases[ev.RunID][ev.Phase]; !ok {
+				w.phases[ev.RunID][ev.Phase], w.seen[ev.RunID][ev.Phase] = ev.At, now
+			}
+		}
+		w.mu.Unlock()
+		select {
+		case w.cond <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	w.sub = sub
+	return w, nc.Flush()
+}
+
+// waitTerminal waits until the Run reaches a terminal phase, and returns
+// its phase times (event At) and when each was seen here.
+func (w *runWatch) waitTerminal(ctx context.Context, runID string, within time.Duration) (map[schemas.Phase]time.Time, map[schemas.Phase]time.Time, time.Time, error) {
+	deadline := time.After(within)
+	for {
+		w.mu.Lock()
+		ph, seen, acc := w.phases[runID], w.seen[runID], w.accAt[runID]
+		done := false
+		for p := range ph {
+			if p.Terminal() {
+				done = true
+			}
+		}
+		if done {
+			w.mu.Unlock()
+			return ph, seen, acc, nil
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.cond:
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			return nil, nil, time.Time{}, fmt.Errorf("run %s not terminal after %s (phases %v)", runID, within, keys(ph))
+		case <-ctx.Done():
+			return nil, nil, time.Time{}, ctx.Err()
+		}
+	}
+}
+
+func keys(m map[schemas.Phase]time.Time) []string {
+	var out []string
+	for k := range m {
+		out = append(out, string(k))
+	}
+	return out
+}
+
+// submitToRunning submits n Runs one after another, each once the last
+// ended, and times their phases.
+func submitToRunning(ctx context.Context, client *bus.Conn, image string, n int, within time.Duration) (*runTimings, error) {
+	w, err := watchRuns(client.NC)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.sub.Unsubscribe() }()
+	out := &runTimings{byStage: map[string][]time.Duration{}}
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for i := range n {
+		rid := fmt.Sprintf("bench-run-%s-%04d", nonce, i)
+		m, err := submitMsg(runRequest(rid, image), codec.JSON)
+		if err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		if _, err := client.JS.PublishMsg(ctx, m, jetstream.WithMsgID(rid)); err != nil {
+			return nil, err
+		}
+		runID := schemas.RunIDFor(rid)
+		ph, seen, acc, err := w.waitTerminal(ctx, runID, within)
+		if err != nil {
+			return nil, err
+		}
+		out.add(t0, acc, ph, seen)
+	}
+	return out, nil
+}
+
+func (r *runTimings) add(submitted, accepted time.Time, ph, seen map[schemas.Phase]time.Time) {
+	running, ok := ph[schemas.PhaseRunning]
+	if !ok {
+		return // went straight to a terminal phase; not a sample
+	}
+	r.submitToRunning = append(r.submitToRunning, seen[schemas.PhaseRunning].Sub(submitted))
+	r.byStage["submit→running"] = append(r.byStage["submit→running"], seen[schemas.PhaseRunning].Sub(submitted))
+	if p, ok := ph[schemas.PhasePlaced]; ok {
+		r.placedToRunning = append(r.placedToRunning, running.Sub(p))
+	}
+	if !accepted.IsZero() {
+		r.byStage["submit→accepted"] = append(r.byStage["submit→accepted"], accepted.Sub(submitted))
+	}
+	// Stages between consecutive phases the Run passed through; a skipped
+	// phase folds into the next stage.
+	prevName, prev := "accepted", accepted
+	for _, p := range []schemas.Phase{schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning} {
+		at, ok := ph[p]
+		if !ok {
+			continue
+		}
+		if !prev.IsZero() {
+			k := prevName + "→" + string(p)
+			r.byStage[k] = append(r.byStage[k], at.Sub(prev))
+		}
+		prevName, prev = string(p), at
+	}
+}
+
+// stageTable renders stages in lifecycle order for a note.
+func stageTable(st map[string]Latencies) string {
+	var parts []string
+	for _, k := range stageOrder {
+		if l, ok := st[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f ms", k, l.P50))
+		}
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+func newRentalCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "rental", Short: "Inspect and retire rented machines"}
+	cmd.AddCommand(&cobra.Command{
+		Use: "list", Short: "List rentals",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			rs, err := listJSON[schemas.Rental](cmd.Context(), conn, bus.BucketRentals)
+			if err != nil {
+				return err
+			}
+			slices.SortFunc(rs, func(a, b schemas.Rental) int { return b.CreatedAt.Compare(a.CreatedAt) })
+			return g.render(cmd.OutOrStdout(), rs, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "RENTAL\tSTATE\tNODE\tOFFER\tNATIVE\tGEN\t$/H\tCREATED\tLAST ERROR")
+				for _, r := range rs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%s\t%s\n", r.RentalID, r.State, r.NodeID, r.OfferID, or(r.NativeRef, "-"),
+						r.Generation, r.PricePerHour, r.CreatedAt.UTC().Format(time.RFC3339), or(r.LastError, "-"))
+				}
+			})
+		},
+	}, &cobra.Command{
+		Use: "get RENTAL_ID", Short: "Show one rental with its stage timeline", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			r, err := getJSON[schemas.Rental](cmd.Context(), conn, bus.BucketRentals, args[0], "rental")
+			if err != nil {
+				return err
+			}
+			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "Rental:\t%s\nState:\t%s\nNode:\t%s\nOffer:\t%s\nNative ref:\t%s\nGeneration:\t%d\nPrice:\t$%.2f/h\n",
+					r.RentalID, r.State, r.NodeID, r.OfferID, or(r.NativeRef, "-"), r.Generation, r.PricePerHour)
+				fmt.Fprintln(tw, "STAGE\tAT\tSOURCE")
+				for _, s := range r.Stages {
+					src := "provider"
+					if s.Bound {
+						src = "observed by the control plane (a bound)"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", s.State, s.At.UTC().Format(time.RFC3339Nano), src)
+				}
+			})
+		},
+	}, &cobra.Command{
+		Use: "retire RENTAL_ID", Short: "Retire a ready rental once its node is idle", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			r, err := admin[schemas.Rental](cmd.Context(), conn, bus.SubjectRetire, schemas.AdminRequest{ID: args[0]})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rental %s is %s; it is stopped or terminated once its node is idle\n", r.RentalID, r.State)
+			return nil
+		},
+	})
+	return cmd
+}
+
+// nodeExtraCmds are `node get` and `node drain`.
+func nodeExtraCmds(g *globals) []*cobra.Command {
+	return []*cobra.Command{{
+		Use: "get NODE_ID", Short: "Show one node with its facts", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			n, err := getJSON[schemas.NodeRecord](cmd.Context(), conn, bus.BucketNodes, args[0], "node")
+			if err != nil {
+				return err
+			}
+			n.SessionTokenHash = ""
+			return g.render(cmd.OutOrStdout(), n, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "Node:\t%s\nState:\t%s\nLive:\t%v\nFencing token:\t%d\nGeneration:\t%d\nRental:\t%s\nCapacity:\t%dm CPU, %d bytes, %d GPUs\nLease expires:\t%s\n",
+					n.NodeID, n.State, n.Live(time.Now()), n.FencingToken, n.Generation, or(n.RentalID, "-"), n.Capacity.CPUMillis, n.Capacity.MemoryBytes, n.Capacity.GPUCount,
+					n.LeaseExpires.UTC().Format(time.RFC3339))
+				if f := n.Facts; f != nil {
+					acc := "none found"
+					if !f.Host.Accelerator.Established {
+						acc = "not established"
+					} else if f.Host.Accelerator.Vendor != "" {
+						acc = f.Host.Accelerator.Vendor + " driver " + f.Host.Accelerator.DriverVersion
+					}
+					disk := "unknown"
+					if f.Host.Disk.Known {
+						disk = fmt.Sprintf("%s free of %s", humanBytes(f.Host.Disk.FreeBytes), humanBytes(f.Host.Disk.TotalBytes))
+					}
+					fmt.Fprintf(tw, "Host:\t%s/%s, kernel %s, %s %s\nAccelerator:\t%s\nDisk:\t%s\nFacts observed:\t%s\n", f.Host.OS, f.Host.Architecture, f.Host.KernelVersion,
+						f.Host.ContainerRuntime, f.Host.RuntimeVersion, acc, disk, f.ObservedAt.UTC().Format(time.RFC3339))
+					var imgs []string
+					for _, im := range f.Images {
+						imgs = append(imgs, im.ManifestDigest[:min(19, len(im.ManifestDigest))]+"… "+string(im.State))
+					}
+					fmt.Fprintf(tw, "Images:\t%s\n", or(strings.Join(imgs, ", "), "-"))
+				}
+			})
+		},
+	}, {
+		Use: "drain NODE_ID", Short: "Stop placing Runs on a node; what runs there finishes", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			n, err := admin[schemas.NodeRecord](cmd.Context(), conn, bus.SubjectDrain, schemas.AdminRequest{ID: args[0]})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s is %s\n", n.NodeID, n.State)
+			return nil
+		},
+	}}
+}

@@ -1,0 +1,78 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// handleDrain marks a node draining: it takes no new Runs, finishes what it
+// runs, and a rented node is then retired by the rental loop.
+func (cp *ControlPlane) handleDrain(ctx context.Context, m *nats.Msg) {
+	var req schemas.AdminRequest
+	enc, err := codec.DecodeMsg(m, &req)
+	if err == nil {
+		err = schemas.ValidateID("node_id", req.ID, schemas.CodeMalformed)
+	}
+	if err != nil {
+		cp.reply(m, enc, schemas.Reply[schemas.NodeRecord]{Refusal: refusalOf(err, "body is not an AdminRequest")})
+		return
+	}
+	rec, rev, err := bus.UpdateJSON(ctx, cp.nodesKV, req.ID, func(n *schemas.NodeRecord) error {
+		if n.State == schemas.NodeDraining {
+			return bus.ErrNoChange
+		}
+		n.State = schemas.NodeDraining
+		return nil
+	})
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		cp.reply(m, enc, schemas.Reply[schemas.NodeRecord]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}})
+		return
+	case err != nil && !errors.Is(err, bus.ErrNoChange):
+		cp.reply(m, enc, schemas.Reply[schemas.NodeRecord]{Refusal: schemas.AsRefusal(err)})
+		return
+	case err == nil:
+		cp.cache.applyNodeRecord(rec, rev)
+	}
+	cp.log.Info("node draining", zap.String("node_id", req.ID))
+	rec.SessionTokenHash = ""
+	cp.reply(m, enc, schemas.Reply[schemas.NodeRecord]{OK: &rec})
+}
+
+// handleRetire asks for a rental to be retired once its node is idle.
+func (cp *ControlPlane) handleRetire(ctx context.Context, m *nats.Msg) {
+	var req schemas.AdminRequest
+	enc, err := codec.DecodeMsg(m, &req)
+	if err == nil {
+		err = schemas.ValidateID("rental_id", req.ID, schemas.CodeMalformed)
+	}
+	if err != nil {
+		cp.reply(m, enc, schemas.Reply[schemas.Rental]{Refusal: refusalOf(err, "body is not an AdminRequest")})
+		return
+	}
+	err = cp.updateRental(ctx, req.ID, func(s *schemas.Rental, now time.Time) error {
+		if s.State != schemas.RentalReady {
+			return &schemas.Refusal{Code: schemas.CodeMalformed, Field: "id", Reason: "only a ready rental can be retired; it is " + string(s.State)}
+		}
+		return setRentalState(s, schemas.RentalDraining, time.Time{}, now)
+	})
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		err = &schemas.Refusal{Code: schemas.CodeMalformed, Field: "id", Reason: "no rental " + req.ID + "; `warmfleet rental list` shows them"}
+	}
+	if err != nil {
+		cp.reply(m, enc, schemas.Reply[schemas.Rental]{Refusal: schemas.AsRefusal(err)})
+		return
+	}
+	var rt schemas.Rental
+	_, _ = bus.GetJSON(ctx, cp.rentalsKV, req.ID, &rt)
+	cp.reply(m, enc, schemas.Reply[schemas.Rental]{OK: &rt})
+}
