@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -85,5 +88,43 @@ func TestAcceptance_GPURunOnGPULessFleet(t *testing.T) {
 	}
 	if c := candidate(f.decision(id), "cpu-only"); c.Reason != schemas.ReasonInsufficientGPU {
 		t.Fatalf("cpu-only rejected for %q (%s), want %s", c.Reason, c.Detail, schemas.ReasonInsufficientGPU)
+	}
+}
+
+// TestAcceptance_DrainedNodeGetsNoRuns: `warmfleet node drain` (its admin
+// request) stops placement on a node at once; the decision says so.
+func TestAcceptance_DrainedNodeGetsNoRuns(t *testing.T) {
+	wa, wb := newWorld(t), newWorld(t)
+	f := newFleet(t)
+	f.startAgent(agentSpec{id: "node-a", world: wa})
+	f.startAgent(agentSpec{id: "node-b", world: wb})
+	body, _ := json.Marshal(schemas.AdminRequest{ID: "node-a"})
+	resp, err := f.conn.NC.Request(bus.SubjectDrain, body, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep schemas.Reply[schemas.NodeRecord]
+	if err := json.Unmarshal(resp.Data, &rep); err != nil || rep.OK == nil || rep.OK.State != schemas.NodeDraining {
+		t.Fatalf("drain reply: %v %+v", err, rep.Refusal)
+	}
+	for i := range 3 {
+		id := f.submit(schemas.RunRequest{RequestID: fmt.Sprintf("after-drain-%d", i), Image: wa.image.Reference, Command: []string{"true"}})
+		r := f.waitPhase(id, schemas.PhaseSucceeded, 60*time.Second)
+		if r.NodeID != "node-b" {
+			t.Fatalf("run went to drained %s", r.NodeID)
+		}
+		if c := candidate(f.decision(id), "node-a"); c.Reason != schemas.ReasonNodeDraining {
+			t.Fatalf("node-a rejected for %q, want node_draining", c.Reason)
+		}
+	}
+	// Draining an unknown node is refused with its code.
+	body, _ = json.Marshal(schemas.AdminRequest{ID: "nope"})
+	resp, err = f.conn.NC.Request(bus.SubjectDrain, body, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = schemas.Reply[schemas.NodeRecord]{}
+	if err := json.Unmarshal(resp.Data, &rep); err != nil || rep.Refusal == nil || rep.Refusal.Code != schemas.CodeUnknownNode {
+		t.Fatalf("drain of an unknown node: %v %+v", err, rep)
 	}
 }
