@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -34,7 +35,18 @@ type Config struct {
 	MaxWorkloads int
 	// StopGrace is used when the node itself stops a workload (max runtime).
 	StopGrace time.Duration
-	Now       func() time.Time
+	// ContentRoot is the filesystem holding the runtime's content (e.g.
+	// /var/lib/containerd), measured for disk facts; empty states disk unknown.
+	ContentRoot string
+	// CacheDir holds the caches Runs mount; <DataDir>/caches when empty.
+	CacheDir string
+	// Accelerator measures the host's cards (adapters/nvml); nil states
+	// nothing established.
+	Accelerator AcceleratorProbe
+	// FactsInterval is how often facts are reported; DefaultFactsInterval
+	// when zero. Changes (an image ensured, a workload exited) report sooner.
+	FactsInterval time.Duration
+	Now           func() time.Time
 	// Faults injects crashes for fault tests; nil in production.
 	Faults *Faults
 }
@@ -59,6 +71,9 @@ type Agent struct {
 	rt      Runtime
 	log     *zap.Logger
 	journal *Journal
+	accel   *boundedProbe
+	// factsChanged wakes the facts loop; rt (a changeWatch) signals it.
+	factsChanged chan struct{}
 
 	mu  sync.Mutex
 	enr schemas.Enrollment
@@ -87,11 +102,20 @@ func New(cfg Config, conn *bus.Conn, rt Runtime, log *zap.Logger) (*Agent, error
 	if cfg.StopGrace <= 0 {
 		cfg.StopGrace = schemas.DefaultGraceSeconds * time.Second
 	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = filepath.Join(cfg.DataDir, "caches")
+	}
+	if cfg.FactsInterval <= 0 {
+		cfg.FactsInterval = DefaultFactsInterval
+	}
 	j, err := OpenJournal(cfg.DataDir, 0)
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, conn: conn, rt: rt, log: log.With(zap.String("node_id", cfg.NodeID)), journal: j,
+	log = log.With(zap.String("node_id", cfg.NodeID))
+	changed := make(chan struct{}, 1)
+	return &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
+		accel: &boundedProbe{probe: cfg.Accelerator, timeout: probeTimeout, log: log}, factsChanged: changed,
 		watching: map[string]context.CancelFunc{}, queues: map[string]chan jetstream.Msg{}}, nil
 }
 
@@ -136,6 +160,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cc.Stop()
 	a.log.Info("agent serving", zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("resumed", enr.Duplicate))
 	a.wg.Go(func() { a.renewLoop(ctx, a.supersede) })
+	a.wg.Go(func() { a.factsLoop(ctx, a.cfg.FactsInterval) })
 	a.heartbeat(ctx, time.Duration(enr.HeartbeatSeconds)*time.Second)
 	a.mu.Lock()
 	defer a.mu.Unlock()

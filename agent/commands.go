@@ -238,6 +238,17 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			LabelMaxRuntime: strconv.FormatInt(l.MaxRuntimeSeconds, 10),
 		},
 	}
+	// Caches become bind mounts, created on first use and marked used now.
+	mounts, err := a.caches().mounts(l.Caches)
+	if err != nil {
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
+		if errors.Is(err, ErrInvalidCache) {
+			rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeInvalidCache
+		}
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+		return
+	}
+	spec.Mounts = mounts
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.

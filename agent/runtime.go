@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Runtime is what the agent needs from a container runtime on its host. It is
@@ -33,6 +35,9 @@ type Runtime interface {
 	Remove(ctx context.Context, id string) error
 	// List returns every workload this agent's runtime namespace holds.
 	List(ctx context.Context) ([]WorkloadStatus, error)
+	// Images reports every image this agent's runtime namespace holds, one
+	// entry per digest it was pulled or imported by, as verified now.
+	Images(ctx context.Context) ([]schemas.ImageLocality, error)
 }
 
 // Errors a Runtime returns, matched with errors.Is.

@@ -38,6 +38,8 @@ func TestRuntime(t *testing.T) {
 	t.Run("Info", f.testInfo)
 	t.Run("SnapshotterOption", f.testSnapshotterOption)
 	t.Run("EnsureImage", f.testEnsureImage)
+	t.Run("Images", f.testImages)
+	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)
 	t.Run("Stop", f.testStop)
 	t.Run("OOM", f.testOOM)

@@ -44,6 +44,10 @@ func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.Wo
 		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: look up container: %w", spec.ID, err)
 	}
 
+	mounts, err := bindMounts(spec.Mounts)
+	if err != nil {
+		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
 	img, err := r.imageForLaunch(ctx, spec)
 	if err != nil {
 		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
@@ -59,7 +63,7 @@ func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.Wo
 		ctrd.WithSnapshotter(r.snapshotter),
 		ctrd.WithNewSnapshot(spec.ID, img),
 		ctrd.WithRuntime(runcRuntime, nil),
-		ctrd.WithNewSpec(specOpts(img, spec)...),
+		ctrd.WithNewSpec(append(specOpts(img, spec), mounts)...),
 		ctrd.WithContainerLabels(labels),
 	)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 type e2eOpts struct {
 	runs    int
 	command []string
+	gap     time.Duration
 }
 
 func newE2ECmd(g *globals) *cobra.Command {
@@ -59,6 +60,7 @@ what warmfleet's path (NATS, placement, commands, journal, reports) adds.`,
 	f := cmd.Flags()
 	f.IntVar(&o.runs, "runs", 20, "timed Runs per case (warm, cold), and as many direct launches")
 	f.StringSliceVar(&o.command, "command", []string{"true"}, "the container's command")
+	f.DurationVar(&o.gap, "gap", 500*time.Millisecond, "pause between one Run's end and the next submit (both sides), so the last container's teardown is not on the next one's clock")
 	return cmd
 }
 
@@ -135,23 +137,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	if _, err := directLaunch(ctx, direct, warm, "direct-warmup", o.command); err != nil {
 		return nil, fmt.Errorf("direct warm-up: %w", err)
 	}
-	var directWarm, directCold []time.Duration
-	for i := range o.runs {
-		d, err := directLaunch(ctx, direct, warm, "direct-warm-"+strconv.Itoa(i), o.command)
-		if err != nil {
-			return nil, err
-		}
-		directWarm = append(directWarm, d)
-	}
-	for i, img := range coldDirect {
-		d, err := directLaunch(ctx, direct, img, "direct-cold-"+strconv.Itoa(i), o.command)
-		if err != nil {
-			return nil, err
-		}
-		directCold = append(directCold, d)
-	}
-
-	// warmfleet: one untimed Run imports the warm image, then the timed ones.
+	// warmfleet: one untimed Run imports the warm image.
 	w, err := watchRuns(client.NC)
 	if err != nil {
 		return nil, err
@@ -183,17 +169,35 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	if _, err := submit("e2e-"+nonce+"-warmup", warm); err != nil {
 		return nil, fmt.Errorf("warm-up run: %w", err)
 	}
+
+	// Timed: direct and warmfleet alternate, run by run, so the machine's
+	// noise falls on both alike.
+	var directWarm, directCold []time.Duration
 	warmT := &runTimings{byStage: map[string][]time.Duration{}}
+	coldT := &runTimings{byStage: map[string][]time.Duration{}}
 	for i := range o.runs {
+		time.Sleep(o.gap)
+		d, err := directLaunch(ctx, direct, warm, "direct-warm-"+strconv.Itoa(i), o.command)
+		if err != nil {
+			return nil, err
+		}
+		directWarm = append(directWarm, d)
+		time.Sleep(o.gap)
 		t, err := submit(fmt.Sprintf("e2e-%s-warm-%03d", nonce, i), warm)
 		if err != nil {
 			return nil, err
 		}
 		warmT.merge(t)
 	}
-	coldT := &runTimings{byStage: map[string][]time.Duration{}}
-	for i, img := range coldWF {
-		t, err := submit(fmt.Sprintf("e2e-%s-cold-%03d", nonce, i), img)
+	for i := range o.runs {
+		time.Sleep(o.gap)
+		d, err := directLaunch(ctx, direct, coldDirect[i], "direct-cold-"+strconv.Itoa(i), o.command)
+		if err != nil {
+			return nil, err
+		}
+		directCold = append(directCold, d)
+		time.Sleep(o.gap)
+		t, err := submit(fmt.Sprintf("e2e-%s-cold-%03d", nonce, i), coldWF[i])
 		if err != nil {
 			return nil, err
 		}
@@ -213,7 +217,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	rep.Details["direct_cold"] = dc
 	rep.note("warm stages p50: %s", stageTable(warmT.stages()))
 	rep.note("cold stages p50: %s", stageTable(coldT.stages()))
-	rep.note("%d Runs per case, one at a time; command %q; image %d-byte OCI archive of busybox-static", o.runs, o.command, warm.SizeBytes)
+	rep.note("%d Runs per case, one at a time, %s apart, alternating direct and warmfleet; command %q; image %d-byte OCI archive of busybox-static", o.runs, o.gap, o.command, warm.SizeBytes)
 	return rep, nil
 }
 
@@ -225,14 +229,24 @@ func (r *runTimings) merge(o *runTimings) {
 	}
 }
 
-// directLaunch is the baseline: EnsureImage then Launch, timed until Launch
-// returns a running task; then the workload is waited for and removed.
+// directLaunch is the baseline: EnsureImage then Launch of the same
+// container spec, timed until Launch returns a running task; then the
+// workload is waited for and removed.
 func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Image, id string, command []string) (time.Duration, error) {
 	t0 := time.Now()
 	if _, err := rt.EnsureImage(ctx, agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
 		return 0, err
 	}
-	st, err := rt.Launch(ctx, agent.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command})
+	// The spec the agent builds for the same Run (runRequest's env and
+	// resources, its labels), so the two sides start the same container.
+	req := runRequest(id, img.Reference)
+	env := []string{"WARMFLEET_RUN_ID=" + id, "WARMFLEET_ATTEMPT_ID=" + id, "WARMFLEET_NODE_ID=direct"}
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	st, err := rt.Launch(ctx, agent.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
+		Env: env, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
+		Labels: map[string]string{agent.LabelRunID: id, agent.LabelAttemptID: id, agent.LabelMaxRuntime: strconv.FormatInt(req.MaxRuntimeSeconds, 10)}})
 	if err != nil {
 		return 0, err
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +15,9 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
+// lapseLimit bounds the wait for a stopped agent to be marked lost.
+const lapseLimit = 90 * time.Second
+
 type fleetOpts struct {
 	sizes      []int
 	warmup     time.Duration
@@ -25,6 +27,9 @@ type fleetOpts struct {
 	factsEvery time.Duration
 	heartbeat  time.Duration
 	noBaseline bool
+	// raiseConsumerLimit works around nats-server's default of 1,000
+	// consumers per stream, which one durable per node on WF_CMDS hits.
+	raiseConsumerLimit bool
 }
 
 func newFleetCmd(g *globals) *cobra.Command {
@@ -63,6 +68,7 @@ last heartbeat and compared with the lease (heartbeat × 5).`,
 	f.DurationVar(&o.factsEvery, "facts-interval", 30*time.Second, "facts interval of simulated nodes")
 	f.DurationVar(&o.heartbeat, "heartbeat", time.Second, "heartbeat interval the control plane hands out")
 	f.BoolVar(&o.noBaseline, "no-baseline", false, "skip the null-control-plane baseline")
+	f.BoolVar(&o.raiseConsumerLimit, "raise-consumer-limit", true, "set WF_CMDS max_consumers to 1,000,000 after the control plane provisions it: nats-server 2.15 allows 1,000 consumers per stream by default and warmfleet makes one per node, so without this enrollment 1,001 is refused")
 	return cmd
 }
 
@@ -84,6 +90,9 @@ type fleetRun struct {
 	SlowConsumer   float64   `json:"slow_consumer_errors"`
 	Lapse          Latencies `json:"lapse_from_last_heartbeat,omitzero"`
 	LapseN         int       `json:"lapse_detected"`
+	// LapseMissed counts stopped agents whose lapse was not detected within
+	// the bench's limit (their last heartbeat still queued unprocessed).
+	LapseMissed int `json:"lapse_not_detected"`
 }
 
 func runFleet(ctx context.Context, g *globals, o fleetOpts) (*Report, error) {
@@ -111,15 +120,22 @@ func runFleet(ctx context.Context, g *globals, o fleetOpts) (*Report, error) {
 		}
 		row := rep.add(fmt.Sprintf("N=%d control-plane CPU", n), r.CPCores, "cores", bc, "null control plane")
 		if n >= 5000 {
-			row.goal("< 1 core at 5000", r.CPCores < 1)
+			// Under a core only counts if the control plane keeps up: no live
+			// node marked lost, and a stopped one marked lost within the
+			// lease plus two reconcile passes.
+			keepsUp := r.FalseLapses == 0 && r.LapseMissed == 0 && (r.LapseN == 0 || r.Lapse.Max/1000 <= (lease+2*time.Second).Seconds())
+			row.goal("< 1 core at 5000, keeping up", r.CPCores < 1 && keepsUp)
 		}
 		rep.add(fmt.Sprintf("N=%d NATS server CPU", n), r.NATSCores, "cores", bn, "same, under the null control plane")
 		rep.add(fmt.Sprintf("N=%d control-plane heap in use", n), r.CPHeapInuse/(1<<20), "MiB", bm, "null control plane")
 		rep.add(fmt.Sprintf("N=%d control-plane RSS", n), float64(r.CPRSS)/(1<<20), "MiB", 0, "")
-		rep.add(fmt.Sprintf("N=%d wf_nodes writes", n), r.NodeWrites, "/s", r.HeartbeatsSent, "heartbeats sent/s")
+		rep.add(fmt.Sprintf("N=%d wf_nodes writes", n), r.NodeWrites, "writes/s", r.HeartbeatsSent, "heartbeats sent").unitOfBaseline("/s")
 		if r.LapseN > 0 {
 			rep.add(fmt.Sprintf("N=%d lease lapse → lost, p50 (from last heartbeat)", n), r.Lapse.P50/1000, "s", lease.Seconds(), "lease length")
 			rep.add(fmt.Sprintf("N=%d lease lapse → lost, max", n), r.Lapse.Max/1000, "s", lease.Seconds(), "lease length")
+		}
+		if r.LapseMissed > 0 {
+			rep.note("N=%d: %d of %d stopped agents were not detected as lost within %s: the heartbeat backlog still held their last heartbeat", n, r.LapseMissed, o.lapse, lapseLimit)
 		}
 		if r.FalseLapses > 0 || r.SlowConsumer > 0 {
 			rep.note("N=%d: %v live nodes were marked lost and the control plane's connection reported %v slow-consumer drops", n, r.FalseLapses, r.SlowConsumer)
@@ -147,6 +163,11 @@ func fleetOnce(ctx context.Context, g *globals, o fleetOpts, n int, mode string)
 	defer cp.stop(30 * time.Second)
 	if _, err := cp.await("ready", 60*time.Second); err != nil {
 		return res, err
+	}
+	if o.raiseConsumerLimit {
+		if err := raiseConsumerLimit(ctx, e); err != nil {
+			return res, err
+		}
 	}
 	sim, err := startChild("fleet-sim", "fleet-sim", "--nats-url", e.url, "--n", strconv.Itoa(n), "--images", strconv.Itoa(o.images),
 		"--facts-interval", o.factsEvery.String())
@@ -223,11 +244,11 @@ func fleetOnce(ctx context.Context, g *globals, o fleetOpts, n int, mode string)
 	if mode != "cp" || o.lapse <= 0 {
 		return res, nil
 	}
-	lat, err := measureLapse(ctx, client, sim, o.lapse, 10*o.heartbeat*5)
+	lat, err := measureLapse(ctx, client, sim, o.lapse, 5*o.heartbeat, lapseLimit)
 	if err != nil {
 		return res, err
 	}
-	res.Lapse, res.LapseN = summarise(lat), len(lat)
+	res.Lapse, res.LapseN, res.LapseMissed = summarise(lat), len(lat), o.lapse-len(lat)
 	return res, nil
 }
 
@@ -271,7 +292,7 @@ func streamLastSeq(ctx context.Context, js jetstream.JetStream, stream string) u
 
 // measureLapse stops k agents' heartbeats and times, from each one's last
 // heartbeat, until wf_nodes records it lost.
-func measureLapse(ctx context.Context, client *bus.Conn, sim *child, k int, within time.Duration) ([]time.Duration, error) {
+func measureLapse(ctx context.Context, client *bus.Conn, sim *child, k int, lease, within time.Duration) ([]time.Duration, error) {
 	kv, err := client.JS.KeyValue(ctx, bus.BucketNodes)
 	if err != nil {
 		return nil, err
@@ -291,18 +312,22 @@ func measureLapse(ctx context.Context, client *bus.Conn, sim *child, k int, with
 		ns, _ := nm["last_heartbeat_unix_nano"].(float64)
 		last[id] = time.Unix(0, int64(ns))
 	}
+	// A node counts as detected when wf_nodes says lost and its lease is
+	// the one its final heartbeat set (lease_expires ≥ last heartbeat +
+	// lease): a backlog of unprocessed heartbeats can mark a live node lost
+	// early and then revive it, and that is not detection.
 	var out []time.Duration
 	deadline := time.Now().Add(within)
 	for len(last) > 0 {
 		for id, hb := range last {
 			var rec schemas.NodeRecord
-			if _, err := bus.GetJSON(ctx, kv, id, &rec); err == nil && rec.State == schemas.NodeLost {
+			if _, err := bus.GetJSON(ctx, kv, id, &rec); err == nil && rec.State == schemas.NodeLost && !rec.LeaseExpires.Before(hb.Add(lease)) {
 				out = append(out, time.Since(hb))
 				delete(last, id)
 			}
 		}
 		if time.Now().After(deadline) {
-			return out, errors.New("lease lapse not detected for every stopped agent within " + within.String())
+			return out, nil // the rest went undetected; the caller reports how many
 		}
 		select {
 		case <-time.After(10 * time.Millisecond):
@@ -311,4 +336,28 @@ func measureLapse(ctx context.Context, client *bus.Conn, sim *child, k int, with
 		}
 	}
 	return out, nil
+}
+
+// raiseConsumerLimit gives WF_CMDS an explicit max_consumers. An unlimited
+// (-1, the default) stream limit does not opt out of the server's default of
+// 1,000 consumers per stream; only a positive one does.
+func raiseConsumerLimit(ctx context.Context, e *env) error {
+	c, err := e.connect("bench-admin")
+	if err != nil {
+		return err
+	}
+	s, err := c.JS.Stream(ctx, bus.StreamCmds)
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	cfg := info.Config
+	cfg.MaxConsumers = 1_000_000
+	if _, err := c.JS.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("raise %s max_consumers: %w", bus.StreamCmds, err)
+	}
+	return nil
 }

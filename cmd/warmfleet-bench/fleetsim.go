@@ -78,33 +78,35 @@ func fleetSim(o simOpts) error {
 		firstErr error
 		retries  atomic.Int64
 	)
+	var (
+		hbSent    atomic.Int64
+		factsSent atomic.Int64
+		loops     sync.WaitGroup
+	)
 	start := time.Now()
 	for i := range o.n {
 		wg.Go(func() {
 			sem <- struct{}{}
-			defer func() { <-sem }()
 			a, r, err := enrollSim(ctx, o, i)
+			<-sem
 			retries.Add(int64(r))
 			if err != nil {
 				errOnce.Do(func() { firstErr = err })
 				return
 			}
 			agents[i] = a
+			// Heartbeat from enrollment on, as an agent does: a node that
+			// waited for the whole fleet would lapse while others enroll.
+			loops.Go(func() { a.run(ctx, o, &hbSent, &factsSent) })
 		})
 	}
 	wg.Wait()
 	if firstErr != nil {
+		cancel()
+		loops.Wait()
 		return firstErr
 	}
 	enrolled := time.Since(start)
-	var (
-		hbSent    atomic.Int64
-		factsSent atomic.Int64
-		loops     sync.WaitGroup
-	)
-	for _, a := range agents {
-		loops.Go(func() { a.run(ctx, o, &hbSent, &factsSent) })
-	}
 	emit(map[string]any{"event": "enrolled", "count": o.n, "seconds": enrolled.Seconds(), "retries": retries.Load()})
 
 	sc := bufio.NewScanner(os.Stdin)

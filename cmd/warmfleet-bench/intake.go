@@ -123,6 +123,7 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 		}
 		recRate, baseRate := median(rec), median(base)
 		row := rep.add(fmt.Sprintf("intake, %d producer(s)", p), recRate, "Runs/s", baseRate, "raw JetStream publish-with-ack")
+		row.unitOfBaseline("msgs/s")
 		row.goal("≥ 5000 Runs/s and ≥ 30% of baseline", recRate >= 5000 && recRate >= 0.3*baseRate)
 		rep.add(fmt.Sprintf("submit → accepted p50, %d producer(s)", p), median(lat), "ms", 0, "")
 		last := rounds[len(rounds)-1]

@@ -34,6 +34,7 @@ type Row struct {
 	Unit     string  `json:"unit"`
 	Baseline float64 `json:"baseline,omitempty"`
 	BaseName string  `json:"baseline_name,omitempty"`
+	BaseUnit string  `json:"baseline_unit,omitempty"`
 	Ratio    float64 `json:"ratio,omitempty"`
 	Goal     string  `json:"goal,omitempty"`
 	Met      *bool   `json:"goal_met,omitempty"`
@@ -83,13 +84,16 @@ func newReport(bench string) *Report {
 
 // add appends a figure against its baseline.
 func (r *Report) add(figure string, value float64, unit string, baseline float64, baseName string) *Row {
-	row := Row{Figure: figure, Value: value, Unit: unit, Baseline: baseline, BaseName: baseName}
+	row := Row{Figure: figure, Value: value, Unit: unit, Baseline: baseline, BaseName: baseName, BaseUnit: unit}
 	if baseline != 0 {
 		row.Ratio = value / baseline
 	}
 	r.Rows = append(r.Rows, row)
 	return &r.Rows[len(r.Rows)-1]
 }
+
+// unitOfBaseline names the baseline's unit where it differs from the figure's.
+func (row *Row) unitOfBaseline(u string) *Row { row.BaseUnit = u; return row }
 
 // goal records a goal and whether the figure met it.
 func (row *Row) goal(text string, met bool) {
@@ -118,7 +122,7 @@ func (r *Report) print(w io.Writer, format string) error {
 	for _, row := range r.Rows {
 		base, ratio := "-", "-"
 		if row.Baseline != 0 {
-			base = fmt.Sprintf("%s %s (%s)", num(row.Baseline), row.Unit, row.BaseName)
+			base = fmt.Sprintf("%s %s (%s)", num(row.Baseline), row.BaseUnit, row.BaseName)
 			ratio = fmt.Sprintf("%.2f×", row.Ratio)
 		}
 		goal := row.Goal

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -112,6 +113,12 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The floor under the agent's journal: append one line and fsync, in
+	// the filesystem the agent's data dir is on.
+	fsyncLat, err := fsyncFloor(filepath.Join(e.dir, "fsync-probe"), o.warmup, o.samples)
+	if err != nil {
+		return nil, err
+	}
 	var runs *runTimings
 	if o.runs > 0 {
 		runs, err = submitToRunning(ctx, client, "localhost/bench@"+digest, o.runs, 30*time.Second)
@@ -126,8 +133,12 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	rep.add("command round trip p50", cs.P50, "ms", bs.P50, "core request/reply p50")
 	row := rep.add("command round trip p99", cs.P99, "ms", bs.P99, "core request/reply p99")
 	row.goal("p99 ≤ 3× baseline", cs.P99 <= 3*bs.P99)
-	ds := summarise(deliver)
+	ds, fs := summarise(deliver), summarise(fsyncLat)
 	rep.add("  of which publish → agent starts handling, p50", ds.P50, "ms", 0, "")
+	rep.add("journal floor: append + fsync p50", fs.P50, "ms", 0, "")
+	rep.add("journal floor: append + fsync p99", fs.P99, "ms", 0, "")
+	rep.add("command round trip p99 vs request/reply + fsync p99", cs.P99, "ms", bs.P99+fs.P99, "request/reply p99 + fsync p99")
+	rep.Details["fsync_floor"] = fs
 	rep.Details["baseline_request_reply"] = bs
 	rep.Details["command_round_trip"] = cs
 	rep.Details["publish_to_agent_accepted"] = ds
@@ -139,6 +150,7 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 		rep.add("Run placed → running p50 (event clock)", pr.P50, "ms", 0, "")
 		rep.Details["run_submit_to_running"] = sr
 		rep.Details["run_stages"] = runs.stages()
+		rep.note("Run stages p50: %s", stageTable(runs.stages()))
 	}
 	rep.note("command = PrepareImage with no Run, image already held: the agent's journal append (fsync) is on the path")
 	rep.note("both sides one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
@@ -468,4 +480,29 @@ func stageTable(st map[string]Latencies) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// fsyncFloor times what the agent's journal does per command, in the same
+// filesystem: append one line and fsync.
+func fsyncFloor(path string, warmup, samples int) ([]time.Duration, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close(); _ = os.Remove(path) }()
+	line := []byte(`{"operation_id":"bench-rtt-0000000000000-000000","kind":"prepare_image","outcome":"applied","applied_at":"2026-01-01T00:00:00Z"}` + "\n")
+	out := make([]time.Duration, 0, samples)
+	for i := range warmup + samples {
+		t0 := time.Now()
+		if _, err := f.Write(line); err != nil {
+			return nil, err
+		}
+		if err := f.Sync(); err != nil {
+			return nil, err
+		}
+		if i >= warmup {
+			out = append(out, time.Since(t0))
+		}
+	}
+	return out, nil
 }

@@ -1,0 +1,86 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// DefaultFactsInterval is how often an agent reports facts when
+// Config.FactsInterval is unset.
+const DefaultFactsInterval = 30 * time.Second
+
+// Reports a change triggers wait factsSettle, so a burst (prepare, launch,
+// exit) becomes one report, and come at most one per factsMinGap: measuring
+// walks caches and lists images, which a busy node must not do per event.
+const (
+	factsSettle = 500 * time.Millisecond
+	factsMinGap = 3 * time.Second
+)
+
+// factsLoop reports facts every interval and soon after the runtime's
+// holdings change, until ctx ends.
+func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.factsChanged:
+			wait := max(factsSettle, factsMinGap-time.Since(last))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			select { // changes during the wait are in this report
+			case <-a.factsChanged:
+			default:
+			}
+			t.Reset(every)
+		}
+		f := a.facts(ctx)
+		last = time.Now()
+		if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsFacts, Facts: &f}, ""); err != nil && ctx.Err() == nil {
+			a.log.Warn("facts not published; next report follows", zap.Error(err))
+		}
+	}
+}
+
+// changeWatch is the runtime as the agent uses it: it signals the facts loop
+// when what the node holds may have changed: an image was ensured (by a
+// prepare or a launch) or a workload exited (its caches were written, its
+// container goes).
+type changeWatch struct {
+	Runtime
+	changed chan<- struct{} // capacity 1: a pending signal covers any number of changes
+}
+
+func (r changeWatch) signal() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (r changeWatch) EnsureImage(ctx context.Context, spec ImageSpec) (ImageResult, error) {
+	res, err := r.Runtime.EnsureImage(ctx, spec)
+	if err == nil {
+		r.signal()
+	}
+	return res, err
+}
+
+func (r changeWatch) Wait(ctx context.Context, id string) (WorkloadStatus, error) {
+	st, err := r.Runtime.Wait(ctx, id)
+	if err == nil && st.State == WorkloadExited {
+		r.signal()
+	}
+	return st, err
+}

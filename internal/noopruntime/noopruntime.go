@@ -1,0 +1,254 @@
+// Package noopruntime is an agent.Runtime that runs nothing: it keeps images
+// and workloads as records in memory. Benchmarks use it to time the control
+// plane and the agent without a container runtime in the way; the optional
+// delays stand in for an image pull or a container start.
+package noopruntime
+
+import (
+	"context"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Options tunes the runtime. Zero values mean "instant" and "runs until
+// stopped".
+type Options struct {
+	// PullDelay is how long EnsureImage takes for an image not yet held.
+	PullDelay time.Duration
+	// LaunchDelay is how long Launch takes.
+	LaunchDelay time.Duration
+	// ExitAfter ends every workload with exit code 0 this long after it
+	// started; 0 keeps workloads running until they are stopped.
+	ExitAfter time.Duration
+	// Images are held from the start (manifest digests, "sha256:<hex>").
+	Images []string
+	// Now is the runtime's clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// Runtime is the in-memory runtime. It is safe for concurrent use.
+type Runtime struct {
+	opts Options
+
+	mu        sync.Mutex
+	images    map[string]time.Time // digest → when it became present
+	workloads map[string]*workload
+	ensures   int
+	launches  int
+}
+
+type workload struct {
+	st    agent.WorkloadStatus
+	done  chan struct{} // closed when the workload exits
+	timer *time.Timer
+}
+
+var _ agent.Runtime = (*Runtime)(nil)
+
+// New returns a runtime holding opts.Images.
+func New(opts Options) *Runtime {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	r := &Runtime{opts: opts, images: map[string]time.Time{}, workloads: map[string]*workload{}}
+	for _, d := range opts.Images {
+		r.images[d] = opts.Now()
+	}
+	return r
+}
+
+// Counts reports how many EnsureImage and Launch calls changed something.
+func (r *Runtime) Counts() (ensures, launches int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ensures, r.launches
+}
+
+// Info names the runtime.
+func (r *Runtime) Info(context.Context) (agent.RuntimeInfo, error) {
+	return agent.RuntimeInfo{Name: "noop", Version: runtime.Version()}, nil
+}
+
+// EnsureImage marks the image present, after PullDelay when it was not.
+func (r *Runtime) EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.ImageResult, error) {
+	r.mu.Lock()
+	_, ok := r.images[spec.ManifestDigest]
+	r.mu.Unlock()
+	if ok {
+		return agent.ImageResult{AlreadyPresent: true, Source: "local"}, nil
+	}
+	if err := sleep(ctx, r.opts.PullDelay); err != nil {
+		return agent.ImageResult{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.images[spec.ManifestDigest]; ok {
+		return agent.ImageResult{AlreadyPresent: true, Source: "local"}, nil
+	}
+	r.images[spec.ManifestDigest] = r.opts.Now()
+	r.ensures++
+	return agent.ImageResult{Source: "noop"}, nil
+}
+
+// Launch records a running workload, after LaunchDelay.
+func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+	r.mu.Lock()
+	_, exists := r.workloads[spec.ID]
+	r.mu.Unlock()
+	if exists {
+		return agent.WorkloadStatus{}, agent.ErrWorkloadExists
+	}
+	if err := sleep(ctx, r.opts.LaunchDelay); err != nil {
+		return agent.WorkloadStatus{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.workloads[spec.ID]; ok {
+		return agent.WorkloadStatus{}, agent.ErrWorkloadExists
+	}
+	labels := make(map[string]string, len(spec.Labels))
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	w := &workload{
+		st:   agent.WorkloadStatus{ID: spec.ID, State: agent.WorkloadRunning, Labels: labels, StartedAt: r.opts.Now()},
+		done: make(chan struct{}),
+	}
+	r.workloads[spec.ID] = w
+	r.launches++
+	if r.opts.ExitAfter > 0 {
+		w.timer = time.AfterFunc(r.opts.ExitAfter, func() { r.exit(spec.ID, 0) })
+	}
+	return copyStatus(w.st), nil
+}
+
+// exit ends a running workload with code.
+func (r *Runtime) exit(id string, code int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.workloads[id]
+	if !ok || w.st.State == agent.WorkloadExited {
+		return
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.st.State, w.st.ExitCode, w.st.FinishedAt = agent.WorkloadExited, code, r.opts.Now()
+	close(w.done)
+}
+
+// Wait blocks until the workload exits or ctx ends.
+func (r *Runtime) Wait(ctx context.Context, id string) (agent.WorkloadStatus, error) {
+	r.mu.Lock()
+	w, ok := r.workloads[id]
+	r.mu.Unlock()
+	if !ok {
+		return agent.WorkloadStatus{}, agent.ErrWorkloadNotFound
+	}
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		return agent.WorkloadStatus{}, ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return copyStatus(w.st), nil
+}
+
+// Inspect returns the workload's status.
+func (r *Runtime) Inspect(_ context.Context, id string) (agent.WorkloadStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.workloads[id]
+	if !ok {
+		return agent.WorkloadStatus{}, agent.ErrWorkloadNotFound
+	}
+	return copyStatus(w.st), nil
+}
+
+// Stop ends the workload at once with 143 (SIGTERM); the grace is not
+// waited, since nothing runs. Stopping an exited workload is not an error.
+func (r *Runtime) Stop(_ context.Context, id string, _ time.Duration) error {
+	r.mu.Lock()
+	_, ok := r.workloads[id]
+	r.mu.Unlock()
+	if !ok {
+		return agent.ErrWorkloadNotFound
+	}
+	r.exit(id, 143)
+	return nil
+}
+
+// Remove forgets the workload.
+func (r *Runtime) Remove(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.workloads[id]
+	if !ok {
+		return agent.ErrWorkloadNotFound
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if w.st.State != agent.WorkloadExited {
+		w.st.State = agent.WorkloadExited
+		close(w.done)
+	}
+	delete(r.workloads, id)
+	return nil
+}
+
+// List returns every workload, by id.
+func (r *Runtime) List(context.Context) ([]agent.WorkloadStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]agent.WorkloadStatus, 0, len(r.workloads))
+	for _, w := range r.workloads {
+		out = append(out, copyStatus(w.st))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Images reports every held image as hot, on this machine's platform.
+func (r *Runtime) Images(context.Context) ([]schemas.ImageLocality, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]schemas.ImageLocality, 0, len(r.images))
+	for d, at := range r.images {
+		out = append(out, schemas.ImageLocality{
+			ManifestDigest: d, Platform: schemas.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH},
+			ContentPresent: true, State: schemas.LocalityHot, LastVerifiedAt: at,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ManifestDigest < out[j].ManifestDigest })
+	return out, nil
+}
+
+func copyStatus(st agent.WorkloadStatus) agent.WorkloadStatus {
+	labels := make(map[string]string, len(st.Labels))
+	for k, v := range st.Labels {
+		labels[k] = v
+	}
+	st.Labels = labels
+	return st
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
