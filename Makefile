@@ -7,7 +7,12 @@ BIN     := bin
 DATA    ?= .warmfleet
 PKGS    := ./...
 
-.PHONY: run test build deps vet fmt fuzz bench clean
+.PHONY: run test build deps natscli vet fmt fuzz bench clean
+
+# The stock nats CLI, for the README's examples and the e2e test that runs
+# them (e2e.TestAcceptance_NatsCLIExamples). It is a Go module, so it comes
+# from the Go module proxy like every other dependency.
+NATS_CLI := github.com/nats-io/natscli/nats@v0.5.0
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -23,10 +28,23 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# natscli installs the nats CLI with `go install` (into $(go env GOBIN), or
+# $(go env GOPATH)/bin, where the test also looks) unless one is already on
+# PATH or there.
+natscli:
+	@gobin="$$($(GO) env GOBIN)"; gopath="$$($(GO) env GOPATH)"; \
+	if command -v nats >/dev/null 2>&1; then :; \
+	elif [ -n "$$gobin" ] && [ -x "$$gobin/nats" ]; then :; \
+	elif [ -z "$$gobin" ] && [ -x "$${gopath%%:*}/bin/nats" ]; then :; \
+	else \
+		echo "installing the nats CLI: $(GO) install $(NATS_CLI)"; \
+		$(GO) install $(NATS_CLI); \
+	fi
+
 run: deps build
 	./scripts/run-local.sh
 
-test: deps
+test: deps natscli
 	$(GO) vet $(PKGS)
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
 	$(GO) test -race -timeout 20m $(PKGS)

@@ -86,6 +86,7 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 			Duplicates:  2 * time.Minute,
 			Replicas:    r,
 		},
+		inboxStreamConfig(r),
 	}
 }
 
@@ -99,6 +100,8 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 		// Invitations carry their own expires_at, checked on redemption; the
 		// bucket's TTL only sweeps ones never redeemed.
 		{Bucket: BucketEnroll, Description: "single-use node invitations by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: 8 * 24 * time.Hour},
+		leasesKVConfig(r),
+		residencyKVConfig(r),
 	}
 }
 

@@ -1,0 +1,160 @@
+package residency
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestAcceptance_DrainReleasesAll: Drain stops admissions at once (the one
+// ledger refuses, and published observations stop advertising accepting),
+// lets an attach already admitted finish, releases every resident session
+// gracefully, and reports the one whose runtime refused to go — still
+// resident, not accepting. A second drain releases it once it can go, and
+// another host resumes a drained session.
+func TestAcceptance_DrainReleasesAll(t *testing.T) {
+	start := time.Now()
+	env := newBus(t)
+	ct := newContainerd(t)
+	cp := newControlPlane(t, env, SystemClock{}, time.Second, 3*time.Second)
+	ctx := testCtx(t)
+	durable := newMemDurable()
+	rlog := watchResidency(t, env)
+	rec := &recorder{}
+	a := newHost(t, hostConfig{id: "host-a", cp: cp, env: env, durable: durable, runtime: ct.rt, target: ct.target, handler: rec.handler("host-a")})
+	b := newHost(t, hostConfig{id: "host-b", cp: cp, env: env, durable: durable, runtime: ct.rt, target: ct.target, handler: rec.handler("host-b")})
+
+	keys := []Key{{tenant, "d1"}, {tenant, "d2"}, {tenant, "d3"}}
+	for _, k := range keys {
+		durable.seed(k, compatA)
+		if _, err := a.mgr.Attach(ctx, request(k, ModeResume)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stuck := keys[2]
+	a.faults.inject("runtime.stop:" + WorkloadID(stuck, 1))
+
+	// An attach admitted before the drain, held in its launch.
+	late := Key{tenant, "d4"}
+	durable.seed(late, compatA)
+	gate := make(chan struct{})
+	a.faults.mu.Lock()
+	a.faults.launchGate = gate
+	a.faults.mu.Unlock()
+	type result struct {
+		r   Residency
+		err error
+	}
+	lateDone := make(chan result, 1)
+	go func() {
+		r, err := a.mgr.Attach(ctx, request(late, ModeResume))
+		lateDone <- result{r, err}
+	}()
+	waitFor(t, "the late attach to be admitted", 5*time.Second, func() bool { _, ok := a.ledger.Charged(late); return ok })
+
+	type drained struct {
+		rep DrainReport
+		err error
+	}
+	drainDone := make(chan drained, 1)
+	go func() {
+		rep, err := a.mgr.Drain(ctx)
+		drainDone <- drained{rep, err}
+	}()
+	waitFor(t, "the drain to begin", 5*time.Second, a.ledger.Draining)
+	// New admissions are refused at once and take nothing.
+	refused := Key{tenant, "d5"}
+	durable.seed(refused, compatA)
+	_, err := a.mgr.Attach(ctx, request(refused, ModeResume))
+	var ae *AttachError
+	if !errors.As(err, &ae) || ae.Code != CodeDraining || ae.Step != StepAdmit || !ae.TookNothing() {
+		t.Fatalf("attach while draining: %v", err)
+	}
+	if got := held(t, cp, a, refused, nil); len(got) != 0 {
+		t.Fatalf("refused attach held %v", got)
+	}
+	select {
+	case d := <-drainDone:
+		t.Fatalf("drain finished before the admitted attach: %+v %v", d.rep, d.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	a.faults.mu.Lock()
+	a.faults.launchGate = nil
+	a.faults.mu.Unlock()
+	close(gate)
+	lr := <-lateDone
+	if lr.err != nil || !lr.r.Attached {
+		t.Fatalf("late attach: %+v %v", lr.r, lr.err)
+	}
+
+	var d drained
+	select {
+	case d = <-drainDone:
+	case <-time.After(20 * time.Second):
+		t.Fatal("drain did not finish")
+	}
+	if !errors.Is(d.err, ErrDrainIncomplete) {
+		t.Fatalf("drain error %v; want ErrDrainIncomplete", d.err)
+	}
+	wantReleased := []Key{keys[0], keys[1], late}
+	sortKeys(wantReleased)
+	if !slices.Equal(d.rep.Released, wantReleased) || len(d.rep.Failures) != 1 {
+		t.Fatalf("report %+v; want released %v and one failure", d.rep, wantReleased)
+	}
+	f := d.rep.Failures[0]
+	if f.Key != stuck || !f.Aborted || !errors.Is(f, ErrReleaseAborted) || !errors.Is(f, errInjected) {
+		t.Fatalf("failure %+v", f)
+	}
+	for _, k := range wantReleased {
+		if got := held(t, cp, a, k, nil); len(got) != 0 {
+			t.Fatalf("%s still held after drain: %v", k, got)
+		}
+	}
+	// The stuck one is resident, and its route no longer advertises accepting.
+	if r, ok := a.mgr.Resident(stuck); !ok || r.Phase != PhaseResident {
+		t.Fatalf("stuck session %+v %v", r, ok)
+	}
+	obs, _, err := cp.locations.Get(ctx, stuck)
+	if err != nil || obs.State != StateResident || obs.Accepting {
+		t.Fatalf("stuck route %+v %v; want resident, not accepting", obs, err)
+	}
+	if ws := ct.workloads(t); !slices.Equal(ws, []string{WorkloadID(stuck, 1)}) {
+		t.Fatalf("workloads %v", ws)
+	}
+
+	// Once the runtime can go, a second drain finishes.
+	a.faults.clear()
+	rep, err := a.mgr.Drain(ctx)
+	if err != nil || !slices.Equal(rep.Released, []Key{stuck}) {
+		t.Fatalf("second drain %+v %v", rep, err)
+	}
+	if a.ledger.InUse() != 0 || len(a.mgr.Residencies()) != 0 || len(ct.workloads(t)) != 0 {
+		t.Fatalf("after drain: %d charged, %d residencies, workloads %v", a.ledger.InUse(), len(a.mgr.Residencies()), ct.workloads(t))
+	}
+
+	// Another host resumes a drained session at the next epoch.
+	r, err := b.mgr.Attach(ctx, request(keys[0], ModeResume))
+	if err != nil || r.Epoch != 2 {
+		t.Fatalf("resume on B: %+v %v", r, err)
+	}
+	if err := publishWork(ctx, env.js, keys[0], "after-drain"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "B handling work", 5*time.Second, func() bool { return len(rec.snapshot()) == 1 })
+	if err := rec.checkOnce([]string{"after-drain"}); err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := b.mgr.Drain(dctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range append(keys, late) {
+		if err := rlog.check(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("total %v", time.Since(start))
+}

@@ -1,0 +1,232 @@
+package residency
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+)
+
+// LeaseRecord is a session lease as stored in wf_leases (JSON, so operators
+// can read it with `nats kv get wf_leases <tenant>.<session>`).
+type LeaseRecord struct {
+	Tenant    string         `json:"tenant"`
+	Session   string         `json:"session"`
+	Holder    string         `json:"holder"`
+	Epoch     ResidencyEpoch `json:"epoch"`
+	ExpiresAt time.Time      `json:"expires_at"`
+	GrantedAt time.Time      `json:"granted_at"`
+	RenewedAt time.Time      `json:"renewed_at,omitzero"`
+	Released  bool           `json:"released,omitempty"`
+	Token     string         `json:"token"`
+}
+
+// Live reports whether the lease is held at now. Liveness is the record's
+// own expires_at, never a KV TTL (a per-key TTL is dropped by Update).
+func (r LeaseRecord) Live(now time.Time) bool { return now.Before(r.ExpiresAt) }
+
+// KVLeasesOptions configures KVLeases.
+type KVLeasesOptions struct {
+	// JS reaches wf_leases and creates inbox consumers. Required.
+	JS jetstream.JetStream
+	// TTL is every grant's lifetime from its last renewal. Required.
+	TTL time.Duration
+	// InboxAckWait is the AckWait of the inbox consumers this store creates
+	// (bus.InboxConsumerConfig's default when zero). It must exceed the
+	// longest a handler takes.
+	InboxAckWait time.Duration
+	// Clock stamps granted_at and expires_at; SystemClock when nil.
+	Clock  Clock
+	Logger *zap.Logger
+}
+
+// KVLeases is the control plane's SessionLeases over wf_leases.
+//
+// It is control-plane code: it writes KV and creates consumers, which agents
+// may not. A host-side Manager reaches it directly in-process or, in an agent,
+// through a request/reply client of SessionLeases.
+type KVLeases struct {
+	kv           jetstream.KeyValue
+	js           jetstream.JetStream
+	ttl          time.Duration
+	inboxAckWait time.Duration
+	clock        Clock
+	log          *zap.Logger
+}
+
+var _ SessionLeases = (*KVLeases)(nil)
+
+// NewKVLeases binds wf_leases (bus.Provision creates it).
+func NewKVLeases(ctx context.Context, o KVLeasesOptions) (*KVLeases, error) {
+	if o.JS == nil {
+		return nil, &InvalidOptionsError{Field: "JS", Reason: "required"}
+	}
+	if o.TTL <= 0 {
+		return nil, &InvalidOptionsError{Field: "TTL", Reason: "must be positive"}
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	kv, err := o.JS.KeyValue(ctx, bus.BucketLeases)
+	if err != nil {
+		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketLeases, err)
+	}
+	return &KVLeases{kv: kv, js: o.JS, ttl: o.TTL, inboxAckWait: o.InboxAckWait, clock: o.Clock, log: o.Logger.Named("leases")}, nil
+}
+
+// Get reads a session's lease record and its revision.
+func (s *KVLeases) Get(ctx context.Context, key Key) (LeaseRecord, uint64, error) {
+	var rec LeaseRecord
+	rev, err := bus.GetJSON(ctx, s.kv, key.String(), &rec)
+	return rec, rev, err
+}
+
+// AcquireSessionLease implements SessionLeases: absent → Create at epoch 1;
+// expired → CAS Update to epoch+1; live → ErrLeaseHeld. It then makes sure
+// the session's durable inbox consumer exists; if that fails the grant is
+// released again.
+func (s *KVLeases) AcquireSessionLease(ctx context.Context, key Key, holder string) (LeaseGrant, error) {
+	if err := key.Validate(); err != nil {
+		return LeaseGrant{}, err
+	}
+	if holder == "" {
+		return LeaseGrant{}, fmt.Errorf("%w: lease holder is empty", ErrInvalidRequest)
+	}
+	token, err := newToken()
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	g, err := s.acquire(ctx, key, holder, token)
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	if s.js != nil {
+		cfg := bus.InboxConsumerConfig(key.Tenant, key.Session, s.inboxAckWait)
+		if _, err := s.js.CreateOrUpdateConsumer(ctx, bus.StreamInbox, cfg); err != nil {
+			err = fmt.Errorf("residency: create inbox consumer for %s: %w", key, err)
+			if rerr := s.ReleaseSessionLease(ctx, g); rerr != nil {
+				// The record still expires at its own expires_at.
+				err = errors.Join(err, fmt.Errorf("release after failed consumer: %w", rerr))
+			}
+			return LeaseGrant{}, err
+		}
+	}
+	s.log.Debug("lease granted", zap.Stringer("key", key), zap.String("holder", holder), zap.Uint64("epoch", uint64(g.Epoch)))
+	return g, nil
+}
+
+func (s *KVLeases) acquire(ctx context.Context, key Key, holder, token string) (LeaseGrant, error) {
+	k := key.String()
+	for range maxCASAttempts {
+		now := s.clock.Now()
+		rec := LeaseRecord{
+			Tenant: key.Tenant, Session: key.Session, Holder: holder, Epoch: 1,
+			GrantedAt: now, ExpiresAt: now.Add(s.ttl), Token: token,
+		}
+		var cur LeaseRecord
+		rev, err := bus.GetJSON(ctx, s.kv, k, &cur)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			nrev, err := bus.CreateJSON(ctx, s.kv, k, rec)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+			if err != nil {
+				return s.resolve(ctx, key, token, err)
+			}
+			return s.grant(key, rec, nrev), nil
+		case err != nil:
+			return LeaseGrant{}, fmt.Errorf("residency: read lease %s: %w", key, err)
+		}
+		if cur.Live(now) {
+			return LeaseGrant{}, fmt.Errorf("%w: %s held by %s at epoch %d until %s",
+				ErrLeaseHeld, key, cur.Holder, cur.Epoch, cur.ExpiresAt.Format(time.RFC3339Nano))
+		}
+		rec.Epoch = cur.Epoch + 1
+		nrev, err := updateJSON(ctx, s.kv, k, rec, rev)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return s.resolve(ctx, key, token, err)
+		}
+		return s.grant(key, rec, nrev), nil
+	}
+	return LeaseGrant{}, fmt.Errorf("residency: acquire lease %s: gave up after %d conflicts", key, maxCASAttempts)
+}
+
+// resolve settles a write whose answer was lost: the grant is ours exactly
+// when the stored record carries our token.
+func (s *KVLeases) resolve(ctx context.Context, key Key, token string, werr error) (LeaseGrant, error) {
+	var cur LeaseRecord
+	rev, err := bus.GetJSON(ctx, s.kv, key.String(), &cur)
+	if err == nil && cur.Token == token {
+		return s.grant(key, cur, rev), nil
+	}
+	return LeaseGrant{}, fmt.Errorf("residency: write lease %s: %w", key, werr)
+}
+
+func (s *KVLeases) grant(key Key, rec LeaseRecord, rev uint64) LeaseGrant {
+	return LeaseGrant{Key: key, Holder: rec.Holder, Epoch: rec.Epoch, Revision: rev, TTL: s.ttl, GrantedAt: rec.GrantedAt, ExpiresAt: rec.ExpiresAt, Token: rec.Token}
+}
+
+// RenewSessionLease implements SessionLeases: a CAS Update at the grant's
+// own revision. An expired grant is not revived, even if nobody took it.
+func (s *KVLeases) RenewSessionLease(ctx context.Context, g LeaseGrant) (LeaseGrant, error) {
+	now := s.clock.Now()
+	if !now.Before(g.ExpiresAt) {
+		return LeaseGrant{}, fmt.Errorf("%w: %s epoch %d expired at %s", ErrLeaseLost, g.Key, g.Epoch, g.ExpiresAt.Format(time.RFC3339Nano))
+	}
+	rec := LeaseRecord{
+		Tenant: g.Key.Tenant, Session: g.Key.Session, Holder: g.Holder, Epoch: g.Epoch,
+		GrantedAt: g.GrantedAt, RenewedAt: now, ExpiresAt: now.Add(s.ttl), Token: g.Token,
+	}
+	rev, err := updateJSON(ctx, s.kv, g.Key.String(), rec, g.Revision)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return LeaseGrant{}, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
+	}
+	if err != nil {
+		return LeaseGrant{}, fmt.Errorf("residency: renew lease %s: %w", g.Key, err)
+	}
+	return s.grant(g.Key, rec, rev), nil
+}
+
+// ReleaseSessionLease implements SessionLeases: it CAS-writes an "expired
+// now" record that keeps the epoch, so the next holder gets epoch+1. It never
+// deletes: that would reset the next holder to epoch 1.
+func (s *KVLeases) ReleaseSessionLease(ctx context.Context, g LeaseGrant) error {
+	now := s.clock.Now()
+	rec := LeaseRecord{
+		Tenant: g.Key.Tenant, Session: g.Key.Session, Holder: g.Holder, Epoch: g.Epoch,
+		GrantedAt: g.GrantedAt, RenewedAt: now, ExpiresAt: now, Released: true, Token: g.Token,
+	}
+	_, err := updateJSON(ctx, s.kv, g.Key.String(), rec, g.Revision)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
+	}
+	if err != nil {
+		return fmt.Errorf("residency: release lease %s: %w", g.Key, err)
+	}
+	return nil
+}
+
+// maxCASAttempts bounds a read → write loop under contention.
+const maxCASAttempts = 64
+
+func newToken() (string, error) {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("residency: token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
