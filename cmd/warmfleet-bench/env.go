@@ -141,8 +141,9 @@ func (e *env) close() {
 	_ = os.RemoveAll(e.dir)
 }
 
-// profiler writes one CPU profile over every measured phase of a command:
-// start/stop bracket each phase, and the profile covers their union.
+// profiler writes one CPU profile of a command's measured phase: the
+// command calls start when the phase begins and stop when it ends (a CPU
+// profile cannot be paused, so there is one phase per file).
 type profiler struct {
 	path string
 	f    *os.File
@@ -160,9 +161,7 @@ func newProfiler(path string) (*profiler, error) {
 	return &profiler{path: path, f: f}, nil
 }
 
-// start begins profiling; pprof allows one profile per file, so only the
-// first phase is recorded unless phases are contiguous. The commands call
-// start once before their measured phases and stop once after.
+// start begins profiling; a second start is a no-op.
 func (p *profiler) start() error {
 	if p.f == nil || p.on {
 		return nil

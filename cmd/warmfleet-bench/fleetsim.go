@@ -143,9 +143,17 @@ func fleetSim(o simOpts) error {
 // of thousands queues).
 func enrollSim(ctx context.Context, o simOpts, i int) (*simAgent, int, error) {
 	id := fmt.Sprintf("%s-%05d", o.prefix, i)
-	nc, err := nats.Connect(o.url, nats.Name(id), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, 0, fmt.Errorf("%s: connect: %w", id, err)
+	// A loaded server answers slowly: a generous timeout, and retries.
+	var nc *nats.Conn
+	var err error
+	for try := 0; ; try++ {
+		nc, err = nats.Connect(o.url, nats.Name(id), nats.MaxReconnects(-1), nats.Timeout(10*time.Second))
+		if err == nil {
+			break
+		}
+		if try >= 5 || ctx.Err() != nil {
+			return nil, 0, fmt.Errorf("%s: connect: %w", id, err)
+		}
 	}
 	req := schemas.EnrollmentRequest{NodeID: id, Generation: 1, AgentVersion: "bench-sim",
 		Capacity: schemas.Resources{CPUMillis: 32_000, MemoryBytes: 256 << 30, GPUCount: 8}, Facts: simFacts(o.images, i)}

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -89,6 +91,11 @@ type intakeRound struct {
 	IdleCores         float64 `json:"idle_cores,omitempty"`
 	IdlePublishesPerS float64 `json:"idle_event_publishes_per_s,omitempty"`
 	IntakeCores       float64 `json:"process_cores_during_intake"`
+	// SchedulerLagS is how long after the last accepted event the scheduler
+	// took to record every Run's first decision.
+	SchedulerLagS float64 `json:"scheduler_lag_s"`
+	// IdleEventTypes counts the idle window's event publishes by type.
+	IdleEventTypes map[string]int64 `json:"idle_event_types,omitempty"`
 }
 
 func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
@@ -189,8 +196,21 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 		last     time.Time
 		events   atomic.Int64
 	)
+	var (
+		idling    atomic.Bool
+		idleTypes = map[string]int64{}
+	)
 	sub, err := prod.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
 		events.Add(1)
+		if idling.Load() {
+			var ev struct {
+				Type string `json:"type"`
+			}
+			_ = json.Unmarshal(m.Data, &ev)
+			mu.Lock()
+			idleTypes[ev.Type]++
+			mu.Unlock()
+		}
 		if !bytes.Contains(m.Data, []byte(`"type":"accepted"`)) {
 			return
 		}
@@ -285,9 +305,14 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	if res.InWFRuns < uint64(res.Submitted) {
 		return res, fmt.Errorf("wf_runs holds %d Runs, %d were submitted", res.InWFRuns, res.Submitted)
 	}
-	// Give the scheduler a moment to record its one decision per Run, then
-	// see what the waiting Runs cost with no traffic at all.
-	time.Sleep(time.Second)
+	// Wait for the scheduler to record its one decision per Run (accepted +
+	// decided = two stored events per Run), then see what the waiting Runs
+	// cost with no traffic at all.
+	lagStart := time.Now()
+	for streamMsgs(ctx, prod.JS, bus.StreamEvents) < 2*uint64(res.Submitted) && time.Since(lagStart) < 3*time.Minute {
+		time.Sleep(50 * time.Millisecond)
+	}
+	res.SchedulerLagS = time.Since(lagStart).Seconds()
 	res.EventPublishes = events.Load()
 	res.EventsStored = streamMsgs(ctx, prod.JS, bus.StreamEvents)
 	if o.idle > 0 {
@@ -296,12 +321,17 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 			return res, err
 		}
 		ev0 := events.Load()
+		idling.Store(true)
 		select {
 		case <-time.After(o.idle):
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
+		idling.Store(false)
 		res.IdleCores, _ = idle.cores()
+		mu.Lock()
+		res.IdleEventTypes = maps.Clone(idleTypes)
+		mu.Unlock()
 		res.IdlePublishesPerS = float64(events.Load()-ev0) / o.idle.Seconds()
 	}
 	return res, nil

@@ -56,7 +56,7 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
 	pf := root.PersistentFlags()
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases (the process holding NATS and, except for fleet, the control plane) to this file")
-	pf.StringVar(&g.cpLogLevel, "cp-log-level", "info", "control-plane log level (logs go to a file in the bench dir, as `warmfleet serve` logs to stderr); none to disable")
+	pf.StringVar(&g.cpLogLevel, "cp-log-level", "info", "control-plane log level (logs go to a file in the bench dir, as warmfleet serve logs to stderr); none to disable")
 	pf.BoolVar(&g.keep, "keep", false, "keep the bench dir (NATS store, logs) instead of removing it")
 	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newCPServeCmd(), newFleetSimCmd())
 	return root
