@@ -6,6 +6,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -16,11 +17,31 @@ import (
 
 // Machine is one launched agent.
 type Machine interface {
-	// Stop ends the agent and releases what it holds.
+	// Stop ends the agent, if it runs, and releases what it holds (a
+	// suspended machine's data dir too).
 	Stop(ctx context.Context) error
-	// Done closes when the agent has exited for any reason.
+	// Done closes when the agent process now running has exited for any
+	// reason (after Resume, it is the new process's channel).
 	Done() <-chan struct{}
 }
+
+// Suspendable is a Machine whose agent can be stopped keeping its data dir
+// (saved session, operation journal, images, caches) and started again from
+// it: what stop and resume of a local machine are.
+type Suspendable interface {
+	Machine
+	// Suspend stops the agent process and keeps its data dir.
+	Suspend(ctx context.Context) error
+	// Resume starts the agent again from the data dir it kept.
+	Resume(ctx context.Context) error
+}
+
+// Option tunes a Provider.
+type Option func(*Provider)
+
+// WithStopResume declares stop, resume and a persistent disk: the launcher's
+// machines must be Suspendable (a provision whose machine is not fails).
+func WithStopResume() Option { return func(p *Provider) { p.suspendable = true } }
 
 // Launcher starts an agent that enrolls with boot, delivered verbatim.
 type Launcher func(ctx context.Context, name string, boot schemas.NodeBootstrap) (Machine, error)
@@ -30,40 +51,56 @@ type Offer = capacity.Offer
 
 // Provider rents local machines.
 type Provider struct {
-	launch Launcher
-	offer  capacity.Offer
-	now    func() time.Time
+	launch      Launcher
+	offer       capacity.Offer
+	now         func() time.Time
+	suspendable bool
 
-	mu       sync.Mutex
-	seq      int
-	machines map[string]*machine // by native ref
-	byKey    map[string]string   // operation key → native ref
+	mu        sync.Mutex
+	seq       int
+	machines  map[string]*machine // by native ref
+	byKey     map[string]string   // operation key → native ref
+	rentalGen map[string]uint64   // highest generation seen per rental
 }
 
 type machine struct {
-	owned    capacity.OwnedCapacity
-	m        Machine
-	state    capacity.State
-	since    time.Time
-	boot     schemas.NodeBootstrap
-	stopping bool
+	// op serialises stop, start and terminate of this machine; it is taken
+	// before Provider.mu, never while holding it.
+	op    sync.Mutex
+	owned capacity.OwnedCapacity
+	m     Machine
+	state capacity.State
+	since time.Time
+	boot  schemas.NodeBootstrap
 }
 
 // New returns a provider that launches machines with launch and lists offer
 // (its ID, resources and price) as its only offer.
-func New(launch Launcher, offer capacity.Offer) *Provider {
+func New(launch Launcher, offer capacity.Offer, opts ...Option) *Provider {
 	if offer.ID == "" {
 		offer.ID = "local"
 	}
 	offer.Provider, offer.Available = "local", true
-	return &Provider{launch: launch, offer: offer, now: time.Now, machines: map[string]*machine{}, byKey: map[string]string{}}
+	p := &Provider{launch: launch, offer: offer, now: time.Now, machines: map[string]*machine{}, byKey: map[string]string{},
+		rentalGen: map[string]uint64{}}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
 }
 
-// Support: local machines dedupe on the operation key and list what they
-// own; they cannot be stopped and resumed (an agent's data dir is removed
-// with it), so idle ones are terminated.
+// Support: local machines dedupe on the operation key, list what they own
+// and refuse commands of a superseded generation. With WithStopResume they
+// stop (the agent process ends, its data dir stays) and resume (the agent
+// starts again from that data dir, still warm); without it idle ones can
+// only be terminated.
 func (p *Provider) Support() capacity.Support {
-	return capacity.Support{IdempotentProvision: capacity.IdempotencyOperationKey, ListOwned: true, ObserveAfterTerminate: true, ExactPricing: true}
+	s := capacity.Support{IdempotentProvision: capacity.IdempotencyOperationKey, ListOwned: true, ObserveAfterTerminate: true,
+		ExactPricing: true, GenerationFencing: true}
+	if p.suspendable {
+		s.Stop, s.Resume, s.PersistentDisk = true, true, true
+	}
+	return s
 }
 
 // Declaration describes the adapter.
@@ -83,7 +120,9 @@ func (p *Provider) ListCapacity(_ context.Context, q capacity.OfferQuery) ([]cap
 	return []capacity.Offer{p.offer}, nil
 }
 
-// ProvisionCapacity launches a machine, once per operation key.
+// ProvisionCapacity launches a machine, once per operation key. A
+// provision for a rental under a generation older than one already seen is
+// refused.
 func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.ProvisionCommand) (capacity.Receipt, error) {
 	if err := cmd.Validate(); err != nil {
 		return capacity.Receipt{}, err
@@ -94,6 +133,11 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 		p.mu.Unlock()
 		return capacity.Receipt{NativeRef: ref, State: m.state, AcceptedAt: m.owned.CreatedAt, Duplicate: true, Pricing: p.offer.PricePerHour}, nil
 	}
+	if g := p.rentalGen[cmd.RentalID]; cmd.Generation < g {
+		p.mu.Unlock()
+		return capacity.Receipt{}, capacity.Errorf(capacity.CodeStaleGeneration, "rental %s is at generation %d", cmd.RentalID, g)
+	}
+	p.rentalGen[cmd.RentalID] = cmd.Generation
 	p.seq++
 	ref := fmt.Sprintf("local-%d", p.seq)
 	now := p.now()
@@ -101,9 +145,16 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 		NativeRef: ref, ConnectionID: cmd.ConnectionID, RentalID: cmd.RentalID, Generation: cmd.Generation,
 		OwnershipToken: cmd.OwnershipToken, OperationKey: cmd.OperationKey, State: capacity.StateBooting, CreatedAt: now}}
 	p.machines[ref], p.byKey[cmd.OperationKey] = m, ref
+	m.op.Lock() // nothing acts on the machine before it is launched
 	p.mu.Unlock()
+	defer m.op.Unlock()
 
 	mach, err := p.launch(ctx, ref, cmd.Bootstrap)
+	if err == nil && p.suspendable {
+		if _, ok := mach.(Suspendable); !ok {
+			err = errors.Join(fmt.Errorf("local: the launcher's machines cannot suspend, but the provider declares stop and resume"), mach.Stop(ctx))
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
@@ -136,38 +187,118 @@ func (p *Provider) ObserveCapacity(_ context.Context, ref capacity.Ref) (capacit
 	return capacity.Observation{NativeRef: ref.NativeRef, State: m.state, ObservedAt: p.now(), StateSince: m.since}, nil
 }
 
-// StartCapacity and StopCapacity are not supported.
-func (p *Provider) StartCapacity(context.Context, capacity.Command) (capacity.Receipt, error) {
-	return capacity.Receipt{}, capacity.Errorf(capacity.CodeUnsupported, "local machines cannot be resumed")
-}
-
-func (p *Provider) StopCapacity(context.Context, capacity.Command) (capacity.Receipt, error) {
-	return capacity.Receipt{}, capacity.Errorf(capacity.CodeUnsupported, "local machines cannot be stopped and resumed; terminate them")
-}
-
-// TerminateCapacity stops the machine's agent. It is idempotent.
-func (p *Provider) TerminateCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
+// acquire finds the machine a command names, serialises it against other
+// commands on that machine, and fences the command's generation: an older
+// one is refused, a newer one becomes the machine's. The caller unlocks
+// m.op.
+func (p *Provider) acquire(cmd capacity.Command) (*machine, error) {
 	if err := cmd.Validate(); err != nil {
-		return capacity.Receipt{}, err
+		return nil, err
 	}
 	p.mu.Lock()
 	m, ok := p.machines[cmd.NativeRef]
+	p.mu.Unlock()
 	if !ok || m.owned.OwnershipToken != cmd.OwnershipToken {
-		p.mu.Unlock()
-		return capacity.Receipt{}, capacity.Errorf(capacity.CodeNotFound, "no local machine %s", cmd.NativeRef)
+		return nil, capacity.Errorf(capacity.CodeNotFound, "no local machine %s", cmd.NativeRef)
 	}
+	m.op.Lock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if m.owned.Generation > cmd.Generation {
-		p.mu.Unlock()
-		return capacity.Receipt{}, capacity.Errorf(capacity.CodeStaleGeneration, "machine %s is at generation %d", cmd.NativeRef, m.owned.Generation)
+		m.op.Unlock()
+		return nil, capacity.Errorf(capacity.CodeStaleGeneration, "machine %s is at generation %d", cmd.NativeRef, m.owned.Generation)
 	}
-	if m.state == capacity.StateTerminated || m.stopping {
-		p.mu.Unlock()
+	m.owned.Generation = cmd.Generation
+	p.rentalGen[m.owned.RentalID] = max(p.rentalGen[m.owned.RentalID], cmd.Generation)
+	return m, nil
+}
+
+// StopCapacity ends a running machine's agent and keeps its data dir.
+func (p *Provider) StopCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
+	if !p.suspendable {
+		return capacity.Receipt{}, capacity.Errorf(capacity.CodeUnsupported, "these local machines cannot be stopped and resumed; terminate them")
+	}
+	m, err := p.acquire(cmd)
+	if err != nil {
+		return capacity.Receipt{}, err
+	}
+	defer m.op.Unlock()
+	p.mu.Lock()
+	switch m.state {
+	case capacity.StateStopped:
+		defer p.mu.Unlock()
+		return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: p.now(), Duplicate: true, Pricing: p.offer.PricePerHour}, nil
+	case capacity.StateRunning:
+	default:
+		defer p.mu.Unlock()
+		return capacity.Receipt{}, capacity.Errorf(capacity.CodeInvalid, "machine %s is %s", cmd.NativeRef, m.state)
+	}
+	accepted := p.now()
+	m.state, m.since = capacity.StateStopping, accepted
+	mach := m.m.(Suspendable)
+	p.mu.Unlock()
+	err = mach.Suspend(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		m.state, m.since = capacity.StateFailed, p.now()
+		return capacity.Receipt{}, fmt.Errorf("local: stop %s: %w", cmd.NativeRef, err)
+	}
+	m.state, m.since = capacity.StateStopped, p.now()
+	return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: accepted, Pricing: p.offer.PricePerHour}, nil
+}
+
+// StartCapacity starts a stopped machine's agent again from its data dir.
+func (p *Provider) StartCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
+	if !p.suspendable {
+		return capacity.Receipt{}, capacity.Errorf(capacity.CodeUnsupported, "these local machines cannot be resumed")
+	}
+	m, err := p.acquire(cmd)
+	if err != nil {
+		return capacity.Receipt{}, err
+	}
+	defer m.op.Unlock()
+	p.mu.Lock()
+	switch m.state {
+	case capacity.StateRunning:
+		defer p.mu.Unlock()
+		return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: p.now(), Duplicate: true, Pricing: p.offer.PricePerHour}, nil
+	case capacity.StateStopped:
+	default:
+		defer p.mu.Unlock()
+		return capacity.Receipt{}, capacity.Errorf(capacity.CodeInvalid, "machine %s is %s", cmd.NativeRef, m.state)
+	}
+	accepted := p.now()
+	m.state, m.since = capacity.StateBooting, accepted
+	mach := m.m.(Suspendable)
+	p.mu.Unlock()
+	err = mach.Resume(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		m.state, m.since = capacity.StateStopped, p.now()
+		return capacity.Receipt{}, fmt.Errorf("local: start %s: %w", cmd.NativeRef, err)
+	}
+	m.state, m.since = capacity.StateRunning, p.now()
+	return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: accepted, Pricing: p.offer.PricePerHour}, nil
+}
+
+// TerminateCapacity stops the machine's agent and releases what it holds.
+// It is idempotent.
+func (p *Provider) TerminateCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
+	m, err := p.acquire(cmd)
+	if err != nil {
+		return capacity.Receipt{}, err
+	}
+	defer m.op.Unlock()
+	p.mu.Lock()
+	if m.state == capacity.StateTerminated {
+		defer p.mu.Unlock()
 		return capacity.Receipt{NativeRef: cmd.NativeRef, State: capacity.StateTerminated, AcceptedAt: p.now(), Duplicate: true}, nil
 	}
-	m.stopping, m.state, m.since = true, capacity.StateTerminating, p.now()
+	m.state, m.since = capacity.StateTerminating, p.now()
 	mach := m.m
 	p.mu.Unlock()
-	var err error
 	if mach != nil {
 		err = mach.Stop(ctx)
 	}

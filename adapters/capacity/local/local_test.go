@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 
@@ -22,24 +23,148 @@ type process struct {
 func (p *process) Stop(context.Context) error { p.once.Do(func() { close(p.done) }); return nil }
 func (p *process) Done() <-chan struct{}      { return p.done }
 
+// suspendable is a process that can be stopped keeping its disk and
+// started again: a new done channel per start, a disk that survives.
+type suspendable struct {
+	mu      sync.Mutex
+	running *process
+	disk    []string // what the "agent" wrote; kept across suspend
+	gone    bool
+}
+
+func (s *suspendable) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone, s.disk = true, nil
+	return s.running.Stop(ctx)
+}
+
+func (s *suspendable) Done() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running.done
+}
+
+func (s *suspendable) Suspend(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.disk = append(s.disk, "suspended")
+	return s.running.Stop(ctx)
+}
+
+func (s *suspendable) Resume(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return errors.New("resume of a terminated machine")
+	}
+	s.running = &process{done: make(chan struct{})}
+	s.disk = append(s.disk, "resumed")
+	return nil
+}
+
 func newProvider(t *testing.T) capacity.Provider {
 	return local.New(func(context.Context, string, schemas.NodeBootstrap) (local.Machine, error) {
 		return &process{done: make(chan struct{})}, nil
-	}, capacity.Offer{ID: "local", CPUMillis: 2000, MemoryBytes: 1 << 30, PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 100_000, Exact: true}})
+	}, localOffer)
+}
+
+var localOffer = capacity.Offer{ID: "local", CPUMillis: 2000, MemoryBytes: 1 << 30, PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 100_000, Exact: true}}
+
+func newResumable(t *testing.T) capacity.Provider {
+	return local.New(func(context.Context, string, schemas.NodeBootstrap) (local.Machine, error) {
+		return &suspendable{running: &process{done: make(chan struct{})}}, nil
+	}, localOffer, local.WithStopResume())
+}
+
+func received(t *testing.T, p capacity.Provider, ref string) ([]byte, bool) {
+	b, ok := p.(*local.Provider).Bootstrap(ref)
+	if !ok {
+		return nil, false
+	}
+	data, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data, true
 }
 
 func TestConformance(t *testing.T) {
-	conformance.Run(t, newProvider, conformance.Options{
-		Received: func(t *testing.T, p capacity.Provider, ref string) ([]byte, bool) {
-			b, ok := p.(*local.Provider).Bootstrap(ref)
-			if !ok {
-				return nil, false
-			}
-			data, err := json.Marshal(b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return data, true
-		},
-	})
+	conformance.Run(t, newProvider, conformance.Options{Received: received})
+}
+
+// TestConformance_StopResume runs the suite against local machines that
+// stop keeping their data dir and start again from it.
+func TestConformance_StopResume(t *testing.T) {
+	conformance.Run(t, newResumable, conformance.Options{Received: received})
+}
+
+// TestStopResume_KeepsDiskAndFences: a stopped machine's agent is not
+// running and its disk is kept; a start under an older generation than the
+// stop's is refused; start brings a new process up on the same disk, and a
+// machine whose new process exits is reported failed.
+func TestStopResume_KeepsDiskAndFences(t *testing.T) {
+	var mach *suspendable
+	p := local.New(func(context.Context, string, schemas.NodeBootstrap) (local.Machine, error) {
+		mach = &suspendable{running: &process{done: make(chan struct{})}}
+		return mach, nil
+	}, localOffer, local.WithStopResume())
+	ctx := context.Background()
+	if s := p.Support(); !s.Stop || !s.Resume || !s.PersistentDisk || s.Validate() != nil {
+		t.Fatalf("support %+v", s)
+	}
+	rc, err := p.ProvisionCapacity(ctx, capacity.ProvisionCommand{OperationKey: "rt-1-g1", RentalID: "rt-1", Generation: 1, OwnershipToken: "wf", OfferID: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := capacity.Ref{RentalID: "rt-1", NativeRef: rc.NativeRef, OwnershipToken: "wf"}
+	first := mach.Done()
+	if _, err := p.StopCapacity(ctx, capacity.Command{Ref: ref, Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first:
+	default:
+		t.Fatal("the agent still runs on a stopped machine")
+	}
+	if obs, _ := p.ObserveCapacity(ctx, ref); obs.State != capacity.StateStopped || obs.StateSince.IsZero() {
+		t.Fatalf("after stop: %+v", obs)
+	}
+	if _, err := p.StartCapacity(ctx, capacity.Command{Ref: ref, Generation: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.StopCapacity(ctx, capacity.Command{Ref: ref, Generation: 1}); !errors.Is(err, capacity.ErrStaleGeneration) {
+		t.Fatalf("stop under a superseded generation: %v", err)
+	}
+	if obs, _ := p.ObserveCapacity(ctx, ref); obs.State != capacity.StateRunning {
+		t.Fatalf("after start: %+v", obs)
+	}
+	if got := mach.disk; len(got) != 2 || got[0] != "suspended" || got[1] != "resumed" {
+		t.Fatalf("disk across stop and start: %v", got)
+	}
+	owned, err := p.ListOwnedCapacity(ctx, capacity.OwnershipQuery{OwnershipToken: "wf"})
+	if err != nil || len(owned) != 1 || owned[0].Generation != 2 {
+		t.Fatalf("owned after a resume: %+v %v", owned, err)
+	}
+	_ = mach.Stop(ctx) // the resumed process dies on its own
+	if obs, _ := p.ObserveCapacity(ctx, ref); obs.State != capacity.StateFailed {
+		t.Fatalf("a machine whose resumed agent exited: %+v", obs)
+	}
+}
+
+// TestStopResume_RefusesPlainMachines: a provider that declares stop and
+// resume refuses a launcher whose machines cannot suspend, and stops what it
+// launched.
+func TestStopResume_RefusesPlainMachines(t *testing.T) {
+	proc := &process{done: make(chan struct{})}
+	p := local.New(func(context.Context, string, schemas.NodeBootstrap) (local.Machine, error) { return proc, nil }, localOffer, local.WithStopResume())
+	_, err := p.ProvisionCapacity(context.Background(), capacity.ProvisionCommand{OperationKey: "rt-1-g1", RentalID: "rt-1", Generation: 1, OwnershipToken: "wf", OfferID: "local"})
+	if err == nil {
+		t.Fatal("provisioned a machine that cannot suspend under a stop/resume declaration")
+	}
+	select {
+	case <-proc.done:
+	default:
+		t.Fatal("the launched machine was left running")
+	}
 }
