@@ -195,12 +195,12 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 	if capacity.GPUCount == 0 {
 		capacity.GPUCount = facts.Host.Accelerator.GPUCount()
 	}
-	token, resuming := a.loadSession()
+	token, generation, resuming := a.loadSession()
 	if !resuming {
-		token = a.cfg.EnrollmentToken
+		token, generation = a.cfg.EnrollmentToken, a.cfg.Generation
 	}
 	req := schemas.EnrollmentRequest{
-		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: a.cfg.Generation,
+		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: generation,
 		EnrollmentToken: token, AgentVersion: Version,
 		Capacity: capacity, MaxWorkloads: a.cfg.MaxWorkloads, Facts: facts,
 	}

@@ -32,17 +32,24 @@ type savedSession struct {
 
 func (a *Agent) sessionPath() string { return filepath.Join(a.cfg.DataDir, "session.json") }
 
-// loadSession returns the saved session token for this node and generation.
-func (a *Agent) loadSession() (string, bool) {
+// loadSession returns the saved session token for this node and the
+// generation it was granted under. A saved generation above the configured
+// one is a later lifecycle cycle of the same machine: a rental that was
+// stopped and resumed keeps its original bootstrap (configured generation)
+// while the control plane moved the node to a new generation when the
+// resumed agent re-enrolled, so the saved session is the newer truth. A
+// saved generation below the configured one belongs to an earlier machine
+// and is ignored: the bootstrap is for a fresh enrollment.
+func (a *Agent) loadSession() (token string, generation uint64, ok bool) {
 	b, err := os.ReadFile(a.sessionPath())
 	if err != nil {
-		return "", false
+		return "", 0, false
 	}
 	var s savedSession
-	if json.Unmarshal(b, &s) != nil || s.NodeID != a.cfg.NodeID || s.Generation != a.cfg.Generation || s.SessionToken == "" {
-		return "", false
+	if json.Unmarshal(b, &s) != nil || s.NodeID != a.cfg.NodeID || s.Generation < a.cfg.Generation || s.Generation == 0 || s.SessionToken == "" {
+		return "", 0, false
 	}
-	return s.SessionToken, true
+	return s.SessionToken, s.Generation, true
 }
 
 func (a *Agent) saveSession(e schemas.Enrollment) error {
