@@ -46,7 +46,10 @@ type Config struct {
 	// FactsInterval is how often facts are reported; DefaultFactsInterval
 	// when zero. Changes (an image ensured, a workload exited) report sooner.
 	FactsInterval time.Duration
-	Now           func() time.Time
+	// ProgressInterval is how often an image transfer under way is
+	// reported; DefaultProgressInterval when zero.
+	ProgressInterval time.Duration
+	Now              func() time.Time
 	// Faults injects crashes for fault tests; nil in production.
 	Faults *Faults
 }
@@ -107,6 +110,9 @@ func New(cfg Config, conn *bus.Conn, rt Runtime, log *zap.Logger) (*Agent, error
 	}
 	if cfg.FactsInterval <= 0 {
 		cfg.FactsInterval = DefaultFactsInterval
+	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = DefaultProgressInterval
 	}
 	j, err := OpenJournal(cfg.DataDir, 0)
 	if err != nil {
@@ -213,7 +219,7 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 				// The saved session is gone (expired, superseded); a fresh
 				// bootstrap token admits the node anew.
 				a.log.Info("saved session refused; enrolling with the bootstrap token", zap.String("code", string(rep.Refusal.Code)))
-				resuming, req.EnrollmentToken = false, a.cfg.EnrollmentToken
+				resuming, req.EnrollmentToken, req.Generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
 				continue
 			}
 			if rep.Refusal != nil {

@@ -201,7 +201,13 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 			}
 		}
 	})
-	res, err := a.rt.EnsureImage(ctx, ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack})
+	spec := ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack}
+	stopProgress := func() {}
+	if p.RunID != "" {
+		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
+	}
+	res, err := a.rt.EnsureImage(ctx, spec)
+	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
 		rc.Code = schemas.CodeLaunchFailed

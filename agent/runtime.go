@@ -60,6 +60,10 @@ type ImageSpec struct {
 	// ManifestDigest is "sha256:<hex>", the identity of the image.
 	ManifestDigest string
 	Unpack         bool
+	// Progress, when set, is told how many bytes have been fetched or
+	// imported so far, and of how many (0 while unknown). It may be called
+	// from another goroutine, and never after EnsureImage returns.
+	Progress func(done, total int64)
 }
 
 // ImageResult reports what EnsureImage had to do.

@@ -81,6 +81,9 @@ func (cp *ControlPlane) applyWorkload(ctx context.Context, node schemas.NodeReco
 		if r.Phase.Terminal() {
 			return bus.ErrNoChange
 		}
+		if w.Progress != nil {
+			return noteProgress(r, w, emit)
+		}
 		to, code, msg := targetPhase(r, w)
 		if to == "" || (!to.Terminal() && phaseRank(to) <= phaseRank(r.Phase)) {
 			cp.metrics.staleReports.Add(1)
@@ -148,6 +151,21 @@ func (cp *ControlPlane) applyReconciliation(ctx context.Context, node schemas.No
 		}
 	}
 	return cp.applyFacts(ctx, node.NodeID, node.FencingToken, rec.Facts)
+}
+
+// noteProgress records an image transfer report of the attempt being
+// prepared. Reports that arrive after the attempt moved on, or that repeat
+// the stored counts, change nothing.
+func noteProgress(r *schemas.Run, w schemas.WorkloadObservation, emit func(schemas.RunEvent)) error {
+	if r.Phase != schemas.PhasePreparing || (r.Progress != nil && *r.Progress == *w.Progress) {
+		return bus.ErrNoChange
+	}
+	p := *w.Progress
+	r.Progress = &p
+	observed := w.ObservedAt
+	emit(schemas.RunEvent{Type: schemas.EventProgress, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt,
+		Progress: &p, ObservedAt: &observed, Message: "image transfer " + p.String()})
+	return nil
 }
 
 // targetPhase maps a workload report onto the Run's lifecycle.

@@ -12,6 +12,9 @@ const (
 	EventPhase    EventType = "phase"
 	EventCancel   EventType = "cancel_requested"
 	EventNote     EventType = "note" // an observation worth recording that moves no phase
+	// EventProgress records how far an image transfer has come; it moves
+	// no phase and is sent at most once per the node's progress interval.
+	EventProgress EventType = "progress"
 )
 
 // RunEvent is one entry of a Run's audit log on wf.events.run.<run_id>.
@@ -32,8 +35,9 @@ type RunEvent struct {
 	// At is the control plane's clock when it recorded the event.
 	At time.Time `json:"at"`
 	// ObservedAt is the node's clock for events caused by a node's report.
-	ObservedAt *time.Time       `json:"observed_at,omitempty"`
-	Decision   *BookingDecision `json:"decision,omitempty"`
+	ObservedAt *time.Time        `json:"observed_at,omitempty"`
+	Decision   *BookingDecision  `json:"decision,omitempty"`
+	Progress   *TransferProgress `json:"progress,omitempty"`
 }
 
 // BookingDecision records a placement: the winner and why every other

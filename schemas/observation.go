@@ -79,6 +79,35 @@ type WorkloadObservation struct {
 	// StopReason is set when the node stopped the workload itself or on
 	// command (e.g. "max_runtime_exceeded", "cancelled").
 	StopReason string `json:"stop_reason,omitempty"`
+	// Progress is set on a preparing report sent while an image is still
+	// being fetched or imported.
+	Progress *TransferProgress `json:"progress,omitempty"`
+}
+
+// TransferProgress counts the bytes of an image transfer. TotalBytes is zero
+// when the size is not known yet.
+type TransferProgress struct {
+	DoneBytes  int64 `json:"done_bytes"`
+	TotalBytes int64 `json:"total_bytes,omitempty"`
+}
+
+// Validate refuses negative counts and a done count past a known total.
+func (p *TransferProgress) Validate() error {
+	if p.DoneBytes < 0 || p.TotalBytes < 0 {
+		return refuse(CodeMalformed, "progress", "byte counts must not be negative")
+	}
+	if p.TotalBytes > 0 && p.DoneBytes > p.TotalBytes {
+		return refuse(CodeMalformed, "progress.done_bytes", "done_bytes exceeds total_bytes")
+	}
+	return nil
+}
+
+// Percent is the share done, or -1 when the total is unknown.
+func (p TransferProgress) Percent() float64 {
+	if p.TotalBytes <= 0 {
+		return -1
+	}
+	return 100 * float64(p.DoneBytes) / float64(p.TotalBytes)
 }
 
 // Reconciliation is a node's full account of itself after a restart or
@@ -161,6 +190,12 @@ func (w *WorkloadObservation) validate(field string) error {
 	}
 	if len(w.FailureReason) > MaxStringBytes || len(w.StopReason) > 256 {
 		return refuse(CodeValueTooLong, field, "reasons are bounded")
+	}
+	if w.Progress != nil {
+		if w.Phase != WorkloadPreparing {
+			return refuse(CodeMalformed, field+".progress", "progress is reported only while preparing")
+		}
+		return w.Progress.Validate()
 	}
 	return nil
 }

@@ -51,6 +51,10 @@ type Run struct {
 	// answer is not recorded again on every scheduling pass.
 	Waiting string `json:"waiting,omitempty"`
 
+	// Progress is the latest image transfer report of the current attempt,
+	// cleared when the attempt leaves preparing.
+	Progress *TransferProgress `json:"progress,omitempty"`
+
 	CancelRequested bool   `json:"cancel_requested,omitempty"`
 	CancelReason    string `json:"cancel_reason,omitempty"`
 	GraceSeconds    int64  `json:"grace_seconds,omitempty"`

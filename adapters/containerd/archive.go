@@ -95,7 +95,7 @@ func archiveHasEntry(p, name string) (bool, error) {
 // importArchive loads an OCI (or Docker) archive into the content store and
 // names only the image whose digest is want: names the archive itself
 // carries are ignored, so importing cannot retarget other images.
-func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Digest, name string) (images.Image, int64, error) {
+func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Digest, name string, progress func(done, total int64)) (images.Image, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return images.Image{}, 0, fmt.Errorf("open image archive: %w", err)
@@ -115,7 +115,11 @@ func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Diges
 	defer func() { _ = done(context.WithoutCancel(ctx)) }()
 
 	cs := r.client.ContentStore()
-	index, err := archive.ImportIndex(ctx, cs, f)
+	var src io.Reader = f
+	if progress != nil {
+		src = &countingReader{r: f, total: st.Size(), fn: progress}
+	}
+	index, err := archive.ImportIndex(ctx, cs, src)
 	if err != nil {
 		return images.Image{}, 0, fmt.Errorf("import image archive %s: %w", p, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	ctrd "github.com/containerd/containerd"
 	"github.com/containerd/containerd/errdefs"
@@ -75,7 +76,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.
 		return agent.ImageResult{}, err
 	}
 	if found {
-		img, size, err := r.importArchive(ctx, archivePath, want, name)
+		img, size, err := r.importArchive(ctx, archivePath, want, name, spec.Progress)
 		if err != nil {
 			return agent.ImageResult{}, err
 		}
@@ -203,6 +204,14 @@ func (r *Runtime) pull(ctx context.Context, spec agent.ImageSpec, want digest.Di
 	}
 	if spec.Unpack {
 		opts = append(opts, ctrd.WithPullUnpack)
+	}
+	if spec.Progress != nil {
+		var p pullProgress
+		opts = append(opts, ctrd.WithImageHandlerWrapper(p.wrap(cs)))
+		pctx, stop := context.WithCancel(ctx)
+		polled := make(chan struct{})
+		go func() { defer close(polled); p.poll(pctx, cs, 250*time.Millisecond, spec.Progress) }()
+		defer func() { stop(); <-polled }()
 	}
 	img, err := r.client.Pull(ctx, spec.Reference, opts...)
 	if err != nil {

@@ -48,6 +48,28 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		}
 	})
 
+	t.Run("ImportReportsProgress", func(t *testing.T) {
+		t.Parallel()
+		img := testenv.BuildBusyboxImage(t, f.imageDir, "progress", testenv.WithFile("/etc/variant", "progress"))
+		var calls int
+		var last, total int64
+		spec := agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true,
+			Progress: func(done, tot int64) {
+				calls++
+				if done < last {
+					t.Errorf("progress went back from %d to %d bytes", last, done)
+				}
+				last, total = done, tot
+			}}
+		if _, err := f.rt.EnsureImage(testCtx(t), spec); err != nil {
+			t.Fatal(err)
+		}
+		// The archive is read to its end, and its size is the total.
+		if calls < 2 || last != img.SizeBytes || total != img.SizeBytes {
+			t.Fatalf("progress: %d calls, last %d of %d, want ≥2 calls ending at %d of %d", calls, last, total, img.SizeBytes, img.SizeBytes)
+		}
+	})
+
 	t.Run("ConcurrentCallsImportOnce", func(t *testing.T) {
 		t.Parallel()
 		img := testenv.BuildBusyboxImage(t, f.imageDir, "concurrent", testenv.WithFile("/etc/variant", "concurrent"))

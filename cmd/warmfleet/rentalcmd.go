@@ -108,7 +108,7 @@ func nodeExtraCmds(g *globals) []*cobra.Command {
 					}
 					disk := "unknown"
 					if f.Host.Disk.Known {
-						disk = fmt.Sprintf("%s free of %s", humanBytes(f.Host.Disk.FreeBytes), humanBytes(f.Host.Disk.TotalBytes))
+						disk = fmt.Sprintf("%s free of %s", schemas.FormatBytes(f.Host.Disk.FreeBytes), schemas.FormatBytes(f.Host.Disk.TotalBytes))
 					}
 					fmt.Fprintf(tw, "Host:\t%s/%s, kernel %s, %s %s\nAccelerator:\t%s\nDisk:\t%s\nFacts observed:\t%s\n", f.Host.OS, f.Host.Architecture, f.Host.KernelVersion,
 						f.Host.ContainerRuntime, f.Host.RuntimeVersion, acc, disk, f.ObservedAt.UTC().Format(time.RFC3339))

@@ -170,6 +170,7 @@ func newRunGet(g *globals) *cobra.Command {
 					{"Reason", or(r.Reason, "-")}, {"Node", or(r.NodeID, "-")}, {"Attempt", fmt.Sprint(r.Attempt)},
 					{"Exit code", exit}, {"OOM killed", fmt.Sprint(r.OOMKilled)}, {"Started", fmtTime(r.StartedAt)},
 					{"Finished", fmtTime(r.FinishedAt)}, {"Created", fmtTime(&r.CreatedAt)}, {"Waiting", or(r.Waiting, "-")},
+					{"Progress", progressOf(r)},
 				} {
 					fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
 				}
@@ -299,7 +300,7 @@ func newRunDecision(g *globals) *cobra.Command {
 						cost, image, pull, fill, queue, price := "-", "-", "-", "-", "-", "-"
 						if c.Eligible {
 							k := c.Components
-							cost, image, pull, fill = fmt.Sprintf("%.1f", c.Cost), k.ImageState, humanBytes(k.PullBytes), humanBytes(k.CacheFillBytes)
+							cost, image, pull, fill = fmt.Sprintf("%.1f", c.Cost), k.ImageState, schemas.FormatBytes(k.PullBytes), schemas.FormatBytes(k.CacheFillBytes)
 							queue, price = fmt.Sprintf("%.0f", k.QueueSeconds), fmt.Sprintf("%.2f", k.PricePerHour)
 						}
 						fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.NodeID, c.Eligible, cost, image, pull, fill, queue, price, or(string(c.Reason), "winner"), c.Detail)
@@ -310,15 +311,10 @@ func newRunDecision(g *globals) *cobra.Command {
 	}
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
+// progressOf shows an image transfer under way, or "-".
+func progressOf(r schemas.Run) string {
+	if r.Progress == nil || r.Phase != schemas.PhasePreparing {
+		return "-"
 	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	return "image " + r.Progress.String()
 }
