@@ -3,7 +3,9 @@ package containerd
 import (
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
@@ -67,6 +69,39 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		// The archive is read to its end, and its size is the total.
 		if calls < 2 || last != img.SizeBytes || total != img.SizeBytes {
 			t.Fatalf("progress: %d calls, last %d of %d, want ≥2 calls ending at %d of %d", calls, last, total, img.SizeBytes, img.SizeBytes)
+		}
+	})
+
+	t.Run("PullReportsProgress", func(t *testing.T) {
+		t.Parallel()
+		// Built outside the image dir, so the registry is the only source.
+		img := testenv.BuildBusyboxImage(t, t.TempDir(), "pulled", testenv.WithFile("/etc/variant", "pulled"))
+		reg := testenv.ServeRegistry(t, 20*time.Millisecond, img)
+		ref := reg.Host + "/pulled@" + img.ManifestDigest
+		var mu sync.Mutex
+		var calls int
+		var last, total int64
+		spec := agent.ImageSpec{Reference: ref, ManifestDigest: img.ManifestDigest, Unpack: true,
+			Progress: func(done, tot int64) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls++
+				if done < last || done > tot {
+					t.Errorf("progress %d of %d after %d", done, tot, last)
+				}
+				last, total = done, tot
+			}}
+		res, err := f.rt.EnsureImage(testCtx(t), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Source != "registry" || res.FetchedBytes <= 0 {
+			t.Fatalf("EnsureImage = %+v, want a registry pull", res)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if calls < 2 || total <= 0 || total > res.FetchedBytes {
+			t.Fatalf("progress: %d calls, last %d of %d (fetched %d), want ≥2 calls with a known total", calls, last, total, res.FetchedBytes)
 		}
 	})
 
