@@ -52,6 +52,8 @@ type Config struct {
 	Now              func() time.Time
 	// Faults injects crashes for fault tests; nil in production.
 	Faults *Faults
+	// Sessions hosts resident sessions (residency/nodehost); nil hosts none.
+	Sessions SessionHost
 }
 
 // Faults are the crash points fault tests use to prove invariant 1 (one
@@ -167,6 +169,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent serving", zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("resumed", enr.Duplicate))
 	a.wg.Go(func() { a.renewLoop(ctx, a.supersede) })
 	a.wg.Go(func() { a.factsLoop(ctx, a.cfg.FactsInterval) })
+	a.wg.Go(func() { a.serveSessions(ctx) })
 	a.heartbeat(ctx, time.Duration(enr.HeartbeatSeconds)*time.Second)
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -20,12 +20,40 @@ const (
 	// `<tenant>.<session>`, fenced by lease epoch; release writes an
 	// `expired` tombstone that keeps the epoch, never a delete.
 	BucketResidency = "wf_residency"
+	// BucketSessions holds each session's durable state per
+	// `<tenant>.<session>`: namespace prefix, compatibility id of the
+	// runtime build that wrote it, checkpoint sequence. It outlives every
+	// residency; only the control plane writes it.
+	BucketSessions = "wf_sessions"
 
 	// SubjectInboxAll matches every session inbox.
 	SubjectInboxAll = "wf.residency.*.*.inbox"
 
 	subjectResidencyPrefix = "wf.residency."
+
+	// SubjectSessionAttach asks the control plane to place a session on a
+	// node and attach it there (core request/reply).
+	SubjectSessionAttach = "wf.admin.session.attach"
+	// SubjectSessionRelease asks the control plane to release a resident
+	// session gracefully on the node that holds it.
+	SubjectSessionRelease = "wf.admin.session.release"
+	// SubjectResidencyServiceAll matches every node's requests to the
+	// control plane's residency services (leases, routes, durable state).
+	SubjectResidencyServiceAll = "wf.node.*.residency.*"
 )
+
+// NodeSessions is where the control plane asks one node's agent to act on
+// its sessions (op: attach, release, list, drain). The agent subscribes to
+// its own `wf.node.<id>.sessions.*`; the control plane is its only caller.
+func NodeSessions(nodeID, op string) string { return subjectNodePrefix + nodeID + ".sessions." + op }
+
+// NodeResidencyService is where one node's agent asks the control plane's
+// residency services (op: lease.acquire, route.publish, state.load, …). The
+// node id in the subject is the caller's identity: an agent may publish only
+// its own `wf.node.<id>.>`.
+func NodeResidencyService(nodeID, op string) string {
+	return subjectNodePrefix + nodeID + ".residency." + op
+}
 
 // SessionInbox is the subject producers publish a session's work on.
 func SessionInbox(tenant, session string) string {
@@ -60,6 +88,16 @@ func leasesKVConfig(replicas int) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket:      BucketLeases,
 		Description: "session leases: holder, epoch, expires_at; CAS only, never deleted",
+		History:     5,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	}
+}
+
+func sessionsKVConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      BucketSessions,
+		Description: "session durable state: namespace, compatibility id, checkpoint sequence; CAS only",
 		History:     5,
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,

@@ -102,6 +102,7 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 		{Bucket: BucketEnroll, Description: "single-use node invitations by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: 8 * 24 * time.Hour},
 		leasesKVConfig(r),
 		residencyKVConfig(r),
+		sessionsKVConfig(r),
 	}
 }
 

@@ -1,0 +1,277 @@
+// Package nodehost runs the residency Manager inside a node agent: it is the
+// agent.SessionHost the agent starts once enrolled.
+//
+// What it wires, all real:
+//   - the session runtime is the agent's node runtime (adapters/containerd in
+//     production), so a resident session is a container;
+//   - leases, routes and durable state are the control plane's stores
+//     (wf_leases, wf_residency, wf_sessions), reached over request/reply on
+//     wf.node.<id>.residency.* (residency.Remote): agents never write KV;
+//   - the inbox is the session's durable consumer on WF_INBOX, created by the
+//     control plane with the lease and pulled only by the lease holder;
+//   - the admission ledger is one object: Admit, every published observation
+//     (accepting=false once draining) and the drain all read it.
+//
+// The control plane drives the host over core request/reply on
+// wf.node.<id>.sessions.<op> (attach, release, list, drain), stamped with the
+// node's fencing token; a command for another session of the node is refused.
+package nodehost
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/residency"
+)
+
+// Options configures a Host.
+type Options struct {
+	// Target is the session runtime this node launches. Required.
+	Target residency.RuntimeTarget
+	// Capacity is how many sessions may be resident at once. Required.
+	Capacity int
+	// WorkspaceRoot holds session workspaces; it must be absolute (it is
+	// bind-mounted into the session's container). Required.
+	WorkspaceRoot string
+	// WarmTTL releases a session durably idle this long; 0 disables it.
+	WarmTTL time.Duration
+	// HeartbeatInterval renews leases; the grant's TTL/3 when zero.
+	HeartbeatInterval time.Duration
+	// Handler handles inbox work; WorkspaceHandler(WorkspaceRoot) when nil.
+	Handler residency.Handler
+	// Hooks observe the Manager (tests count consumption with them).
+	Hooks residency.Hooks
+	// RequestTimeout bounds one request to the control plane's residency
+	// services; residency.DefaultRequestTimeout when zero.
+	RequestTimeout time.Duration
+	// DrainTimeout bounds a drain requested by the control plane; 45 s
+	// when zero.
+	DrainTimeout time.Duration
+}
+
+// Host is an agent.SessionHost over a residency.Manager.
+type Host struct {
+	o Options
+
+	mu  sync.Mutex
+	mgr *residency.Manager
+}
+
+var _ agent.SessionHost = (*Host)(nil)
+
+// New validates o.
+func New(o Options) (*Host, error) {
+	if o.Capacity <= 0 {
+		return nil, &residency.InvalidOptionsError{Field: "Capacity", Reason: "must be positive"}
+	}
+	if !filepath.IsAbs(o.WorkspaceRoot) {
+		return nil, &residency.InvalidOptionsError{Field: "WorkspaceRoot", Reason: fmt.Sprintf("%q is not absolute", o.WorkspaceRoot)}
+	}
+	if o.Handler == nil {
+		o.Handler = WorkspaceHandler(o.WorkspaceRoot)
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 45 * time.Second
+	}
+	return &Host{o: o}, nil
+}
+
+// Residencies lists what is resident here now (nil before Serve).
+func (h *Host) Residencies() []residency.Residency {
+	h.mu.Lock()
+	m := h.mgr
+	h.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	return m.Residencies()
+}
+
+// Serve implements agent.SessionHost: it hosts sessions until ctx ends, then
+// stops as a process exit would (leases lapse at their expiry; a graceful
+// stop is a drain first).
+func (h *Host) Serve(ctx context.Context, env agent.SessionHostEnv) error {
+	log := env.Log.Named("sessions")
+	ws, err := residency.NewDirWorkspaces(h.o.WorkspaceRoot)
+	if err != nil {
+		return err
+	}
+	ledger, err := residency.NewLedger(h.o.Capacity)
+	if err != nil {
+		return err
+	}
+	remote := &residency.Remote{NC: env.Conn.NC, NodeID: env.NodeID, Timeout: h.o.RequestTimeout}
+	mgr, err := residency.New(residency.Options{
+		HostID: env.NodeID, Logger: log, Admissions: ledger,
+		Leases: remote, Locations: remote, Durable: remote, Workspaces: ws,
+		Runtime: env.Runtime, Target: h.o.Target, Inboxes: residency.JetStreamInboxes{JS: env.Conn.JS},
+		Handler: h.o.Handler, WarmTTL: h.o.WarmTTL, HeartbeatInterval: h.o.HeartbeatInterval, Hooks: h.o.Hooks,
+	})
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.mgr = mgr
+	h.mu.Unlock()
+
+	var wg sync.WaitGroup
+	s := &server{h: h, mgr: mgr, ledger: ledger, remote: remote, env: env, log: log}
+	sub, err := env.Conn.NC.Subscribe(bus.NodeSessions(env.NodeID, "*"), func(m *nats.Msg) {
+		wg.Go(func() { s.handle(ctx, m) })
+	})
+	if err != nil {
+		mgr.Close()
+		return fmt.Errorf("nodehost: subscribe %s: %w", bus.NodeSessions(env.NodeID, "*"), err)
+	}
+	log.Info("session host serving", zap.String("compatibility_id", h.o.Target.CompatibilityID), zap.Int("capacity", h.o.Capacity))
+	<-ctx.Done()
+	_ = sub.Unsubscribe()
+	wg.Wait()
+	mgr.Close()
+	return nil
+}
+
+type server struct {
+	h      *Host
+	mgr    *residency.Manager
+	ledger *residency.Ledger
+	remote *residency.Remote
+	env    agent.SessionHostEnv
+	log    *zap.Logger
+}
+
+// handle answers one command on wf.node.<id>.sessions.<op>.
+func (s *server) handle(ctx context.Context, m *nats.Msg) {
+	op := residency.SessionOp(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+	var cmd residency.SessionCommand
+	rep := residency.SessionReply{}
+	if err := json.Unmarshal(m.Data, &cmd); err != nil {
+		rep.Error = &residency.WireError{Code: residency.CodeInvalidRequest, Message: "body is not a SessionCommand: " + err.Error()}
+	} else if tok := s.env.FencingToken(); cmd.FencingToken == 0 || cmd.FencingToken != tok {
+		rep.Error = &residency.WireError{Code: residency.CodeStaleNode,
+			Message: fmt.Sprintf("command for fencing token %d; this node's session holds %d", cmd.FencingToken, tok)}
+	} else {
+		rep = s.do(ctx, op, cmd)
+	}
+	if m.Reply == "" {
+		return
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		s.log.Error("encode session reply", zap.Error(err))
+		return
+	}
+	if err := m.RespondMsg(&nats.Msg{Subject: m.Reply, Data: b, Header: nats.Header{"Content-Type": []string{"application/json"}}}); err != nil {
+		s.log.Warn("session reply not sent", zap.String("op", string(op)), zap.Error(err))
+	}
+}
+
+func (s *server) do(ctx context.Context, op residency.SessionOp, cmd residency.SessionCommand) residency.SessionReply {
+	switch op {
+	case residency.OpAttach:
+		r, err := s.attach(ctx, cmd)
+		if err != nil {
+			return residency.SessionReply{Error: residency.ToWire(err)}
+		}
+		v := residency.ViewOf(r)
+		return residency.SessionReply{Residency: &v}
+	case residency.OpRelease:
+		key := cmd.Key()
+		if err := key.Validate(); err != nil {
+			return residency.SessionReply{Error: residency.ToWire(err)}
+		}
+		if err := s.mgr.Release(ctx, key); err != nil {
+			return residency.SessionReply{Error: residency.ToWire(err)}
+		}
+		return residency.SessionReply{}
+	case residency.OpList:
+		rs := s.mgr.Residencies()
+		out := make([]residency.ResidencyView, 0, len(rs))
+		for _, r := range rs {
+			out = append(out, residency.ViewOf(r))
+		}
+		return residency.SessionReply{Residencies: out}
+	case residency.OpDrain:
+		dctx, cancel := context.WithTimeout(ctx, s.h.o.DrainTimeout)
+		defer cancel()
+		rep, err := s.mgr.Drain(dctx)
+		v := residency.DrainViewOf(s.env.NodeID, rep)
+		if err != nil && len(rep.Failures) == 0 {
+			v.Error = residency.ToWire(err)
+		}
+		s.log.Info("sessions drained", zap.Int("released", len(v.Released)), zap.Int("failures", len(v.Failures)))
+		return residency.SessionReply{Drain: &v}
+	default:
+		return residency.SessionReply{Error: &residency.WireError{Code: residency.CodeInvalidRequest, Message: "unknown session operation " + string(op)}}
+	}
+}
+
+// attach attaches cmd's session. A created session's durable record is
+// written at once (checkpoint 0) under the new grant, so a successor can
+// resume it even if this host never releases it gracefully.
+func (s *server) attach(ctx context.Context, cmd residency.SessionCommand) (residency.Residency, error) {
+	key := cmd.Key()
+	r, err := s.mgr.Attach(ctx, residency.Request{
+		Key: key, Mode: cmd.Mode, CompatibilityID: cmd.CompatibilityID,
+		Principal: residency.Principal{TenantID: key.Tenant, ActorID: cmd.Actor, TraceID: cmd.Trace},
+	})
+	if err != nil || !r.Attached || cmd.Mode != residency.ModeCreate {
+		return r, err
+	}
+	cerr := s.remote.CommitCheckpoint(ctx, residency.Checkpoint{
+		Key: key, Host: s.env.NodeID, Epoch: r.Epoch, Sequence: 0, CompatibilityID: r.CompatibilityID, Namespace: r.Namespace,
+	})
+	if cerr != nil {
+		// Still resident; the release's checkpoint records it. Until then a
+		// successor after a crash finds the journal state unknown.
+		s.log.Warn("created session's durable record not written", zap.Stringer("session", key), zap.Error(cerr))
+	}
+	return r, nil
+}
+
+// WorkspaceHandler hands each inbox message to the session's runtime through
+// its workspace: the body is written to <root>/<tenant>/<session>/inbox/
+// (the container sees it under its workspace mount), named by the message
+// id, after the fence is checked. A message redelivered after a crash
+// overwrites the same file, so the effect is once per message id.
+func WorkspaceHandler(root string) residency.Handler {
+	return func(ctx context.Context, w residency.Work) error {
+		if err := w.Guard.Check(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := w.MsgID
+		if name == "" || strings.ContainsAny(name, `/\`) || name == "." || name == ".." {
+			name = fmt.Sprintf("nomsgid-%d", time.Now().UnixNano())
+		}
+		dir := filepath.Join(root, w.Key.Tenant, w.Key.Session, "inbox")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("nodehost: inbox dir: %w", err)
+		}
+		tmp := filepath.Join(dir, "."+name+".tmp")
+		if err := os.WriteFile(tmp, w.Data, 0o600); err != nil {
+			return fmt.Errorf("nodehost: write work: %w", err)
+		}
+		if err := w.Guard.Check(); err != nil {
+			_ = os.Remove(tmp)
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("nodehost: deliver work: %w", err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,169 @@
+package residency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+)
+
+// SessionRecord is a session's durable state as stored in wf_sessions under
+// `<tenant>.<session>` (JSON, so `nats kv get wf_sessions acme.s1` reads it).
+// It outlives every residency; only the control plane writes it.
+type SessionRecord struct {
+	Tenant    string `json:"tenant"`
+	Session   string `json:"session"`
+	Namespace string `json:"namespace"`
+	// CompatibilityID is the runtime build that wrote the state.
+	CompatibilityID string `json:"compatibility_id"`
+	// CheckpointSequence is the latest committed checkpoint; 0 means the
+	// session was created and has not checkpointed yet.
+	CheckpointSequence uint64 `json:"checkpoint_sequence"`
+	// Epoch is the lease epoch of the last write: a write under a lower one
+	// is refused, so a stale holder cannot overwrite its successor's
+	// checkpoint.
+	Epoch     ResidencyEpoch `json:"lease_epoch"`
+	Host      string         `json:"host"`
+	UpdatedAt time.Time      `json:"updated_at"`
+}
+
+// NamespaceFor is the object prefix of a session's durable objects. It is a
+// property of the identities, so a session with no record has one too.
+func NamespaceFor(key Key) string { return "sessions/" + key.Tenant + "/" + key.Session }
+
+// KVSessionsOptions configures KVSessions.
+type KVSessionsOptions struct {
+	JS     jetstream.JetStream
+	Clock  Clock
+	Logger *zap.Logger
+}
+
+// KVSessions is the control plane's DurableStore over wf_sessions.
+//
+// The runtime journal state it answers for a session with no record comes
+// from wf_leases: no lease was ever granted for the key, so no runtime ever
+// ran under it and the journal is empty; a lease record exists, so a
+// residency ran and never checkpointed, and what its runtime wrote is
+// unknown — a create is then refused (fail closed).
+type KVSessions struct {
+	kv     jetstream.KeyValue
+	leases jetstream.KeyValue
+	clock  Clock
+	log    *zap.Logger
+}
+
+var _ DurableStore = (*KVSessions)(nil)
+
+// NewKVSessions binds wf_sessions and wf_leases (bus.Provision creates them).
+func NewKVSessions(ctx context.Context, o KVSessionsOptions) (*KVSessions, error) {
+	if o.JS == nil {
+		return nil, &InvalidOptionsError{Field: "JS", Reason: "required"}
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	kv, err := o.JS.KeyValue(ctx, bus.BucketSessions)
+	if err != nil {
+		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketSessions, err)
+	}
+	leases, err := o.JS.KeyValue(ctx, bus.BucketLeases)
+	if err != nil {
+		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketLeases, err)
+	}
+	return &KVSessions{kv: kv, leases: leases, clock: o.Clock, log: o.Logger.Named("sessions")}, nil
+}
+
+// Get reads a session's record and its revision.
+func (s *KVSessions) Get(ctx context.Context, key Key) (SessionRecord, uint64, error) {
+	var rec SessionRecord
+	rev, err := bus.GetJSON(ctx, s.kv, key.String(), &rec)
+	return rec, rev, err
+}
+
+// LoadSessionState implements DurableStore.
+func (s *KVSessions) LoadSessionState(ctx context.Context, key Key) (SessionState, error) {
+	if err := key.Validate(); err != nil {
+		return SessionState{}, err
+	}
+	rec, _, err := s.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		st := SessionState{Namespace: NamespaceFor(key), RuntimeJournal: JournalEmpty}
+		var lr LeaseRecord
+		_, lerr := bus.GetJSON(ctx, s.leases, key.String(), &lr)
+		switch {
+		case lerr == nil:
+			st.RuntimeJournal = JournalUnknown
+		case !errors.Is(lerr, jetstream.ErrKeyNotFound):
+			return SessionState{}, fmt.Errorf("residency: read lease %s: %w", key, lerr)
+		}
+		return st, nil
+	case err != nil:
+		return SessionState{}, fmt.Errorf("residency: read session %s: %w", key, err)
+	}
+	return SessionState{
+		Exists: true, Namespace: rec.Namespace, CompatibilityID: rec.CompatibilityID, RuntimeJournal: JournalPresent,
+		HasCheckpoint: rec.CheckpointSequence > 0, CheckpointSequence: rec.CheckpointSequence,
+	}, nil
+}
+
+// CommitCheckpoint implements DurableStore: read → compare epochs →
+// Create or Update(rev), retried on a conflict. A checkpoint under an epoch
+// lower than the stored one is refused with ErrEpochSuperseded, as is one
+// whose epoch the session's lease has moved past.
+func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error {
+	if err := cp.Key.Validate(); err != nil {
+		return err
+	}
+	if cp.Epoch == 0 || cp.Namespace == "" || cp.CompatibilityID == "" {
+		return fmt.Errorf("%w: checkpoint needs an epoch, a namespace and a compatibility id", ErrInvalidRequest)
+	}
+	k := cp.Key.String()
+	var lr LeaseRecord
+	if _, err := bus.GetJSON(ctx, s.leases, k, &lr); err == nil && lr.Epoch > cp.Epoch {
+		return fmt.Errorf("%w: %s lease is at epoch %d > %d", ErrEpochSuperseded, cp.Key, lr.Epoch, cp.Epoch)
+	} else if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("residency: read lease %s: %w", cp.Key, err)
+	}
+	rec := SessionRecord{
+		Tenant: cp.Key.Tenant, Session: cp.Key.Session, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
+		CheckpointSequence: cp.Sequence, Epoch: cp.Epoch, Host: cp.Host, UpdatedAt: s.clock.Now(),
+	}
+	for range maxCASAttempts {
+		cur, rev, err := s.Get(ctx, cp.Key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = bus.CreateJSON(ctx, s.kv, k, rec)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+		case err != nil:
+			return fmt.Errorf("residency: read session %s: %w", cp.Key, err)
+		default:
+			if cur.Epoch > cp.Epoch {
+				return fmt.Errorf("%w: %s checkpoint at epoch %d < stored %d", ErrEpochSuperseded, cp.Key, cp.Epoch, cur.Epoch)
+			}
+			if cur.Epoch == cp.Epoch && cur.CheckpointSequence > cp.Sequence {
+				return fmt.Errorf("%w: %s checkpoint %d is behind stored %d at epoch %d", ErrEpochSuperseded, cp.Key, cp.Sequence, cur.CheckpointSequence, cp.Epoch)
+			}
+			_, err = updateJSON(ctx, s.kv, k, rec, rev)
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				continue
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("residency: write session %s: %w", cp.Key, err)
+		}
+		s.log.Debug("checkpoint committed", zap.Stringer("key", cp.Key), zap.Uint64("sequence", cp.Sequence), zap.Uint64("epoch", uint64(cp.Epoch)))
+		return nil
+	}
+	return fmt.Errorf("residency: write session %s: gave up after %d conflicts", cp.Key, maxCASAttempts)
+}
