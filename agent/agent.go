@@ -54,6 +54,13 @@ type Config struct {
 	Faults *Faults
 	// Sessions hosts resident sessions (residency/nodehost); nil hosts none.
 	Sessions SessionHost
+	// Credentials, when set, are what the agent's NATS connection logs in
+	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
+	// puts its saved session token, or else its bootstrap token, in them
+	// before enrolling, and its new session token after, reconnecting each
+	// time. They must be the ones the connection was built with
+	// (Credentials.Options). Nil: the connection needs no login.
+	Credentials *bus.Credentials
 }
 
 // Faults are the crash points fault tests use to prove invariant 1 (one
@@ -208,6 +215,18 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 	if !resuming {
 		token, generation = a.cfg.EnrollmentToken, a.cfg.Generation
 	}
+	if err := a.login(ctx, token, resuming && a.cfg.EnrollmentToken != ""); err != nil {
+		if !errors.Is(err, ErrLoginRefused) {
+			return schemas.Enrollment{}, err
+		}
+		// NATS refuses the saved session (expired, or superseded by another
+		// enrollment); the bootstrap token may still admit the node.
+		a.log.Info("NATS refused the saved session; logging in with the bootstrap token")
+		resuming, token, generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
+		if err := a.login(ctx, token, false); err != nil {
+			return schemas.Enrollment{}, err
+		}
+	}
 	req := schemas.EnrollmentRequest{
 		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: generation,
 		EnrollmentToken: token, AgentVersion: Version,
@@ -223,6 +242,9 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 				// bootstrap token admits the node anew.
 				a.log.Info("saved session refused; enrolling with the bootstrap token", zap.String("code", string(rep.Refusal.Code)))
 				resuming, req.EnrollmentToken, req.Generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
+				if err := a.login(ctx, req.EnrollmentToken, false); err != nil {
+					return schemas.Enrollment{}, err
+				}
 				continue
 			}
 			if rep.Refusal != nil {
@@ -232,6 +254,10 @@ func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.En
 				return schemas.Enrollment{}, errors.New("agent: enrollment reply carried neither a session nor a refusal")
 			}
 			if err := a.saveSession(*rep.OK); err != nil {
+				return schemas.Enrollment{}, err
+			}
+			// From here on the connection acts as the enrolled node.
+			if err := a.login(ctx, rep.OK.SessionToken, false); err != nil {
 				return schemas.Enrollment{}, err
 			}
 			a.mu.Lock()

@@ -16,6 +16,23 @@ type EmbeddedOptions struct {
 	Port     int    // 0 = 4222; -1 = random
 	// MaxPayload bounds one message; default 1 MiB.
 	MaxPayload int32
+	// Auth, when set, turns authentication on (see auth.go): only
+	// Auth.ServiceUser logs in directly, every other login goes to the
+	// control plane's auth callout. Nil keeps the server open, for
+	// development and the tests that need no auth.
+	Auth *EmbeddedAuth
+	// TLS, when it names files, makes every client connection TLS.
+	TLS TLSFiles
+}
+
+// EmbeddedAuth turns on auth callout in the embedded server.
+type EmbeddedAuth struct {
+	// ServiceUser and ServicePassword are the control plane's own login:
+	// full permissions, and the one that serves the auth callout.
+	ServiceUser, ServicePassword string
+	// Issuer is the public account nkey (A...) whose signature the server
+	// accepts on callout answers; the control plane holds its seed.
+	Issuer string
 }
 
 // Embedded is a running in-process nats-server.
@@ -44,6 +61,21 @@ func StartEmbedded(o EmbeddedOptions) (*Embedded, error) {
 		MaxPayload: o.MaxPayload,
 		NoSigs:     true,
 		NoLog:      true,
+	}
+	if a := o.Auth; a != nil {
+		if a.ServiceUser == "" || a.ServicePassword == "" || a.Issuer == "" {
+			return nil, errors.New("bus: embedded auth needs a service user, its password and the callout issuer's public key")
+		}
+		opts.Users = []*server.User{{Username: a.ServiceUser, Password: a.ServicePassword}}
+		opts.AuthCallout = &server.AuthCallout{Issuer: a.Issuer, AuthUsers: []string{a.ServiceUser}}
+		opts.AuthTimeout = 5
+	}
+	if o.TLS.Enabled() {
+		cfg, err := o.TLS.ServerConfig()
+		if err != nil {
+			return nil, err
+		}
+		opts.TLS, opts.TLSConfig, opts.TLSVerify, opts.TLSTimeout = true, cfg, o.TLS.VerifyClients, 5
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

@@ -1,0 +1,181 @@
+package bus
+
+import (
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Authentication. With auth on, nats-server hands every login except the
+// control plane's own to an auth callout run by the control plane
+// (controlplane.AuthCallout). A client presents a user name and a secret:
+//
+//	agent, first boot: node id + the invitation's enrollment token
+//	agent, enrolled:   node id + its session token
+//	producer:          producer name + its producer token
+//	operator:          "operator" + the operator token
+//
+// and the callout answers with a NATS user carrying exactly the permissions
+// of that identity (see the Perms* functions). Secrets travel only in the
+// CONNECT of a connection (use TLS); NATS never stores them.
+
+// AuthCalloutSubject is where nats-server asks the callout service to
+// authorize a connection.
+const AuthCalloutSubject = "$SYS.REQ.USER.AUTH"
+
+// OperatorUser is the user name an operator logs in with.
+const OperatorUser = "operator"
+
+// inboxRoot prefixes the reply inboxes of restricted clients. It is outside
+// `_INBOX.`, so no client allowed `_INBOX.>` could read their replies, and
+// each identity gets its own branch, so no restricted client reads
+// another's.
+const inboxRoot = "_WF_INBOX."
+
+// NodeInboxPrefix is the reply-inbox prefix of a node agent's connection.
+func NodeInboxPrefix(nodeID string) string { return inboxRoot + "node." + nodeID }
+
+// ProducerInboxPrefix is the reply-inbox prefix of a producer's connection.
+// With the nats CLI: `nats --inbox-prefix _WF_INBOX.producer.<name> ...`.
+func ProducerInboxPrefix(name string) string { return inboxRoot + "producer." + name }
+
+// SubjectToken reports whether s can be one token of a subject: non-empty,
+// no dot, no wildcard, no whitespace. Identities that become part of a
+// permission subject must pass it.
+func SubjectToken(s string) bool {
+	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n")
+}
+
+// Permissions is what one identity may publish and subscribe to.
+type Permissions struct {
+	Publish   []string
+	Subscribe []string
+}
+
+// PermsEnrolling is what an agent holding only an invitation may do: ask
+// for enrollment and read the reply.
+func PermsEnrolling(nodeID string) Permissions {
+	return Permissions{
+		Publish:   []string{SubjectEnroll},
+		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>"},
+	}
+}
+
+// PermsNode is what an enrolled agent may do: publish its own
+// observations, heartbeats and renewals, resume its session (wf.enroll),
+// and read and ack its own command consumer. No other JetStream API, no
+// KV, no other node's subjects.
+func PermsNode(nodeID string) Permissions {
+	cons := NodeConsumer(nodeID)
+	return Permissions{
+		Publish: []string{
+			SubjectEnroll,
+			NodeObs(nodeID),
+			NodeHeartbeat(nodeID),
+			NodeRenew(nodeID),
+			"$JS.API.CONSUMER.INFO." + StreamCmds + "." + cons,
+			"$JS.API.CONSUMER.MSG.NEXT." + StreamCmds + "." + cons,
+			"$JS.ACK." + StreamCmds + "." + cons + ".>",
+		},
+		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>"},
+	}
+}
+
+// PermsProducer is what a producer may do: submit and cancel Runs, follow
+// events, and read (never write) Runs and the event log by direct or
+// message get (`nats kv get wf_runs <id>`). It may not create consumers: a
+// push consumer's deliver subject is published by the server, past the
+// creator's own publish permissions.
+func PermsProducer(name string) Permissions {
+	pub := []string{SubjectSubmit, SubjectCancel, "$JS.API.INFO"}
+	for _, s := range []string{StreamEvents, "KV_" + BucketRuns} {
+		pub = append(pub,
+			"$JS.API.STREAM.INFO."+s,
+			"$JS.API.STREAM.MSG.GET."+s,
+			"$JS.API.DIRECT.GET."+s,
+			"$JS.API.DIRECT.GET."+s+".>",
+		)
+	}
+	return Permissions{
+		Publish:   pub,
+		Subscribe: []string{"wf.events.>", ProducerInboxPrefix(name) + ".>"},
+	}
+}
+
+// Credentials are what a restricted client presents when it (re)connects.
+// They can change while the connection lives: an agent swaps its
+// invitation for its session token after enrolling, then reconnects.
+type Credentials struct {
+	mu     sync.Mutex
+	user   string
+	secret string
+	inbox  string
+}
+
+// NodeCredentials are an agent's: its node id and its invitation or
+// session token.
+func NodeCredentials(nodeID, secret string) *Credentials {
+	return &Credentials{user: nodeID, secret: secret, inbox: NodeInboxPrefix(nodeID)}
+}
+
+// ProducerCredentials are a producer's: its name and its producer token.
+func ProducerCredentials(name, secret string) *Credentials {
+	return &Credentials{user: name, secret: secret, inbox: ProducerInboxPrefix(name)}
+}
+
+// OperatorCredentials are an operator's: full permissions, the ordinary
+// inbox prefix.
+func OperatorCredentials(secret string) *Credentials {
+	return &Credentials{user: OperatorUser, secret: secret}
+}
+
+// SetSecret replaces the secret; the next (re)connect presents it.
+func (c *Credentials) SetSecret(secret string) {
+	c.mu.Lock()
+	c.secret = secret
+	c.mu.Unlock()
+}
+
+// Secret returns the current secret.
+func (c *Credentials) Secret() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.secret
+}
+
+// User returns the user name presented.
+func (c *Credentials) User() string { return c.user }
+
+// Options are the nats.Options that present these credentials on every
+// connect, keep reconnecting after a refusal (the secret may change, or
+// the callout service may not be up yet), and use the identity's own
+// reply-inbox prefix.
+func (c *Credentials) Options() []nats.Option {
+	opts := []nats.Option{
+		nats.UserInfoHandler(func() (string, string) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.user, c.secret
+		}),
+		nats.IgnoreAuthErrorAbort(),
+	}
+	if c.inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(c.inbox))
+	}
+	return opts
+}
+
+// IsAuthError reports whether err is NATS refusing a login or an
+// operation for lack of permission.
+func IsAuthError(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrPermissionViolation) {
+		return true
+	}
+	s := strings.ToLower(err.Error())
+	return strings.Contains(s, "authorization violation") || strings.Contains(s, "permissions violation") || strings.Contains(s, "authentication")
+}
