@@ -11,6 +11,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -44,8 +45,37 @@ func (cp *ControlPlane) handleDrain(ctx context.Context, m *nats.Msg) {
 		cp.cache.applyNodeRecord(rec, rev)
 	}
 	cp.log.Info("node draining", zap.String("node_id", req.ID))
+	rep := DrainReply{Sessions: cp.drainNodeSessions(ctx, rec)}
 	rec.SessionTokenHash = ""
-	cp.reply(m, enc, schemas.Reply[schemas.NodeRecord]{OK: &rec})
+	rep.OK = &rec
+	cp.reply(m, enc, rep)
+}
+
+// DrainReply answers wf.admin.node.drain: the node record, as the
+// schemas.Reply[schemas.NodeRecord] every caller decodes, and the sessions
+// the drain released and could not release.
+type DrainReply struct {
+	OK      *schemas.NodeRecord `json:"ok,omitempty"`
+	Refusal *schemas.Refusal    `json:"refusal,omitempty"`
+	// Sessions is the node's session drain; nil when the control plane
+	// serves no sessions.
+	Sessions *residency.DrainView `json:"sessions,omitempty"`
+}
+
+// drainNodeSessions releases every session resident on the draining node
+// gracefully and reports what could not be released.
+func (cp *ControlPlane) drainNodeSessions(ctx context.Context, rec schemas.NodeRecord) *residency.DrainView {
+	if cp.sessions == nil {
+		return nil
+	}
+	v := cp.drainSessions(ctx, rec)
+	if len(v.Failures) > 0 || (v.Error != nil && v.Error.Code != residency.CodeNoHost) {
+		cp.log.Warn("node drain left sessions held", zap.String("node_id", rec.NodeID), zap.Int("released", len(v.Released)),
+			zap.Int("unreleased", len(v.Failures)), zap.Any("drain_error", v.Error))
+	} else if len(v.Released) > 0 {
+		cp.log.Info("node drain released sessions", zap.String("node_id", rec.NodeID), zap.Int("released", len(v.Released)))
+	}
+	return &v
 }
 
 // handleRetire asks for a rental to be retired once its node is idle.

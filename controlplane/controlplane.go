@@ -49,6 +49,8 @@ type Config struct {
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
 	Topology       bus.Topology
+	// Sessions tunes session residency (session.go).
+	Sessions SessionConfig
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
 }
@@ -120,6 +122,8 @@ type ControlPlane struct {
 	ready chan struct{}
 	// kick asks the scheduler to look at accepted Runs now.
 	kick chan struct{}
+	// sessions serves session residency (session.go); set by Run.
+	sessions *sessions
 	// enrollMu serialises enrollments in this replica; across replicas the
 	// node record's CAS decides.
 	enrollMu sync.Mutex
@@ -206,6 +210,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopSubs()
+	stopSessions, err := cp.serveSessions(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopSessions()
 
 	intake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), cp.handleIntake)
 	if err != nil {

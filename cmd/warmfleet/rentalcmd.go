@@ -121,18 +121,25 @@ func nodeExtraCmds(g *globals) []*cobra.Command {
 			})
 		},
 	}, {
-		Use: "drain NODE_ID", Short: "Stop placing Runs on a node; what runs there finishes", Args: cobra.ExactArgs(1),
+		Use: "drain NODE_ID", Short: "Stop placing Runs and sessions on a node; release its sessions; what runs there finishes", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			conn, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
-			n, err := admin[schemas.NodeRecord](cmd.Context(), conn, bus.SubjectDrain, schemas.AdminRequest{ID: args[0]})
+			rep, err := drainNode(cmd.Context(), conn, args[0])
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "node %s is %s\n", n.NodeID, n.State)
+			if g.output == "json" {
+				return g.render(cmd.OutOrStdout(), rep, nil)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s is %s\n", rep.OK.NodeID, rep.OK.State)
+			printDrainSessions(cmd.OutOrStdout(), rep.Sessions)
+			if rep.Sessions != nil && len(rep.Sessions.Failures) > 0 {
+				return fmt.Errorf("%d session(s) on %s could not be released", len(rep.Sessions.Failures), rep.OK.NodeID)
+			}
 			return nil
 		},
 	}}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// sessionRow is one session as `warmfleet session list|get` shows it: its
+// route in wf_residency, its lease in wf_leases and its durable state in
+// wf_sessions.
+type sessionRow struct {
+	Key       residency.Key            `json:"key"`
+	Route     *residency.Observation   `json:"route,omitempty"`
+	Lease     *residency.LeaseRecord   `json:"lease,omitempty"`
+	LeaseLive bool                     `json:"lease_live"`
+	State     *residency.SessionRecord `json:"state,omitempty"`
+}
+
+func parseSessionKey(s string) (residency.Key, error) {
+	tenant, session, ok := strings.Cut(s, ".")
+	if !ok {
+		tenant, session, ok = strings.Cut(s, "/")
+	}
+	k := residency.Key{Tenant: tenant, Session: session}
+	if !ok {
+		return k, fmt.Errorf("%q: name a session as TENANT.SESSION", s)
+	}
+	return k, k.Validate()
+}
+
+func newSessionCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "session", Short: "List, inspect, attach and release resident sessions"}
+	var node string
+	var all bool
+	list := &cobra.Command{
+		Use: "list", Short: "List sessions with a route in wf_residency (released ones with --all)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			routes, err := controlplane.ListRoutes(cmd.Context(), conn.JS)
+			if err != nil {
+				return err
+			}
+			rows := []sessionRow{}
+			for _, o := range routes {
+				if (node != "" && o.Host != node) || (!all && o.State == residency.StateExpired) {
+					continue
+				}
+				r, err := readSession(cmd.Context(), conn, o.Key())
+				if err != nil {
+					return err
+				}
+				rows = append(rows, r)
+			}
+			return g.render(cmd.OutOrStdout(), rows, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "SESSION\tHOST\tSTATE\tEPOCH\tACCEPTING\tLEASE\tCHECKPOINT\tOBSERVED")
+				for _, r := range rows {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%v\t%s\t%s\t%s\n", r.Key, r.Route.Host, r.Route.State, r.Route.Epoch, r.Route.Accepting,
+						leaseText(r), checkpointText(r), r.Route.ObservedAt.UTC().Format(time.RFC3339))
+				}
+			})
+		},
+	}
+	list.Flags().StringVar(&node, "node", "", "only sessions routed to this node")
+	list.Flags().BoolVar(&all, "all", false, "include released sessions (expired tombstones)")
+
+	get := &cobra.Command{
+		Use: "get TENANT.SESSION", Short: "Show a session's route, lease and durable state", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := parseSessionKey(args[0])
+			if err != nil {
+				return err
+			}
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			r, err := readSession(cmd.Context(), conn, key)
+			if err != nil {
+				return err
+			}
+			if r.Route == nil && r.Lease == nil && r.State == nil {
+				return fmt.Errorf("no session %s; `warmfleet session list --all` shows them", key)
+			}
+			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "Session:\t%s\n", r.Key)
+				if o := r.Route; o != nil {
+					fmt.Fprintf(tw, "Host:\t%s\nState:\t%s\nEpoch:\t%d\nAccepting:\t%v\nWorkload:\t%s\nObserved:\t%s\n", o.Host, o.State, o.Epoch, o.Accepting,
+						or(o.Workload, "-"), o.ObservedAt.UTC().Format(time.RFC3339))
+				} else {
+					fmt.Fprintf(tw, "Route:\tnone\n")
+				}
+				fmt.Fprintf(tw, "Lease:\t%s\n", leaseText(r))
+				if s := r.State; s != nil {
+					fmt.Fprintf(tw, "Namespace:\t%s\nCompatibility id:\t%s\nCheckpoint:\t%d (epoch %d, by %s at %s)\n", s.Namespace, s.CompatibilityID,
+						s.CheckpointSequence, s.Epoch, s.Host, s.UpdatedAt.UTC().Format(time.RFC3339))
+				} else {
+					fmt.Fprintf(tw, "Durable state:\tnone\n")
+				}
+			})
+		},
+	}
+
+	var mode, pin, compat string
+	attach := &cobra.Command{
+		Use: "attach TENANT.SESSION", Short: "Place a session on a ready node and make it resident there", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := parseSessionKey(args[0])
+			if err != nil {
+				return err
+			}
+			rep, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionAttach, residency.SessionRequest{
+				Tenant: key.Tenant, Session: key.Session, Mode: residency.Mode(mode), Node: pin, CompatibilityID: compat, Actor: "cli",
+			})
+			if err != nil {
+				return err
+			}
+			r := rep.Residency
+			if r == nil {
+				return errors.New("attach reply carried no residency")
+			}
+			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
+				verb := "attached"
+				if !r.Attached {
+					verb = "already resident"
+				}
+				fmt.Fprintf(tw, "session %s %s on %s at epoch %d (workload %s)\n", key, verb, r.Host, r.Epoch, r.Workload)
+			})
+		},
+	}
+	attach.Flags().StringVar(&mode, "mode", "", "create or resume; resume when the session has durable state, else create")
+	attach.Flags().StringVar(&pin, "node", "", "attach on this node only")
+	attach.Flags().StringVar(&compat, "compatibility-id", "", "refuse a node whose session runtime is another build")
+
+	release := &cobra.Command{
+		Use: "release TENANT.SESSION", Short: "Release a resident session gracefully (checkpoint, stop, tombstone, drop lease)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := parseSessionKey(args[0])
+			if err != nil {
+				return err
+			}
+			if _, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionRelease, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session}); err != nil {
+				return err
+			}
+			return g.render(cmd.OutOrStdout(), map[string]any{"released": key}, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "session %s released\n", key)
+			})
+		},
+	}
+	cmd.AddCommand(list, get, attach, release)
+	return cmd
+}
+
+// sessionRequest asks the control plane and returns its reply, or the error
+// it carried.
+func sessionRequest(ctx context.Context, g *globals, subject string, req residency.SessionRequest) (residency.SessionReply, error) {
+	conn, err := g.connect(ctx)
+	if err != nil {
+		return residency.SessionReply{}, err
+	}
+	defer conn.Close()
+	b, err := json.Marshal(req)
+	if err != nil {
+		return residency.SessionReply{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	resp, err := conn.NC.RequestWithContext(rctx, subject, b)
+	if err != nil {
+		return residency.SessionReply{}, fmt.Errorf("no control plane answered on %s: %w", subject, err)
+	}
+	var rep residency.SessionReply
+	if err := json.Unmarshal(resp.Data, &rep); err != nil {
+		return rep, fmt.Errorf("reply on %s: %w", subject, err)
+	}
+	if rep.Error != nil {
+		return rep, rep.Error
+	}
+	return rep, nil
+}
+
+// readSession reads a session's route, lease and durable state; any may be
+// missing.
+func readSession(ctx context.Context, conn *bus.Conn, key residency.Key) (sessionRow, error) {
+	r := sessionRow{Key: key}
+	var o residency.Observation
+	if err := readOptional(ctx, conn, bus.BucketResidency, key.String(), &o); err == nil {
+		r.Route = &o
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return r, err
+	}
+	var l residency.LeaseRecord
+	if err := readOptional(ctx, conn, bus.BucketLeases, key.String(), &l); err == nil {
+		r.Lease, r.LeaseLive = &l, l.Live(time.Now())
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return r, err
+	}
+	var s residency.SessionRecord
+	if err := readOptional(ctx, conn, bus.BucketSessions, key.String(), &s); err == nil {
+		r.State = &s
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return r, err
+	}
+	return r, nil
+}
+
+func readOptional(ctx context.Context, conn *bus.Conn, bucket, key string, v any) error {
+	kv, err := conn.JS.KeyValue(ctx, bucket)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	_, err = bus.GetJSON(ctx, kv, key, v)
+	return err
+}
+
+func leaseText(r sessionRow) string {
+	l := r.Lease
+	switch {
+	case l == nil:
+		return "-"
+	case r.LeaseLive:
+		return fmt.Sprintf("held by %s, epoch %d, until %s", l.Holder, l.Epoch, l.ExpiresAt.UTC().Format(time.RFC3339))
+	case l.Released:
+		return fmt.Sprintf("released by %s at epoch %d", l.Holder, l.Epoch)
+	default:
+		return fmt.Sprintf("expired (%s, epoch %d)", l.Holder, l.Epoch)
+	}
+}
+
+func checkpointText(r sessionRow) string {
+	if r.State == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d", r.State.CheckpointSequence)
+}
+
+// printDrainSessions reports a node drain's sessions: what was released and
+// what could not be, with why.
+func printDrainSessions(w io.Writer, v *residency.DrainView) {
+	if v == nil {
+		return
+	}
+	if v.Error != nil && v.Error.Code != residency.CodeNoHost {
+		fmt.Fprintf(w, "session drain on %s did not complete: %v\n", v.Node, v.Error)
+	}
+	for _, k := range v.Released {
+		fmt.Fprintf(w, "session %s released\n", k)
+	}
+	for _, f := range v.Failures {
+		fmt.Fprintf(w, "session %s NOT released: %s", f.Key, f.Reason)
+		if len(f.Unwritten) > 0 {
+			fmt.Fprintf(w, " (still held: %s)", strings.Join(f.Unwritten, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// drainNode asks the control plane to drain a node and returns its reply,
+// the node record and the node's session drain.
+func drainNode(ctx context.Context, conn *bus.Conn, id string) (controlplane.DrainReply, error) {
+	var rep controlplane.DrainReply
+	b, err := json.Marshal(schemas.AdminRequest{ID: id})
+	if err != nil {
+		return rep, err
+	}
+	resp, err := conn.NC.RequestWithContext(ctx, bus.SubjectDrain, b)
+	if err != nil {
+		return rep, fmt.Errorf("no control plane answered on %s: %w", bus.SubjectDrain, err)
+	}
+	if err := json.Unmarshal(resp.Data, &rep); err != nil {
+		return rep, fmt.Errorf("reply on %s: %w", bus.SubjectDrain, err)
+	}
+	if rep.Refusal != nil {
+		return rep, rep.Refusal
+	}
+	if rep.OK == nil {
+		return rep, errors.New("empty reply on " + bus.SubjectDrain)
+	}
+	return rep, nil
+}
