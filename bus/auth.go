@@ -2,6 +2,8 @@ package bus
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 
@@ -178,4 +180,45 @@ func IsAuthError(err error) bool {
 	}
 	s := strings.ToLower(err.Error())
 	return strings.Contains(s, "authorization violation") || strings.Contains(s, "permissions violation") || strings.Contains(s, "authentication")
+}
+
+// Environment the operator CLI reads to log in (docs/security.md).
+const (
+	EnvNATSUser       = "WARMFLEET_NATS_USER"       // default "operator"
+	EnvNATSTokenFile  = "WARMFLEET_NATS_TOKEN_FILE" // the token (operator or producer)
+	EnvNATSInboxName  = "WARMFLEET_NATS_PRODUCER"   // set: log in as this producer (own inbox prefix)
+	EnvNATSCAFile     = "WARMFLEET_NATS_CA"
+	EnvNATSCertFile   = "WARMFLEET_NATS_CERT"
+	EnvNATSKeyFile    = "WARMFLEET_NATS_KEY"
+	envNATSTokenValue = "WARMFLEET_NATS_TOKEN" // the token itself; prefer the file
+)
+
+// EnvClientOptions are a CLI's connection options from the environment:
+// TLS files and credentials. None are needed against an open server.
+func EnvClientOptions() ([]nats.Option, error) {
+	opts, err := TLSFiles{CAFile: os.Getenv(EnvNATSCAFile), CertFile: os.Getenv(EnvNATSCertFile), KeyFile: os.Getenv(EnvNATSKeyFile)}.ClientOptions()
+	if err != nil {
+		return nil, err
+	}
+	secret := os.Getenv(envNATSTokenValue)
+	if f := os.Getenv(EnvNATSTokenFile); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("bus: %s: %w", EnvNATSTokenFile, err)
+		}
+		secret = strings.TrimSpace(string(b))
+	}
+	if secret == "" {
+		return opts, nil
+	}
+	var c *Credentials
+	switch p := os.Getenv(EnvNATSInboxName); {
+	case p != "":
+		c = ProducerCredentials(p, secret)
+	case os.Getenv(EnvNATSUser) != "" && os.Getenv(EnvNATSUser) != OperatorUser:
+		c = &Credentials{user: os.Getenv(EnvNATSUser), secret: secret}
+	default:
+		c = OperatorCredentials(secret)
+	}
+	return append(opts, c.Options()...), nil
 }

@@ -42,6 +42,8 @@ func newRoot() *cobra.Command {
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
 		maxWorkloads                                                                        int
+		natsAuth                                                                            bool
+		natsTLS                                                                             bus.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:           "warmfleet-agent",
@@ -79,14 +81,25 @@ func newRoot() *cobra.Command {
 				return fmt.Errorf("containerd at %s: %w (is containerd running? `containerd --version`; set --containerd-address)", ctrdAddr, err)
 			}
 			defer rt.Close()
-			conn, err := bus.Connect(natsURL, "warmfleet-agent-"+nodeID, log)
+			opts, err := natsTLS.ClientOptions()
+			if err != nil {
+				return err
+			}
+			var creds *bus.Credentials
+			if natsAuth {
+				// Logs in as the node with its bootstrap token; after enrolling
+				// the agent swaps it for its session token.
+				creds = bus.NodeCredentials(nodeID, token)
+				opts = append(opts, creds.Options()...)
+			}
+			conn, err := bus.Connect(natsURL, "warmfleet-agent-"+nodeID, log, opts...)
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
 			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
-				Accelerator: nvml.New(log)}, conn, rt, log)
+				Accelerator: nvml.New(log), Credentials: creds}, conn, rt, log)
 			if err != nil {
 				return err
 			}
@@ -114,6 +127,10 @@ func newRoot() *cobra.Command {
 	f.StringVar(&contentRoot, "content-root", "/var/lib/containerd", "containerd's root directory; its filesystem's size and free space are reported as disk facts")
 	f.StringVar(&cacheDir, "cache-dir", "", "directory holding the caches Runs mount (default <data-dir>/caches)")
 	f.DurationVar(&factsInterval, "facts-interval", agent.DefaultFactsInterval, "how often node facts are reported (changes are reported sooner)")
+	f.BoolVar(&natsAuth, "nats-auth", os.Getenv("WARMFLEET_NATS_AUTH") == "1", "log in to NATS as this node with the bootstrap's token, then the session's (for `warmfleet serve --auth`; docs/security.md)")
+	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on")
+	f.StringVar(&natsTLS.CertFile, "tls-cert", os.Getenv("WARMFLEET_NATS_CERT"), "client certificate (PEM) for a NATS server that verifies clients")
+	f.StringVar(&natsTLS.KeyFile, "tls-key", os.Getenv("WARMFLEET_NATS_KEY"), "client key (PEM)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&metricsAddr, "metrics-addr", os.Getenv("WARMFLEET_METRICS_ADDR"), "serve Prometheus /metrics, /healthz and /readyz (ready once enrolled) on this host:port (default: off)")
 	return cmd

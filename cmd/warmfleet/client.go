@@ -18,14 +18,22 @@ import (
 
 // connect opens a quiet connection for CLI use.
 func (g *globals) connect(ctx context.Context) (*bus.Conn, error) {
-	conn, err := bus.Connect(g.natsURL, "warmfleet-cli", zap.NewNop())
+	opts, err := bus.EnvClientOptions() // TLS and login from WARMFLEET_NATS_* (docs/security.md)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := bus.Connect(g.natsURL, "warmfleet-cli", zap.NewNop(), opts...)
 	if err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := conn.WaitConnected(cctx); err != nil {
+		last := conn.NC.LastError()
 		conn.Close()
+		if bus.IsAuthError(last) {
+			return nil, fmt.Errorf("NATS at %s refused this login (%v): set %s to the operator token file (docs/security.md)", g.natsURL, last, bus.EnvNATSTokenFile)
+		}
 		return nil, fmt.Errorf("no NATS server at %s (start one with `warmfleet serve` or pass --nats-url): %w", g.natsURL, err)
 	}
 	return conn, nil

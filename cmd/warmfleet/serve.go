@@ -18,6 +18,7 @@ func newServe(g *globals) *cobra.Command {
 	var dataDir, listen, metricsAddr string
 	var port, replicas int
 	var openEnrollment, waitForCapacity bool
+	var sec serveSecurity
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -28,8 +29,12 @@ func newServe(g *globals) *cobra.Command {
 			}
 			defer func() { _ = log.Sync() }()
 			url := g.natsURL
+			if err := sec.prepare(!cmd.Flags().Changed("nats-url"), dataDir); err != nil {
+				return err
+			}
 			if !cmd.Flags().Changed("nats-url") {
-				srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(dataDir, "jetstream"), Host: listen, Port: port})
+				srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(dataDir, "jetstream"), Host: listen, Port: port,
+					Auth: sec.embeddedAuth(), TLS: sec.serverTLS})
 				if err != nil {
 					return err
 				}
@@ -38,7 +43,11 @@ func newServe(g *globals) *cobra.Command {
 				log.Info("embedded NATS listening", zap.String("url", url), zap.String("store", filepath.Join(dataDir, "jetstream")))
 				fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: embedded NATS at %s (data in %s)\n", url, dataDir)
 			}
-			conn, err := bus.Connect(url, "warmfleet-cp", log)
+			copts, err := sec.clientOptions()
+			if err != nil {
+				return err
+			}
+			conn, err := bus.Connect(url, "warmfleet-cp", log, copts...)
 			if err != nil {
 				return err
 			}
@@ -54,6 +63,10 @@ func newServe(g *globals) *cobra.Command {
 			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
+			calloutDone, err := sec.startCallout(ctx, conn, log)
+			if err != nil {
+				return err
+			}
 			var metricsDone chan error
 			if metricsAddr != "" {
 				if metricsDone, err = serveCPMetrics(ctx, cancel, cmd, metricsAddr, conn, cp, log); err != nil {
@@ -63,6 +76,11 @@ func newServe(g *globals) *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats -s %s pub wf.runs.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, url)
 			runErr := cp.Run(ctx)
 			cancel()
+			if calloutDone != nil {
+				if err := <-calloutDone; err != nil && runErr == nil {
+					runErr = err
+				}
+			}
 			if metricsDone != nil {
 				if err := <-metricsDone; err != nil {
 					return err
@@ -77,6 +95,7 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas for every stream and bucket (3 on a JetStream cluster)")
 	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
+	sec.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane"
+)
+
+// serveSecurity is `warmfleet serve`'s NATS auth and TLS (docs/security.md).
+type serveSecurity struct {
+	auth                      bool
+	issuerSeedFile            string
+	producerTokensFile        string
+	operatorTokenFile         string
+	natsUser, natsPassFile    string
+	serverTLS                 bus.TLSFiles
+	clientCert, clientKey     string
+	serviceUser, servicePass  string // embedded: the control plane's own login
+	issuerSeed                []byte
+	producers                 map[string]string
+	operatorToken, issuerPubK string
+}
+
+func (s *serveSecurity) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.BoolVar(&s.auth, "auth", false, "require a login for NATS: agents, producers and operators get per-identity permissions from the control plane's auth callout (docs/security.md)")
+	f.StringVar(&s.issuerSeedFile, "auth-issuer-seed-file", "", "account nkey seed (SA...) that signs callout answers; required with --auth and --nats-url (the server's auth_callout.issuer is its public key); the embedded server generates one")
+	f.StringVar(&s.producerTokensFile, "producer-tokens-file", "", "with --auth: file of `<name> <token>` lines, one per producer")
+	f.StringVar(&s.operatorTokenFile, "operator-token-file", "", "with --auth: file holding the operator token (user \"operator\", full permissions)")
+	f.StringVar(&s.natsUser, "nats-user", "", "with --nats-url: the control plane's NATS user (listed in auth_callout.auth_users)")
+	f.StringVar(&s.natsPassFile, "nats-password-file", "", "with --nats-url: file holding that user's password")
+	f.StringVar(&s.serverTLS.CertFile, "tls-cert", "", "embedded NATS: server certificate (PEM); turns TLS on")
+	f.StringVar(&s.serverTLS.KeyFile, "tls-key", "", "embedded NATS: server key (PEM)")
+	f.StringVar(&s.serverTLS.CAFile, "tls-ca", "", "CA (PEM) that signs the server's certificate and, with --tls-verify-clients, clients' certificates")
+	f.BoolVar(&s.serverTLS.VerifyClients, "tls-verify-clients", false, "embedded NATS: require a client certificate signed by --tls-ca")
+	f.StringVar(&s.clientCert, "tls-client-cert", "", "the control plane's own client certificate (PEM), for a server that verifies clients")
+	f.StringVar(&s.clientKey, "tls-client-key", "", "the control plane's own client key (PEM)")
+}
+
+// prepare reads the secret files and, for the embedded server, mints the
+// control plane's login and the callout's issuer key. Secrets are never
+// printed.
+func (s *serveSecurity) prepare(embedded bool, dataDir string) error {
+	if !s.auth {
+		if s.producerTokensFile != "" || s.operatorTokenFile != "" || s.issuerSeedFile != "" {
+			return errors.New("--producer-tokens-file, --operator-token-file and --auth-issuer-seed-file need --auth")
+		}
+		return nil
+	}
+	var err error
+	if s.issuerSeedFile != "" {
+		if s.issuerSeed, err = readSecretFile(s.issuerSeedFile, "--auth-issuer-seed-file"); err != nil {
+			return err
+		}
+	} else if embedded {
+		kp, err := nkeys.CreateAccount()
+		if err != nil {
+			return err
+		}
+		if s.issuerSeed, err = kp.Seed(); err != nil {
+			return err
+		}
+	} else {
+		return errors.New("--auth with --nats-url needs --auth-issuer-seed-file: the seed of the account nkey named in the server's auth_callout.issuer (docs/security.md)")
+	}
+	kp, err := nkeys.FromSeed(s.issuerSeed)
+	if err != nil {
+		return fmt.Errorf("--auth-issuer-seed-file: not an nkey seed: %w", err)
+	}
+	if s.issuerPubK, err = kp.PublicKey(); err != nil {
+		return err
+	}
+	if s.producerTokensFile != "" {
+		b, err := os.ReadFile(s.producerTokensFile)
+		if err != nil {
+			return fmt.Errorf("--producer-tokens-file: %w", err)
+		}
+		if s.producers, err = controlplane.ParseProducerTokens(string(b)); err != nil {
+			return fmt.Errorf("--producer-tokens-file %s: %w", s.producerTokensFile, err)
+		}
+	}
+	if s.operatorTokenFile == "" && embedded && dataDir != "" {
+		// An operator login for `make run`-style use: a token file beside
+		// the store, readable by its owner only.
+		if s.operatorTokenFile, err = ensureTokenFile(filepath.Join(dataDir, "operator.token")); err != nil {
+			return err
+		}
+	}
+	if s.operatorTokenFile != "" {
+		b, err := readSecretFile(s.operatorTokenFile, "--operator-token-file")
+		if err != nil {
+			return err
+		}
+		s.operatorToken = string(b)
+	}
+	if embedded {
+		s.serviceUser = "warmfleet-cp"
+		p := make([]byte, 32)
+		if _, err := rand.Read(p); err != nil {
+			return err
+		}
+		s.servicePass = base64.RawURLEncoding.EncodeToString(p)
+	} else {
+		if s.natsUser == "" || s.natsPassFile == "" {
+			return errors.New("--auth with --nats-url needs --nats-user and --nats-password-file: the control plane's own login, listed in the server's auth_callout.auth_users")
+		}
+		b, err := readSecretFile(s.natsPassFile, "--nats-password-file")
+		if err != nil {
+			return err
+		}
+		s.serviceUser, s.servicePass = s.natsUser, string(b)
+	}
+	return nil
+}
+
+// embeddedAuth is the embedded server's auth, nil without --auth.
+func (s *serveSecurity) embeddedAuth() *bus.EmbeddedAuth {
+	if !s.auth {
+		return nil
+	}
+	return &bus.EmbeddedAuth{ServiceUser: s.serviceUser, ServicePassword: s.servicePass, Issuer: s.issuerPubK}
+}
+
+// clientOptions are the control plane's connection options: TLS when a CA
+// or client certificate is named, its login with --auth.
+func (s *serveSecurity) clientOptions() ([]nats.Option, error) {
+	opts, err := bus.TLSFiles{CAFile: s.serverTLS.CAFile, CertFile: s.clientCert, KeyFile: s.clientKey}.ClientOptions()
+	if err != nil {
+		return nil, err
+	}
+	if s.serverTLS.CertFile != "" && s.serverTLS.CAFile == "" {
+		return nil, errors.New("--tls-cert needs --tls-ca too: the control plane checks the embedded server's certificate against it")
+	}
+	if s.auth {
+		opts = append(opts, nats.UserInfo(s.serviceUser, s.servicePass))
+	}
+	return opts, nil
+}
+
+// startCallout runs the auth callout until ctx ends; the returned channel
+// yields its result. Without --auth it returns nil.
+func (s *serveSecurity) startCallout(ctx context.Context, conn *bus.Conn, log *zap.Logger) (<-chan error, error) {
+	if !s.auth {
+		return nil, nil
+	}
+	ac, err := controlplane.NewAuthCallout(ctx, conn, controlplane.AuthConfig{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("NATS auth on", zap.Strings("producers", controlplane.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
+	done := make(chan error, 1)
+	go func() { done <- ac.Run(ctx) }()
+	return done, nil
+}
+
+// ensureTokenFile returns path, writing a new random token there (0600)
+// unless it exists.
+func ensureTokenFile(path string) (string, error) {
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(base64.RawURLEncoding.EncodeToString(b)+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write operator token: %w", err)
+	}
+	return path, nil
+}
+
+func readSecretFile(path, flag string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return nil, fmt.Errorf("%s %s is empty", flag, path)
+	}
+	return []byte(v), nil
+}
