@@ -46,10 +46,11 @@ type KVSessionsOptions struct {
 // KVSessions is the control plane's DurableStore over wf_sessions.
 //
 // The runtime journal state it answers for a session with no record comes
-// from wf_leases: no lease was ever granted for the key, so no runtime ever
-// ran under it and the journal is empty; a lease record exists, so a
-// residency ran and never checkpointed, and what its runtime wrote is
-// unknown — a create is then refused (fail closed).
+// from wf_leases: no lease beyond epoch 1 was ever granted for the key (the
+// attach asking holds epoch 1, or none), so no runtime ran under it before
+// and the journal is empty; a later epoch means an earlier residency ran and
+// never recorded anything, so what its runtime wrote is unknown — a create
+// is then refused (fail closed).
 type KVSessions struct {
 	kv     jetstream.KeyValue
 	leases jetstream.KeyValue
@@ -100,8 +101,11 @@ func (s *KVSessions) LoadSessionState(ctx context.Context, key Key) (SessionStat
 		var lr LeaseRecord
 		_, lerr := bus.GetJSON(ctx, s.leases, key.String(), &lr)
 		switch {
-		case lerr == nil:
+		case lerr == nil && lr.Epoch > 1:
+			// An earlier residency ran and never recorded anything.
 			st.RuntimeJournal = JournalUnknown
+		case lerr == nil:
+			// Epoch 1 is the attach asking now: nothing ran before it.
 		case !errors.Is(lerr, jetstream.ErrKeyNotFound):
 			return SessionState{}, fmt.Errorf("residency: read lease %s: %w", key, lerr)
 		}

@@ -1,0 +1,268 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/warmfleet/warmfleet/adapters/containerd"
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/nodehost"
+)
+
+// Session residency end to end: a real control plane (residency services
+// over wf_leases, wf_residency and wf_sessions), real agents hosting
+// sessions through residency/nodehost, and real WF_INBOX consumers.
+
+const (
+	noopImage  = "example.com/session@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	noopDigest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	sessCompat = "session-build@1"
+)
+
+func sessionFleet(t *testing.T) *fleet {
+	return newFleet(t, func(c *controlplane.Config) {
+		c.Sessions = controlplane.SessionConfig{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
+			AttachTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second}
+	})
+}
+
+// ledger records every inbox message a session host handled, and who was
+// consuming each session's inbox when: the acceptance tests' ground truth.
+type ledger struct {
+	t  *testing.T
+	mu sync.Mutex
+	// done maps message id → each (host, epoch) that handled it.
+	done map[string][]string
+	// consuming maps session → host currently consuming its inbox.
+	consuming map[residency.Key]string
+	overlaps  []string
+}
+
+func newLedger(t *testing.T) *ledger {
+	return &ledger{t: t, done: map[string][]string{}, consuming: map[residency.Key]string{}}
+}
+
+func (l *ledger) handled(id string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.done[id]...)
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.done)
+}
+
+// hooks and handler for one host.
+func (l *ledger) hooks(host string) residency.Hooks {
+	return residency.Hooks{OnConsume: func(k residency.Key, e residency.ResidencyEpoch, on bool) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		cur, busy := l.consuming[k]
+		switch {
+		case on && busy:
+			l.overlaps = append(l.overlaps, fmt.Sprintf("%s: %s began consuming (epoch %d) while %s was", k, host, e, cur))
+		case on:
+			l.consuming[k] = host
+		case cur == host:
+			delete(l.consuming, k)
+		}
+	}}
+}
+
+// handler delivers through the production WorkspaceHandler and records the
+// delivery once it succeeded under a held grant.
+func (l *ledger) handler(host, root string) residency.Handler {
+	deliver := nodehost.WorkspaceHandler(root)
+	return func(ctx context.Context, w residency.Work) error {
+		if err := deliver(ctx, w); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		l.done[w.MsgID] = append(l.done[w.MsgID], fmt.Sprintf("%s@%d", host, w.Guard.Epoch()))
+		l.mu.Unlock()
+		return nil
+	}
+}
+
+func (l *ledger) checkNoOverlap() {
+	l.t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, o := range l.overlaps {
+		l.t.Errorf("two hosts consumed one inbox at once: %s", o)
+	}
+}
+
+// sessionNode is an agent hosting sessions.
+type sessionNode struct {
+	id    string
+	agent *agent.Agent
+	host  *nodehost.Host
+	rt    agent.Runtime
+	ws    string
+	part  *part
+}
+
+type sessionNodeSpec struct {
+	id      string
+	rt      agent.Runtime // the node runtime; a noopruntime when nil
+	target  residency.RuntimeTarget
+	warmTTL time.Duration
+	ledger  *ledger
+}
+
+func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
+	f.t.Helper()
+	if spec.rt == nil {
+		spec.rt = noopruntime.New(noopruntime.Options{})
+	}
+	if spec.target.Image == "" {
+		spec.target = residency.RuntimeTarget{Image: noopImage, ManifestDigest: noopDigest, CompatibilityID: sessCompat, StopGrace: 100 * time.Millisecond}
+	}
+	dataDir := tempDir(f.t)
+	ws := filepath.Join(dataDir, "sessions")
+	host, err := nodehost.New(nodehost.Options{
+		Target: spec.target, Capacity: 8, WorkspaceRoot: ws, WarmTTL: spec.warmTTL,
+		Handler: spec.ledger.handler(spec.id, ws), Hooks: spec.ledger.hooks(spec.id), RequestTimeout: 3 * time.Second,
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	conn, err := bus.Connect(f.nats.URL(), spec.id, f.log.Named(spec.id))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: 1, DataDir: dataDir, StopGrace: 2 * time.Second, Sessions: host},
+		conn, spec.rt, f.log.Named(spec.id))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := newPart(cancel, func() error { defer conn.Close(); return a.Run(ctx) })
+	f.t.Cleanup(func() { p.stop(f.t) })
+	f.waitNode(spec.id, a)
+	return &sessionNode{id: spec.id, agent: a, host: host, rt: spec.rt, ws: ws, part: p}
+}
+
+// containerdRuntime is a real containerd runtime in w for node id.
+func (f *fleet) containerdRuntime(w world, id string) *containerd.Runtime {
+	f.t.Helper()
+	rt, err := containerd.New(context.Background(), containerd.Options{Address: w.ctrd.Address, Namespace: w.ctrd.Namespace,
+		ImageDir: w.imageDir, LogDir: filepath.Join(tempDir(f.t), "logs"), Logger: f.log.Named(id + "-ctrd")})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = rt.Close() })
+	return rt
+}
+
+// sessionAdmin sends an operator's session request, as the CLI does.
+func (f *fleet) sessionAdmin(subject string, req residency.SessionRequest) residency.SessionReply {
+	f.t.Helper()
+	b, err := json.Marshal(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	resp, err := f.conn.NC.RequestWithContext(ctx, subject, b)
+	if err != nil {
+		f.t.Fatalf("%s: %v", subject, err)
+	}
+	var rep residency.SessionReply
+	if err := json.Unmarshal(resp.Data, &rep); err != nil {
+		f.t.Fatalf("%s reply: %v", subject, err)
+	}
+	return rep
+}
+
+// attachSession attaches through the control plane and fails on an error.
+func (f *fleet) attachSession(req residency.SessionRequest) residency.ResidencyView {
+	f.t.Helper()
+	rep := f.sessionAdmin(bus.SubjectSessionAttach, req)
+	if rep.Error != nil || rep.Residency == nil {
+		f.t.Fatalf("attach %s.%s: %v", req.Tenant, req.Session, rep.Error)
+	}
+	return *rep.Residency
+}
+
+// askHost sends a session command straight to a node's host (bypassing the
+// control plane's placement), stamped with the node's current token.
+func (f *fleet) askHost(n *sessionNode, op residency.SessionOp, cmd residency.SessionCommand) residency.SessionReply {
+	f.t.Helper()
+	cmd.FencingToken = n.agent.Enrollment().FencingToken
+	b, _ := json.Marshal(cmd)
+	resp, err := f.conn.NC.Request(bus.NodeSessions(n.id, string(op)), b, 20*time.Second)
+	if err != nil {
+		f.t.Fatalf("%s %s: %v", n.id, op, err)
+	}
+	var rep residency.SessionReply
+	if err := json.Unmarshal(resp.Data, &rep); err != nil {
+		f.t.Fatal(err)
+	}
+	return rep
+}
+
+func (f *fleet) route(key residency.Key) (residency.Observation, bool) {
+	f.t.Helper()
+	var o residency.Observation
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketResidency)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	_, err = bus.GetJSON(context.Background(), kv, key.String(), &o)
+	return o, err == nil
+}
+
+func (f *fleet) leaseRecord(key residency.Key) (residency.LeaseRecord, bool) {
+	var l residency.LeaseRecord
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketLeases)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	_, err = bus.GetJSON(context.Background(), kv, key.String(), &l)
+	return l, err == nil
+}
+
+func (f *fleet) sessionRecord(key residency.Key) (residency.SessionRecord, bool) {
+	var s residency.SessionRecord
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketSessions)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	_, err = bus.GetJSON(context.Background(), kv, key.String(), &s)
+	return s, err == nil
+}
+
+// publishWork puts one message in a session's inbox, deduplicated on id.
+func (f *fleet) publishWork(key residency.Key, id string) {
+	f.t.Helper()
+	m := &nats.Msg{Subject: key.InboxSubject(), Data: []byte(`{"work":"` + id + `"}`), Header: nats.Header{}}
+	if _, err := f.conn.JS.PublishMsg(context.Background(), m, jetstream.WithMsgID(id)); err != nil {
+		f.t.Fatalf("publish %s: %v", id, err)
+	}
+}
+
+func sortedKeys(ks []residency.Key) []string {
+	out := make([]string, 0, len(ks))
+	for _, k := range ks {
+		out = append(out, k.String())
+	}
+	sort.Strings(out)
+	return out
+}
