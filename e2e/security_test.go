@@ -155,24 +155,33 @@ func (sf *secureFleet) plant(name, value string) {
 // secureAgent is one agent that logs in with its bootstrap, then its
 // session.
 type secureAgent struct {
-	id    string
-	agent *agent.Agent
-	conn  *bus.Conn
-	part  *part
+	id      string
+	agent   *agent.Agent
+	conn    *bus.Conn
+	part    *part
+	dataDir string
 }
 
 func (sf *secureFleet) startAgent(id string) *secureAgent {
 	sf.t.Helper()
 	boot := sf.invite(id, 1, time.Minute)
 	sf.plant("invitation of "+id, boot.EnrollmentToken)
-	creds := bus.NodeCredentials(id, boot.EnrollmentToken)
+	return sf.startAgentWith(id, boot.EnrollmentToken, tempDir(sf.t))
+}
+
+// startAgentWith starts an agent process with a bootstrap token and a data
+// dir (which may hold a saved session), logging in as `warmfleet-agent
+// --nats-auth` does: first with the bootstrap token.
+func (sf *secureFleet) startAgentWith(id, token, dataDir string) *secureAgent {
+	sf.t.Helper()
+	creds := bus.NodeCredentials(id, token)
 	log := sf.log.Named(id)
 	conn, err := bus.Connect(sf.url, "warmfleet-agent-"+id, log, append(append([]nats.Option{}, sf.tls...), creds.Options()...)...)
 	if err != nil {
 		sf.t.Fatal(err)
 	}
 	rt := noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
-	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: boot.EnrollmentToken, DataDir: tempDir(sf.t),
+	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
 		StopGrace: time.Second, Credentials: creds, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30}}, conn, rt, log)
 	if err != nil {
 		sf.t.Fatal(err)
@@ -181,8 +190,8 @@ func (sf *secureFleet) startAgent(id string) *secureAgent {
 	p := newPart(cancel, func() error { defer conn.Close(); return a.Run(ctx) })
 	sf.t.Cleanup(func() { p.stop(sf.t) })
 	sf.waitNode(id, a)
-	sf.plant("session of "+id, a.Enrollment().SessionToken)
-	return &secureAgent{id: id, agent: a, conn: conn, part: p}
+	sf.plant(fmt.Sprintf("session of %s (login %d)", id, len(sf.secrets)), a.Enrollment().SessionToken)
+	return &secureAgent{id: id, agent: a, conn: conn, part: p, dataDir: dataDir}
 }
 
 // dial opens a connection as creds and collects the asynchronous errors
@@ -456,7 +465,19 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	sf.eventually(15*time.Second, "a session renewal", func() bool { return a.agent.Enrollment().SessionExpires.After(first) })
 	time.Sleep(2 * time.Second) // past the first session's expiry: a re-login under the renewed session
 	sf.waitPhase(submitAs(t, pjs, "secret-run-after-renewal"), schemas.PhaseSucceeded, 30*time.Second)
-	sf.plant("session of node-a (now)", a.agent.Enrollment().SessionToken)
+	sf.plant("session of node-a (renewed)", a.agent.Enrollment().SessionToken)
+
+	// The agent restarts: its first login (the used bootstrap token) is
+	// refused, it logs in with its saved session, resumes (a new session and
+	// fencing token) and logs in again with the new session.
+	before := a.agent.Enrollment()
+	a.part.stop(t)
+	a2 := sf.startAgentWith("node-a", used, a.dataDir)
+	if e := a2.agent.Enrollment(); !e.Duplicate || e.FencingToken <= before.FencingToken || e.SessionToken == before.SessionToken {
+		t.Fatalf("restart did not resume: duplicate=%v fencing %d -> %d", e.Duplicate, before.FencingToken, e.FencingToken)
+	}
+	sf.refusedLogin("the session before the restart", bus.NodeCredentials("node-a", before.SessionToken))
+	sf.waitPhase(submitAs(t, pjs, "secret-run-after-restart"), schemas.PhaseSucceeded, 30*time.Second)
 
 	// A canary proves the search finds what it looks for.
 	canary := randomSecret(t)
@@ -573,7 +594,6 @@ func (sf *secureFleet) searchAtRest(seenMu *sync.Mutex, seen *[]*nats.Msg) []str
 	t.Logf("searched %d streams, %d buckets, %d published stream messages, %d log lines", streams, buckets, n, len(entries))
 	return hits
 }
-
 
 // natsLogger sends nats-server's log to zap.
 type natsLogger struct{ l *zap.Logger }
