@@ -122,6 +122,10 @@ func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentReques
 		if req.Generation != rec.Generation {
 			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation", Reason: "a session resumes only within its generation; re-invite the node"}
 		}
+		if g := cp.resumeGeneration(ctx, req, rec); g > 0 {
+			req.Generation = g // its rental was resumed from stopped: the node's next cycle
+			break
+		}
 		if !now.Before(rec.SessionExpires) {
 			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "enrollment_token", Reason: "the session expired; re-invite the node"}
 		}

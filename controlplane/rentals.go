@@ -88,6 +88,10 @@ func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, error
 	if err != nil {
 		return false, fmt.Errorf("list offers: %w", err)
 	}
+	// A stopped rental that fits comes back warm, sooner than a new one.
+	if rt, ok := cp.stoppedFor(rentals, r, offers); ok {
+		return true, cp.resume(ctx, r, rt)
+	}
 	offers = slices.DeleteFunc(offers, func(o capacity.Offer) bool { return !o.Available })
 	if len(offers) == 0 {
 		return false, nil
@@ -160,6 +164,123 @@ func (cp *ControlPlane) askProvider(ctx context.Context, rt schemas.Rental) erro
 	})
 }
 
+// stoppedFor finds a stopped rental that can take r: its provider resumes,
+// its machine has r's resources, and its offer still answers r's query (a
+// GPU model, say) — or, when the provider no longer lists that offer, r asks
+// for no particular GPU.
+func (cp *ControlPlane) stoppedFor(rentals []schemas.Rental, r schemas.Run, matching []capacity.Offer) (schemas.Rental, bool) {
+	if !cp.cfg.Capacity.Provider.Support().Resume {
+		return schemas.Rental{}, false
+	}
+	var best schemas.Rental
+	found := false
+	for _, rt := range rentals {
+		if rt.State != schemas.RentalStopped || rt.NativeRef == "" || !r.Request.Resources.Fits(rt.Resources) {
+			continue
+		}
+		if r.Request.GPU != nil && !slices.ContainsFunc(matching, func(o capacity.Offer) bool { return o.ID == rt.OfferID }) {
+			continue
+		}
+		if !found || rt.PricePerHour < best.PricePerHour || (rt.PricePerHour == best.PricePerHour && rt.RentalID < best.RentalID) {
+			best, found = rt, true
+		}
+	}
+	return best, found
+}
+
+// resume brings a stopped rental back for r as a new lifecycle cycle: its
+// generation rises, then the provider is asked to start it under that
+// generation. The machine's agent comes back with the session of the last
+// cycle; enrollment moves its node to the new generation (resumeGeneration)
+// under a higher fencing token.
+func (cp *ControlPlane) resume(ctx context.Context, r schemas.Run, rt schemas.Rental) error {
+	var gen uint64
+	err := cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		if s.State != schemas.RentalStopped {
+			return ErrRentalMoved
+		}
+		s.Generation++
+		gen = s.Generation
+		s.ForRun, s.IdleSince, s.LastError = r.ID, time.Time{}, ""
+		return setRentalState(s, schemas.RentalBooting, time.Time{}, now)
+	})
+	if err != nil {
+		return fmt.Errorf("resume rental %s: %w", rt.RentalID, err)
+	}
+	rt.Generation = gen
+	cp.log.Info("resuming a stopped rental", zap.String("rental_id", rt.RentalID), zap.Uint64("generation", gen), zap.String("for_run", r.ID))
+	return cp.startRental(ctx, rt)
+}
+
+// startRental asks the provider to start a resumed rental's machine (again,
+// under the same operation key, when an earlier answer was lost). A definite
+// refusal means the machine cannot come back: it is terminated, and the
+// next scheduling pass rents afresh.
+func (cp *ControlPlane) startRental(ctx context.Context, rt schemas.Rental) error {
+	cc := cp.cfg.Capacity
+	_, err := cc.Provider.StartCapacity(ctx, capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "start"), Generation: rt.Generation})
+	if err == nil {
+		return nil
+	}
+	if capacity.Ambiguous(err) {
+		// The provider may have started it: the next observation says.
+		return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, _ time.Time) error { s.LastError = err.Error(); return nil })
+	}
+	cp.log.Warn("a stopped rental cannot be resumed; terminating it", zap.String("rental_id", rt.RentalID), zap.Error(err))
+	if uerr := cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		if s.Generation != rt.Generation || s.State != schemas.RentalBooting {
+			return ErrRentalMoved
+		}
+		s.LastError = err.Error()
+		return setRentalState(s, schemas.RentalTerminating, time.Time{}, now)
+	}); uerr != nil {
+		return uerr
+	}
+	if _, terr := cc.Provider.TerminateCapacity(ctx, capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "terminate"), Generation: rt.Generation}); terr != nil {
+		return fmt.Errorf("terminate unresumable rental %s: %w", rt.RentalID, terr)
+	}
+	return nil
+}
+
+// resumeGeneration is enrollment's question to the rentals: an agent
+// presenting the session of its node's current generation, whose rental
+// was resumed from stopped since (a higher rental generation, booting or
+// enrolling), is that machine coming back, and its node moves to the
+// rental's generation. It answers 0 otherwise. The session may have expired
+// while the machine was stopped: the resume itself is the authority, and it
+// holds only for the node its rental names, only while that resume is under
+// way.
+func (cp *ControlPlane) resumeGeneration(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord) uint64 {
+	if cp.cfg.Capacity == nil || req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
+		return 0
+	}
+	var rt schemas.Rental
+	if _, err := bus.GetJSON(ctx, cp.rentalsKV, req.RentalID, &rt); err != nil {
+		return 0
+	}
+	if rt.NodeID != req.NodeID || rt.Generation <= rec.Generation {
+		return 0
+	}
+	if rt.State != schemas.RentalBooting && rt.State != schemas.RentalEnrolling {
+		return 0
+	}
+	cp.log.Info("a resumed rental's node re-enrolls under a new generation", zap.String("node_id", req.NodeID),
+		zap.String("rental_id", rt.RentalID), zap.Uint64("from", rec.Generation), zap.Uint64("to", rt.Generation))
+	return rt.Generation
+}
+
+// ErrRentalMoved reports that a rental changed under a decision about it.
+var ErrRentalMoved = errors.New("controlplane: the rental moved meanwhile")
+
+func rentalRef(rt schemas.Rental) capacity.Ref {
+	return capacity.Ref{ConnectionID: rt.ConnectionID, RentalID: rt.RentalID, NativeRef: rt.NativeRef, OwnershipToken: rt.OwnershipToken}
+}
+
+// cycleKey is the operation key of one act of one lifecycle cycle.
+func cycleKey(rt schemas.Rental, act string) string {
+	return fmt.Sprintf("%s-g%d-%s", rt.RentalID, rt.Generation, act)
+}
+
 // rentalLoop observes rentals until ctx ends; the janitor runs on its own
 // slower cadence inside it.
 func (cp *ControlPlane) rentalLoop(ctx context.Context) {
@@ -224,8 +345,13 @@ func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, acti
 	case schemas.RentalEnrolling:
 		if nodeKnown && node.RentalID == rt.RentalID && node.Generation == rt.Generation && node.Live(now) {
 			return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+				if s.State != schemas.RentalEnrolling || s.Generation != node.Generation {
+					return bus.ErrNoChange
+				}
 				s.IdleSince = now
-				return setRentalState(s, schemas.RentalReady, time.Time{}, now)
+				// The rental became ready when its node enrolled: a moment
+				// the control plane recorded itself, not this pass's look.
+				return setRentalStateAt(s, schemas.RentalReady, node.EnrolledAt, now)
 			})
 		}
 	case schemas.RentalReady, schemas.RentalDraining:
@@ -252,6 +378,11 @@ func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, acti
 	}
 	if err != nil {
 		return fmt.Errorf("observe: %w", err)
+	}
+	if rt.State == schemas.RentalBooting && obs.State == capacity.StateStopped {
+		// A resume whose start the provider has not acted on (its answer
+		// was lost, or it was refused after the rental moved): ask again.
+		return cp.startRental(ctx, rt)
 	}
 	to := rentalStateOf(rt.State, obs)
 	if to == "" || to == rt.State {
@@ -283,8 +414,7 @@ func (cp *ControlPlane) retire(ctx context.Context, rt schemas.Rental) error {
 		return err
 	}
 	sup := cc.Provider.Support()
-	cmd := capacity.Command{Ref: capacity.Ref{ConnectionID: rt.ConnectionID, RentalID: rt.RentalID, NativeRef: rt.NativeRef, OwnershipToken: rt.OwnershipToken},
-		OperationKey: rt.OperationKey + "-retire", Generation: rt.Generation}
+	cmd := capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "retire"), Generation: rt.Generation}
 	to, verb := schemas.RentalTerminating, "terminate"
 	var err error
 	if sup.Stop && sup.Resume && sup.PersistentDisk {
@@ -395,13 +525,23 @@ func (cp *ControlPlane) updateRental(ctx context.Context, id string, mutate func
 }
 
 // setRentalState moves a rental by the table and records the stage: at the
-// provider's own time when it gave one, else as a bound at now.
+// provider's own time when it gave one (its StateSince, or the AcceptedAt of
+// the receipt that moved it), else as a bound at now — the stage was entered
+// at or before now, and the interval since the last look is the caller's
+// cadence, not a property of the machine.
 func setRentalState(s *schemas.Rental, to schemas.RentalState, providerSince, now time.Time) error {
+	return setRentalStateAt(s, to, providerSince, now)
+}
+
+// setRentalStateAt records the stage at a known moment when there is one
+// (never later than now: a provider's clock ahead of ours is clamped and
+// the stage marked a bound), else as a bound at now.
+func setRentalStateAt(s *schemas.Rental, to schemas.RentalState, at, now time.Time) error {
 	if err := checkRentalTransition(s.State, to); err != nil {
 		return err
 	}
-	stage := schemas.RentalStage{State: to, At: providerSince}
-	if providerSince.IsZero() {
+	stage := schemas.RentalStage{State: to, At: at}
+	if at.IsZero() || at.After(now) {
 		stage.At, stage.Bound = now, true
 	}
 	s.State = to
