@@ -44,6 +44,7 @@ func newRoot() *cobra.Command {
 		maxWorkloads                                                                        int
 		natsAuth                                                                            bool
 		natsTLS                                                                             bus.TLSFiles
+		sessFlags                                                                           *sessionFlags
 	)
 	cmd := &cobra.Command{
 		Use:           "warmfleet-agent",
@@ -97,9 +98,13 @@ func newRoot() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
+			sessions, err := sessFlags.host(dataDir)
+			if err != nil {
+				return err
+			}
 			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
-				Accelerator: nvml.New(log), Credentials: creds}, conn, rt, log)
+				Accelerator: nvml.New(log), Credentials: creds, Sessions: sessions}, conn, rt, log)
 			if err != nil {
 				return err
 			}
@@ -111,6 +116,7 @@ func newRoot() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	sessFlags = addSessionFlags(f)
 	f.StringVar(&natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL the agent dials")
 	f.StringVar(&bootstrap, "bootstrap", os.Getenv("WARMFLEET_BOOTSTRAP"), "NodeBootstrap JSON file from `warmfleet node invite`")
 	f.StringVar(&nodeID, "node-id", os.Getenv("WARMFLEET_NODE_ID"), "node identity (default: hostname)")
