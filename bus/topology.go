@@ -31,6 +31,10 @@ const (
 	ConsumerObs    = "cp-obs"
 )
 
+// MaxNodeConsumers is WF_CMDS's consumer limit: how many nodes can be
+// enrolled at once. Provision applies it to an existing stream too.
+const MaxNodeConsumers = 1_000_000
+
 // DedupeWindow is how long JetStream remembers a Nats-Msg-Id. A submit
 // repeated after it is still one Run: the Run id is derived from the request
 // id and created with KV Create.
@@ -76,6 +80,10 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 			Storage:     jetstream.FileStorage,
 			Duplicates:  DedupeWindow,
 			Replicas:    r,
+			// One consumer per enrolled node. An unlimited (0 or -1)
+			// setting does not lift nats-server's default of 1,000
+			// consumers per stream; only a positive limit does.
+			MaxConsumers: MaxNodeConsumers,
 		},
 		{
 			Name:        StreamObs,

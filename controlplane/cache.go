@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -15,10 +16,24 @@ import (
 // cache is this replica's read-only view of wf_runs and wf_nodes, fed by KV
 // watches. Decisions read it; every write still goes to KV by CAS, so a
 // stale cache costs a retry, never a wrong write.
+//
+// It also holds the replica's lease table: heartbeats extend a node's lease
+// here, in memory, instead of rewriting its wf_nodes record each time. Every
+// replica sees every heartbeat, so every replica holds the same table. A
+// node's effective lease is the later of its record's LeaseExpires and the
+// in-memory lease its current session (fencing token) earned; node and
+// nodeList return records with that effective lease.
 type cache struct {
-	mu    sync.RWMutex
-	runs  map[string]cachedRun
-	nodes map[string]cachedNode
+	mu     sync.RWMutex
+	runs   map[string]cachedRun
+	nodes  map[string]cachedNode
+	leases map[string]memLease
+}
+
+// memLease is a lease extended by heartbeats of one session of a node.
+type memLease struct {
+	token   uint64
+	expires time.Time
 }
 
 type cachedRun struct {
@@ -32,7 +47,7 @@ type cachedNode struct {
 }
 
 func newCache() *cache {
-	return &cache{runs: map[string]cachedRun{}, nodes: map[string]cachedNode{}}
+	return &cache{runs: map[string]cachedRun{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{}}
 }
 
 // start opens both watches and blocks until their initial values are in.
@@ -96,21 +111,38 @@ func (c *cache) applyRun(e jetstream.KeyValueEntry) {
 	c.runs[e.Key()] = cachedRun{r, e.Revision()}
 }
 
+// applyNode takes a wf_nodes update from the watch. A revision this replica
+// already holds (it wrote it and noted it with applyNodeRecord) is not
+// decoded again, and decoding happens outside the lock, so heartbeats are
+// not held up by a large facts record.
 func (c *cache) applyNode(e jetstream.KeyValueEntry) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
+		c.mu.Lock()
 		delete(c.nodes, e.Key())
+		delete(c.leases, e.Key())
+		c.mu.Unlock()
 		return
 	}
-	if old, ok := c.nodes[e.Key()]; ok && old.rev >= e.Revision() {
+	if c.nodeRev(e.Key()) >= e.Revision() {
 		return
 	}
 	var n schemas.NodeRecord
 	if json.Unmarshal(e.Value(), &n) != nil {
 		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.nodes[e.Key()]; ok && old.rev >= e.Revision() {
+		return
+	}
 	c.nodes[e.Key()] = cachedNode{n, e.Revision()}
+}
+
+// nodeRev is the revision of node id held, or 0.
+func (c *cache) nodeRev(id string) uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.nodes[id].rev
 }
 
 // noteRun records a Run this replica just wrote, ahead of its watch.
@@ -121,6 +153,14 @@ func (c *cache) noteRun(r schemas.Run, rev uint64) {
 		return
 	}
 	c.runs[r.ID] = cachedRun{r, rev}
+}
+
+// run returns one cached Run.
+func (c *cache) run(id string) (schemas.Run, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	cr, ok := c.runs[id]
+	return cr.run, ok
 }
 
 func (c *cache) runCount() int  { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.runs) }
@@ -139,22 +179,108 @@ func (c *cache) activeRuns() []schemas.Run {
 	return out
 }
 
-// nodeList returns every node record.
+// nodeList returns every node record, each with its effective lease.
 func (c *cache) nodeList() []schemas.NodeRecord {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	out := make([]schemas.NodeRecord, 0, len(c.nodes))
 	for _, cn := range c.nodes {
-		out = append(out, cn.node)
+		out = append(out, c.withLeaseLocked(cn.node))
 	}
 	return out
 }
 
+// node returns one node record with its effective lease.
 func (c *cache) node(id string) (schemas.NodeRecord, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	cn, ok := c.nodes[id]
-	return cn.node, ok
+	if !ok {
+		return schemas.NodeRecord{}, false
+	}
+	return c.withLeaseLocked(cn.node), true
+}
+
+// withLeaseLocked returns n with LeaseExpires raised to the in-memory lease
+// of n's current session, when that is later. c.mu is held.
+func (c *cache) withLeaseLocked(n schemas.NodeRecord) schemas.NodeRecord {
+	if l, ok := c.leases[n.NodeID]; ok && l.token == n.FencingToken && l.expires.After(n.LeaseExpires) {
+		n.LeaseExpires = l.expires
+	}
+	return n
+}
+
+// memLeaseOf returns the in-memory lease held by session token of node id,
+// or the zero time.
+func (c *cache) memLeaseOf(id string, token uint64) time.Time {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if l, ok := c.leases[id]; ok && l.token == token {
+		return l.expires
+	}
+	return time.Time{}
+}
+
+// heartbeatResult says what the cache made of a heartbeat.
+type heartbeatResult int
+
+const (
+	// heartbeatExtended: the cached record vouches for the session and the
+	// node is not lost; its in-memory lease now runs to the given time.
+	heartbeatExtended heartbeatResult = iota
+	// heartbeatFenced: the node has a newer session than the heartbeat's.
+	// Fencing tokens only rise, so the store cannot say otherwise.
+	heartbeatFenced
+	// heartbeatCheckStore: the cache cannot decide (node unknown to it, a
+	// newer token than it holds, or the node is marked lost); the caller
+	// reads wf_nodes.
+	heartbeatCheckStore
+)
+
+// heartbeat extends node id's in-memory lease to until when token is the
+// cached record's current session and the node is not lost.
+func (c *cache) heartbeat(id string, token uint64, until time.Time) heartbeatResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cn, ok := c.nodes[id]
+	switch {
+	case !ok || token > cn.node.FencingToken:
+		return heartbeatCheckStore
+	case token < cn.node.FencingToken:
+		return heartbeatFenced
+	case cn.node.State == schemas.NodeLost:
+		return heartbeatCheckStore
+	}
+	c.extendLeaseLocked(id, token, until)
+	return heartbeatExtended
+}
+
+// extendLease raises node id's in-memory lease for session token to until.
+func (c *cache) extendLease(id string, token uint64, until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.extendLeaseLocked(id, token, until)
+}
+
+func (c *cache) extendLeaseLocked(id string, token uint64, until time.Time) {
+	if l, ok := c.leases[id]; ok && l.token == token && !until.After(l.expires) {
+		return
+	}
+	c.leases[id] = memLease{token: token, expires: until}
+}
+
+// graceLeases gives every node that is not lost an in-memory lease until
+// until for its current session. A replica that just started has heard no
+// heartbeats yet, and the lease in a record is only rewritten on a state
+// change, so without this it would mark every node lost on its first pass.
+func (c *cache) graceLeases(until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, cn := range c.nodes {
+		if cn.node.State != schemas.NodeLost {
+			c.extendLeaseLocked(id, cn.node.FencingToken, until)
+		}
+	}
 }
 
 // applyNodeRecord records a node this replica just wrote, ahead of its watch.

@@ -122,11 +122,15 @@ type ControlPlane struct {
 	ready chan struct{}
 	// kick asks the scheduler to look at accepted Runs now.
 	kick chan struct{}
+	// enrollLocks orders enrollments of one node in this replica; different
+	// nodes enroll concurrently. Across replicas the node record's CAS
+	// decides.
+	enrollLocks keyedMutex
+	// outbox tracks Run events still to be published after a failed
+	// publish, and the crash repair of the first reconcile pass.
+	outbox outboxRepair
 	// sessions serves session residency (session.go); set by Run.
 	sessions *sessions
-	// enrollMu serialises enrollments in this replica; across replicas the
-	// node record's CAS decides.
-	enrollMu sync.Mutex
 }
 
 type metrics struct {
@@ -139,18 +143,28 @@ type metrics struct {
 	placementMiss atomic.Int64
 	decisions     atomic.Int64
 	decisionNanos atomic.Int64
+	heartbeats    atomic.Int64
+	eventsSent    atomic.Int64
 }
 
 // Metrics is a snapshot of the control plane's counters.
 type Metrics struct {
 	Transitions, FencedObservations, Rejected, StaleReports, LeaseLapses, CommandsSent, PlacementMisses int64
 	Decisions, DecisionNanos                                                                            int64
+	// Heartbeats counts heartbeats that extended a lease; EventsPublished
+	// counts Run event publishes (including repairs that dedupe dropped).
+	Heartbeats, EventsPublished int64
 }
 
 // Metrics returns the current counters.
 func (cp *ControlPlane) Metrics() Metrics {
 	m := &cp.metrics
-	return Metrics{m.transitions.Load(), m.fencedObs.Load(), m.rejected.Load(), m.staleReports.Load(), m.leaseLapses.Load(), m.commandsSent.Load(), m.placementMiss.Load(), m.decisions.Load(), m.decisionNanos.Load()}
+	return Metrics{
+		Transitions: m.transitions.Load(), FencedObservations: m.fencedObs.Load(), Rejected: m.rejected.Load(),
+		StaleReports: m.staleReports.Load(), LeaseLapses: m.leaseLapses.Load(), CommandsSent: m.commandsSent.Load(),
+		PlacementMisses: m.placementMiss.Load(), Decisions: m.decisions.Load(), DecisionNanos: m.decisionNanos.Load(),
+		Heartbeats: m.heartbeats.Load(), EventsPublished: m.eventsSent.Load(),
+	}
 }
 
 // New provisions the streams and buckets (idempotently) and returns a
@@ -205,7 +219,13 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err := cp.cache.start(ctx, &wg, cp.runsKV, cp.nodesKV, cp.log); err != nil {
 		return err
 	}
-	stopSubs, err := cp.serveNodes(ctx)
+	// This replica has heard no heartbeat yet: give every node one lease
+	// to be heard before the sweep may call it lost.
+	cp.cache.graceLeases(cp.now().Add(cp.leaseTTL()))
+	// Every active Run's last events are checked against WF_EVENTS on the
+	// first pass, in case a replica stopped between a write and its publish.
+	cp.outbox.repairAllOnNextPass()
+	stopSubs, err := cp.serveNodes(ctx, &wg)
 	if err != nil {
 		return err
 	}
@@ -216,7 +236,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	defer stopSessions()
 
-	intake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), cp.handleIntake)
+	intakePool := newKeyedPool(ctx, &wg, IntakeWorkers, 8, cp.handleIntake)
+	intake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(ctx context.Context, m jetstream.Msg) {
+		job := cp.parseIntake(ctx, m)
+		intakePool.submit(job.key, job) // false only when ctx ended: m stays unacked and is redelivered
+	})
 	if err != nil {
 		return err
 	}
@@ -238,14 +262,20 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	return nil
 }
 
-// consume binds a durable consumer and hands each message to h. Messages of
-// one consumer are handled one at a time in this replica, in stream order.
+// IntakeWorkers is how many intake messages one replica handles at once.
+// It stays well below the intake consumer's MaxAckPending (1,024), so the
+// workers' queues, not the server, hold the backlog.
+const IntakeWorkers = 64
+
+// consume binds a durable consumer and hands each message to h on the
+// consumer's callback goroutine, in stream order. h gets a context marked
+// for outbox repair when the message is a redelivery (see repairing).
 func (cp *ControlPlane) consume(ctx context.Context, stream string, cfg jetstream.ConsumerConfig, h func(context.Context, jetstream.Msg)) (jetstream.ConsumeContext, error) {
 	c, err := cp.conn.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: consumer %s on %s: %w", cfg.Durable, stream, err)
 	}
-	cc, err := c.Consume(func(m jetstream.Msg) { h(ctx, m) },
+	cc, err := c.Consume(func(m jetstream.Msg) { h(withRedelivery(ctx, m), m) },
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if !errors.Is(err, context.Canceled) {
 				cp.log.Debug("consumer error", zap.String("consumer", cfg.Durable), zap.Error(err))

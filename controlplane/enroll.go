@@ -92,8 +92,10 @@ func (cp *ControlPlane) handleEnroll(ctx context.Context, m *nats.Msg) {
 // is configured. Every success raises the fencing token by CAS, so whatever
 // process held the previous session can no longer act.
 func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentRequest) (schemas.Enrollment, error) {
-	cp.enrollMu.Lock()
-	defer cp.enrollMu.Unlock()
+	// One node's enrollments are ordered; other nodes' proceed alongside.
+	// The node record's CAS below still arbitrates between replicas.
+	unlock := cp.enrollLocks.lock(req.NodeID)
+	defer unlock()
 	now := cp.now()
 	rec := schemas.NodeRecord{NodeID: req.NodeID}
 	rev, err := bus.GetJSON(ctx, cp.nodesKV, req.NodeID, &rec)

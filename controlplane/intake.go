@@ -14,18 +14,84 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// handleIntake takes one message off WF_RUNS. Refused input is answered with
-// a rejected event and terminated; a transient failure is left unacked so
-// JetStream redelivers it under the consumer's BackOff.
-func (cp *ControlPlane) handleIntake(ctx context.Context, m jetstream.Msg) {
-	var err error
+// intakeJob is one WF_RUNS message, decoded once by the consumer's callback
+// so that it can be routed by Run id: a Run's submit and cancel go to the
+// same intake worker and keep their stream order.
+type intakeJob struct {
+	m jetstream.Msg
+	// key routes the job: the Run id when the message names one.
+	key string
+	// redelivered: an earlier delivery may have stopped half way.
+	redelivered bool
+	submit      *schemas.RunRequest
+	cancel      *schemas.CancelRun
+	// refusal is set when the message is refused as it stands; requestID
+	// is then whatever request id it carried, for the rejected event.
+	refusal   *schemas.Refusal
+	requestID string
+}
+
+// parseIntake decodes and validates one intake message.
+func (cp *ControlPlane) parseIntake(ctx context.Context, m jetstream.Msg) intakeJob {
+	job := intakeJob{m: m, redelivered: repairing(ctx)}
 	switch m.Subject() {
 	case bus.SubjectSubmit:
-		err = cp.submit(ctx, m)
+		req, _, err := schemas.DecodeRunRequest(m.Headers(), m.Data())
+		job.requestID = req.RequestID
+		if err != nil {
+			job.refusal = schemas.AsRefusal(err)
+		} else {
+			job.submit = &req
+		}
+		if job.requestID != "" {
+			job.key = schemas.RunIDFor(job.requestID)
+		}
 	case bus.SubjectCancel:
-		err = cp.cancel(ctx, m)
+		var c schemas.CancelRun
+		enc := codec.Detect(m.Headers(), m.Data())
+		if err := codec.Decode(enc, m.Data(), &c); err != nil {
+			code := schemas.CodeMalformed
+			if errors.Is(err, codec.ErrUnknownField) {
+				code = schemas.CodeUnknownField
+			}
+			job.refusal = &schemas.Refusal{Code: code, Reason: "cancel body is not a CancelRun object"}
+			break
+		}
+		job.key = c.RunID
+		if err := c.Validate(); err != nil {
+			job.refusal, job.requestID = schemas.AsRefusal(err), c.RequestID
+			break
+		}
+		job.cancel = &c
 	default:
-		err = cp.reject(ctx, m, "", &schemas.Refusal{Code: schemas.CodeMalformed, Reason: "unknown intake subject " + m.Subject()})
+		job.refusal = &schemas.Refusal{Code: schemas.CodeMalformed, Reason: "unknown intake subject " + m.Subject()}
+	}
+	if job.key == "" {
+		// Nothing to keep in order with: spread by stream position.
+		if meta, err := m.Metadata(); err == nil {
+			job.key = strconv.FormatUint(meta.Sequence.Stream, 10)
+		}
+	}
+	return job
+}
+
+// handleIntake handles one WF_RUNS message on an intake worker. Refused
+// input is answered with a rejected event and terminated; a transient
+// failure is left unacked so JetStream redelivers it under the consumer's
+// BackOff.
+func (cp *ControlPlane) handleIntake(ctx context.Context, job intakeJob) {
+	if job.redelivered {
+		ctx = markRepair(ctx)
+	}
+	m := job.m
+	var err error
+	switch {
+	case job.refusal != nil:
+		err = cp.reject(ctx, m, job.requestID, job.refusal)
+	case job.submit != nil:
+		err = cp.submit(ctx, m, *job.submit)
+	case job.cancel != nil:
+		err = cp.cancel(ctx, m, *job.cancel)
 	}
 	if err != nil {
 		cp.log.Warn("intake will retry", zap.String("subject", m.Subject()), zap.Error(err))
@@ -35,12 +101,8 @@ func (cp *ControlPlane) handleIntake(ctx context.Context, m jetstream.Msg) {
 	_ = m.Ack()
 }
 
-// submit turns one RunRequest into a stored Run, or a rejection.
-func (cp *ControlPlane) submit(ctx context.Context, m jetstream.Msg) error {
-	req, _, err := schemas.DecodeRunRequest(m.Headers(), m.Data())
-	if err != nil {
-		return cp.reject(ctx, m, req.RequestID, schemas.AsRefusal(err))
-	}
+// submit turns one valid RunRequest into a stored Run, or a rejection.
+func (cp *ControlPlane) submit(ctx context.Context, m jetstream.Msg, req schemas.RunRequest) error {
 	run, dup, err := cp.createRun(ctx, req)
 	if err != nil {
 		return err
@@ -102,19 +164,7 @@ func (cp *ControlPlane) reject(ctx context.Context, m jetstream.Msg, requestID s
 }
 
 // cancel marks a Run for cancellation and stops it where it runs.
-func (cp *ControlPlane) cancel(ctx context.Context, m jetstream.Msg) error {
-	var c schemas.CancelRun
-	enc := codec.Detect(m.Headers(), m.Data())
-	if err := codec.Decode(enc, m.Data(), &c); err != nil {
-		code := schemas.CodeMalformed
-		if errors.Is(err, codec.ErrUnknownField) {
-			code = schemas.CodeUnknownField
-		}
-		return cp.reject(ctx, m, "", &schemas.Refusal{Code: code, Reason: "cancel body is not a CancelRun object"})
-	}
-	if err := c.Validate(); err != nil {
-		return cp.reject(ctx, m, c.RequestID, schemas.AsRefusal(err))
-	}
+func (cp *ControlPlane) cancel(ctx context.Context, m jetstream.Msg, c schemas.CancelRun) error {
 	grace := c.GraceSeconds
 	if grace == 0 {
 		grace = schemas.DefaultGraceSeconds

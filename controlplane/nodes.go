@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -14,12 +15,24 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
+// enrollWorkers bounds how many enrollments one replica handles at once.
+// Each is a few KV and JetStream API round trips; enrollments of one node
+// are ordered by the per-node lock in enroll.
+const enrollWorkers = 32
+
 // serveNodes answers enrollments, renewals and invitations and takes
 // heartbeats. All are core NATS (not streams): a lost heartbeat is replaced
 // by the next one, and a request is retried by its sender. The queue group
-// spreads them over replicas.
-func (cp *ControlPlane) serveNodes(ctx context.Context) (func(), error) {
-	enroll, err := cp.conn.NC.QueueSubscribe(bus.SubjectEnroll, "warmfleet-cp", func(m *nats.Msg) { cp.handleEnroll(ctx, m) })
+// spreads requests over replicas; heartbeats are taken by every replica
+// (no queue group), so each one's in-memory lease table is complete.
+// Enrollments are handed to a pool of workers that wg owns and ctx stops.
+func (cp *ControlPlane) serveNodes(ctx context.Context, wg *sync.WaitGroup) (func(), error) {
+	enrollPool := newKeyedPool(ctx, wg, enrollWorkers, 4, cp.handleEnroll)
+	enroll, err := cp.conn.NC.QueueSubscribe(bus.SubjectEnroll, "warmfleet-cp", func(m *nats.Msg) {
+		// Keyed by the reply inbox only to spread the load: the per-node
+		// lock in enroll orders one node's enrollments.
+		enrollPool.submit(m.Reply, m)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: subscribe %s: %w", bus.SubjectEnroll, err)
 	}
@@ -29,12 +42,17 @@ func (cp *ControlPlane) serveNodes(ctx context.Context) (func(), error) {
 			_ = s.Unsubscribe()
 		}
 	}
+	hb, err := cp.conn.NC.Subscribe(bus.SubjectHeartbeats, func(m *nats.Msg) { cp.handleHeartbeat(ctx, m) })
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("controlplane: subscribe %s: %w", bus.SubjectHeartbeats, err)
+	}
+	subs = append(subs, hb)
 	for subj, h := range map[string]nats.MsgHandler{
-		bus.SubjectHeartbeats: func(m *nats.Msg) { cp.handleHeartbeat(ctx, m) },
-		bus.SubjectRenewals:   func(m *nats.Msg) { cp.handleRenew(ctx, m) },
-		bus.SubjectInvite:     func(m *nats.Msg) { cp.handleInvite(ctx, m) },
-		bus.SubjectDrain:      func(m *nats.Msg) { cp.handleDrain(ctx, m) },
-		bus.SubjectRetire:     func(m *nats.Msg) { cp.handleRetire(ctx, m) },
+		bus.SubjectRenewals: func(m *nats.Msg) { cp.handleRenew(ctx, m) },
+		bus.SubjectInvite:   func(m *nats.Msg) { cp.handleInvite(ctx, m) },
+		bus.SubjectDrain:    func(m *nats.Msg) { cp.handleDrain(ctx, m) },
+		bus.SubjectRetire:   func(m *nats.Msg) { cp.handleRetire(ctx, m) },
 	} {
 		s, err := cp.conn.NC.QueueSubscribe(subj, "warmfleet-cp", h)
 		if err != nil {
@@ -48,6 +66,11 @@ func (cp *ControlPlane) serveNodes(ctx context.Context) (func(), error) {
 
 // handleHeartbeat extends a node's lease. A heartbeat under an old fencing
 // token is dropped: only the current session keeps a node alive.
+//
+// The lease is extended in memory when the cached record vouches for the
+// session: no KV read or write. wf_nodes is written only when the heartbeat
+// changes the node's state (lost → ready), by CAS as before; the cache
+// sends a heartbeat to the store only when it cannot decide.
 func (cp *ControlPlane) handleHeartbeat(ctx context.Context, m *nats.Msg) {
 	var hb schemas.Heartbeat
 	if _, err := codec.DecodeMsg(m, &hb); err != nil {
@@ -59,25 +82,44 @@ func (cp *ControlPlane) handleHeartbeat(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	now := cp.now()
+	until := now.Add(cp.leaseTTL())
+	switch cp.cache.heartbeat(hb.NodeID, hb.FencingToken, until) {
+	case heartbeatExtended:
+		cp.metrics.heartbeats.Add(1)
+		return
+	case heartbeatFenced:
+		cp.fencedHeartbeat(hb)
+		return
+	}
 	rec, rev, err := bus.UpdateJSON(ctx, cp.nodesKV, hb.NodeID, func(n *schemas.NodeRecord) error {
 		if n.FencingToken != hb.FencingToken {
 			return errFenced
 		}
-		if n.State == schemas.NodeLost {
-			n.State = schemas.NodeReady
+		if n.State != schemas.NodeLost {
+			return bus.ErrNoChange // live: the in-memory lease is enough
 		}
-		n.LeaseExpires = now.Add(cp.leaseTTL())
+		n.State = schemas.NodeReady
+		n.LeaseExpires = until
 		return nil
 	})
 	switch {
 	case errors.Is(err, errFenced):
-		cp.metrics.fencedObs.Add(1)
-		cp.log.Info("heartbeat from superseded session dropped", zap.String("node_id", hb.NodeID), zap.Uint64("token", hb.FencingToken))
-	case err != nil:
+		cp.fencedHeartbeat(hb)
+	case err != nil && !errors.Is(err, bus.ErrNoChange):
 		cp.log.Debug("heartbeat not recorded", zap.String("node_id", hb.NodeID), zap.Error(err))
 	default:
+		if err == nil {
+			cp.log.Info("lost node heartbeating again", zap.String("node_id", hb.NodeID), zap.Uint64("fencing_token", hb.FencingToken))
+		}
 		cp.cache.applyNodeRecord(rec, rev)
+		cp.cache.extendLease(hb.NodeID, hb.FencingToken, until)
+		cp.metrics.heartbeats.Add(1)
 	}
+}
+
+func (cp *ControlPlane) fencedHeartbeat(hb schemas.Heartbeat) {
+	cp.metrics.fencedObs.Add(1)
+	cp.log.Info("heartbeat from superseded session dropped", zap.String("node_id", hb.NodeID), zap.Uint64("token", hb.FencingToken))
 }
 
 var errFenced = errors.New("superseded fencing token")

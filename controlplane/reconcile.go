@@ -37,6 +37,7 @@ func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
 	now := cp.now()
 	cp.expireLeases(ctx, now)
 	runs := cp.cache.activeRuns()
+	cp.repairOutboxes(ctx, runs)
 	slices.SortFunc(runs, func(a, b schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
 	// The snapshot is built only when a pass has something to place.
 	var fleet *placement.Fleet
@@ -136,6 +137,12 @@ func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *plac
 		}
 		fail := !cp.cfg.WaitForCapacity && !coming && unsatisfiable(d)
 		summary := waitingSummary(d)
+		if !fail && r.Waiting == summary {
+			// Same answer as last pass, already recorded: no KV read, no
+			// event. r is the cached Run; if it is stale the next pass sees
+			// the newer one.
+			return nil
+		}
 		_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
 			if s.Phase != schemas.PhaseAccepted || (!fail && s.Waiting == summary) {
 				return bus.ErrNoChange
@@ -204,16 +211,24 @@ func (cp *ControlPlane) startQueued(ctx context.Context, r schemas.Run, fleet *p
 
 // expireLeases marks nodes whose lease lapsed as lost and moves their Runs
 // on: back to accepted for another attempt, or lost when attempts are spent.
+// A node's lease is the later of its record's and the one its heartbeats
+// earned in this replica's memory (cache.go); marking it lost is a CAS that
+// also writes the lease this replica saw, so the record says when the node
+// was last heard of.
 func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
 	for _, n := range cp.cache.nodeList() {
 		if n.State == schemas.NodeLost || now.Before(n.LeaseExpires) {
 			continue
 		}
 		rec, rev, err := bus.UpdateJSON(ctx, cp.nodesKV, n.NodeID, func(s *schemas.NodeRecord) error {
-			if s.State == schemas.NodeLost || now.Before(s.LeaseExpires) {
+			lease := s.LeaseExpires
+			if mem := cp.cache.memLeaseOf(s.NodeID, s.FencingToken); mem.After(lease) {
+				lease = mem
+			}
+			if s.State == schemas.NodeLost || now.Before(lease) {
 				return bus.ErrNoChange
 			}
-			s.State = schemas.NodeLost
+			s.State, s.LeaseExpires = schemas.NodeLost, lease
 			return nil
 		})
 		if err != nil {

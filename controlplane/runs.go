@@ -21,9 +21,12 @@ import (
 type change func(r *schemas.Run, emit func(schemas.RunEvent)) error
 
 // advance applies ch to the stored Run by CAS, then publishes the change's
-// events. When ch finds nothing to do, the Run's outbox is published again:
-// that repairs a crash between an earlier CAS and its publish, and the
-// events' Nats-Msg-Id keeps the log free of duplicates.
+// events. When ch finds nothing to do, nothing is published, unless ctx is
+// marked for repair (a redelivered message: its first delivery may have
+// stopped between an earlier CAS and its publish); then the Run's outbox is
+// published again and the events' Nats-Msg-Id keeps the log free of
+// duplicates. A publish that fails after its CAS leaves the Run marked for
+// the reconcile loop's outbox repair (outbox.go).
 func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (schemas.Run, error) {
 	now := cp.now()
 	run, rev, err := bus.UpdateJSON(ctx, cp.runsKV, runID, func(r *schemas.Run) error {
@@ -47,6 +50,9 @@ func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (s
 				return err
 			}
 			r.PhaseSince = now
+			if r.Phase != schemas.PhasePreparing {
+				r.Progress = nil
+			}
 		}
 		r.UpdatedAt = now
 		return nil
@@ -57,8 +63,13 @@ func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (s
 	if err == nil {
 		cp.cache.noteRun(run, rev)
 		cp.metrics.transitions.Add(1)
+	} else if !repairing(ctx) {
+		return run, err // bus.ErrNoChange: the stored outbox was published by the change that wrote it
 	}
 	if perr := cp.publishEvents(ctx, run.Outbox); perr != nil {
+		if err == nil {
+			cp.outbox.mark(runID)
+		}
 		return run, perr
 	}
 	return run, err
@@ -84,7 +95,13 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 		return run, false, fmt.Errorf("run %s: create: %w", run.ID, err)
 	}
 	cp.cache.noteRun(run, rev)
-	return run, false, cp.publishEvents(ctx, run.Outbox)
+	if err := cp.publishEvents(ctx, run.Outbox); err != nil {
+		// The submit is redelivered and repairs it as a duplicate; the
+		// reconcile loop repairs it too should the submit be gone.
+		cp.outbox.mark(run.ID)
+		return run, false, err
+	}
+	return run, false, nil
 }
 
 // publishEvents appends events to WF_EVENTS, each deduplicated by run:seq.
@@ -107,6 +124,7 @@ func (cp *ControlPlane) publishEvent(ctx context.Context, ev schemas.RunEvent, m
 	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	cp.metrics.eventsSent.Add(1)
 	if _, err := cp.conn.JS.PublishMsg(pctx, m, jetstream.WithMsgID(msgID)); err != nil {
 		cp.log.Warn("publish run event failed", zap.String("run_id", ev.RunID), zap.Uint64("seq", ev.Seq), zap.Error(err))
 		return fmt.Errorf("publish event %s: %w", msgID, err)

@@ -1,0 +1,397 @@
+package controlplane_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Tests of the control plane's hot paths (docs/benchmarks.md, hot spots 1–5):
+// concurrent intake that keeps one Run's messages in order, heartbeats that
+// extend an in-memory lease without writing wf_nodes, a scheduler that does
+// not republish unchanged decisions, and each event published once.
+
+type testPlane struct {
+	url    string
+	conn   *bus.Conn // a client's connection
+	cp     *controlplane.ControlPlane
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func dialTest(t *testing.T, url, name string) *bus.Conn {
+	t.Helper()
+	c, err := bus.Connect(url, name, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func startTestPlane(t *testing.T, cfg controlplane.Config) *testPlane {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	pl := &testPlane{url: n.URL(), conn: dialTest(t, n.URL(), "client")}
+	pl.start(t, cfg)
+	return pl
+}
+
+// start runs a control plane on the plane's server until stop or cleanup.
+func (pl *testPlane) start(t *testing.T, cfg controlplane.Config) {
+	t.Helper()
+	pl.ctx, pl.cancel = context.WithCancel(context.Background())
+	cp, err := controlplane.New(pl.ctx, dialTest(t, pl.url, "cp"), cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl.cp, pl.done = cp, make(chan error, 1)
+	go func() { pl.done <- cp.Run(pl.ctx) }()
+	t.Cleanup(pl.stop)
+	select {
+	case <-cp.Ready():
+	case err := <-pl.done:
+		t.Fatalf("control plane stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("control plane not ready")
+	}
+}
+
+// stop ends the control plane and waits for every goroutine it owns.
+func (pl *testPlane) stop() {
+	if pl.cancel == nil {
+		return
+	}
+	pl.cancel()
+	<-pl.done
+	pl.cancel = nil
+}
+
+func eventually(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+	}
+}
+
+func (pl *testPlane) publish(t *testing.T, subject, msgID string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nats.Msg{Subject: subject, Data: b, Header: nats.Header{}}
+	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
+	if _, err := pl.conn.JS.PublishMsg(context.Background(), m, jetstream.WithMsgID(msgID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (pl *testPlane) run(t *testing.T, id string) (schemas.Run, bool) {
+	t.Helper()
+	kv, err := pl.conn.JS.KeyValue(context.Background(), bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r schemas.Run
+	_, err = bus.GetJSON(context.Background(), kv, id, &r)
+	return r, err == nil
+}
+
+func (pl *testPlane) node(t *testing.T, id string) (schemas.NodeRecord, uint64) {
+	t.Helper()
+	kv, err := pl.conn.JS.KeyValue(context.Background(), bus.BucketNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n schemas.NodeRecord
+	rev, err := bus.GetJSON(context.Background(), kv, id, &n)
+	if err != nil {
+		t.Fatalf("node %s: %v", id, err)
+	}
+	return n, rev
+}
+
+func (pl *testPlane) enroll(t *testing.T, nodeID string) schemas.Enrollment {
+	t.Helper()
+	req := schemas.EnrollmentRequest{NodeID: nodeID, Generation: 1, AgentVersion: "test",
+		Capacity: schemas.Resources{CPUMillis: 1000, MemoryBytes: 1 << 30}}
+	data, err := codec.Encode(codec.MsgPack, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := pl.conn.NC.Request(bus.SubjectEnroll, data, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep schemas.Reply[schemas.Enrollment]
+	if err := codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &rep); err != nil || rep.OK == nil {
+		t.Fatalf("enroll %s: %v %+v", nodeID, err, rep.Refusal)
+	}
+	return *rep.OK
+}
+
+func (pl *testPlane) heartbeat(t *testing.T, nodeID string, token uint64) {
+	t.Helper()
+	b, err := codec.Encode(codec.MsgPack, schemas.Heartbeat{NodeID: nodeID, FencingToken: token, SentAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pl.conn.NC.Publish(bus.NodeHeartbeat(nodeID), b); err != nil {
+		t.Fatal(err)
+	}
+	_ = pl.conn.NC.Flush()
+}
+
+func testRequest(id string) schemas.RunRequest {
+	return schemas.RunRequest{RequestID: id, Image: "localhost/test@sha256:" + fmt.Sprintf("%064x", 1),
+		Command: []string{"true"}, Resources: schemas.Resources{CPUMillis: 10, MemoryBytes: 16 << 20}}
+}
+
+// TestIntakeConcurrentKeepsRunOrder: many producers submit at once, and
+// each Run's cancel is published right behind its submit. The intake
+// workers handle Runs concurrently, but one Run's cancel never overtakes its
+// submit: every Run ends cancelled, none is refused as unknown.
+func TestIntakeConcurrentKeepsRunOrder(t *testing.T) {
+	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true})
+	const producers, perProducer = 8, 25
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			for i := range perProducer {
+				rid := fmt.Sprintf("order-%d-%d", p, i)
+				pl.publish(t, bus.SubjectSubmit, rid, testRequest(rid))
+				pl.publish(t, bus.SubjectCancel, "cancel-"+rid, schemas.CancelRun{RunID: schemas.RunIDFor(rid), Reason: "test"})
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, 60*time.Second, "every Run cancelled", func() bool {
+		for p := range producers {
+			for i := range perProducer {
+				r, ok := pl.run(t, schemas.RunIDFor(fmt.Sprintf("order-%d-%d", p, i)))
+				if !ok || r.Phase != schemas.PhaseCancelled {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if got := pl.cp.Metrics().Rejected; got != 0 {
+		t.Fatalf("%d intake messages refused; a cancel overtook its submit", got)
+	}
+}
+
+// TestHeartbeatsDoNotWriteNodes: heartbeats of a live node's session extend
+// its lease without a wf_nodes write; a heartbeat of a superseded session is
+// refused; a node that stops is marked lost by CAS with the lease it was
+// last granted, and comes back ready when it heartbeats again.
+func TestHeartbeatsDoNotWriteNodes(t *testing.T) {
+	const hb = 200 * time.Millisecond
+	pl := startTestPlane(t, controlplane.Config{HeartbeatInterval: hb, LeaseMultiplier: 3, ReconcileInterval: 50 * time.Millisecond, WaitForCapacity: true, OpenEnrollment: true})
+	old := pl.enroll(t, "n1")
+	enr := pl.enroll(t, "n1") // a second session supersedes the first
+	if enr.FencingToken <= old.FencingToken {
+		t.Fatalf("fencing token did not rise: %d → %d", old.FencingToken, enr.FencingToken)
+	}
+	_, rev0 := pl.node(t, "n1")
+	beat := func(token uint64, d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(hb / 2) {
+			pl.heartbeat(t, "n1", token)
+		}
+	}
+	// Well past the lease written at enrollment (3 × 200 ms).
+	beat(enr.FencingToken, 1500*time.Millisecond)
+	lastGood := time.Now()
+	rec, rev := pl.node(t, "n1")
+	if rec.State != schemas.NodeReady {
+		t.Fatalf("heartbeating node is %s", rec.State)
+	}
+	if rev != rev0 {
+		t.Fatalf("heartbeats wrote wf_nodes: revision %d → %d", rev0, rev)
+	}
+	if pl.cp.Metrics().Heartbeats == 0 {
+		t.Fatal("no heartbeat counted")
+	}
+
+	// The superseded session's heartbeats are refused and keep nothing alive.
+	fenced := pl.cp.Metrics().FencedObservations
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(hb / 2) {
+		pl.heartbeat(t, "n1", old.FencingToken)
+	}
+	eventually(t, 5*time.Second, "stale heartbeats counted as fenced", func() bool { return pl.cp.Metrics().FencedObservations > fenced })
+	eventually(t, 5*time.Second, "node marked lost", func() bool {
+		rec, _ := pl.node(t, "n1")
+		return rec.State == schemas.NodeLost
+	})
+	rec, _ = pl.node(t, "n1")
+	if want := lastGood.Add(3 * hb); rec.LeaseExpires.Before(want.Add(-300 * time.Millisecond)) {
+		t.Fatalf("lost record's lease %s is not the one its last heartbeat earned (about %s)", rec.LeaseExpires, want)
+	}
+	if pl.cp.Metrics().LeaseLapses == 0 {
+		t.Fatal("lapse not counted")
+	}
+
+	// Its current session heartbeats again: ready, by one CAS.
+	pl.heartbeat(t, "n1", enr.FencingToken)
+	eventually(t, 5*time.Second, "node ready again", func() bool {
+		rec, _ := pl.node(t, "n1")
+		return rec.State == schemas.NodeReady && rec.FencingToken == enr.FencingToken
+	})
+}
+
+// TestRestartGrantsGraceLease: a restarted control plane has heard no
+// heartbeat; it does not mark live nodes lost before their next heartbeat
+// could arrive, even though their records' leases are long past.
+func TestRestartGrantsGraceLease(t *testing.T) {
+	const hb = 200 * time.Millisecond
+	cfg := controlplane.Config{HeartbeatInterval: hb, LeaseMultiplier: 3, ReconcileInterval: 50 * time.Millisecond, WaitForCapacity: true, OpenEnrollment: true}
+	pl := startTestPlane(t, cfg)
+	enr := pl.enroll(t, "n1")
+	pl.stop()
+	time.Sleep(1 * time.Second) // the record's lease (600 ms) lapses meanwhile
+	pl.start(t, cfg)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(hb / 2):
+				pl.heartbeat(t, "n1", enr.FencingToken)
+			}
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	<-done
+	if rec, _ := pl.node(t, "n1"); rec.State != schemas.NodeReady {
+		t.Fatalf("live node is %s after a control-plane restart", rec.State)
+	}
+	if n := pl.cp.Metrics().LeaseLapses; n != 0 {
+		t.Fatalf("%d lease lapses after restart", n)
+	}
+}
+
+// TestWaitingRunsIdleQuietly: Runs that wait for capacity get one decided
+// event per distinct answer; later passes publish nothing.
+func TestWaitingRunsIdleQuietly(t *testing.T) {
+	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 20 * time.Millisecond})
+	const runs = 20
+	for i := range runs {
+		rid := fmt.Sprintf("idle-%d", i)
+		pl.publish(t, bus.SubjectSubmit, rid, testRequest(rid))
+	}
+	eventually(t, 30*time.Second, "every Run decided", func() bool {
+		for i := range runs {
+			r, ok := pl.run(t, schemas.RunIDFor(fmt.Sprintf("idle-%d", i)))
+			if !ok || r.Waiting == "" {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(200 * time.Millisecond)
+	before := pl.cp.Metrics()
+	time.Sleep(500 * time.Millisecond) // about 25 passes
+	after := pl.cp.Metrics()
+	if after.Decisions-before.Decisions < runs {
+		t.Fatalf("the scheduler did not run: %d decisions", after.Decisions-before.Decisions)
+	}
+	if d := after.EventsPublished - before.EventsPublished; d != 0 {
+		t.Fatalf("idle passes published %d events", d)
+	}
+	if d := after.Transitions - before.Transitions; d != 0 {
+		t.Fatalf("idle passes wrote %d Run changes", d)
+	}
+}
+
+// TestEventsSeenOnce: a subscriber on wf.events.run.> sees each event of a
+// simple Run exactly once, from accepted to succeeded.
+func TestEventsSeenOnce(t *testing.T) {
+	pl := startTestPlane(t, controlplane.Config{HeartbeatInterval: time.Second, ReconcileInterval: 20 * time.Millisecond, OpenEnrollment: true})
+	digest := "sha256:" + fmt.Sprintf("%064x", 1)
+	rt := noopruntime.New(noopruntime.Options{Images: []string{digest}, ExitAfter: 300 * time.Millisecond})
+	a, err := agent.New(agent.Config{NodeID: "n1", Generation: 1, DataDir: t.TempDir(), Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 4 << 30}},
+		dialTest(t, pl.url, "agent"), rt, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithCancel(context.Background())
+	adone := make(chan struct{})
+	go func() { defer close(adone); _ = a.Run(actx) }()
+	t.Cleanup(func() { acancel(); <-adone })
+	eventually(t, 30*time.Second, "agent enrolled", func() bool {
+		return a.Enrollment().FencingToken != 0
+	})
+
+	var (
+		mu   sync.Mutex
+		seen []schemas.RunEvent
+	)
+	sub, err := pl.conn.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+		var ev schemas.RunEvent
+		if json.Unmarshal(m.Data, &ev) == nil {
+			mu.Lock()
+			seen = append(seen, ev)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = pl.conn.NC.Flush()
+
+	pl.publish(t, bus.SubjectSubmit, "once", testRequest("once"))
+	runID := schemas.RunIDFor("once")
+	eventually(t, 30*time.Second, "Run succeeded", func() bool {
+		r, ok := pl.run(t, runID)
+		return ok && r.Phase == schemas.PhaseSucceeded
+	})
+	time.Sleep(500 * time.Millisecond) // many reconcile passes, and late reports
+	r, _ := pl.run(t, runID)
+	mu.Lock()
+	defer mu.Unlock()
+	var seqs []uint64
+	for _, ev := range seen {
+		if ev.RunID == runID {
+			seqs = append(seqs, ev.Seq)
+		}
+	}
+	slices.Sort(seqs) // one Run's events come from intake, reconcile and ingest
+	want := make([]uint64, r.EventSeq)
+	for i := range want {
+		want[i] = uint64(i + 1)
+	}
+	if !slices.Equal(seqs, want) {
+		t.Fatalf("subscriber saw event seqs %v, want each of 1..%d once: %+v", seqs, r.EventSeq, seen)
+	}
+}
