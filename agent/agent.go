@@ -92,7 +92,7 @@ type Agent struct {
 	// watching holds the workloads this process waits on, by workload id.
 	watching map[string]context.CancelFunc
 	// attempts serialises the commands of one attempt, in arrival order.
-	queues map[string]chan jetstream.Msg
+	queues map[string]chan queuedCmd
 	// cancel stops Run; stopErr is what Run then returns.
 	cancel  context.CancelFunc
 	stopErr error
@@ -131,7 +131,7 @@ func New(cfg Config, conn *bus.Conn, rt Runtime, log *zap.Logger) (*Agent, error
 	changed := make(chan struct{}, 1)
 	return &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
 		accel: &boundedProbe{probe: cfg.Accelerator, timeout: probeTimeout, log: log}, factsChanged: changed,
-		watching: map[string]context.CancelFunc{}, queues: map[string]chan jetstream.Msg{}}, nil
+		watching: map[string]context.CancelFunc{}, queues: map[string]chan queuedCmd{}}, nil
 }
 
 // Enrollment returns the current session (zero before enrolling).

@@ -14,6 +14,13 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
+// queuedCmd is a command message with its decoded body: it is decoded once,
+// in enqueue, to route it, and handled from that.
+type queuedCmd struct {
+	m jetstream.Msg
+	c schemas.Command
+}
+
 // enqueue routes a command to its attempt's queue, so commands of one
 // attempt apply in order (prepare before launch before stop) while a slow
 // image pull for one Run does not hold up a stop for another.
@@ -28,26 +35,26 @@ func (a *Agent) enqueue(ctx context.Context, m jetstream.Msg) {
 	a.mu.Lock()
 	q, ok := a.queues[key]
 	if !ok {
-		q = make(chan jetstream.Msg, 64)
+		q = make(chan queuedCmd, 64)
 		a.queues[key] = q
 		a.wg.Go(func() { a.drain(ctx, key, q) })
 	}
 	a.mu.Unlock()
 	select {
-	case q <- m:
+	case q <- queuedCmd{m, c}:
 	case <-ctx.Done():
 	}
 }
 
 // drain applies an attempt's queued commands and exits when the queue is
 // empty (it is recreated by the next command).
-func (a *Agent) drain(ctx context.Context, key string, q chan jetstream.Msg) {
+func (a *Agent) drain(ctx context.Context, key string, q chan queuedCmd) {
 	for {
 		a.mu.Lock()
 		select {
-		case m := <-q:
+		case qc := <-q:
 			a.mu.Unlock()
-			a.handle(ctx, m)
+			a.handle(ctx, qc.m, qc.c)
 		default:
 			delete(a.queues, key)
 			a.mu.Unlock()
@@ -72,12 +79,7 @@ func attemptOf(c schemas.Command) string {
 // journaled. The order matters: effect, journal, receipt, ack. A crash
 // before the journal write redelivers the command and the runtime's own
 // idempotency absorbs the repeat.
-func (a *Agent) handle(ctx context.Context, m jetstream.Msg) {
-	var c schemas.Command
-	if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &c); err != nil {
-		_ = m.Term()
-		return
-	}
+func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) {
 	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
 	rc.RunID, rc.AttemptID = runOf(c)
 	enr := a.Enrollment()
