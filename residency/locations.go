@@ -141,6 +141,10 @@ func (s *KVLocations) TombstoneResidency(ctx context.Context, key Key, host stri
 		return err
 	}
 	return s.write(ctx, key, epoch, func(cur *Observation, exists bool) (Observation, error) {
+		if exists && cur.Epoch == epoch && cur.Host != host {
+			// One epoch, one holder: another host may not remove its route.
+			return Observation{}, fmt.Errorf("%w: epoch %d of %s belongs to %s, not %s", ErrEpochSuperseded, epoch, key, cur.Host, host)
+		}
 		if exists && cur.Epoch == epoch && cur.State == StateExpired {
 			return Observation{}, bus.ErrNoChange
 		}
