@@ -8,13 +8,14 @@ import (
 	"time"
 )
 
-// TestAcceptance_DrainReleasesAll: Drain stops admissions at once (the one
+// TestManager_DrainReleasesAll (library level; the end-to-end acceptance
+// test is e2e.TestAcceptance_DrainReleasesAll): Drain stops admissions at once (the one
 // ledger refuses, and published observations stop advertising accepting),
 // lets an attach already admitted finish, releases every resident session
 // gracefully, and reports the one whose runtime refused to go — still
 // resident, not accepting. A second drain releases it once it can go, and
 // another host resumes a drained session.
-func TestAcceptance_DrainReleasesAll(t *testing.T) {
+func TestManager_DrainReleasesAll(t *testing.T) {
 	start := time.Now()
 	env := newBus(t)
 	ct := newContainerd(t)

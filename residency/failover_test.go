@@ -9,14 +9,15 @@ import (
 	"time"
 )
 
-// TestAcceptance_ResidencyFailover: a session is resident on host A; A is
+// TestManager_ResidencyFailover (library level; the end-to-end acceptance
+// test is e2e.TestAcceptance_ResidencyFailover): a session is resident on host A; A is
 // partitioned from the control plane (its renewals and publishes stop
 // reaching the stores, nothing is released); its lease expires; host B
 // attaches under epoch 2; A's requests still in flight land late and are
 // refused; every inbox message published throughout is handled exactly
 // once, by whichever host held the grant, and the two hosts never consume
 // at the same time.
-func TestAcceptance_ResidencyFailover(t *testing.T) {
+func TestManager_ResidencyFailover(t *testing.T) {
 	start := time.Now()
 	env := newBus(t)
 	ct := newContainerd(t)

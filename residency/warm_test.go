@@ -12,14 +12,15 @@ type confirmFunc func(Key) bool
 
 func (f confirmFunc) ConfirmIdle(k Key) bool { return f(k) }
 
-// TestAcceptance_WarmReleaseAndResume: a created session stays resident
+// TestManager_WarmReleaseAndResume (library level; the end-to-end
+// acceptance test is e2e.TestAcceptance_WarmReleaseAndResume): a created session stays resident
 // while work keeps arriving (each wake cancels the countdown); once durably
 // idle for the TTL it is released — unless ConfirmIdle says otherwise at
 // expiry, or the runtime refuses to release, which aborts back to resident
 // under the same generation. The release checkpoints, tombstones at the
 // kept epoch and drops the lease; a second host then resumes the session
 // at epoch 2 and gets the work published meanwhile.
-func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
+func TestManager_WarmReleaseAndResume(t *testing.T) {
 	start := time.Now()
 	env := newBus(t)
 	ct := newContainerd(t)
