@@ -408,6 +408,12 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 		nc.Close()
 		t.Fatal("a plaintext connection was accepted")
 	}
+	// The real agents worked within their permissions throughout.
+	for _, e := range sf.logs.All() {
+		if strings.Contains(e.Message, "warmfleet-agent-") && strings.Contains(e.Message, "Violation") {
+			t.Errorf("an agent hit its permissions: %s", e.Message)
+		}
+	}
 	// The refusals were logged with their reason, naming what to do.
 	if n := sf.logs.FilterMessage("NATS login refused").Len(); n < 5 {
 		t.Fatalf("%d refused logins logged, want at least 5", n)
@@ -478,6 +484,14 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	}
 	sf.refusedLogin("the session before the restart", bus.NodeCredentials("node-a", before.SessionToken))
 	sf.waitPhase(submitAs(t, pjs, "secret-run-after-restart"), schemas.PhaseSucceeded, 30*time.Second)
+
+	// The agents and the producer did their work within their permissions:
+	// nats-server logged no violation (this test makes none on purpose).
+	for _, e := range sf.logs.All() {
+		if strings.Contains(strings.ToLower(e.Message), "violation") && !strings.Contains(e.Message, "Authorization Violation") {
+			t.Errorf("nats-server: %s", e.Message)
+		}
+	}
 
 	// A canary proves the search finds what it looks for.
 	canary := randomSecret(t)
