@@ -159,6 +159,12 @@ func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *plac
 		})
 		return err
 	}
+	if d.WinnerQueued && cp.cfg.Capacity != nil {
+		// Every node that fits is busy: a fresh machine may start it sooner.
+		if renting, err := cp.rentBeforeQueueing(ctx, r, d); renting || err != nil {
+			return err
+		}
+	}
 	winner := fleet.Node(d.Winner).Record
 	run, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
 		if s.Phase != schemas.PhaseAccepted {

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -39,6 +40,14 @@ type CapacityConfig struct {
 	MaxLifetime time.Duration
 	// Interval is how often rentals are observed.
 	Interval time.Duration
+	// ReadyEstimate is assumed for an offer whose provider states no
+	// ReadySeconds: how long a new machine takes to run.
+	ReadyEstimate time.Duration
+	// RentMargin is how much sooner a fresh machine (ready, then pulling
+	// the image) must start a Run than the soonest busy node that fits
+	// before it is rented instead of queueing; the margin pays for the
+	// estimates being estimates. Negative disables renting past a queue.
+	RentMargin time.Duration
 }
 
 func (c *CapacityConfig) defaults() {
@@ -60,6 +69,155 @@ func (c *CapacityConfig) defaults() {
 	if c.Interval <= 0 {
 		c.Interval = time.Second
 	}
+	if c.ReadyEstimate <= 0 {
+		c.ReadyEstimate = 3 * time.Minute
+	}
+	if c.RentMargin == 0 {
+		c.RentMargin = time.Minute
+	}
+}
+
+// CodeRentBeatsQueue is the decision code of a Run that waits for a rental
+// because a fresh machine starts it sooner than any busy node's queue.
+const CodeRentBeatsQueue schemas.Code = "rent_beats_queue"
+
+// rentBeforeQueueing is asked when every node that fits r is busy (d's
+// winner is a queue). When the soonest start on a busy node is later than a
+// fresh machine's time to ready (boot, then a cold pull of the image) by
+// more than RentMargin, it rents one — a stopped rental that fits comes
+// back first — and r waits for it; the decision, with the numbers, is
+// recorded on r's events. It reports whether r waits for a rental; false
+// means book the queue.
+func (cp *ControlPlane) rentBeforeQueueing(ctx context.Context, r schemas.Run, d schemas.BookingDecision) (bool, error) {
+	cc := cp.cfg.Capacity
+	if cc.RentMargin < 0 {
+		return false, nil
+	}
+	queue, pull, ok := queueAndPull(d, cp.cfg.Placement.UnknownImageBytes, cp.cfg.Placement.PullBytesPerSecond)
+	if !ok {
+		return false, nil
+	}
+	rentals, err := cp.listRentals(ctx)
+	if err != nil {
+		return false, err
+	}
+	live := 0
+	now := cp.now()
+	for _, rt := range rentals {
+		if rt.State.Done() {
+			// A rental for r that failed lately is not retried at once:
+			// book the queue rather than loop on an out-of-stock offer.
+			if rt.ForRun == r.ID && rt.State == schemas.RentalFailed && now.Sub(rt.UpdatedAt) < cc.LostAnswerAfter {
+				return false, nil
+			}
+			continue
+		}
+		live++
+		switch rt.State {
+		case schemas.RentalRequested, schemas.RentalProvisioning, schemas.RentalBooting, schemas.RentalEnrolling:
+			if rt.ForRun == r.ID {
+				return true, nil // already renting for it; recorded then
+			}
+		}
+	}
+	offers, err := cc.Provider.ListCapacity(ctx, capacity.OfferQuery{Resources: r.Request.Resources, GPU: r.Request.GPU})
+	if err != nil {
+		return false, fmt.Errorf("list offers: %w", err)
+	}
+	margin := cc.RentMargin.Seconds()
+	if rt, ok := cp.stoppedFor(rentals, r, offers); ok {
+		ready := cc.ReadyEstimate.Seconds()
+		if i := slices.IndexFunc(offers, func(o capacity.Offer) bool { return o.ID == rt.OfferID }); i >= 0 && offers[i].ReadySeconds > 0 {
+			ready = float64(offers[i].ReadySeconds)
+		}
+		if ready+pull+margin < queue {
+			why := fmt.Sprintf("every node that fits is busy; the soonest starts it in %.0fs; stopped rental %s resumes in about %.0fs and pulls in %.0fs, sooner by more than the %.0fs margin: resuming it",
+				queue, rt.RentalID, ready, pull, margin)
+			if err := cp.resume(ctx, r, rt); err != nil {
+				return false, err
+			}
+			return true, cp.recordRenting(ctx, r, d, rt.RentalID, why)
+		}
+	}
+	if live >= cc.MaxRentals {
+		return false, nil
+	}
+	offers = slices.DeleteFunc(offers, func(o capacity.Offer) bool { return !o.Available })
+	slices.SortFunc(offers, func(a, b capacity.Offer) int {
+		return cmp.Compare(a.PricePerHour.MicrosPerHour, b.PricePerHour.MicrosPerHour)
+	})
+	for _, o := range offers {
+		ready := cc.ReadyEstimate.Seconds()
+		if o.ReadySeconds > 0 {
+			ready = float64(o.ReadySeconds)
+		}
+		if ready+pull+margin >= queue {
+			continue
+		}
+		id, err := cp.provision(ctx, r, o)
+		if err != nil {
+			return false, err
+		}
+		why := fmt.Sprintf("every node that fits is busy; the soonest starts it in %.0fs; offer %s is ready in about %.0fs and pulls in %.0fs, sooner by more than the %.0fs margin: renting it",
+			queue, o.ID, ready, pull, margin)
+		return true, cp.recordRenting(ctx, r, d, id, why)
+	}
+	return false, nil
+}
+
+// queueAndPull reads a decision whose winner is a queue: the soonest start
+// on a busy node that fits (seconds), and how long a fresh machine would take
+// to pull the image — the size a cold node was quoted, else unknownBytes. It
+// answers !ok when some node fits now (it lost on price: not a queue) or
+// none fits at all.
+func queueAndPull(d schemas.BookingDecision, unknownBytes int64, bytesPerSecond float64) (queue, pull float64, ok bool) {
+	queue = -1
+	pullBytes := int64(0)
+	for _, c := range d.Candidates {
+		if c.Eligible {
+			if c.Components.QueueSeconds <= 0 {
+				return 0, 0, false
+			}
+			if queue < 0 || c.Components.StartSeconds < queue {
+				queue = c.Components.StartSeconds
+			}
+		}
+		if st := c.Components.ImageState; st == string(schemas.LocalityCold) || st == string(schemas.LocalityUnknown) {
+			pullBytes = max(pullBytes, c.Components.PullBytes)
+		}
+	}
+	if queue < 0 {
+		return 0, 0, false
+	}
+	if pullBytes == 0 {
+		pullBytes = unknownBytes
+	}
+	return queue, float64(pullBytes) / bytesPerSecond, true
+}
+
+// recordRenting writes the decision that r waits for rental rentalID: no
+// winner, and every eligible (busy) node marked with why it lost.
+func (cp *ControlPlane) recordRenting(ctx context.Context, r schemas.Run, d schemas.BookingDecision, rentalID, why string) error {
+	d.Winner, d.WinnerQueued = "", false
+	d.Candidates = slices.Clone(d.Candidates)
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; c.Eligible {
+			c.Reason, c.Detail = CodeRentBeatsQueue, fmt.Sprintf("busy: starts it in %.0fs; rental %s is sooner", c.Components.StartSeconds, rentalID)
+		}
+	}
+	cp.log.Info("renting rather than queueing", zap.String("run_id", r.ID), zap.String("rental_id", rentalID), zap.String("why", why))
+	_, err := cp.advance(ctx, r.ID, func(s *schemas.Run, emit func(schemas.RunEvent)) error {
+		if s.Phase != schemas.PhaseAccepted {
+			return bus.ErrNoChange
+		}
+		s.Waiting = "rental " + rentalID
+		emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: s.Phase, Code: CodeRentBeatsQueue, Message: why + " (rental " + rentalID + ")", Decision: &d})
+		return nil
+	})
+	if errors.Is(err, bus.ErrNoChange) {
+		return nil
+	}
+	return err
 }
 
 // rentFor asks for a machine for a Run no node fits: it provisions the
@@ -101,16 +259,17 @@ func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, error
 		return true, nil
 	}
 	slices.SortFunc(offers, func(a, b capacity.Offer) int { return int(a.PricePerHour.MicrosPerHour - b.PricePerHour.MicrosPerHour) })
-	return true, cp.provision(ctx, r, offers[0])
+	_, err = cp.provision(ctx, r, offers[0])
+	return true, err
 }
 
 // provision writes the rental before asking the provider, so a lost answer
 // can be found again by its id and operation key.
-func (cp *ControlPlane) provision(ctx context.Context, r schemas.Run, offer capacity.Offer) error {
+func (cp *ControlPlane) provision(ctx context.Context, r schemas.Run, offer capacity.Offer) (string, error) {
 	cc := cp.cfg.Capacity
 	id, err := rentalID()
 	if err != nil {
-		return err
+		return "", err
 	}
 	now := cp.now()
 	rt := schemas.Rental{
@@ -121,10 +280,10 @@ func (cp *ControlPlane) provision(ctx context.Context, r schemas.Run, offer capa
 		CreatedAt: now, UpdatedAt: now, Stages: []schemas.RentalStage{{State: schemas.RentalRequested, At: now}},
 	}
 	if _, err := bus.CreateJSON(ctx, cp.rentalsKV, id, &rt); err != nil {
-		return fmt.Errorf("record rental: %w", err)
+		return "", fmt.Errorf("record rental: %w", err)
 	}
 	cp.log.Info("renting a machine", zap.String("rental_id", id), zap.String("offer", offer.ID), zap.String("for_run", r.ID))
-	return cp.askProvider(ctx, rt)
+	return id, cp.askProvider(ctx, rt)
 }
 
 // askProvider sends (or resends, under the same operation key) a rental's

@@ -30,6 +30,11 @@ type Offer struct {
 	// Available is the provider's claim that it has stock now. It is a hint:
 	// a provision can still run out of stock.
 	Available bool `json:"available"`
+	// ReadySeconds is the provider's estimate of how long a provision of
+	// this offer takes to reach running (allocation plus boot), zero when it
+	// gives none. It is an estimate, for weighing a rental against a queue,
+	// never a measurement.
+	ReadySeconds int64 `json:"ready_seconds,omitempty"`
 }
 
 // OfferQuery narrows ListCapacity. The zero query lists everything.

@@ -105,6 +105,9 @@ func (p *Provider) ListCapacity(ctx context.Context, q capacity.OfferQuery) ([]c
 			continue
 		}
 		o.PricePerHour.Exact = p.support.ExactPricing
+		if o.ReadySeconds == 0 {
+			o.ReadySeconds = int64((p.cfg.Latency.Provision + p.cfg.Latency.Boot) / time.Second)
+		}
 		if q.Matches(o) {
 			out = append(out, o)
 		}

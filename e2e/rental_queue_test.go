@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/adapters/capacity/local"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// TestAcceptance_RentBeatsQueue: the only node that fits is busy for about
+// a minute; a fresh machine is ready in seconds and pulls the image in
+// about ten, so the control plane rents one rather than queueing the Run,
+// records why (with the numbers, and every busy node marked with the
+// reason it lost), and the Run finishes on the rental while the busy node
+// still runs its work.
+func TestAcceptance_RentBeatsQueue(t *testing.T) {
+	w := newWorld(t)
+	var f *fleet
+	f = newFleet(t, func(c *controlplane.Config) {
+		provider := local.New(func(ctx context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
+			return f.localLauncher(t)(ctx, name, boot)
+		}, capacity.Offer{ID: "local-fresh", CPUMillis: 1 << 20, MemoryBytes: 1 << 40, ReadySeconds: 2,
+			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
+		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: 5 * time.Second,
+			IdleTimeout: time.Minute, Interval: 200 * time.Millisecond}
+	})
+	busy := f.startAgent(agentSpec{id: "busy-1", world: w})
+	cpu := f.nodeRecord(busy.spec.id).Capacity.CPUMillis
+	if cpu <= 0 {
+		t.Fatalf("node capacity %d", cpu)
+	}
+	long := f.submit(schemas.RunRequest{RequestID: "busy-long", Image: w.image.Reference, Command: []string{"sleep", "25"},
+		Resources: schemas.Resources{CPUMillis: cpu}, MaxRuntimeSeconds: 60})
+	f.waitPhase(long, schemas.PhaseRunning, 60*time.Second)
+	if n := len(f.rentals()); n != 0 {
+		t.Fatalf("%d rentals while the node was free", n)
+	}
+
+	next := f.submit(schemas.RunRequest{RequestID: "rent-not-queue", Image: w.image.Reference, Command: []string{"true"},
+		Resources: schemas.Resources{CPUMillis: cpu}})
+	r := f.waitPhase(next, schemas.PhaseSucceeded, 60*time.Second)
+	if r.NodeID == busy.spec.id {
+		t.Fatalf("the Run queued on the busy node instead of renting")
+	}
+	rs := f.rentals()
+	if len(rs) != 1 || rs[0].NodeID != r.NodeID || rs[0].ForRun != next {
+		t.Fatalf("rentals %+v; run ran on %s", rs, r.NodeID)
+	}
+	if lr, _ := f.run(long); lr.Phase != schemas.PhaseRunning {
+		t.Fatalf("the busy node's Run is %s; the rental was not sooner", lr.Phase)
+	}
+	var decided *schemas.RunEvent
+	for _, ev := range f.events(next) {
+		if ev.Type == schemas.EventDecided && ev.Code == controlplane.CodeRentBeatsQueue {
+			decided = &ev
+			break
+		}
+	}
+	if decided == nil || decided.Decision == nil || decided.Decision.Winner != "" || decided.Message == "" {
+		t.Fatalf("no recorded decision to rent rather than queue: %+v", decided)
+	}
+	for _, c := range decided.Decision.Candidates {
+		if c.NodeID == busy.spec.id && (c.Reason != controlplane.CodeRentBeatsQueue || c.Components.QueueSeconds <= 0) {
+			t.Fatalf("the busy node's candidate in the decision: %+v", c)
+		}
+	}
+	t.Logf("decision: %s", decided.Message)
+}
