@@ -44,7 +44,7 @@ func (a *Agent) trackProgress(ctx context.Context, runID, attemptID string) (fun
 			case <-t.C:
 			}
 			done, total := p.done.Load(), p.total.Load()
-			if done == sent || (total > 0 && done > total) {
+			if done == 0 || done == sent || (total > 0 && done > total) {
 				continue
 			}
 			sent = done

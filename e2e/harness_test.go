@@ -131,6 +131,8 @@ type agentSpec struct {
 	faults     *agent.Faults
 	counts     *counts // shared across restarts of one node, to count effects
 	noWait     bool    // do not wait for enrollment (it is expected to fail)
+	// progressInterval overrides how often an image transfer is reported.
+	progressInterval time.Duration
 }
 
 // node is one running agent process.
@@ -162,7 +164,7 @@ func (f *fleet) startAgent(spec agentSpec) *node {
 		f.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: spec.generation, EnrollmentToken: spec.token, DataDir: spec.dataDir,
-		StopGrace: 2 * time.Second, Faults: spec.faults}, conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
+		StopGrace: 2 * time.Second, Faults: spec.faults, ProgressInterval: spec.progressInterval}, conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)
 	}
