@@ -68,7 +68,7 @@ last heartbeat and compared with the lease (heartbeat × 5).`,
 	f.DurationVar(&o.factsEvery, "facts-interval", 30*time.Second, "facts interval of simulated nodes")
 	f.DurationVar(&o.heartbeat, "heartbeat", time.Second, "heartbeat interval the control plane hands out")
 	f.BoolVar(&o.noBaseline, "no-baseline", false, "skip the null-control-plane baseline")
-	f.BoolVar(&o.raiseConsumerLimit, "raise-consumer-limit", true, "set WF_CMDS max_consumers to 1,000,000 after the control plane provisions it: nats-server 2.15 allows 1,000 consumers per stream by default and warmfleet makes one per node, so without this enrollment 1,001 is refused")
+	f.BoolVar(&o.raiseConsumerLimit, "raise-consumer-limit", false, "also set WF_CMDS max_consumers to 1,000,000 from the bench after the control plane provisions it; bus.Provision sets it itself now (nats-server's default is 1,000 consumers per stream, one per node)")
 	return cmd
 }
 
