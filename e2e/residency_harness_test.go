@@ -124,6 +124,9 @@ type sessionNodeSpec struct {
 	target  residency.RuntimeTarget
 	warmTTL time.Duration
 	ledger  *ledger
+	// url is the NATS URL the agent dials; the fleet's server when empty
+	// (a partition test puts a cuttable proxy in between).
+	url string
 }
 
 func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
@@ -143,7 +146,11 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	conn, err := bus.Connect(f.nats.URL(), spec.id, f.log.Named(spec.id))
+	url := spec.url
+	if url == "" {
+		url = f.nats.URL()
+	}
+	conn, err := bus.Connect(url, spec.id, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)
 	}
