@@ -64,3 +64,16 @@ func (a *Agent) login(ctx context.Context, secret string, giveUp bool) error {
 	}
 	return nil
 }
+
+// LoginSecret is the secret an agent configured by cfg (NodeID,
+// Generation, DataDir, EnrollmentToken) logs in to NATS with first: its
+// saved session when it has one, else its bootstrap token. Building the
+// connection's Credentials with it spares a restarted agent a refused first
+// login with its already-redeemed bootstrap token.
+func LoginSecret(cfg Config) string {
+	a := &Agent{cfg: cfg}
+	if tok, _, ok := a.loadSession(); ok {
+		return tok
+	}
+	return cfg.EnrollmentToken
+}

@@ -88,9 +88,9 @@ func newRoot() *cobra.Command {
 			}
 			var creds *bus.Credentials
 			if natsAuth {
-				// Logs in as the node with its bootstrap token; after enrolling
-				// the agent swaps it for its session token.
-				creds = bus.NodeCredentials(nodeID, token)
+				// Logs in as the node with its saved session, else its bootstrap
+				// token; after enrolling the agent swaps in its new session token.
+				creds = bus.NodeCredentials(nodeID, agent.LoginSecret(agent.Config{NodeID: nodeID, Generation: generation, DataDir: dataDir, EnrollmentToken: token}))
 				opts = append(opts, creds.Options()...)
 			}
 			conn, err := bus.Connect(natsURL, "warmfleet-agent-"+nodeID, log, opts...)
