@@ -19,6 +19,7 @@ func newServe(g *globals) *cobra.Command {
 	var port, replicas int
 	var openEnrollment, waitForCapacity bool
 	var sec serveSecurity
+	var capf serveCapacity
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -55,8 +56,13 @@ func newServe(g *globals) *cobra.Command {
 			if err := conn.WaitConnected(cmd.Context()); err != nil {
 				return err
 			}
+			capCfg, err := capf.build(cmd.Context(), cmd.Flags(), dataDir, log)
+			if err != nil {
+				return err
+			}
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
+				Capacity: capCfg,
 			}, log)
 			if err != nil {
 				return err
@@ -96,6 +102,7 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
 	sec.register(cmd)
+	capf.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/adapters/capacity/fake"
+	"github.com/warmfleet/warmfleet/adapters/capacity/local"
+	"github.com/warmfleet/warmfleet/adapters/capacity/shadeform"
+	"github.com/warmfleet/warmfleet/controlplane"
+)
+
+// serveCapacity is `warmfleet serve`'s capacity provider configuration:
+// which adapter rents machines when no node fits, and its settings. Each
+// setting comes from its flag, else the --provider-config JSON file (keys
+// are the flag names), else the environment variable named in its help,
+// else the default. Credentials are never flags: the Shadeform key comes
+// from SHADEFORM_API_KEY or a key file, and is never logged.
+type serveCapacity struct {
+	provider, configFile, ownership, connection string
+	maxRentals                                  int
+	idle, maxLifetime, rentMargin, readyEst     time.Duration
+
+	localAgent, localDir, localPrice string
+	localArgs                        []string
+	localCPU, localMemory, localGPUs int64
+	localStopResume                  bool
+
+	fakeSeed uint64
+
+	sfKeyFile, sfBaseURL, sfOS, sfSSHKey string
+}
+
+// providerEnv maps a flag to the environment variable that may set it.
+var providerEnv = map[string]string{
+	"provider": "WARMFLEET_PROVIDER", "ownership-token": "WARMFLEET_OWNERSHIP_TOKEN", "provider-config": "WARMFLEET_PROVIDER_CONFIG",
+	"shadeform-api-key-file": "SHADEFORM_API_KEY_FILE", "shadeform-base-url": "SHADEFORM_BASE_URL",
+}
+
+func (c *serveCapacity) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&c.provider, "provider", "", "rent machines when no node fits (or a fresh one beats the queue): local, fake or shadeform (env WARMFLEET_PROVIDER; default: none)")
+	f.StringVar(&c.configFile, "provider-config", "", "JSON file of provider settings, keyed by these flags' names without the dashes' prefix, e.g. {\"max-rentals\": 2, \"shadeform-os\": \"ubuntu22.04_cuda12.2_shade_os\"} (env WARMFLEET_PROVIDER_CONFIG)")
+	f.StringVar(&c.ownership, "ownership-token", "", "marks every machine this deployment rents; the janitor touches only machines carrying it (env WARMFLEET_OWNERSHIP_TOKEN; default warmfleet-<connection-id>)")
+	f.StringVar(&c.connection, "connection-id", "default", "names this provider connection in rentals and owned-capacity listings")
+	f.IntVar(&c.maxRentals, "max-rentals", 4, "most machines rented at once")
+	f.DurationVar(&c.idle, "idle-timeout", 10*time.Minute, "retire a rental whose node had no Run this long (stopped where the provider can resume it warm, else terminated)")
+	f.DurationVar(&c.maxLifetime, "max-lifetime", 0, "provider-side lifetime backstop for rented machines, where supported (0: none)")
+	f.DurationVar(&c.rentMargin, "rent-margin", time.Minute, "rent past a queue only when a fresh machine starts the Run this much sooner (negative: never)")
+	f.DurationVar(&c.readyEst, "ready-estimate", 3*time.Minute, "time to ready assumed for an offer whose provider states none")
+	f.StringVar(&c.localAgent, "local-agent", "", "local: the warmfleet-agent binary (default: the one beside this binary)")
+	f.StringVar(&c.localDir, "local-dir", "", "local: where machines keep their bootstrap, data dir and log (default <data-dir>/machines)")
+	f.StringArrayVar(&c.localArgs, "local-agent-arg", nil, "local: extra warmfleet-agent flag, repeatable (e.g. --local-agent-arg=--containerd-address=/run/containerd/containerd.sock)")
+	f.Int64Var(&c.localCPU, "local-cpu-millis", 2000, "local: CPU each machine offers")
+	f.Int64Var(&c.localMemory, "local-memory-bytes", 4<<30, "local: memory each machine offers")
+	f.Int64Var(&c.localGPUs, "local-gpus", 0, "local: GPUs each machine offers")
+	f.StringVar(&c.localPrice, "local-price", "0.01", "local: what a machine costs, dollars per hour (for placement to weigh)")
+	f.BoolVar(&c.localStopResume, "local-stop-resume", true, "local: retire idle machines by stopping their agent and keeping its data dir, and resume them when needed")
+	f.Uint64Var(&c.fakeSeed, "fake-seed", 1, "fake: the seed of the simulated world (its machines run no agent: a dry run of the rental lifecycle)")
+	f.StringVar(&c.sfKeyFile, "shadeform-api-key-file", "", "shadeform: file holding the API key (env SHADEFORM_API_KEY_FILE; else the key from SHADEFORM_API_KEY)")
+	f.StringVar(&c.sfBaseURL, "shadeform-base-url", "", "shadeform: API root (env SHADEFORM_BASE_URL; default "+shadeform.DefaultBaseURL+")")
+	f.StringVar(&c.sfOS, "shadeform-os", "", "shadeform: OS image for new instances")
+	f.StringVar(&c.sfSSHKey, "shadeform-ssh-key-id", "", "shadeform: SSH key id for new instances")
+}
+
+// resolve fills every flag not given on the command line from the config
+// file, then from the environment.
+func (c *serveCapacity) resolve(flags *pflag.FlagSet, getenv func(string) string) error {
+	fromEnv := func(name string) error {
+		if flags.Changed(name) {
+			return nil
+		}
+		if v := getenv(providerEnv[name]); v != "" && providerEnv[name] != "" {
+			return flags.Set(name, v)
+		}
+		return nil
+	}
+	if err := fromEnv("provider-config"); err != nil {
+		return err
+	}
+	if c.configFile != "" {
+		b, err := os.ReadFile(c.configFile)
+		if err != nil {
+			return fmt.Errorf("provider config: %w", err)
+		}
+		onCommandLine := map[string]bool{}
+		flags.Visit(func(f *pflag.Flag) { onCommandLine[f.Name] = true })
+		var file map[string]json.RawMessage
+		if err := json.Unmarshal(b, &file); err != nil {
+			return fmt.Errorf("provider config %s: not a JSON object: %w", c.configFile, err)
+		}
+		for name, raw := range file {
+			fl := flags.Lookup(name)
+			if fl == nil || !providerFlag(name) || strings.Contains(name, "api-key") && !strings.HasSuffix(name, "-file") {
+				return fmt.Errorf("provider config %s: %q is not a provider setting", c.configFile, name)
+			}
+			if onCommandLine[name] {
+				continue // the command line wins
+			}
+			var vals []any
+			var one any
+			if err := json.Unmarshal(raw, &one); err != nil {
+				return fmt.Errorf("provider config %s: %s: %w", c.configFile, name, err)
+			}
+			if list, ok := one.([]any); ok {
+				vals = list
+			} else {
+				vals = []any{one}
+			}
+			for _, v := range vals {
+				s := fmt.Sprint(v)
+				if f, ok := v.(float64); ok {
+					s = strconv.FormatFloat(f, 'f', -1, 64)
+				}
+				if err := flags.Set(name, s); err != nil {
+					return fmt.Errorf("provider config %s: %s: %w", c.configFile, name, err)
+				}
+			}
+		}
+	}
+	for name := range providerEnv {
+		if err := fromEnv(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// providerFlag reports whether a flag is one of serveCapacity's.
+func providerFlag(name string) bool {
+	switch name {
+	case "provider", "ownership-token", "connection-id", "max-rentals", "idle-timeout", "max-lifetime", "rent-margin", "ready-estimate", "fake-seed":
+		return true
+	}
+	return strings.HasPrefix(name, "local-") || strings.HasPrefix(name, "shadeform-")
+}
+
+// build returns the control plane's capacity configuration, or nil when no
+// provider is configured. The local provider's machines are returned too,
+// so serve can stop their agents when it stops.
+func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*controlplane.CapacityConfig, error) {
+	if err := c.resolve(flags, os.Getenv); err != nil {
+		return nil, err
+	}
+	if c.provider == "" {
+		return nil, nil
+	}
+	var p capacity.Provider
+	switch c.provider {
+	case "local":
+		agentPath := c.localAgent
+		if agentPath == "" {
+			self, err := os.Executable()
+			if err != nil {
+				return nil, fmt.Errorf("local provider: find warmfleet-agent: %w", err)
+			}
+			agentPath = filepath.Join(filepath.Dir(self), "warmfleet-agent")
+		}
+		if _, err := os.Stat(agentPath); err != nil {
+			return nil, fmt.Errorf("local provider: agent binary: %w (build it with `make build` or give --local-agent)", err)
+		}
+		dir := c.localDir
+		if dir == "" {
+			dir = filepath.Join(dataDir, "machines")
+		}
+		price, err := strconv.ParseFloat(c.localPrice, 64)
+		if err != nil || price < 0 {
+			return nil, fmt.Errorf("local provider: --local-price %q is not a non-negative number of dollars", c.localPrice)
+		}
+		var opts []local.Option
+		if c.localStopResume {
+			opts = append(opts, local.WithStopResume())
+		}
+		p = local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: dir, Args: c.localArgs, Log: log.Named("local")}),
+			capacity.Offer{ID: "local", CPUMillis: c.localCPU, MemoryBytes: c.localMemory, GPUCount: c.localGPUs, ReadySeconds: 2,
+				PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: int64(price * 1e6), Exact: true}}, opts...)
+	case "fake":
+		fp, err := fake.New(fake.Config{Seed: c.fakeSeed, Clock: wallClock{}, ConnectionID: c.connection, Latency: fake.DefaultLatency()})
+		if err != nil {
+			return nil, err
+		}
+		p = fp
+	case "shadeform":
+		sp, err := shadeform.New(shadeform.Config{ConnectionID: c.connection, BaseURL: c.sfBaseURL, APIKeyFile: c.sfKeyFile,
+			Logger: log.Named("shadeform"), OS: c.sfOS, SSHKeyID: c.sfSSHKey})
+		if err != nil {
+			return nil, err
+		}
+		p = sp
+	default:
+		return nil, fmt.Errorf("--provider %q: want local, fake or shadeform", c.provider)
+	}
+	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := p.Verify(vctx); err != nil {
+		return nil, fmt.Errorf("provider %s: %w", c.provider, err)
+	}
+	owner := c.ownership
+	if owner == "" {
+		owner = "warmfleet-" + c.connection
+	}
+	if c.maxRentals <= 0 {
+		return nil, errors.New("--max-rentals must be 1 or more")
+	}
+	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
+		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
+	return &controlplane.CapacityConfig{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
+		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst}, nil
+}
+
+// wallClock is the fake world's clock for a running control plane: its
+// latencies play out in real time.
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }

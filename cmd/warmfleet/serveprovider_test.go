@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func newCapacityFlags(t *testing.T, args ...string) (*serveCapacity, *cobra.Command) {
+	t.Helper()
+	var c serveCapacity
+	cmd := &cobra.Command{Use: "serve"}
+	c.register(cmd)
+	if err := cmd.Flags().Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return &c, cmd
+}
+
+// TestServeCapacity_Precedence: a flag beats the config file, which beats
+// the environment, which beats the default.
+func TestServeCapacity_Precedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "provider.json")
+	if err := os.WriteFile(file, []byte(`{"provider":"fake","max-rentals":2,"idle-timeout":"90s","fake-seed":9,"local-agent-arg":["--a","--b"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"WARMFLEET_PROVIDER": "shadeform", "WARMFLEET_OWNERSHIP_TOKEN": "wf-env"}
+	c, cmd := newCapacityFlags(t, "--provider-config", file, "--max-rentals", "3")
+	if err := c.resolve(cmd.Flags(), func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if c.provider != "fake" || c.maxRentals != 3 || c.idle != 90*time.Second || c.fakeSeed != 9 || c.ownership != "wf-env" ||
+		strings.Join(c.localArgs, " ") != "--a --b" {
+		t.Fatalf("resolved %+v", c)
+	}
+}
+
+func TestServeCapacity_RefusesUnknownAndCredentialKeys(t *testing.T) {
+	for _, body := range []string{`{"nats-url":"x"}`, `{"shadeform-api-key":"sk-123"}`, `{"open-enrollment":true}`} {
+		file := filepath.Join(t.TempDir(), "provider.json")
+		if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, cmd := newCapacityFlags(t, "--provider-config", file)
+		err := c.resolve(cmd.Flags(), func(string) string { return "" })
+		if err == nil || strings.Contains(err.Error(), "sk-123") {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}
+
+// TestServeCapacity_Build: no provider means no capacity; fake builds with
+// a default ownership token; shadeform takes its key from the environment
+// and neither its error nor its logs carry the key.
+func TestServeCapacity_Build(t *testing.T) {
+	ctx := context.Background()
+	c, cmd := newCapacityFlags(t)
+	if cc, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err != nil || cc != nil {
+		t.Fatalf("no provider: %+v %v", cc, err)
+	}
+	c, cmd = newCapacityFlags(t, "--provider", "fake", "--connection-id", "lab")
+	cc, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop())
+	if err != nil || cc == nil || cc.OwnershipToken != "warmfleet-lab" || !cc.Provider.Support().Resume {
+		t.Fatalf("fake: %+v %v", cc, err)
+	}
+	c, cmd = newCapacityFlags(t, "--provider", "local", "--local-agent", filepath.Join(t.TempDir(), "missing"))
+	if _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
+		t.Fatal("local provider without an agent binary was built")
+	}
+
+	const secret = "sk-very-secret-4242"
+	t.Setenv("SHADEFORM_API_KEY", secret)
+	core, logs := observer.New(zap.DebugLevel)
+	c, cmd = newCapacityFlags(t, "--provider", "shadeform", "--shadeform-base-url", "http://127.0.0.1:1/v1")
+	_, err = c.build(ctx, cmd.Flags(), t.TempDir(), zap.New(core))
+	if err == nil {
+		t.Fatal("verify against an unreachable API succeeded")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("the key is in the error: %v", err)
+	}
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, secret) || strings.Contains(fmt.Sprint(e.ContextMap()), secret) {
+			t.Fatalf("the key is in the log: %+v", e)
+		}
+	}
+	c, cmd = newCapacityFlags(t, "--provider", "nope")
+	if _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
+		t.Fatal("an unknown provider was accepted")
+	}
+}
