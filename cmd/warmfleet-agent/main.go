@@ -133,7 +133,7 @@ func newRoot() *cobra.Command {
 	f.StringVar(&contentRoot, "content-root", "/var/lib/containerd", "containerd's root directory; its filesystem's size and free space are reported as disk facts")
 	f.StringVar(&cacheDir, "cache-dir", "", "directory holding the caches Runs mount (default <data-dir>/caches)")
 	f.DurationVar(&factsInterval, "facts-interval", agent.DefaultFactsInterval, "how often node facts are reported (changes are reported sooner)")
-	f.BoolVar(&natsAuth, "nats-auth", os.Getenv("WARMFLEET_NATS_AUTH") == "1", "log in to NATS as this node with the bootstrap's token, then the session's (for `warmfleet serve --auth`; docs/security.md)")
+	f.BoolVar(&natsAuth, "nats-auth", os.Getenv("WARMFLEET_NATS_AUTH") == "1", "log in to NATS as this node with the bootstrap's token, then the session's (for warmfleet serve --auth; docs/security.md)")
 	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on")
 	f.StringVar(&natsTLS.CertFile, "tls-cert", os.Getenv("WARMFLEET_NATS_CERT"), "client certificate (PEM) for a NATS server that verifies clients")
 	f.StringVar(&natsTLS.KeyFile, "tls-key", os.Getenv("WARMFLEET_NATS_KEY"), "client key (PEM)")

@@ -38,7 +38,7 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.BoolVar(&s.auth, "auth", false, "require a login for NATS: agents, producers and operators get per-identity permissions from the control plane's auth callout (docs/security.md)")
 	f.StringVar(&s.issuerSeedFile, "auth-issuer-seed-file", "", "account nkey seed (SA...) that signs callout answers; required with --auth and --nats-url (the server's auth_callout.issuer is its public key); the embedded server generates one")
-	f.StringVar(&s.producerTokensFile, "producer-tokens-file", "", "with --auth: file of `<name> <token>` lines, one per producer")
+	f.StringVar(&s.producerTokensFile, "producer-tokens-file", "", "with --auth: `file` of \"<name> <token>\" lines, one per producer")
 	f.StringVar(&s.operatorTokenFile, "operator-token-file", "", "with --auth: file holding the operator token (user \"operator\", full permissions)")
 	f.StringVar(&s.natsUser, "nats-user", "", "with --nats-url: the control plane's NATS user (listed in auth_callout.auth_users)")
 	f.StringVar(&s.natsPassFile, "nats-password-file", "", "with --nats-url: file holding that user's password")
