@@ -40,9 +40,17 @@
 //   - Locations (implemented by KVLocations over wf_residency): publish an
 //     observation under its epoch and write the epoch-keeping tombstone.
 //
-// In this package the Manager calls those implementations directly. A
-// host-side Manager in an agent would be given request/reply clients of the
-// same interfaces instead; nothing in the Manager depends on KV.
+//   - DurableStore (implemented by KVSessions over wf_sessions): load a
+//     session's durable state and commit checkpoints, fenced by epoch.
+//
+// The control plane serves all three to agents with Service, over
+// request/reply on wf.node.<id>.residency.<op> (remote.go); the node id in
+// the subject is the caller, and a request for another node's lease, route
+// or checkpoint is refused. Remote is the agent's client of the same
+// interfaces, so nothing in the Manager depends on KV. Package nodehost runs
+// a Manager inside the node agent over the agent's own runtime and answers
+// the control plane's session commands (wire.go) on
+// wf.node.<id>.sessions.<op>. Library tests call the KV stores directly.
 //
 // The inbox (JetStreamInboxes) binds an existing durable consumer and only
 // pulls and acks from it, which is what an agent's permissions allow.
