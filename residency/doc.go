@@ -27,7 +27,7 @@
 // # Control plane and host
 //
 // DESIGN.md says only the control plane writes KV; agents never hold
-// `$KV.>` or `$JS.API.>` permissions. The two stores that write KV are
+// `$KV.>` or `$JS.API.>` permissions. The three stores that write KV are
 // therefore control-plane side implementations behind small, data-shaped
 // interfaces:
 //
@@ -39,7 +39,6 @@
 //     command consumer at enrollment.
 //   - Locations (implemented by KVLocations over wf_residency): publish an
 //     observation under its epoch and write the epoch-keeping tombstone.
-//
 //   - DurableStore (implemented by KVSessions over wf_sessions): load a
 //     session's durable state and commit checkpoints, fenced by epoch.
 //
