@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/nodehost"
+)
+
+// cli runs one warmfleet command line against url and returns its output.
+func cli(t *testing.T, url string, args ...string) (string, error) {
+	t.Helper()
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(append([]string{"--nats-url", url}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := root.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+// TestSessionCommands: `warmfleet session attach|list|get|release` and
+// `warmfleet node drain` against a real control plane and an agent hosting
+// sessions (on the in-memory runtime).
+func TestSessionCommands(t *testing.T) {
+	n := testenv.StartNATS(t)
+	log := zap.NewNop()
+	cpConn, err := bus.Connect(n.URL(), "cp", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpConn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cp, err := controlplane.New(ctx, cpConn, controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true,
+		Sessions: controlplane.SessionConfig{LeaseTTL: 3 * time.Second}}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpDone := make(chan error, 1)
+	go func() { cpDone <- cp.Run(ctx) }()
+	<-cp.Ready()
+
+	dataDir := t.TempDir()
+	host, err := nodehost.New(nodehost.Options{Capacity: 4, WorkspaceRoot: filepath.Join(dataDir, "sessions"),
+		Target: residency.RuntimeTarget{Image: "example.com/s@sha256:" + strings.Repeat("a", 64), ManifestDigest: "sha256:" + strings.Repeat("a", 64), CompatibilityID: "b1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agConn, err := bus.Connect(n.URL(), "node-1", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agConn.Close()
+	a, err := agent.New(agent.Config{NodeID: "node-1", Generation: 1, DataDir: dataDir, Sessions: host}, agConn, noopruntime.New(noopruntime.Options{}), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agDone := make(chan error, 1)
+	go func() { agDone <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-agDone
+		<-cpDone
+	}()
+	deadline := time.Now().Add(15 * time.Second)
+	for a.Enrollment().FencingToken == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("agent did not enroll")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	out, err := cli(t, n.URL(), "session", "attach", "acme.s1")
+	if err != nil || !strings.Contains(out, "session acme.s1 attached on node-1 at epoch 1") {
+		t.Fatalf("attach: %v\n%s", err, out)
+	}
+	if _, err := cli(t, n.URL(), "session", "attach", "acme.s2", "--node", "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cli(t, n.URL(), "session", "attach", "bad"); err == nil {
+		t.Fatalf("attach of a malformed key succeeded: %s", out)
+	}
+	out, err = cli(t, n.URL(), "session", "list")
+	if err != nil || !strings.Contains(out, "SESSION") || !strings.Contains(out, "acme.s1") || !strings.Contains(out, "acme.s2") ||
+		!strings.Contains(out, "resident") {
+		t.Fatalf("list: %v\n%s", err, out)
+	}
+	out, err = cli(t, n.URL(), "-o", "json", "session", "get", "acme.s1")
+	if err != nil {
+		t.Fatalf("get: %v\n%s", err, out)
+	}
+	var row sessionRow
+	if err := json.Unmarshal([]byte(out), &row); err != nil {
+		t.Fatalf("get -o json: %v\n%s", err, out)
+	}
+	if row.Route == nil || row.Route.Host != "node-1" || row.Route.Epoch != 1 || !row.LeaseLive || row.State == nil || row.State.CompatibilityID != "b1" {
+		t.Fatalf("get: %+v", row)
+	}
+	if out, err := cli(t, n.URL(), "session", "release", "acme.s1"); err != nil || !strings.Contains(out, "released") {
+		t.Fatalf("release: %v\n%s", err, out)
+	}
+	if out, err := cli(t, n.URL(), "session", "release", "acme.s1"); err == nil || !strings.Contains(err.Error(), string(residency.CodeNotResident)) {
+		t.Fatalf("second release: %v\n%s", err, out)
+	}
+	out, err = cli(t, n.URL(), "node", "drain", "node-1")
+	if err != nil || !strings.Contains(out, "node node-1 is draining") || !strings.Contains(out, "session acme.s2 released") {
+		t.Fatalf("drain: %v\n%s", err, out)
+	}
+	out, err = cli(t, n.URL(), "session", "list")
+	if err != nil || strings.Contains(out, "acme.s") {
+		t.Fatalf("list after drain shows sessions: %v\n%s", err, out)
+	}
+	out, err = cli(t, n.URL(), "session", "list", "--all")
+	if err != nil || !strings.Contains(out, "acme.s1") || !strings.Contains(out, "expired") {
+		t.Fatalf("list --all: %v\n%s", err, out)
+	}
+}
