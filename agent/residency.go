@@ -45,3 +45,12 @@ func (a *Agent) serveSessions(ctx context.Context) {
 		a.log.Error("session host stopped", zap.Error(err))
 	}
 }
+
+// LabelResidencySession marks a workload as a resident session's runtime
+// (its value is the session id); package residency sets it on every session
+// workload. Such workloads belong to the SessionHost: the agent's own
+// reconciliation does not report them as Run workloads.
+const LabelResidencySession = "warmfleet.residency/session"
+
+// IsSessionWorkload reports whether st is a resident session's runtime.
+func IsSessionWorkload(st WorkloadStatus) bool { return st.Labels[LabelResidencySession] != "" }

@@ -163,9 +163,17 @@ func (a *Agent) reportExit(ctx context.Context, st WorkloadStatus) {
 // after an agent restart the containers kept running, and the control plane
 // learns their state from this rather than launching them again.
 func (a *Agent) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
-	list, err := a.rt.List(ctx)
+	all, err := a.rt.List(ctx)
 	if err != nil {
 		return err
+	}
+	// Session runtimes are the session host's, not Runs: reporting them
+	// would have the control plane stop them as unknown workloads.
+	list := all[:0:0]
+	for _, st := range all {
+		if !IsSessionWorkload(st) {
+			list = append(list, st)
+		}
 	}
 	enr := a.Enrollment()
 	rec := schemas.Reconciliation{NodeID: a.cfg.NodeID, Generation: enr.Generation, FencingToken: enr.FencingToken,

@@ -64,7 +64,7 @@ func (t RuntimeTarget) grace() time.Duration {
 // Labels on every residency workload.
 const (
 	LabelTenant  = "warmfleet.residency/tenant"
-	LabelSession = "warmfleet.residency/session"
+	LabelSession = agent.LabelResidencySession
 	LabelEpoch   = "warmfleet.residency/epoch"
 	LabelHost    = "warmfleet.residency/host"
 )

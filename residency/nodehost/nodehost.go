@@ -20,6 +20,7 @@ package nodehost
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -124,6 +125,12 @@ func (h *Host) Serve(ctx context.Context, env agent.SessionHostEnv) error {
 	h.mu.Lock()
 	h.mgr = mgr
 	h.mu.Unlock()
+	s0 := time.Now()
+	if n, err := removeLeftovers(ctx, env, h.o.Target.StopGrace, log); err != nil {
+		log.Warn("session runtimes of an earlier agent process not all removed", zap.Error(err))
+	} else if n > 0 {
+		log.Info("removed session runtimes of an earlier agent process", zap.Int("count", n), zap.Duration("took", time.Since(s0)))
+	}
 
 	var wg sync.WaitGroup
 	s := &server{h: h, mgr: mgr, ledger: ledger, remote: remote, env: env, log: log}
@@ -274,4 +281,36 @@ func WorkspaceHandler(root string) residency.Handler {
 		}
 		return nil
 	}
+}
+
+// removeLeftovers removes the session runtimes an earlier process of this
+// agent left behind. A fresh host holds no grant: whatever those runtimes
+// served lapsed with their process's leases (or will, and then resumes under
+// a new epoch), so keeping them would only hold the node's resources.
+func removeLeftovers(ctx context.Context, env agent.SessionHostEnv, grace time.Duration, log *zap.Logger) (int, error) {
+	ws, err := env.Runtime.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if grace <= 0 {
+		grace = 2 * time.Second
+	}
+	var errs []error
+	n := 0
+	for _, w := range ws {
+		if !agent.IsSessionWorkload(w) || w.Labels[residency.LabelHost] != env.NodeID {
+			continue
+		}
+		log.Info("removing leftover session runtime", zap.String("workload", w.ID), zap.String("session", w.Labels[residency.LabelSession]))
+		if err := env.Runtime.Stop(ctx, w.ID, grace); err != nil && !errors.Is(err, agent.ErrWorkloadNotFound) {
+			errs = append(errs, fmt.Errorf("stop %s: %w", w.ID, err))
+			continue
+		}
+		if err := env.Runtime.Remove(ctx, w.ID); err != nil && !errors.Is(err, agent.ErrWorkloadNotFound) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", w.ID, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }
