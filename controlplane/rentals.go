@@ -277,7 +277,7 @@ func (cp *ControlPlane) provision(ctx context.Context, r schemas.Run, offer capa
 		OperationKey: id + "-g1", NodeID: id, State: schemas.RentalRequested, ForRun: r.ID,
 		Resources:    schemas.Resources{CPUMillis: offer.CPUMillis, MemoryBytes: offer.MemoryBytes, GPUCount: offer.GPUCount, DiskBytes: offer.DiskBytes},
 		PricePerHour: float64(offer.PricePerHour.MicrosPerHour) / 1e6, Interruptible: offer.Interruptible,
-		CreatedAt: now, UpdatedAt: now, Stages: []schemas.RentalStage{{State: schemas.RentalRequested, At: now}},
+		CreatedAt: now, UpdatedAt: now, Stages: []schemas.RentalStage{{State: schemas.RentalRequested, At: now, Source: schemas.StageFromControlPlane}},
 	}
 	if _, err := bus.CreateJSON(ctx, cp.rentalsKV, id, &rt); err != nil {
 		return "", fmt.Errorf("record rental: %w", err)
@@ -361,7 +361,7 @@ func (cp *ControlPlane) resume(ctx context.Context, r schemas.Run, rt schemas.Re
 		s.Generation++
 		gen = s.Generation
 		s.ForRun, s.IdleSince, s.LastError = r.ID, time.Time{}, ""
-		return setRentalState(s, schemas.RentalBooting, time.Time{}, now)
+		return setRentalStateBy(s, schemas.RentalBooting, now, schemas.StageFromControlPlane, now)
 	})
 	if err != nil {
 		return fmt.Errorf("resume rental %s: %w", rt.RentalID, err)
@@ -510,7 +510,7 @@ func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, acti
 				s.IdleSince = now
 				// The rental became ready when its node enrolled: a moment
 				// the control plane recorded itself, not this pass's look.
-				return setRentalStateAt(s, schemas.RentalReady, node.EnrolledAt, now)
+				return setRentalStateBy(s, schemas.RentalReady, node.EnrolledAt, schemas.StageFromControlPlane, now)
 			})
 		}
 	case schemas.RentalReady, schemas.RentalDraining:
@@ -575,19 +575,21 @@ func (cp *ControlPlane) retire(ctx context.Context, rt schemas.Rental) error {
 	sup := cc.Provider.Support()
 	cmd := capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "retire"), Generation: rt.Generation}
 	to, verb := schemas.RentalTerminating, "terminate"
+	var rc capacity.Receipt
 	var err error
 	if sup.Stop && sup.Resume && sup.PersistentDisk {
 		to, verb = schemas.RentalStopping, "stop"
-		_, err = cc.Provider.StopCapacity(ctx, cmd)
+		rc, err = cc.Provider.StopCapacity(ctx, cmd)
 	} else {
-		_, err = cc.Provider.TerminateCapacity(ctx, cmd)
+		rc, err = cc.Provider.TerminateCapacity(ctx, cmd)
 	}
 	if err != nil {
 		return fmt.Errorf("%s idle rental: %w", verb, err)
 	}
 	cp.log.Info("idle rental retired", zap.String("rental_id", rt.RentalID), zap.String("how", verb))
 	return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
-		return setRentalState(s, to, time.Time{}, now)
+		// Entered when the provider accepted the command, by its receipt.
+		return setRentalState(s, to, rc.AcceptedAt, now)
 	})
 }
 
@@ -689,19 +691,19 @@ func (cp *ControlPlane) updateRental(ctx context.Context, id string, mutate func
 // at or before now, and the interval since the last look is the caller's
 // cadence, not a property of the machine.
 func setRentalState(s *schemas.Rental, to schemas.RentalState, providerSince, now time.Time) error {
-	return setRentalStateAt(s, to, providerSince, now)
+	return setRentalStateBy(s, to, providerSince, schemas.StageFromProvider, now)
 }
 
-// setRentalStateAt records the stage at a known moment when there is one
-// (never later than now: a provider's clock ahead of ours is clamped and
-// the stage marked a bound), else as a bound at now.
-func setRentalStateAt(s *schemas.Rental, to schemas.RentalState, at, now time.Time) error {
+// setRentalStateBy records the stage at a known moment from source when
+// there is one, else as a bound at now. A moment after now (a provider
+// clock ahead of ours) is not believed: it is recorded as a bound too.
+func setRentalStateBy(s *schemas.Rental, to schemas.RentalState, at time.Time, source schemas.StageSource, now time.Time) error {
 	if err := checkRentalTransition(s.State, to); err != nil {
 		return err
 	}
-	stage := schemas.RentalStage{State: to, At: at}
+	stage := schemas.RentalStage{State: to, At: at, Source: source}
 	if at.IsZero() || at.After(now) {
-		stage.At, stage.Bound = now, true
+		stage.At, stage.Bound, stage.Source = now, true, schemas.StageObserved
 	}
 	s.State = to
 	s.Stages = append(s.Stages, stage)

@@ -50,20 +50,27 @@ func TestRentalStageTimes(t *testing.T) {
 	if err := setRentalState(&rt, rentalStateOf(rt.State, capacity.Observation{State: capacity.StateRunning, StateSince: since}), since, now); err != nil {
 		t.Fatal(err)
 	}
-	if got := rt.Stages[0]; got.State != schemas.RentalEnrolling || !got.At.Equal(since) || got.Bound {
+	if got := rt.Stages[0]; got.State != schemas.RentalEnrolling || !got.At.Equal(since) || got.Bound || got.Source != schemas.StageFromProvider {
 		t.Fatalf("stage from the provider's StateSince: %+v", got)
 	}
 	if err := setRentalState(&rt, schemas.RentalReady, time.Time{}, now); err != nil {
 		t.Fatal(err)
 	}
-	if got := rt.Stages[1]; !got.At.Equal(now) || !got.Bound {
+	if got := rt.Stages[1]; !got.At.Equal(now) || !got.Bound || got.Source != schemas.StageObserved {
 		t.Fatalf("stage without a provider time: %+v", got)
 	}
 	if err := setRentalState(&rt, schemas.RentalStopping, now.Add(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
-	if got := rt.Stages[2]; !got.At.Equal(now) || !got.Bound {
+	if got := rt.Stages[2]; !got.At.Equal(now) || !got.Bound || got.Source != schemas.StageObserved {
 		t.Fatalf("stage dated in our future: %+v", got)
+	}
+	enrolled := now.Add(-time.Second)
+	if err := setRentalStateBy(&rt, schemas.RentalStopped, enrolled, schemas.StageFromControlPlane, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := rt.Stages[3]; !got.At.Equal(enrolled) || got.Bound || got.Source != schemas.StageFromControlPlane {
+		t.Fatalf("stage of the control plane's own act: %+v", got)
 	}
 	if err := setRentalState(&rt, schemas.RentalRequested, time.Time{}, now); !errors.Is(err, ErrIllegalTransition) {
 		t.Fatalf("stopping → requested: %v", err)

@@ -188,24 +188,28 @@ func TestAcceptance_RentalResume(t *testing.T) {
 			t.Fatalf("cycle %d: node after resume gen %d token %d (before %d); run booked under gen %d", cycle, rec.Generation, rec.FencingToken, fencing, r.Generation)
 		}
 		fencing = rec.FencingToken
-		var seen []schemas.RentalState
-		for _, s := range rt.Stages {
-			seen = append(seen, s.State)
-		}
-		i := slices.Index(seen, schemas.RentalStopped)
-		tail := seen[i+1:]
-		for j := cycle; j > 0; j-- { // skip earlier cycles
-			k := slices.Index(tail, schemas.RentalStopped)
-			tail = tail[k+1:]
-		}
-		if !slices.Contains(tail, schemas.RentalBooting) || !slices.Contains(tail, schemas.RentalReady) {
-			t.Fatalf("cycle %d: stages after the stop %v (all %v)", cycle, tail, seen)
-		}
+		// The rental is ready again once the pass after the enrollment sees
+		// it (the Run may finish sooner).
+		f.eventually(10*time.Second, "the resumed rental to be ready", func() bool {
+			var seen []schemas.RentalState
+			for _, s := range f.rentals()[0].Stages {
+				seen = append(seen, s.State)
+			}
+			tail := seen
+			for j := 0; j <= cycle; j++ { // past this cycle's stop
+				k := slices.Index(tail, schemas.RentalStopped)
+				if k < 0 {
+					return false
+				}
+				tail = tail[k+1:]
+			}
+			return slices.Contains(tail, schemas.RentalBooting) && slices.Contains(tail, schemas.RentalReady)
+		})
 	}
 	for _, rt := range f.rentals() {
 		for _, s := range rt.Stages {
-			if s.At.IsZero() {
-				t.Errorf("stage %s has no time", s.State)
+			if s.At.IsZero() || s.Source == "" || s.Bound != (s.Source == schemas.StageObserved) {
+				t.Errorf("stage %s: time %v from %q (bound %v)", s.State, s.At, s.Source, s.Bound)
 			}
 		}
 	}

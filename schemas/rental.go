@@ -63,6 +63,28 @@ type RentalStage struct {
 	State RentalState `json:"state"`
 	At    time.Time   `json:"at"`
 	// Bound marks At as the control plane's observation, not the
-	// provider's own account of the transition.
+	// provider's own account of the transition: the stage was entered at
+	// or before At, and the gap since the previous look is the control
+	// plane's polling cadence, not a duration of the machine's.
 	Bound bool `json:"bound,omitempty"`
+	// Source says where At comes from: StageFromProvider, StageFromControlPlane
+	// or StageObserved (then Bound is set). Empty in records written before
+	// it existed, where Bound alone tells.
+	Source StageSource `json:"source,omitempty"`
 }
+
+// StageSource is where a rental stage's time comes from.
+type StageSource string
+
+const (
+	// StageFromProvider: the provider dated the transition itself (its
+	// StateSince, or the acceptance time on its receipt).
+	StageFromProvider StageSource = "provider"
+	// StageFromControlPlane: the transition is the control plane's own act
+	// (it wrote the rental, asked for a resume, enrolled the node), timed
+	// when it happened.
+	StageFromControlPlane StageSource = "control_plane"
+	// StageObserved: the control plane saw the new state at At and knows
+	// only that it was entered by then: a bound, not a measurement.
+	StageObserved StageSource = "observed"
+)

@@ -54,8 +54,11 @@ func newRentalCmd(g *globals) *cobra.Command {
 				fmt.Fprintln(tw, "STAGE\tAT\tSOURCE")
 				for _, s := range r.Stages {
 					src := "provider"
-					if s.Bound {
+					switch {
+					case s.Bound:
 						src = "observed by the control plane (a bound)"
+					case s.Source == schemas.StageFromControlPlane:
+						src = "control plane's own act"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\n", s.State, s.At.UTC().Format(time.RFC3339Nano), src)
 				}
