@@ -54,6 +54,9 @@ func SubjectToken(s string) bool {
 type Permissions struct {
 	Publish   []string
 	Subscribe []string
+	// Responses lets the identity answer each request it receives once,
+	// within a minute, whatever the reply subject.
+	Responses bool
 }
 
 // PermsEnrolling is what an agent holding only an invitation may do: ask
@@ -67,8 +70,14 @@ func PermsEnrolling(nodeID string) Permissions {
 
 // PermsNode is what an enrolled agent may do: publish its own
 // observations, heartbeats and renewals, resume its session (wf.enroll),
-// and read and ack its own command consumer. No other JetStream API, no
-// KV, no other node's subjects.
+// and read and ack its own command consumer. As a session host
+// (residency/nodehost) it also takes the control plane's requests on
+// wf.node.<id>.sessions.* (and answers them: Responses), asks the
+// residency service on wf.node.<id>.residency.*, and reads and acks
+// session inbox consumers on WF_INBOX, which the control plane creates with
+// each lease. Inbox consumers are named by session, not node, so that last
+// right covers every session's inbox. No other JetStream API, no KV, no
+// other node's subjects.
 func PermsNode(nodeID string) Permissions {
 	cons := NodeConsumer(nodeID)
 	return Permissions{
@@ -80,18 +89,25 @@ func PermsNode(nodeID string) Permissions {
 			"$JS.API.CONSUMER.INFO." + StreamCmds + "." + cons,
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamCmds + "." + cons,
 			"$JS.ACK." + StreamCmds + "." + cons + ".>",
+			NodeResidencyService(nodeID, "*"),
+			"$JS.API.CONSUMER.INFO." + StreamInbox + ".*",
+			"$JS.API.CONSUMER.MSG.NEXT." + StreamInbox + ".*",
+			"$JS.ACK." + StreamInbox + ".>",
 		},
-		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>"},
+		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", NodeSessions(nodeID, "*")},
+		Responses: true,
 	}
 }
 
-// PermsProducer is what a producer may do: submit and cancel Runs, follow
-// events, and read (never write) Runs and the event log by direct or
+// PermsProducer is what a producer may do: submit and cancel Runs, publish
+// work to its own tenant's session inboxes, follow events, and read (never write) Runs and the event log by direct or
 // message get (`nats kv get wf_runs <id>`). It may not create consumers: a
 // push consumer's deliver subject is published by the server, past the
 // creator's own publish permissions.
 func PermsProducer(name string) Permissions {
-	pub := []string{SubjectSubmit, SubjectCancel, "$JS.API.INFO"}
+	// A producer's name is its tenant for resident sessions: it may feed
+	// the inboxes of its own tenant's sessions only.
+	pub := []string{SubjectSubmit, SubjectCancel, "$JS.API.INFO", SessionInbox(name, "*")}
 	for _, s := range []string{StreamEvents, "KV_" + BucketRuns} {
 		pub = append(pub,
 			"$JS.API.STREAM.INFO."+s,

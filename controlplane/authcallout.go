@@ -190,6 +190,9 @@ func (a *AuthCallout) userJWT(userNkey string, g authGrant) (string, error) {
 	if g.perms != nil {
 		uc.Pub.Allow.Add(g.perms.Publish...)
 		uc.Sub.Allow.Add(g.perms.Subscribe...)
+		if g.perms.Responses {
+			uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+		}
 	}
 	return uc.Encode(a.kp)
 }

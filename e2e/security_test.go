@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,8 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/nodehost"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -166,13 +169,13 @@ func (sf *secureFleet) startAgent(id string) *secureAgent {
 	sf.t.Helper()
 	boot := sf.invite(id, 1, time.Minute)
 	sf.plant("invitation of "+id, boot.EnrollmentToken)
-	return sf.startAgentWith(id, boot.EnrollmentToken, tempDir(sf.t))
+	return sf.startAgentWith(id, boot.EnrollmentToken, tempDir(sf.t), nil)
 }
 
 // startAgentWith starts an agent process with a bootstrap token and a data
 // dir (which may hold a saved session), logging in as `warmfleet-agent
 // --nats-auth` does: first with the bootstrap token.
-func (sf *secureFleet) startAgentWith(id, token, dataDir string) *secureAgent {
+func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions agent.SessionHost) *secureAgent {
 	sf.t.Helper()
 	creds := bus.NodeCredentials(id, token)
 	log := sf.log.Named(id)
@@ -182,7 +185,7 @@ func (sf *secureFleet) startAgentWith(id, token, dataDir string) *secureAgent {
 	}
 	rt := noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
 	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
-		StopGrace: time.Second, Credentials: creds, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30}}, conn, rt, log)
+		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30}}, conn, rt, log)
 	if err != nil {
 		sf.t.Fatal(err)
 	}
@@ -478,7 +481,7 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	// fencing token) and logs in again with the new session.
 	before := a.agent.Enrollment()
 	a.part.stop(t)
-	a2 := sf.startAgentWith("node-a", used, a.dataDir)
+	a2 := sf.startAgentWith("node-a", used, a.dataDir, nil)
 	if e := a2.agent.Enrollment(); !e.Duplicate || e.FencingToken <= before.FencingToken || e.SessionToken == before.SessionToken {
 		t.Fatalf("restart did not resume: duplicate=%v fencing %d -> %d", e.Duplicate, before.FencingToken, e.FencingToken)
 	}
@@ -618,3 +621,57 @@ func (n natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(for
 func (n natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
 func (n natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
 func (n natsLogger) Tracef(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
+
+// TestAcceptance_SessionHostUnderAuth: an agent hosting resident sessions
+// does its whole job under its node permissions (answers the control
+// plane's session commands, asks the residency service, reads the session's
+// inbox), and a producer feeds its own tenant's session inbox, not
+// another tenant's.
+func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
+	sf := newSecureFleet(t, func(c *controlplane.Config) {
+		c.Sessions = controlplane.SessionConfig{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
+			AttachTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second}
+	})
+	l := newLedger(t)
+	dataDir := tempDir(t)
+	ws := filepath.Join(dataDir, "sessions")
+	host, err := nodehost.New(nodehost.Options{
+		Target:   residency.RuntimeTarget{Image: noopImage, ManifestDigest: noopDigest, CompatibilityID: sessCompat, StopGrace: 100 * time.Millisecond},
+		Capacity: 4, WorkspaceRoot: ws, Handler: l.handler("node-s", ws), Hooks: l.hooks("node-s"), RequestTimeout: 3 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := sf.invite("node-s", 1, time.Minute)
+	sf.startAgentWith("node-s", boot.EnrollmentToken, dataDir, host)
+
+	key := residency.Key{Tenant: sf.producerName, Session: "chat-1"}
+	// The host starts serving just after the agent enrolls.
+	var rep residency.SessionReply
+	sf.eventually(20*time.Second, "the session to attach on node-s", func() bool {
+		rep = sf.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Mode: residency.ModeCreate, Node: "node-s"})
+		return rep.Error == nil
+	})
+	if r := rep.Residency; r == nil || r.Host != "node-s" || !r.Attached {
+		t.Fatalf("attach: %+v", r)
+	}
+	_, pjs, perrs := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
+	for i := range 3 {
+		id := fmt.Sprintf("work-%d", i)
+		if _, err := pjs.Publish(context.Background(), key.InboxSubject(), []byte(`{"work":"`+id+`"}`), jetstream.WithMsgID(id)); err != nil {
+			t.Fatalf("producer feeds its session: %v", err)
+		}
+	}
+	sf.eventually(20*time.Second, "the session host to handle the producer's work", func() bool { return l.count() >= 3 })
+	other := residency.Key{Tenant: "someone-else", Session: "chat-1"}.InboxSubject()
+	jsPublishFails(t, pjs, other, []byte(`{}`))
+	perrs.denied(t, "publish", other)
+	if rep := sf.sessionAdmin(bus.SubjectSessionRelease, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+		t.Fatalf("release: %v", rep.Error)
+	}
+	for _, e := range sf.logs.All() {
+		if strings.Contains(e.Message, "warmfleet-agent-") && strings.Contains(e.Message, "Violation") {
+			t.Errorf("the session host hit its permissions: %s", e.Message)
+		}
+	}
+}
