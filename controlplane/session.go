@@ -93,11 +93,11 @@ func (cp *ControlPlane) serveSessions(ctx context.Context) (func(), error) {
 	}
 	subs := []*nats.Subscription{}
 	stop := func() {
-		stopSvc()
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
 		cancel()
+		stopSvc()
 		ss.wg.Wait()
 	}
 	// An attach may wait minutes on an image pull: each request gets its

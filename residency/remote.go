@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,14 +72,35 @@ func NewService(s Services, log *zap.Logger) (*Service, error) {
 }
 
 // Serve subscribes to every node's residency requests in queue group,
-// spread over control-plane replicas. Handlers run under ctx.
+// spread over control-plane replicas. Each request is answered on its own
+// goroutine (at most maxInFlight at once), so one slow store write does not
+// hold up every node's renewals; the returned stop unsubscribes and waits
+// for those in flight. Handlers run under ctx.
 func (v *Service) Serve(ctx context.Context, nc *nats.Conn, queue string) (func(), error) {
-	sub, err := nc.QueueSubscribe(bus.SubjectResidencyServiceAll, queue, func(m *nats.Msg) { v.handle(ctx, m) })
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxInFlight)
+	sub, err := nc.QueueSubscribe(bus.SubjectResidencyServiceAll, queue, func(m *nats.Msg) {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			v.handle(ctx, m)
+		})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("residency: subscribe %s: %w", bus.SubjectResidencyServiceAll, err)
 	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	return func() {
+		_ = sub.Unsubscribe()
+		wg.Wait()
+	}, nil
 }
+
+// maxInFlight bounds the residency requests one Service answers at once.
+const maxInFlight = 64
 
 // handle answers one request. The subject is wf.node.<id>.residency.<op>.
 func (v *Service) handle(ctx context.Context, m *nats.Msg) {
