@@ -131,6 +131,9 @@ type ControlPlane struct {
 	outbox outboxRepair
 	// sessions serves session residency (session.go); set by Run.
 	sessions *sessions
+	// rentalLeader is the rental loop's election (rentalleader.go); set by
+	// the rental loop, nil until then and without Capacity.
+	rentalLeader atomic.Pointer[leaderLease]
 }
 
 type metrics struct {

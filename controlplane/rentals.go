@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -40,6 +41,10 @@ type CapacityConfig struct {
 	MaxLifetime time.Duration
 	// Interval is how often rentals are observed.
 	Interval time.Duration
+	// LeaderTTL is the rental loop's leader lease: with several replicas
+	// one runs the loop, and another takes over this long after it stops
+	// renewing (at once when it stops cleanly).
+	LeaderTTL time.Duration
 	// ReadyEstimate is assumed for an offer whose provider states no
 	// ReadySeconds: how long a new machine takes to run.
 	ReadyEstimate time.Duration
@@ -69,6 +74,9 @@ func (c *CapacityConfig) defaults() {
 	if c.Interval <= 0 {
 		c.Interval = time.Second
 	}
+	if c.LeaderTTL <= 0 {
+		c.LeaderTTL = max(10*time.Second, 5*c.Interval)
+	}
 	if c.ReadyEstimate <= 0 {
 		c.ReadyEstimate = 3 * time.Minute
 	}
@@ -92,6 +100,9 @@ func (cp *ControlPlane) rentBeforeQueueing(ctx context.Context, r schemas.Run, d
 	cc := cp.cfg.Capacity
 	if cc.RentMargin < 0 {
 		return false, nil
+	}
+	if !cp.leadsRentals() {
+		return true, nil // the leading replica decides between renting and queueing
 	}
 	queue, pull, ok := queueAndPull(d, cp.cfg.Placement.UnknownImageBytes, cp.cfg.Placement.PullBytesPerSecond)
 	if !ok {
@@ -225,6 +236,9 @@ func (cp *ControlPlane) recordRenting(ctx context.Context, r schemas.Run, d sche
 // already on its way. It reports whether capacity is coming.
 func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, error) {
 	cc := cp.cfg.Capacity
+	if !cp.leadsRentals() {
+		return true, nil // the leading replica decides; the Run waits for it
+	}
 	rentals, err := cp.listRentals(ctx)
 	if err != nil {
 		return false, err
@@ -428,6 +442,12 @@ func (cp *ControlPlane) resumeGeneration(ctx context.Context, req schemas.Enroll
 	return rt.Generation
 }
 
+// leadsRentals reports whether this replica runs the rental loop now.
+func (cp *ControlPlane) leadsRentals() bool {
+	l := cp.rentalLeader.Load()
+	return l != nil && l.leading()
+}
+
 // ErrRentalMoved reports that a rental changed under a decision about it.
 var ErrRentalMoved = errors.New("controlplane: the rental moved meanwhile")
 
@@ -446,12 +466,30 @@ func (cp *ControlPlane) rentalLoop(ctx context.Context) {
 	cc := cp.cfg.Capacity
 	t := time.NewTicker(cc.Interval)
 	defer t.Stop()
+	var lease *leaderLease
+	for lease == nil {
+		var err error
+		if lease, err = openLeaderLease(ctx, cp.conn, cc.LeaderTTL, cp.log.Named("rentals")); err != nil {
+			cp.log.Warn("rental loop: leader lease", zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}
+	cp.rentalLeader.Store(lease)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { lease.run(ctx) })
 	lastJanitor := time.Time{}
 	for {
-		cp.rentalPass(ctx)
-		if time.Since(lastJanitor) >= cc.JanitorInterval {
-			cp.janitor(ctx)
-			lastJanitor = time.Now()
+		if lease.leading() {
+			cp.rentalPass(ctx)
+			if time.Since(lastJanitor) >= cc.JanitorInterval {
+				cp.janitor(ctx)
+				lastJanitor = time.Now()
+			}
 		}
 		select {
 		case <-ctx.Done():
