@@ -96,15 +96,23 @@ func (s *KVLeases) Get(ctx context.Context, key Key) (LeaseRecord, uint64, error
 // the session's durable inbox consumer exists; if that fails the grant is
 // released again.
 func (s *KVLeases) AcquireSessionLease(ctx context.Context, key Key, holder string) (LeaseGrant, error) {
-	if err := key.Validate(); err != nil {
-		return LeaseGrant{}, err
-	}
-	if holder == "" {
-		return LeaseGrant{}, fmt.Errorf("%w: lease holder is empty", ErrInvalidRequest)
-	}
 	token, err := newToken()
 	if err != nil {
 		return LeaseGrant{}, err
+	}
+	return s.AcquireSessionLeaseToken(ctx, key, holder, token)
+}
+
+// AcquireSessionLeaseToken is AcquireSessionLease under a token the caller
+// chose, which makes it idempotent: a live lease already granted to the same
+// holder under the same token (a repeat of a request whose answer was lost)
+// is granted again as it stands, not refused as held.
+func (s *KVLeases) AcquireSessionLeaseToken(ctx context.Context, key Key, holder, token string) (LeaseGrant, error) {
+	if err := key.Validate(); err != nil {
+		return LeaseGrant{}, err
+	}
+	if holder == "" || token == "" {
+		return LeaseGrant{}, fmt.Errorf("%w: lease holder and token are required", ErrInvalidRequest)
 	}
 	g, err := s.acquire(ctx, key, holder, token)
 	if err != nil {
@@ -147,6 +155,9 @@ func (s *KVLeases) acquire(ctx context.Context, key Key, holder, token string) (
 			return s.grant(key, rec, nrev), nil
 		case err != nil:
 			return LeaseGrant{}, fmt.Errorf("residency: read lease %s: %w", key, err)
+		}
+		if cur.Live(now) && cur.Holder == holder && cur.Token == token && !cur.Released {
+			return s.grant(key, cur, rev), nil
 		}
 		if cur.Live(now) {
 			return LeaseGrant{}, fmt.Errorf("%w: %s held by %s at epoch %d until %s",

@@ -33,6 +33,9 @@ const (
 
 type keyBody struct {
 	Key Key `json:"key"`
+	// Token makes a lease acquire idempotent (see
+	// KVLeases.AcquireSessionLeaseToken).
+	Token string `json:"token,omitempty"`
 }
 
 type tombstoneBody struct {
@@ -149,7 +152,10 @@ func (v *Service) do(ctx context.Context, node, op string, data []byte) (any, er
 		if err := decodeBody(data, &b); err != nil {
 			return nil, err
 		}
-		return v.s.Leases.AcquireSessionLease(ctx, b.Key, node)
+		if b.Token == "" {
+			return v.s.Leases.AcquireSessionLease(ctx, b.Key, node)
+		}
+		return v.s.Leases.AcquireSessionLeaseToken(ctx, b.Key, node, b.Token)
 	case svcLeaseRenew, svcLeaseRelease:
 		var g LeaseGrant
 		if err := decodeBody(data, &g); err != nil {
@@ -252,9 +258,20 @@ func (r *Remote) AcquireSessionLease(ctx context.Context, key Key, holder string
 	if holder != r.NodeID {
 		return LeaseGrant{}, notYours(r.NodeID, "a lease", holder)
 	}
+	token, err := newToken()
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	// A request whose answer was lost may still have granted the lease:
+	// asking again under the same token gets that grant back instead of
+	// ErrLeaseHeld against ourselves until it expires.
 	var g LeaseGrant
-	err := r.call(ctx, svcLeaseAcquire, keyBody{Key: key}, &g)
-	return g, err
+	for attempt := 0; ; attempt++ {
+		err = r.call(ctx, svcLeaseAcquire, keyBody{Key: key, Token: token}, &g)
+		if attempt >= 1 || !errors.Is(err, ErrServiceUnavailable) || ctx.Err() != nil {
+			return g, err
+		}
+	}
 }
 
 // RenewSessionLease implements SessionLeases.
