@@ -163,6 +163,16 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 	p := newPart(cancel, func() error { defer conn.Close(); return a.Run(ctx) })
 	f.t.Cleanup(func() { p.stop(f.t) })
 	f.waitNode(spec.id, a)
+	// The session host subscribes once the agent has enrolled.
+	f.eventually(10*time.Second, spec.id+"'s session host answering", func() bool {
+		b, _ := json.Marshal(residency.SessionCommand{FencingToken: a.Enrollment().FencingToken})
+		resp, err := f.conn.NC.Request(bus.NodeSessions(spec.id, string(residency.OpList)), b, time.Second)
+		if err != nil {
+			return false
+		}
+		var rep residency.SessionReply
+		return json.Unmarshal(resp.Data, &rep) == nil && rep.Error == nil
+	})
 	return &sessionNode{id: spec.id, agent: a, host: host, rt: spec.rt, ws: ws, part: p}
 }
 

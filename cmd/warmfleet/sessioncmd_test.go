@@ -78,9 +78,15 @@ func TestSessionCommands(t *testing.T) {
 		<-cpDone
 	}()
 	deadline := time.Now().Add(15 * time.Second)
-	for a.Enrollment().FencingToken == 0 {
+	for {
+		b, _ := json.Marshal(residency.SessionCommand{FencingToken: a.Enrollment().FencingToken})
+		resp, err := cpConn.NC.Request(bus.NodeSessions("node-1", string(residency.OpList)), b, time.Second)
+		var rep residency.SessionReply
+		if err == nil && json.Unmarshal(resp.Data, &rep) == nil && rep.Error == nil {
+			break // enrolled, and its session host answers
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("agent did not enroll")
+			t.Fatal("agent's session host not answering")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
