@@ -56,10 +56,11 @@ func newServe(g *globals) *cobra.Command {
 			if err := conn.WaitConnected(cmd.Context()); err != nil {
 				return err
 			}
-			capCfg, err := capf.build(cmd.Context(), cmd.Flags(), dataDir, log)
+			capCfg, stopMachines, err := capf.build(cmd.Context(), cmd.Flags(), dataDir, log)
 			if err != nil {
 				return err
 			}
+			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
 				Capacity: capCfg,

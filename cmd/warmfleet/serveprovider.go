@@ -148,15 +148,31 @@ func providerFlag(name string) bool {
 }
 
 // build returns the control plane's capacity configuration, or nil when no
-// provider is configured. The local provider's machines are returned too,
-// so serve can stop their agents when it stops.
-func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*controlplane.CapacityConfig, error) {
+// provider is configured, and what to run once the control plane stopped:
+// the local provider terminates its machines then, so no agent process
+// outlives the serve that started it.
+func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*controlplane.CapacityConfig, func(), error) {
+	cc, lp, err := c.provide(ctx, flags, dataDir, log)
+	if err != nil || lp == nil {
+		return cc, func() {}, err
+	}
+	return cc, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := lp.Shutdown(sctx); err != nil {
+			log.Warn("local machines: shutdown", zap.Error(err))
+		}
+	}, nil
+}
+
+func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*controlplane.CapacityConfig, *local.Provider, error) {
 	if err := c.resolve(flags, os.Getenv); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if c.provider == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
+	var lp *local.Provider
 	var p capacity.Provider
 	switch c.provider {
 	case "local":
@@ -164,12 +180,12 @@ func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir
 		if agentPath == "" {
 			self, err := os.Executable()
 			if err != nil {
-				return nil, fmt.Errorf("local provider: find warmfleet-agent: %w", err)
+				return nil, nil, fmt.Errorf("local provider: find warmfleet-agent: %w", err)
 			}
 			agentPath = filepath.Join(filepath.Dir(self), "warmfleet-agent")
 		}
 		if _, err := os.Stat(agentPath); err != nil {
-			return nil, fmt.Errorf("local provider: agent binary: %w (build it with `make build` or give --local-agent)", err)
+			return nil, nil, fmt.Errorf("local provider: agent binary: %w (build it with `make build` or give --local-agent)", err)
 		}
 		dir := c.localDir
 		if dir == "" {
@@ -177,47 +193,48 @@ func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir
 		}
 		price, err := strconv.ParseFloat(c.localPrice, 64)
 		if err != nil || price < 0 {
-			return nil, fmt.Errorf("local provider: --local-price %q is not a non-negative number of dollars", c.localPrice)
+			return nil, nil, fmt.Errorf("local provider: --local-price %q is not a non-negative number of dollars", c.localPrice)
 		}
 		var opts []local.Option
 		if c.localStopResume {
 			opts = append(opts, local.WithStopResume())
 		}
-		p = local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: dir, Args: c.localArgs, Log: log.Named("local")}),
+		lp = local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: dir, Args: c.localArgs, Log: log.Named("local")}),
 			capacity.Offer{ID: "local", CPUMillis: c.localCPU, MemoryBytes: c.localMemory, GPUCount: c.localGPUs, ReadySeconds: 2,
 				PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: int64(price * 1e6), Exact: true}}, opts...)
+		p = lp
 	case "fake":
 		fp, err := fake.New(fake.Config{Seed: c.fakeSeed, Clock: wallClock{}, ConnectionID: c.connection, Latency: fake.DefaultLatency()})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		p = fp
 	case "shadeform":
 		sp, err := shadeform.New(shadeform.Config{ConnectionID: c.connection, BaseURL: c.sfBaseURL, APIKeyFile: c.sfKeyFile,
 			Logger: log.Named("shadeform"), OS: c.sfOS, SSHKeyID: c.sfSSHKey})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		p = sp
 	default:
-		return nil, fmt.Errorf("--provider %q: want local, fake or shadeform", c.provider)
+		return nil, nil, fmt.Errorf("--provider %q: want local, fake or shadeform", c.provider)
 	}
 	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := p.Verify(vctx); err != nil {
-		return nil, fmt.Errorf("provider %s: %w", c.provider, err)
+		return nil, nil, fmt.Errorf("provider %s: %w", c.provider, err)
 	}
 	owner := c.ownership
 	if owner == "" {
 		owner = "warmfleet-" + c.connection
 	}
 	if c.maxRentals <= 0 {
-		return nil, errors.New("--max-rentals must be 1 or more")
+		return nil, nil, errors.New("--max-rentals must be 1 or more")
 	}
 	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
 		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
 	return &controlplane.CapacityConfig{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
-		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst}, nil
+		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst}, lp, nil
 }
 
 // wallClock is the fake world's clock for a running control plane: its

@@ -63,16 +63,16 @@ func TestServeCapacity_RefusesUnknownAndCredentialKeys(t *testing.T) {
 func TestServeCapacity_Build(t *testing.T) {
 	ctx := context.Background()
 	c, cmd := newCapacityFlags(t)
-	if cc, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err != nil || cc != nil {
+	if cc, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err != nil || cc != nil {
 		t.Fatalf("no provider: %+v %v", cc, err)
 	}
 	c, cmd = newCapacityFlags(t, "--provider", "fake", "--connection-id", "lab")
-	cc, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop())
+	cc, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop())
 	if err != nil || cc == nil || cc.OwnershipToken != "warmfleet-lab" || !cc.Provider.Support().Resume {
 		t.Fatalf("fake: %+v %v", cc, err)
 	}
 	c, cmd = newCapacityFlags(t, "--provider", "local", "--local-agent", filepath.Join(t.TempDir(), "missing"))
-	if _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
+	if _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
 		t.Fatal("local provider without an agent binary was built")
 	}
 
@@ -80,7 +80,7 @@ func TestServeCapacity_Build(t *testing.T) {
 	t.Setenv("SHADEFORM_API_KEY", secret)
 	core, logs := observer.New(zap.DebugLevel)
 	c, cmd = newCapacityFlags(t, "--provider", "shadeform", "--shadeform-base-url", "http://127.0.0.1:1/v1")
-	_, err = c.build(ctx, cmd.Flags(), t.TempDir(), zap.New(core))
+	_, _, err = c.build(ctx, cmd.Flags(), t.TempDir(), zap.New(core))
 	if err == nil {
 		t.Fatal("verify against an unreachable API succeeded")
 	}
@@ -93,7 +93,7 @@ func TestServeCapacity_Build(t *testing.T) {
 		}
 	}
 	c, cmd = newCapacityFlags(t, "--provider", "nope")
-	if _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
+	if _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
 		t.Fatal("an unknown provider was accepted")
 	}
 }

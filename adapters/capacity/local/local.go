@@ -6,6 +6,8 @@ package local
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -55,6 +57,9 @@ type Provider struct {
 	offer       capacity.Offer
 	now         func() time.Time
 	suspendable bool
+	// nonce makes native refs unique across providers (a restarted
+	// control plane's provider never reuses an earlier one's refs).
+	nonce string
 
 	mu        sync.Mutex
 	seq       int
@@ -81,7 +86,9 @@ func New(launch Launcher, offer capacity.Offer, opts ...Option) *Provider {
 		offer.ID = "local"
 	}
 	offer.Provider, offer.Available = "local", true
-	p := &Provider{launch: launch, offer: offer, now: time.Now, machines: map[string]*machine{}, byKey: map[string]string{},
+	nonce := make([]byte, 3)
+	_, _ = rand.Read(nonce) // crypto/rand.Read never fails
+	p := &Provider{launch: launch, offer: offer, now: time.Now, nonce: hex.EncodeToString(nonce), machines: map[string]*machine{}, byKey: map[string]string{},
 		rentalGen: map[string]uint64{}}
 	for _, o := range opts {
 		o(p)
@@ -95,7 +102,10 @@ func New(launch Launcher, offer capacity.Offer, opts ...Option) *Provider {
 // starts again from that data dir, still warm); without it idle ones can
 // only be terminated.
 func (p *Provider) Support() capacity.Support {
-	s := capacity.Support{IdempotentProvision: capacity.IdempotencyOperationKey, ListOwned: true, ObserveAfterTerminate: true,
+	// Machines live in this provider's memory: a control plane restarted
+	// with a new provider finds its predecessor's machines not found, which
+	// is why a terminated machine is not promised to stay observable.
+	s := capacity.Support{IdempotentProvision: capacity.IdempotencyOperationKey, ListOwned: true, ObserveAfterTerminate: false,
 		ExactPricing: true, GenerationFencing: true}
 	if p.suspendable {
 		s.Stop, s.Resume, s.PersistentDisk = true, true, true
@@ -139,7 +149,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 	}
 	p.rentalGen[cmd.RentalID] = cmd.Generation
 	p.seq++
-	ref := fmt.Sprintf("local-%d", p.seq)
+	ref := fmt.Sprintf("local-%s-%d", p.nonce, p.seq)
 	now := p.now()
 	m := &machine{state: capacity.StateBooting, since: now, boot: cmd.Bootstrap, owned: capacity.OwnedCapacity{
 		NativeRef: ref, ConnectionID: cmd.ConnectionID, RentalID: cmd.RentalID, Generation: cmd.Generation,
@@ -325,6 +335,39 @@ func (p *Provider) ListOwnedCapacity(_ context.Context, q capacity.OwnershipQuer
 		out = append(out, o)
 	}
 	return out, nil
+}
+
+// Shutdown terminates every machine this provider launched: a local
+// machine does not outlive the control plane that rented it (its agent
+// would otherwise keep running, unknown to the next one). Run it after the
+// control plane has stopped.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	var ms []*machine
+	for _, m := range p.machines {
+		ms = append(ms, m)
+	}
+	p.mu.Unlock()
+	var errs []error
+	for _, m := range ms {
+		m.op.Lock()
+		p.mu.Lock()
+		mach, gone := m.m, m.state == capacity.StateTerminated
+		if !gone {
+			m.state, m.since = capacity.StateTerminating, p.now()
+		}
+		p.mu.Unlock()
+		if !gone && mach != nil {
+			if err := mach.Stop(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("local: stop %s: %w", m.owned.NativeRef, err))
+			}
+		}
+		p.mu.Lock()
+		m.state, m.since = capacity.StateTerminated, p.now()
+		p.mu.Unlock()
+		m.op.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // Bootstrap returns what the machine with ref was given, for tests that

@@ -168,3 +168,48 @@ func TestStopResume_RefusesPlainMachines(t *testing.T) {
 		t.Fatal("the launched machine was left running")
 	}
 }
+
+// TestShutdown_StopsEveryMachine: a provider's machines do not outlive it,
+// and a second provider (a restarted control plane) neither reuses the
+// first one's refs nor claims its machines.
+func TestShutdown_StopsEveryMachine(t *testing.T) {
+	var procs []*process
+	launch := func(context.Context, string, schemas.NodeBootstrap) (local.Machine, error) {
+		p := &process{done: make(chan struct{})}
+		procs = append(procs, p)
+		return p, nil
+	}
+	ctx := context.Background()
+	first := local.New(launch, localOffer)
+	var refs []string
+	for i, rental := range []string{"rt-1", "rt-2"} {
+		rc, err := first.ProvisionCapacity(ctx, capacity.ProvisionCommand{OperationKey: rental + "-g1", RentalID: rental, Generation: 1, OwnershipToken: "wf", OfferID: "local"})
+		if err != nil {
+			t.Fatal(i, err)
+		}
+		refs = append(refs, rc.NativeRef)
+	}
+	if err := first.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range procs {
+		select {
+		case <-p.done:
+		default:
+			t.Fatalf("machine %d still runs after Shutdown", i)
+		}
+	}
+	second := local.New(launch, localOffer)
+	rc, err := second.ProvisionCapacity(ctx, capacity.ProvisionCommand{OperationKey: "rt-3-g1", RentalID: "rt-3", Generation: 1, OwnershipToken: "wf", OfferID: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range refs {
+		if r == rc.NativeRef {
+			t.Fatalf("a new provider reused ref %s", r)
+		}
+		if _, err := second.ObserveCapacity(ctx, capacity.Ref{NativeRef: r, OwnershipToken: "wf"}); !errors.Is(err, capacity.ErrNotFound) {
+			t.Fatalf("a new provider observes its predecessor's %s: %v", r, err)
+		}
+	}
+}
