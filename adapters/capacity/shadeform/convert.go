@@ -108,6 +108,7 @@ func offersOf(types []wireInstanceType) []capacity.Offer {
 				DiskBytes:      c.StorageInGB.count(maxCount) << 30,
 				PricePerHour:   price(t.HourlyPrice),
 				Available:      a.Available,
+				ReadySeconds:   readySeconds(t.BootTime),
 			})
 		}
 	}
@@ -149,4 +150,14 @@ func nativeJSON(body []byte) string {
 		return ""
 	}
 	return string(out)
+}
+
+// readySeconds is the pessimistic end of Shadeform's boot-time estimate,
+// zero when it gives none.
+func readySeconds(b *wireBootTime) int64 {
+	if b == nil {
+		return 0
+	}
+	const day = 24 * 3600
+	return b.MaxBootInSec.count(day)
 }

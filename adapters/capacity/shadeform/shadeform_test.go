@@ -151,7 +151,7 @@ func TestOffersFromInstanceTypes(t *testing.T) {
 	a := byID[a100]
 	want := capacity.Offer{ID: a100, Provider: "shadeform", Cloud: "massedcompute", Region: "us-central-2", GPUModel: "A100_80G",
 		GPUCount: 1, GPUMemoryBytes: 80 << 30, CPUMillis: 16000, MemoryBytes: 128 << 30, DiskBytes: 512 << 30,
-		PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 1_800_000}, Available: true}
+		PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 1_800_000}, Available: true, ReadySeconds: 300}
 	if a != want {
 		t.Errorf("A100 offer\n got %+v\nwant %+v", a, want)
 	}
@@ -172,6 +172,9 @@ func TestOffersFromInstanceTypes(t *testing.T) {
 	}
 	if len(h100) != 1 || h100[0].ID != "hyperstack/canada-1/H100_sxm5x8" {
 		t.Errorf("8xH100 query: %+v", h100)
+	}
+	if len(h100) == 1 && h100[0].ReadySeconds != 0 {
+		t.Errorf("a type without a boot-time estimate got ReadySeconds %d", h100[0].ReadySeconds)
 	}
 	reqs := w.srv.Requests()
 	if last := reqs[len(reqs)-1]; last.Query != "available=true" {

@@ -26,6 +26,14 @@ type wireInstanceType struct {
 	Configuration     wireConfiguration  `json:"configuration"`
 	HourlyPrice       num                `json:"hourly_price"` // cents
 	Availability      []wireAvailability `json:"availability"`
+	// BootTime is Shadeform's estimate of how long an instance of this
+	// type takes to become active; absent on some entries.
+	BootTime *wireBootTime `json:"boot_time"`
+}
+
+type wireBootTime struct {
+	MinBootInSec num `json:"min_boot_in_sec"`
+	MaxBootInSec num `json:"max_boot_in_sec"`
 }
 
 type wireAvailability struct {

@@ -15,6 +15,13 @@ type InstanceType struct {
 	Configuration     Configuration  `json:"configuration"`
 	HourlyPrice       int64          `json:"hourly_price"`
 	Availability      []Availability `json:"availability"`
+	BootTime          *BootTime      `json:"boot_time,omitempty"`
+}
+
+// BootTime is an instance type's boot-time estimate.
+type BootTime struct {
+	MinBootInSec int64 `json:"min_boot_in_sec"`
+	MaxBootInSec int64 `json:"max_boot_in_sec"`
 }
 
 // Configuration is an instance type's hardware.
@@ -43,7 +50,7 @@ func DefaultTypes() []InstanceType {
 	return []InstanceType{
 		{Cloud: "massedcompute", Region: "us-central-2", ShadeInstanceType: "A100_80G", CloudInstanceType: "gpu_1x_a100_80g",
 			Configuration: Configuration{MemoryInGB: 128, StorageInGB: 512, VCPUs: 16, NumGPUs: 1, GPUType: "A100_80G", Interconnect: "pcie", VRAMPerGPUInGB: 80},
-			HourlyPrice:   180,
+			HourlyPrice:   180, BootTime: &BootTime{MinBootInSec: 180, MaxBootInSec: 300},
 			Availability: []Availability{{Region: "us-central-2", Available: true}, {Region: "us-east-1", Available: false},
 				{Region: "eu-west-1", Available: true, RentalType: "spot"}}},
 		{Cloud: "hyperstack", Region: "canada-1", ShadeInstanceType: "H100_sxm5x8", CloudInstanceType: "n3-H100x8",
