@@ -34,6 +34,11 @@ type CapacityConfig struct {
 	// provider's owned capacity is searched for it (and, failing that, it is
 	// provisioned again under the same operation key).
 	LostAnswerAfter time.Duration
+	// EnrollTimeout is how long a rental may sit provisioning, booting or
+	// enrolling (its node not enrolled) before it is given up and
+	// terminated: a machine whose agent never comes (a bad image, a lost
+	// disk) must not hold a Run, or a rental slot, forever.
+	EnrollTimeout time.Duration
 	// JanitorInterval is how often owned capacity is listed to adopt what a
 	// rental lost track of and terminate what belongs to no live rental.
 	JanitorInterval time.Duration
@@ -73,6 +78,9 @@ func (c *CapacityConfig) defaults() {
 	}
 	if c.Interval <= 0 {
 		c.Interval = time.Second
+	}
+	if c.EnrollTimeout <= 0 {
+		c.EnrollTimeout = 20 * time.Minute
 	}
 	if c.LeaderTTL <= 0 {
 		c.LeaderTTL = max(10*time.Second, 5*c.Interval)
@@ -538,9 +546,16 @@ func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, acti
 			busy = true
 		}
 	}
+	enrolled := nodeKnown && node.RentalID == rt.RentalID && node.Generation == rt.Generation && node.Live(now)
+	switch rt.State {
+	case schemas.RentalProvisioning, schemas.RentalBooting, schemas.RentalEnrolling:
+		if since := stateSince(rt); !enrolled && !since.IsZero() && now.Sub(since) > cc.EnrollTimeout {
+			return cp.abandon(ctx, rt, fmt.Sprintf("its node did not enroll within %s of the rental becoming %s", cc.EnrollTimeout, rt.State))
+		}
+	}
 	switch rt.State {
 	case schemas.RentalEnrolling:
-		if nodeKnown && node.RentalID == rt.RentalID && node.Generation == rt.Generation && node.Live(now) {
+		if enrolled {
 			return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
 				if s.State != schemas.RentalEnrolling || s.Generation != node.Generation {
 					return bus.ErrNoChange
@@ -593,6 +608,35 @@ func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, acti
 			return bus.ErrNoChange // moved meanwhile; the next pass looks again
 		}
 		return setRentalState(s, to, obs.StateSince, now)
+	})
+}
+
+// stateSince is when the rental entered its current state, by its last
+// stage; zero when it has none.
+func stateSince(rt schemas.Rental) time.Time {
+	if n := len(rt.Stages); n > 0 && rt.Stages[n-1].State == rt.State {
+		return rt.Stages[n-1].At
+	}
+	return time.Time{}
+}
+
+// abandon gives up a rental whose machine never became a node: the rental
+// records why and terminates it. The next scheduling pass rents afresh.
+func (cp *ControlPlane) abandon(ctx context.Context, rt schemas.Rental, why string) error {
+	cc := cp.cfg.Capacity
+	cp.log.Warn("abandoning a rental", zap.String("rental_id", rt.RentalID), zap.String("state", string(rt.State)), zap.String("why", why))
+	// Terminate first: a refusal leaves the rental as it was, and the next
+	// pass tries again.
+	rc, err := cc.Provider.TerminateCapacity(ctx, capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "abandon"), Generation: rt.Generation})
+	if err != nil && !errors.Is(err, capacity.ErrNotFound) {
+		return fmt.Errorf("terminate abandoned rental %s: %w", rt.RentalID, err)
+	}
+	return cp.updateRental(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		if s.State != rt.State || s.Generation != rt.Generation {
+			return ErrRentalMoved
+		}
+		s.LastError = why
+		return setRentalState(s, schemas.RentalTerminating, rc.AcceptedAt, now)
 	})
 }
 

@@ -32,6 +32,7 @@ type serveCapacity struct {
 	provider, configFile, ownership, connection string
 	maxRentals                                  int
 	idle, maxLifetime, rentMargin, readyEst     time.Duration
+	enrollTimeout                               time.Duration
 
 	localAgent, localDir, localPrice string
 	localArgs                        []string
@@ -59,6 +60,7 @@ func (c *serveCapacity) register(cmd *cobra.Command) {
 	f.DurationVar(&c.idle, "idle-timeout", 10*time.Minute, "retire a rental whose node had no Run this long (stopped where the provider can resume it warm, else terminated)")
 	f.DurationVar(&c.maxLifetime, "max-lifetime", 0, "provider-side lifetime backstop for rented machines, where supported (0: none)")
 	f.DurationVar(&c.rentMargin, "rent-margin", time.Minute, "rent past a queue only when a fresh machine starts the Run this much sooner (negative: never)")
+	f.DurationVar(&c.enrollTimeout, "enroll-timeout", 20*time.Minute, "give up (terminate) a rented machine whose agent has not enrolled this long after it last changed state")
 	f.DurationVar(&c.readyEst, "ready-estimate", 3*time.Minute, "time to ready assumed for an offer whose provider states none")
 	f.StringVar(&c.localAgent, "local-agent", "", "local: the warmfleet-agent binary (default: the one beside this binary)")
 	f.StringVar(&c.localDir, "local-dir", "", "local: where machines keep their bootstrap, data dir and log (default <data-dir>/machines)")
@@ -141,7 +143,8 @@ func (c *serveCapacity) resolve(flags *pflag.FlagSet, getenv func(string) string
 // providerFlag reports whether a flag is one of serveCapacity's.
 func providerFlag(name string) bool {
 	switch name {
-	case "provider", "ownership-token", "connection-id", "max-rentals", "idle-timeout", "max-lifetime", "rent-margin", "ready-estimate", "fake-seed":
+	case "provider", "ownership-token", "connection-id", "max-rentals", "idle-timeout", "max-lifetime", "rent-margin", "ready-estimate",
+		"enroll-timeout", "fake-seed":
 		return true
 	}
 	return strings.HasPrefix(name, "local-") || strings.HasPrefix(name, "shadeform-")
@@ -234,7 +237,8 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
 		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
 	return &controlplane.CapacityConfig{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
-		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst}, lp, nil
+		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst,
+		EnrollTimeout: c.enrollTimeout}, lp, nil
 }
 
 // wallClock is the fake world's clock for a running control plane: its
