@@ -113,8 +113,8 @@ func (cp *ControlPlane) rentBeforeQueueing(ctx context.Context, r schemas.Run, d
 		return true, nil // the leading replica decides between renting and queueing
 	}
 	queue, pull, ok := queueAndPull(d, cp.cfg.Placement.UnknownImageBytes, cp.cfg.Placement.PullBytesPerSecond)
-	if !ok {
-		return false, nil
+	if !ok || pull+cc.RentMargin.Seconds() >= queue {
+		return false, nil // not even a machine ready at once would be sooner: no provider call
 	}
 	rentals, err := cp.listRentals(ctx)
 	if err != nil {
