@@ -70,3 +70,43 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 	}
 	t.Logf("decision: %s", decided.Message)
 }
+
+// TestAcceptance_QueueBeatsRent: the same busy node, but a fresh machine
+// would not start the Run sooner by the margin, so the Run is booked in the
+// busy node's queue and nothing is rented.
+func TestAcceptance_QueueBeatsRent(t *testing.T) {
+	w := newWorld(t)
+	var f *fleet
+	var provider *local.Provider
+	f = newFleet(t, func(c *controlplane.Config) {
+		provider = local.New(func(ctx context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
+			return f.localLauncher(t)(ctx, name, boot)
+		}, capacity.Offer{ID: "local-fresh", CPUMillis: 1 << 20, MemoryBytes: 1 << 40, ReadySeconds: 2,
+			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
+		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: 5 * time.Minute,
+			IdleTimeout: time.Minute, Interval: 200 * time.Millisecond}
+	})
+	busy := f.startAgent(agentSpec{id: "busy-1", world: w})
+	cpu := f.nodeRecord(busy.spec.id).Capacity.CPUMillis
+	long := f.submit(schemas.RunRequest{RequestID: "busy-short", Image: w.image.Reference, Command: []string{"sleep", "3"},
+		Resources: schemas.Resources{CPUMillis: cpu}, MaxRuntimeSeconds: 60})
+	f.waitPhase(long, schemas.PhaseRunning, 60*time.Second)
+	next := f.submit(schemas.RunRequest{RequestID: "queue-not-rent", Image: w.image.Reference, Command: []string{"true"},
+		Resources: schemas.Resources{CPUMillis: cpu}})
+	r := f.waitPhase(next, schemas.PhaseSucceeded, 60*time.Second)
+	if r.NodeID != busy.spec.id || provider.Launched() != 0 || len(f.rentals()) != 0 {
+		t.Fatalf("run on %s with %d machines rented; want the busy node's queue and no rental", r.NodeID, provider.Launched())
+	}
+	queued := false
+	for _, ev := range f.events(next) {
+		if ev.Code == controlplane.CodeRentBeatsQueue {
+			t.Fatalf("a rent decision was recorded: %+v", ev)
+		}
+		if ev.Type == schemas.EventDecided && ev.Decision != nil && ev.Decision.Winner == busy.spec.id && ev.Decision.WinnerQueued {
+			queued = true
+		}
+	}
+	if !queued {
+		t.Fatal("no decision booked the Run in the busy node's queue")
+	}
+}
