@@ -109,12 +109,12 @@ func (cp *ControlPlane) rentBeforeQueueing(ctx context.Context, r schemas.Run, d
 	if cc.RentMargin < 0 {
 		return false, nil
 	}
-	if !cp.leadsRentals() {
-		return true, nil // the leading replica decides between renting and queueing
-	}
 	queue, pull, ok := queueAndPull(d, cp.cfg.Placement.UnknownImageBytes, cp.cfg.Placement.PullBytesPerSecond)
 	if !ok || pull+cc.RentMargin.Seconds() >= queue {
 		return false, nil // not even a machine ready at once would be sooner: no provider call
+	}
+	if !cp.leadsRentals() {
+		return true, nil // the leading replica decides between renting and queueing
 	}
 	rentals, err := cp.listRentals(ctx)
 	if err != nil {
