@@ -68,6 +68,7 @@ type AuthCallout struct {
 	kp        nkeys.KeyPair
 	nodesKV   jetstream.KeyValue
 	enrollKV  jetstream.KeyValue
+	rentalsKV jetstream.KeyValue
 	producers map[string]string // name -> token hash
 	operator  string            // token hash
 	now       func() time.Time
@@ -109,6 +110,9 @@ func NewAuthCallout(ctx context.Context, conn *bus.Conn, cfg AuthConfig, log *za
 	}
 	if a.enrollKV, err = conn.JS.KeyValue(ctx, bus.BucketEnroll); err != nil {
 		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketEnroll, err)
+	}
+	if a.rentalsKV, err = conn.JS.KeyValue(ctx, bus.BucketRentals); err != nil {
+		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketRentals, err)
 	}
 	return a, nil
 }
@@ -232,6 +236,13 @@ func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (auth
 		_, err := bus.GetJSON(ctx, a.nodesKV, user, &rec)
 		switch {
 		case err == nil && rec.SessionTokenHash != "" && subtle.ConstantTimeCompare([]byte(rec.SessionTokenHash), []byte(h)) == 1:
+			if !a.now().Before(rec.SessionExpires) && bus.SubjectToken(user) && resumeUnderWay(ctx, a.rentalsKV, rec) > 0 {
+				// Its stopped rental is being resumed: the machine may
+				// enroll again with this session (rentals.go), then log in
+				// with the new one.
+				p := bus.PermsEnrolling(user)
+				return authGrant{kind: "enrolling", name: user, perms: &p, expires: a.now().Add(DefaultInviteTTL)}, nil
+			}
 			if !a.now().Before(rec.SessionExpires) {
 				return authGrant{}, &AuthRefusal{User: user, Reason: "this node's session expired at " + rec.SessionExpires.UTC().Format(time.RFC3339) +
 					"; re-invite the node (`warmfleet node invite`) and restart the agent with the new bootstrap"}

@@ -425,28 +425,42 @@ func (cp *ControlPlane) startRental(ctx context.Context, rt schemas.Rental) erro
 
 // resumeGeneration is enrollment's question to the rentals: an agent
 // presenting the session of its node's current generation, whose rental
-// was resumed from stopped since (a higher rental generation, booting or
-// enrolling), is that machine coming back, and its node moves to the
-// rental's generation. It answers 0 otherwise. The session may have expired
-// while the machine was stopped: the resume itself is the authority, and it
-// holds only for the node its rental names, only while that resume is under
-// way.
+// was resumed from stopped since, is that machine coming back, and its node
+// moves to the rental's generation. It answers 0 otherwise. The session may
+// have expired while the machine was stopped: the resume itself is the
+// authority, and it holds only for the node its rental names, only while
+// that resume is under way.
 func (cp *ControlPlane) resumeGeneration(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord) uint64 {
-	if cp.cfg.Capacity == nil || req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
+	if req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
+		return 0
+	}
+	g := resumeUnderWay(ctx, cp.rentalsKV, rec)
+	if g > 0 {
+		cp.log.Info("a resumed rental's node re-enrolls under a new generation", zap.String("node_id", req.NodeID),
+			zap.String("rental_id", rec.RentalID), zap.Uint64("from", rec.Generation), zap.Uint64("to", g))
+	}
+	return g
+}
+
+// resumeUnderWay answers the generation a node's rental was resumed into,
+// when that resume is under way (the rental names this node, is booting or
+// enrolling, at a generation above the node's), and 0 otherwise. Both
+// enrollment and the NATS auth callout ask it: a resumed machine comes back
+// with the session of its last cycle, which may have expired meanwhile.
+func resumeUnderWay(ctx context.Context, rentalsKV jetstream.KeyValue, rec schemas.NodeRecord) uint64 {
+	if rentalsKV == nil || rec.RentalID == "" {
 		return 0
 	}
 	var rt schemas.Rental
-	if _, err := bus.GetJSON(ctx, cp.rentalsKV, req.RentalID, &rt); err != nil {
+	if _, err := bus.GetJSON(ctx, rentalsKV, rec.RentalID, &rt); err != nil {
 		return 0
 	}
-	if rt.NodeID != req.NodeID || rt.Generation <= rec.Generation {
+	if rt.NodeID != rec.NodeID || rt.Generation <= rec.Generation {
 		return 0
 	}
 	if rt.State != schemas.RentalBooting && rt.State != schemas.RentalEnrolling {
 		return 0
 	}
-	cp.log.Info("a resumed rental's node re-enrolls under a new generation", zap.String("node_id", req.NodeID),
-		zap.String("rental_id", rt.RentalID), zap.Uint64("from", rec.Generation), zap.Uint64("to", rt.Generation))
 	return rt.Generation
 }
 
