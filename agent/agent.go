@@ -165,14 +165,30 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.reconcile(ctx, facts); err != nil {
 		a.log.Warn("reconcile after start", zap.Error(err))
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { a.enqueue(ctx, m) },
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			a.log.Debug("command consumer", zap.Error(err))
-		}))
+	// A callback may still be running when Stop returns; the gate waits for
+	// it and turns later ones away, so no command starts work (a drain
+	// goroutine, a runtime call) after Run has waited for its goroutines.
+	var gate sync.RWMutex
+	stopped := false
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		gate.RLock()
+		defer gate.RUnlock()
+		if !stopped {
+			a.enqueue(ctx, m)
+		}
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		a.log.Debug("command consumer", zap.Error(err))
+	}))
 	if err != nil {
 		return fmt.Errorf("agent: consume commands: %w", err)
 	}
-	defer cc.Stop()
+	defer func() {
+		cancel() // unblocks an enqueue waiting on a full queue
+		cc.Stop()
+		gate.Lock()
+		stopped = true
+		gate.Unlock()
+	}()
 	a.log.Info("agent serving", zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("resumed", enr.Duplicate))
 	a.wg.Go(func() { a.renewLoop(ctx, a.supersede) })
 	a.wg.Go(func() { a.factsLoop(ctx, a.cfg.FactsInterval) })
