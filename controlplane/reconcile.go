@@ -127,16 +127,20 @@ func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *plac
 	cp.metrics.decisions.Add(1)
 	if d.Winner == "" {
 		cp.metrics.placementMiss.Add(1)
-		coming := false
+		coming, renting := false, ""
 		if cp.cfg.Capacity != nil {
 			var err error
-			if coming, err = cp.rentFor(ctx, r); err != nil {
+			if coming, renting, err = cp.rentFor(ctx, r); err != nil {
 				cp.log.Warn("renting capacity", zap.String("run_id", r.ID), zap.Error(err))
 				coming = true // try again next pass rather than fail the Run
 			}
 		}
 		fail := !cp.cfg.WaitForCapacity && !coming && unsatisfiable(d)
-		summary := waitingSummary(d)
+		summary, waitMsg := waitingSummary(d), "no node fits now; waiting"
+		if renting != "" {
+			summary += " " + renting
+			waitMsg += " for capacity: " + renting
+		}
 		if !fail && r.Waiting == summary {
 			// Same answer as last pass, already recorded: no KV read, no
 			// event. r is the cached Run; if it is stale the next pass sees
@@ -154,7 +158,7 @@ func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *plac
 				emit(phaseEvent(s, schemas.PhaseAccepted, schemas.CodeUnsatisfiable, "every node rejects it for a reason waiting will not change; see the decision"))
 				return nil
 			}
-			emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: s.Phase, Code: schemas.CodeNoCapacity, Message: "no node fits now; waiting", Decision: &d})
+			emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: s.Phase, Code: schemas.CodeNoCapacity, Message: waitMsg, Decision: &d})
 			return nil
 		})
 		return err

@@ -241,15 +241,14 @@ func (cp *ControlPlane) recordRenting(ctx context.Context, r schemas.Run, d sche
 
 // rentFor asks for a machine for a Run no node fits: it provisions the
 // cheapest matching offer unless a rental that could take the Run is
-// already on its way. It reports whether capacity is coming.
-func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, error) {
+// already on its way. It reports whether capacity is coming and, when a
+// known rental is, which one and at what stage, for the Run's waiting
+// summary: each stage the rental passes is then one event on the Run.
+func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, string, error) {
 	cc := cp.cfg.Capacity
-	if !cp.leadsRentals() {
-		return true, nil // the leading replica decides; the Run waits for it
-	}
 	rentals, err := cp.listRentals(ctx)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	live := 0
 	for _, rt := range rentals {
@@ -260,29 +259,40 @@ func (cp *ControlPlane) rentFor(ctx context.Context, r schemas.Run) (bool, error
 		switch rt.State {
 		case schemas.RentalRequested, schemas.RentalProvisioning, schemas.RentalBooting, schemas.RentalEnrolling:
 			if r.Request.Resources.Fits(rt.Resources) {
-				return true, nil // on its way
+				return true, rentalStage(rt.RentalID, rt.State), nil // on its way
 			}
 		}
 	}
+	if !cp.leadsRentals() {
+		return true, "", nil // the leading replica decides; the Run waits for it
+	}
 	offers, err := cc.Provider.ListCapacity(ctx, capacity.OfferQuery{Resources: r.Request.Resources, GPU: r.Request.GPU})
 	if err != nil {
-		return false, fmt.Errorf("list offers: %w", err)
+		return false, "", fmt.Errorf("list offers: %w", err)
 	}
 	// A stopped rental that fits comes back warm, sooner than a new one.
 	if rt, ok := cp.stoppedFor(rentals, r, offers); ok {
-		return true, cp.resume(ctx, r, rt)
+		return true, "resuming stopped rental " + rt.RentalID, cp.resume(ctx, r, rt)
 	}
 	offers = slices.DeleteFunc(offers, func(o capacity.Offer) bool { return !o.Available })
 	if len(offers) == 0 {
-		return false, nil
+		return false, "", nil
 	}
 	if live >= cc.MaxRentals {
 		cp.log.Info("not renting: at the rental limit", zap.String("run_id", r.ID), zap.Int("max_rentals", cc.MaxRentals))
-		return true, nil
+		return true, fmt.Sprintf("at the rental limit (%d live)", cc.MaxRentals), nil
 	}
 	slices.SortFunc(offers, func(a, b capacity.Offer) int { return int(a.PricePerHour.MicrosPerHour - b.PricePerHour.MicrosPerHour) })
-	_, err = cp.provision(ctx, r, offers[0])
-	return true, err
+	id, err := cp.provision(ctx, r, offers[0])
+	if err != nil {
+		return true, "", err
+	}
+	return true, rentalStage(id, schemas.RentalRequested), nil
+}
+
+// rentalStage is how a waiting Run names the rental it waits for.
+func rentalStage(id string, state schemas.RentalState) string {
+	return "rental " + id + " is " + string(state)
 }
 
 // provision writes the rental before asking the provider, so a lost answer

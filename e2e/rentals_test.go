@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +106,16 @@ func TestAcceptance_ProvisionEnrollRun(t *testing.T) {
 		t.Fatalf("rentals %+v; run ran on %s", rentals, r1.NodeID)
 	}
 	rt := rentals[0]
+	// The Run's log shows what it waited for: the rental, by id and stage.
+	var waits []string
+	for _, ev := range f.events(first) {
+		if ev.Type == schemas.EventDecided && ev.Code == schemas.CodeNoCapacity {
+			waits = append(waits, ev.Message)
+		}
+	}
+	if len(waits) == 0 || !strings.Contains(strings.Join(waits, "\n"), "rental "+rt.RentalID+" is ") {
+		t.Errorf("waiting events %q do not name rental %s and its stage", waits, rt.RentalID)
+	}
 	if boot, ok := provider.Bootstrap(rt.NativeRef); !ok || boot.NodeID != rt.NodeID || boot.RentalID != rt.RentalID || boot.EnrollmentToken == "" {
 		t.Fatalf("bootstrap delivered: %+v", boot)
 	}
