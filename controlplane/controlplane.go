@@ -248,7 +248,18 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer intake.Stop()
-	obs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), cp.handleObservation)
+	// Observations are handled by node: one node's reports (receipts,
+	// workload phases, facts) keep their order, different nodes' run
+	// concurrently.
+	obsPool := newKeyedPool(ctx, &wg, ObsWorkers, 8, func(ctx context.Context, job obsJob) {
+		if job.redelivered {
+			ctx = markRepair(ctx)
+		}
+		cp.handleObservation(ctx, job.m)
+	})
+	obs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(ctx context.Context, m jetstream.Msg) {
+		obsPool.submit(subjectNode(m.Subject()), obsJob{m: m, redelivered: repairing(ctx)})
+	})
 	if err != nil {
 		return err
 	}
@@ -263,6 +274,15 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	cp.log.Info("control plane serving", zap.String("nats", cp.conn.NC.ConnectedUrlRedacted()))
 	<-ctx.Done()
 	return nil
+}
+
+// ObsWorkers is how many nodes' observations one replica handles at once.
+const ObsWorkers = 16
+
+// obsJob is one WF_OBS message on its way to an observation worker.
+type obsJob struct {
+	m           jetstream.Msg
+	redelivered bool
 }
 
 // IntakeWorkers is how many intake messages one replica handles at once.

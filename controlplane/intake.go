@@ -19,7 +19,7 @@ import (
 // same intake worker and keep their stream order.
 type intakeJob struct {
 	m jetstream.Msg
-	// key routes the job: the Run id when the message names one.
+	// key routes the job: the Run id, or refusedKey for refused input.
 	key string
 	// redelivered: an earlier delivery may have stopped half way.
 	redelivered bool
@@ -30,6 +30,9 @@ type intakeJob struct {
 	refusal   *schemas.Refusal
 	requestID string
 }
+
+// refusedKey routes every refused intake message to the same worker.
+const refusedKey = "\x00refused"
 
 // parseIntake decodes and validates one intake message.
 func (cp *ControlPlane) parseIntake(ctx context.Context, m jetstream.Msg) intakeJob {
@@ -66,11 +69,11 @@ func (cp *ControlPlane) parseIntake(ctx context.Context, m jetstream.Msg) intake
 	default:
 		job.refusal = &schemas.Refusal{Code: schemas.CodeMalformed, Reason: "unknown intake subject " + m.Subject()}
 	}
-	if job.key == "" {
-		// Nothing to keep in order with: spread by stream position.
-		if meta, err := m.Metadata(); err == nil {
-			job.key = strconv.FormatUint(meta.Sequence.Stream, 10)
-		}
+	if job.refusal != nil {
+		// Refusals go through one worker, so they are answered in stream
+		// order (a producer reading its rejections sees them in the order
+		// it sent), and a flood of bad input holds up one worker, not all.
+		job.key = refusedKey
 	}
 	return job
 }
