@@ -59,6 +59,7 @@ func (p *pullProgress) wrap(cs content.Store) func(images.Handler) images.Handle
 func (p *pullProgress) poll(ctx context.Context, cs content.Store, every time.Duration, fn func(done, total int64)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var last int64
 	for {
 		select {
 		case <-ctx.Done():
@@ -71,7 +72,10 @@ func (p *pullProgress) poll(ctx context.Context, cs content.Store, every time.Du
 				open += st.Offset
 			}
 		}
-		done, total := p.done.Load()+open, p.total.Load()
-		fn(min(done, total), total)
+		// A blob leaves the open downloads a moment before wrap counts it
+		// done, so a sample can dip; what was reported stands.
+		total := p.total.Load()
+		last = max(last, min(p.done.Load()+open, total))
+		fn(last, total)
 	}
 }
