@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 )
@@ -61,11 +60,7 @@ type Locations interface {
 }
 
 // KVLocationsOptions configures KVLocations.
-type KVLocationsOptions struct {
-	JS     jetstream.JetStream
-	Clock  Clock
-	Logger *zap.Logger
-}
+type KVLocationsOptions = StoreOptions
 
 // KVLocations is the control plane's Locations over wf_residency. Every
 // write is read → compare epochs → Update(rev) (or Create), retried on a
@@ -73,34 +68,18 @@ type KVLocationsOptions struct {
 // holder whose lease has already been granted to a successor cannot publish
 // in the moment before the successor does.
 type KVLocations struct {
-	kv     jetstream.KeyValue
-	leases jetstream.KeyValue
-	clock  Clock
-	log    *zap.Logger
+	leasedBucket
 }
 
 var _ Locations = (*KVLocations)(nil)
 
 // NewKVLocations binds wf_residency and wf_leases.
 func NewKVLocations(ctx context.Context, o KVLocationsOptions) (*KVLocations, error) {
-	if o.JS == nil {
-		return nil, &InvalidOptionsError{Field: "JS", Reason: "required"}
-	}
-	if o.Clock == nil {
-		o.Clock = SystemClock{}
-	}
-	if o.Logger == nil {
-		o.Logger = zap.NewNop()
-	}
-	kv, err := o.JS.KeyValue(ctx, bus.BucketResidency)
+	b, err := bindLeased(ctx, o.JS, bus.BucketResidency, o.Clock, o.Logger, "locations")
 	if err != nil {
-		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketResidency, err)
+		return nil, err
 	}
-	leases, err := o.JS.KeyValue(ctx, bus.BucketLeases)
-	if err != nil {
-		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketLeases, err)
-	}
-	return &KVLocations{kv: kv, leases: leases, clock: o.Clock, log: o.Logger.Named("locations")}, nil
+	return &KVLocations{b}, nil
 }
 
 // Get reads a session's observation and its revision.

@@ -37,11 +37,7 @@ type SessionRecord struct {
 func NamespaceFor(key Key) string { return "sessions/" + key.Tenant + "/" + key.Session }
 
 // KVSessionsOptions configures KVSessions.
-type KVSessionsOptions struct {
-	JS     jetstream.JetStream
-	Clock  Clock
-	Logger *zap.Logger
-}
+type KVSessionsOptions = StoreOptions
 
 // KVSessions is the control plane's DurableStore over wf_sessions.
 //
@@ -52,34 +48,18 @@ type KVSessionsOptions struct {
 // never recorded anything, so what its runtime wrote is unknown — a create
 // is then refused (fail closed).
 type KVSessions struct {
-	kv     jetstream.KeyValue
-	leases jetstream.KeyValue
-	clock  Clock
-	log    *zap.Logger
+	leasedBucket
 }
 
 var _ DurableStore = (*KVSessions)(nil)
 
 // NewKVSessions binds wf_sessions and wf_leases (bus.Provision creates them).
 func NewKVSessions(ctx context.Context, o KVSessionsOptions) (*KVSessions, error) {
-	if o.JS == nil {
-		return nil, &InvalidOptionsError{Field: "JS", Reason: "required"}
-	}
-	if o.Clock == nil {
-		o.Clock = SystemClock{}
-	}
-	if o.Logger == nil {
-		o.Logger = zap.NewNop()
-	}
-	kv, err := o.JS.KeyValue(ctx, bus.BucketSessions)
+	b, err := bindLeased(ctx, o.JS, bus.BucketSessions, o.Clock, o.Logger, "sessions")
 	if err != nil {
-		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketSessions, err)
+		return nil, err
 	}
-	leases, err := o.JS.KeyValue(ctx, bus.BucketLeases)
-	if err != nil {
-		return nil, fmt.Errorf("residency: bind %s: %w", bus.BucketLeases, err)
-	}
-	return &KVSessions{kv: kv, leases: leases, clock: o.Clock, log: o.Logger.Named("sessions")}, nil
+	return &KVSessions{b}, nil
 }
 
 // Get reads a session's record and its revision.
