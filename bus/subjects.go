@@ -16,6 +16,10 @@ const (
 	SubjectInvite = "wf.admin.node.invite"
 	// SubjectDrain stops new work going to a node.
 	SubjectDrain = "wf.admin.node.drain"
+	// SubjectNodeLeases asks a control-plane replica for the live leases
+	// heartbeats have earned: wf_nodes holds a node's lease only as of its
+	// last state change, so heartbeats cost no KV write.
+	SubjectNodeLeases = "wf.admin.node.leases"
 	// SubjectRetire retires a rental once its node is idle.
 	SubjectRetire = "wf.admin.rental.retire"
 )

@@ -51,6 +51,35 @@ func (cp *ControlPlane) handleDrain(ctx context.Context, m *nats.Msg) {
 	cp.reply(m, enc, rep)
 }
 
+// handleNodeLeases answers with every node's live lease, or one node's when
+// the request names it (an empty body asks for all). Every replica sees
+// every heartbeat, so any replica's answer is current.
+func (cp *ControlPlane) handleNodeLeases(m *nats.Msg) {
+	var req schemas.AdminRequest
+	enc := codec.JSON
+	if len(m.Data) > 0 {
+		var err error
+		if enc, err = codec.DecodeMsg(m, &req); err == nil && req.ID != "" {
+			err = schemas.ValidateID("id", req.ID, schemas.CodeMalformed)
+		}
+		if err != nil {
+			cp.reply(m, enc, schemas.Reply[[]schemas.NodeLease]{Refusal: refusalOf(err, "body is empty or an AdminRequest naming a node")})
+			return
+		}
+	}
+	var out []schemas.NodeLease
+	for _, n := range cp.cache.nodeList() {
+		if req.ID == "" || n.NodeID == req.ID {
+			out = append(out, schemas.NodeLease{NodeID: n.NodeID, FencingToken: n.FencingToken, State: n.State, LeaseExpires: n.LeaseExpires})
+		}
+	}
+	if req.ID != "" && len(out) == 0 {
+		cp.reply(m, enc, schemas.Reply[[]schemas.NodeLease]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}})
+		return
+	}
+	cp.reply(m, enc, schemas.Reply[[]schemas.NodeLease]{OK: &out})
+}
+
 // DrainReply answers wf.admin.node.drain: the node record, as the
 // schemas.Reply[schemas.NodeRecord] every caller decodes, and the sessions
 // the drain released and could not release.

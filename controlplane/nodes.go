@@ -49,10 +49,11 @@ func (cp *ControlPlane) serveNodes(ctx context.Context, wg *sync.WaitGroup) (fun
 	}
 	subs = append(subs, hb)
 	for subj, h := range map[string]nats.MsgHandler{
-		bus.SubjectRenewals: func(m *nats.Msg) { cp.handleRenew(ctx, m) },
-		bus.SubjectInvite:   func(m *nats.Msg) { cp.handleInvite(ctx, m) },
-		bus.SubjectDrain:    func(m *nats.Msg) { cp.handleDrain(ctx, m) },
-		bus.SubjectRetire:   func(m *nats.Msg) { cp.handleRetire(ctx, m) },
+		bus.SubjectRenewals:   func(m *nats.Msg) { cp.handleRenew(ctx, m) },
+		bus.SubjectInvite:     func(m *nats.Msg) { cp.handleInvite(ctx, m) },
+		bus.SubjectDrain:      func(m *nats.Msg) { cp.handleDrain(ctx, m) },
+		bus.SubjectRetire:     func(m *nats.Msg) { cp.handleRetire(ctx, m) },
+		bus.SubjectNodeLeases: func(m *nats.Msg) { cp.handleNodeLeases(m) },
 	} {
 		s, err := cp.conn.NC.QueueSubscribe(subj, "warmfleet-cp", h)
 		if err != nil {

@@ -170,6 +170,16 @@ type Reply[T any] struct {
 	Refusal *Refusal `json:"refusal,omitempty"`
 }
 
+// NodeLease is a node's live lease as a control-plane replica holds it: the
+// later of the registry's lease and the one its current session's
+// heartbeats earned.
+type NodeLease struct {
+	NodeID       string    `json:"node_id"`
+	FencingToken uint64    `json:"fencing_token"`
+	State        NodeState `json:"state"`
+	LeaseExpires time.Time `json:"lease_expires"`
+}
+
 // AdminRequest names the object of an operator's request on wf.admin.*.
 type AdminRequest struct {
 	ID     string `json:"id"`

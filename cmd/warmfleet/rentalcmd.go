@@ -98,6 +98,9 @@ func nodeExtraCmds(g *globals) []*cobra.Command {
 				return err
 			}
 			n.SessionTokenHash = ""
+			one := []schemas.NodeRecord{n}
+			withLiveLeases(cmd.Context(), conn, one)
+			n = one[0]
 			return g.render(cmd.OutOrStdout(), n, func(tw *tabwriter.Writer) {
 				fmt.Fprintf(tw, "Node:\t%s\nState:\t%s\nLive:\t%v\nFencing token:\t%d\nGeneration:\t%d\nRental:\t%s\nCapacity:\t%dm CPU, %d bytes, %d GPUs\nLease expires:\t%s\n",
 					n.NodeID, n.State, n.Live(time.Now()), n.FencingToken, n.Generation, or(n.RentalID, "-"), n.Capacity.CPUMillis, n.Capacity.MemoryBytes, n.Capacity.GPUCount,
