@@ -58,7 +58,7 @@ type Options struct {
 var (
 	sha256Hex   = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
 	aptPackage  = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,127}(=[A-Za-z0-9.+~:-]{1,128})?$`)
-	printableID = regexp.MustCompile(`^[\x21-\x7e]+$`)
+	printableASCII = regexp.MustCompile(`^[\x21-\x7e]+$`)
 )
 
 // refuse builds the coded refusal every validation failure here returns.
@@ -104,7 +104,7 @@ func validateAgentURL(raw string) error {
 	if len(raw) > MaxURLLength {
 		return refuse(schemas.CodeValueTooLong, field, "at most %d bytes", MaxURLLength)
 	}
-	if !printableID.MatchString(raw) {
+	if !printableASCII.MatchString(raw) {
 		return refuse(schemas.CodeMalformed, field, "must be printable ASCII without spaces")
 	}
 	u, err := url.Parse(raw)
