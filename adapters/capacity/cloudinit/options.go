@@ -56,8 +56,8 @@ type Options struct {
 }
 
 var (
-	sha256Hex   = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
-	aptPackage  = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,127}(=[A-Za-z0-9.+~:-]{1,128})?$`)
+	sha256Hex      = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	aptPackage     = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,127}(=[A-Za-z0-9.+~:-]{1,128})?$`)
 	printableASCII = regexp.MustCompile(`^[\x21-\x7e]+$`)
 )
 
