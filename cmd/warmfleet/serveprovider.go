@@ -20,6 +20,7 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity/local"
 	"github.com/warmfleet/warmfleet/adapters/capacity/shadeform"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/ctrdproc"
 )
 
 // serveCapacity is `warmfleet serve`'s capacity provider configuration:
@@ -35,6 +36,7 @@ type serveCapacity struct {
 	enrollTimeout                               time.Duration
 
 	localAgent, localDir, localPrice string
+	localContainerd                  string
 	localArgs                        []string
 	localCPU, localMemory, localGPUs int64
 	localStopResume                  bool
@@ -69,6 +71,9 @@ func (c *serveCapacity) register(cmd *cobra.Command) {
 	f.Int64Var(&c.localMemory, "local-memory-bytes", 4<<30, "local: memory each machine offers")
 	f.Int64Var(&c.localGPUs, "local-gpus", 0, "local: GPUs each machine offers")
 	f.StringVar(&c.localPrice, "local-price", "0.01", "local: what a machine costs, dollars per hour (for placement to weigh)")
+	f.StringVar(&c.localContainerd, "local-containerd", "auto", "local: per-machine (each machine runs its own containerd, root, state and socket under its directory: its images survive stop and start, terminate removes them), "+
+		"shared (every machine uses the daemon --local-agent-arg=--containerd-address names, or the agent's default, in a namespace of its own) "+
+		"or auto (per-machine when running as root with containerd, runc and containerd-shim-runc-v2 on PATH and no --containerd-address among --local-agent-arg; else shared)")
 	f.BoolVar(&c.localStopResume, "local-stop-resume", true, "local: retire idle machines by stopping their agent and keeping its data dir, and resume them when needed")
 	f.Uint64Var(&c.fakeSeed, "fake-seed", 1, "fake: the seed of the simulated world (its machines run no agent: a dry run of the rental lifecycle)")
 	f.StringVar(&c.sfKeyFile, "shadeform-api-key-file", "", "shadeform: file holding the API key (env SHADEFORM_API_KEY_FILE; else the key from SHADEFORM_API_KEY)")
@@ -198,11 +203,17 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 		if err != nil || price < 0 {
 			return nil, nil, fmt.Errorf("local provider: --local-price %q is not a non-negative number of dollars", c.localPrice)
 		}
+		perMachine, why, err := localContainerdMode(c.localContainerd, c.localArgs, ctrdproc.Check)
+		if err != nil {
+			return nil, nil, err
+		}
+		log.Info("local machines' containerd", zap.Bool("per_machine", perMachine), zap.String("why", why))
 		var opts []local.Option
 		if c.localStopResume {
 			opts = append(opts, local.WithStopResume())
 		}
-		lp = local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: dir, Args: c.localArgs, Log: log.Named("local")}),
+		lp = local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: dir, Args: c.localArgs, ContainerdPerMachine: perMachine,
+			Log: log.Named("local")}),
 			capacity.Offer{ID: "local", CPUMillis: c.localCPU, MemoryBytes: c.localMemory, GPUCount: c.localGPUs, ReadySeconds: 2,
 				PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: int64(price * 1e6), Exact: true}}, opts...)
 		p = lp
@@ -239,6 +250,34 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 	return &controlplane.CapacityConfig{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
 		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst,
 		EnrollTimeout: c.enrollTimeout}, lp, nil
+}
+
+// localContainerdMode decides whether each local machine runs its own
+// containerd (--local-containerd), and says why. An explicit per-machine
+// that cannot be honoured is an error, not a quiet fallback.
+func localContainerdMode(mode string, agentArgs []string, check func() error) (perMachine bool, why string, err error) {
+	named := local.NamesContainerdAddress(agentArgs)
+	switch mode {
+	case "per-machine":
+		if named {
+			return false, "", fmt.Errorf("--local-containerd per-machine: %w", local.ErrContainerdAddressGiven)
+		}
+		if err := check(); err != nil {
+			return false, "", fmt.Errorf("--local-containerd per-machine: %w", err)
+		}
+		return true, "asked for", nil
+	case "shared":
+		return false, "asked for", nil
+	case "auto", "":
+		if named {
+			return false, "--local-agent-arg names a --containerd-address", nil
+		}
+		if err := check(); err != nil {
+			return false, err.Error(), nil
+		}
+		return true, "running as root with containerd and runc on PATH", nil
+	}
+	return false, "", fmt.Errorf("--local-containerd %q: want per-machine, shared or auto", mode)
 }
 
 // wallClock is the fake world's clock for a running control plane: its

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/warmfleet/warmfleet/adapters/capacity/local"
+	"github.com/warmfleet/warmfleet/internal/ctrdproc"
 )
 
 func newCapacityFlags(t *testing.T, args ...string) (*serveCapacity, *cobra.Command) {
@@ -95,5 +99,38 @@ func TestServeCapacity_Build(t *testing.T) {
 	c, cmd = newCapacityFlags(t, "--provider", "nope")
 	if _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
 		t.Fatal("an unknown provider was accepted")
+	}
+}
+
+// TestServeCapacity_LocalContainerdMode: auto picks per-machine only when
+// it can and the agent flags name no daemon; an explicit per-machine that
+// cannot be honoured is refused rather than quietly shared.
+func TestServeCapacity_LocalContainerdMode(t *testing.T) {
+	ok := func() error { return nil }
+	missing := func() error { return ctrdproc.ErrUnavailable }
+	addr := []string{"--containerd-address=/run/containerd/containerd.sock"}
+	for _, tc := range []struct {
+		mode       string
+		args       []string
+		check      func() error
+		perMachine bool
+		fails      bool
+	}{
+		{"auto", nil, ok, true, false},
+		{"auto", nil, missing, false, false},
+		{"auto", addr, ok, false, false},
+		{"shared", nil, ok, false, false},
+		{"per-machine", nil, ok, true, false},
+		{"per-machine", nil, missing, false, true},
+		{"per-machine", addr, ok, false, true},
+		{"sometimes", nil, ok, false, true},
+	} {
+		pm, why, err := localContainerdMode(tc.mode, tc.args, tc.check)
+		if pm != tc.perMachine || (err != nil) != tc.fails || (err == nil && why == "") {
+			t.Errorf("%s %v: per-machine %v, %q, %v", tc.mode, tc.args, pm, why, err)
+		}
+	}
+	if _, _, err := localContainerdMode("per-machine", addr, ok); !errors.Is(err, local.ErrContainerdAddressGiven) {
+		t.Errorf("untyped: %v", err)
 	}
 }

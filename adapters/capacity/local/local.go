@@ -1,7 +1,17 @@
 // Package local is a capacity provider whose machines are agent processes on
-// this host, each with its own containerd root: what `make run` and the
-// tests rent from. Launching a machine is the Launcher's job, so tests can
-// start in-process agents and a deployment can exec warmfleet-agent.
+// this host: what `make run` and the tests rent from. Launching a machine is
+// the Launcher's job, so tests can start in-process agents and a deployment
+// can exec warmfleet-agent (ExecLauncher).
+//
+// ExecLauncher's machines each get a directory (bootstrap, agent data dir,
+// log) and a containerd namespace of their own. With
+// ExecConfig.ContainerdPerMachine (what `warmfleet serve --provider local`
+// picks when it runs as root with containerd and runc installed) each also
+// runs its own containerd daemon, root, state and socket under that
+// directory, so machines share no image store: stop ends the agent and its
+// daemon and keeps the directory (the images stay warm for the next start),
+// terminate ends both and removes it. Without it every machine's agent uses
+// one shared daemon, separated only by namespace.
 package local
 
 import (

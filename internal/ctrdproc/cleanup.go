@@ -1,16 +1,16 @@
-package testenv
+package ctrdproc
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	containerd "github.com/containerd/containerd"
@@ -18,56 +18,39 @@ import (
 	"github.com/containerd/containerd/namespaces"
 )
 
-// stop tears the daemon down so nothing outlives the test: tasks first (so
-// their shims exit and unmount rootfs cleanly), then the daemon, then
-// whatever a crash may have left behind (shims, cgroups, mounts), then Dir.
-func (c *Containerd) stop(t testing.TB) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c.deleteAllTasks(ctx, t)
-	c.stopDaemon(t)
-	c.killShims(t)
-	// Only our own namespace's cgroups: its name is unique to this daemon,
-	// whereas a namespace like "default" may be shared with the host's
-	// containerd and must not be touched.
-	removeCgroups(t, c.Namespace)
-	unmountUnder(t, c.Dir)
-	if err := os.RemoveAll(c.Dir); err != nil {
-		t.Logf("testenv: remove %s: %v", c.Dir, err)
-	}
-}
-
-// deleteAllTasks kills and deletes every task in every namespace.
-func (c *Containerd) deleteAllTasks(ctx context.Context, t testing.TB) {
+// DeleteAllTasks kills and deletes every task in every namespace of the
+// daemon at address, unless exited is closed (a dead daemon has none to
+// delete).
+func DeleteAllTasks(ctx context.Context, address string, exited <-chan struct{}) error {
 	select {
-	case <-c.exited:
-		return
+	case <-exited:
+		return nil
 	default:
 	}
-	client, err := containerd.New(c.Address, containerd.WithTimeout(5*time.Second))
+	client, err := containerd.New(address, containerd.WithTimeout(5*time.Second))
 	if err != nil {
-		t.Logf("testenv: connect for cleanup: %v", err)
-		return
+		return fmt.Errorf("connect: %w", err)
 	}
 	defer client.Close()
 	nss, err := client.NamespaceService().List(ctx)
 	if err != nil {
-		t.Logf("testenv: list namespaces: %v", err)
-		return
+		return fmt.Errorf("list namespaces: %w", err)
 	}
+	var errs []error
 	for _, ns := range nss {
 		nsctx := namespaces.WithNamespace(ctx, ns)
 		resp, err := client.TaskService().List(nsctx, &tasks.ListTasksRequest{})
 		if err != nil {
-			t.Logf("testenv: list tasks in %s: %v", ns, err)
+			errs = append(errs, fmt.Errorf("list tasks in %s: %w", ns, err))
 			continue
 		}
 		for _, p := range resp.Tasks {
 			if err := deleteTask(nsctx, client, p.ID); err != nil {
-				t.Logf("testenv: delete task %s/%s: %v", ns, p.ID, err)
+				errs = append(errs, fmt.Errorf("delete task %s/%s: %w", ns, p.ID, err))
 			}
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func deleteTask(ctx context.Context, client *containerd.Client, id string) error {
@@ -85,27 +68,14 @@ func deleteTask(ctx context.Context, client *containerd.Client, id string) error
 	return err
 }
 
-// stopDaemon asks containerd to exit and kills it if it does not.
-func (c *Containerd) stopDaemon(t testing.TB) {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.exited:
-		return
-	case <-time.After(5 * time.Second):
-	}
-	t.Logf("testenv: containerd ignored SIGTERM, killing it")
-	_ = c.cmd.Process.Kill()
-	<-c.exited
-}
-
-// killShims kills shims that still serve this daemon (shims outlive their
-// daemon by design). They are recognised by their -address argument, which
-// names this daemon's private socket.
-func (c *Containerd) killShims(t testing.TB) {
+// ShimPids lists the shims serving the daemon at address (shims outlive
+// their daemon by design), recognised by their -address argument.
+func ShimPids(address string) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return
+		return nil
 	}
+	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -117,19 +87,32 @@ func (c *Containerd) killShims(t testing.TB) {
 		}
 		args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
 		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "-address" && args[i+1] == c.Address {
-				t.Logf("testenv: killing leftover shim %d", pid)
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+			if args[i] == "-address" && args[i+1] == address {
+				pids = append(pids, pid)
 				break
 			}
 		}
 	}
+	return pids
 }
 
-// removeCgroups kills processes left in cgroups /<ns>/* (cgroup v1 and v2)
+// KillShims kills the shims serving the daemon at address and returns
+// their pids.
+func KillShims(address string) []int {
+	pids := ShimPids(address)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return pids
+}
+
+// RemoveCgroups kills processes left in cgroups /<ns>/* (cgroup v1 and v2)
 // and removes those cgroups, which runc creates but only deletes with the
 // task.
-func removeCgroups(t testing.TB, ns string) {
+func RemoveCgroups(ns string) error {
+	if ns == "" || strings.Contains(ns, "/") || ns == "." || ns == ".." {
+		return fmt.Errorf("cgroups of namespace %q: not a namespace name", ns)
+	}
 	roots := []string{"/sys/fs/cgroup"}
 	if entries, err := os.ReadDir("/sys/fs/cgroup"); err == nil {
 		for _, e := range entries {
@@ -138,6 +121,7 @@ func removeCgroups(t testing.TB, ns string) {
 			}
 		}
 	}
+	var errs []error
 	for _, root := range roots {
 		nsDir := filepath.Join(root, ns)
 		children, err := os.ReadDir(nsDir)
@@ -146,23 +130,23 @@ func removeCgroups(t testing.TB, ns string) {
 		}
 		for _, ch := range children {
 			if ch.IsDir() {
-				removeCgroup(t, filepath.Join(nsDir, ch.Name()))
+				errs = append(errs, removeCgroup(filepath.Join(nsDir, ch.Name())))
 			}
 		}
-		removeCgroup(t, nsDir)
+		errs = append(errs, removeCgroup(nsDir))
 	}
+	return errors.Join(errs...)
 }
 
-func removeCgroup(t testing.TB, dir string) {
+func removeCgroup(dir string) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		err := syscall.Rmdir(dir)
 		if err == nil || errors.Is(err, syscall.ENOENT) {
-			return
+			return nil
 		}
 		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
-			t.Logf("testenv: remove cgroup %s: %v", dir, err)
-			return
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
 		}
 		procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 		for _, f := range strings.Fields(string(procs)) {
@@ -174,13 +158,13 @@ func removeCgroup(t testing.TB, dir string) {
 	}
 }
 
-// unmountUnder detaches every mount below dir, deepest first, so that a
-// rootfs left mounted by a killed shim does not make RemoveAll fail or
+// UnmountUnder detaches every mount below dir, deepest first, so that a
+// rootfs left mounted by a killed shim does not make a RemoveAll fail or
 // delete through into a snapshot.
-func unmountUnder(t testing.TB, dir string) {
+func UnmountUnder(dir string) error {
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return
+		return nil
 	}
 	var points []string
 	for _, line := range strings.Split(string(raw), "\n") {
@@ -194,11 +178,13 @@ func unmountUnder(t testing.TB, dir string) {
 		}
 	}
 	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	var errs []error
 	for _, mp := range points {
 		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			t.Logf("testenv: unmount %s: %v", mp, err)
+			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // unescapeMountPath undoes mountinfo's octal escapes (\040 for space, ...).
