@@ -388,3 +388,20 @@ func FuzzCancelRunDecode(f *testing.F) {
 		reencode(t, &c)
 	})
 }
+
+// FuzzInviteRequestDecode is the operator's wf.admin.node.invite body.
+func FuzzInviteRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.InviteRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		if r.Generation == 0 || r.TTLSeconds < 0 {
+			t.Fatalf("valid invite out of bounds: %+v", r)
+		}
+		if err := schemas.ValidateID("node_id", r.NodeID, schemas.CodeMalformed); err != nil {
+			t.Fatalf("valid invite with bad node id: %v", err)
+		}
+		reencode(t, &r)
+	})
+}
