@@ -291,6 +291,10 @@ func ParseProducerTokens(text string) (map[string]string, error) {
 		if len(f) != 2 {
 			return nil, fmt.Errorf("producer tokens: line %d: want `<name> <token>`", i+1)
 		}
+		if !bus.SubjectToken(f[0]) || f[0] == bus.OperatorUser {
+			// The name becomes part of the producer's permission subjects.
+			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
+		}
 		if _, dup := out[f[0]]; dup {
 			return nil, fmt.Errorf("producer tokens: line %d: producer %q is listed twice", i+1, f[0])
 		}
