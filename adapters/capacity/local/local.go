@@ -233,8 +233,33 @@ func (p *Provider) acquire(cmd capacity.Command) (*machine, error) {
 	return m, nil
 }
 
+// powerChange is one stop or start of a machine: it runs from one state,
+// through another while act works, to a third; a machine already at the
+// last answers as a duplicate, and one that fails lands on onFail.
+type powerChange struct {
+	verb                   string
+	from, during, to, fail capacity.State
+	act                    func(Suspendable, context.Context) error
+}
+
+var (
+	stopMachine = powerChange{verb: "stop", from: capacity.StateRunning, during: capacity.StateStopping,
+		to: capacity.StateStopped, fail: capacity.StateFailed, act: Suspendable.Suspend}
+	startMachine = powerChange{verb: "start", from: capacity.StateStopped, during: capacity.StateBooting,
+		to: capacity.StateRunning, fail: capacity.StateStopped, act: Suspendable.Resume}
+)
+
 // StopCapacity ends a running machine's agent and keeps its data dir.
 func (p *Provider) StopCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
+	return p.changePower(ctx, cmd, stopMachine)
+}
+
+// StartCapacity starts a stopped machine's agent again from its data dir.
+func (p *Provider) StartCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
+	return p.changePower(ctx, cmd, startMachine)
+}
+
+func (p *Provider) changePower(ctx context.Context, cmd capacity.Command, c powerChange) (capacity.Receipt, error) {
 	if !p.suspendable {
 		return capacity.Receipt{}, capacity.Errorf(capacity.CodeUnsupported, "these local machines cannot be stopped and resumed; terminate them")
 	}
@@ -245,61 +270,26 @@ func (p *Provider) StopCapacity(ctx context.Context, cmd capacity.Command) (capa
 	defer m.op.Unlock()
 	p.mu.Lock()
 	switch m.state {
-	case capacity.StateStopped:
+	case c.to:
 		defer p.mu.Unlock()
 		return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: p.now(), Duplicate: true, Pricing: p.offer.PricePerHour}, nil
-	case capacity.StateRunning:
+	case c.from:
 	default:
 		defer p.mu.Unlock()
 		return capacity.Receipt{}, capacity.Errorf(capacity.CodeInvalid, "machine %s is %s", cmd.NativeRef, m.state)
 	}
 	accepted := p.now()
-	m.state, m.since = capacity.StateStopping, accepted
+	m.state, m.since = c.during, accepted
 	mach := m.m.(Suspendable)
 	p.mu.Unlock()
-	err = mach.Suspend(ctx)
+	err = c.act(mach, ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
-		m.state, m.since = capacity.StateFailed, p.now()
-		return capacity.Receipt{}, fmt.Errorf("local: stop %s: %w", cmd.NativeRef, err)
+		m.state, m.since = c.fail, p.now()
+		return capacity.Receipt{}, fmt.Errorf("local: %s %s: %w", c.verb, cmd.NativeRef, err)
 	}
-	m.state, m.since = capacity.StateStopped, p.now()
-	return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: accepted, Pricing: p.offer.PricePerHour}, nil
-}
-
-// StartCapacity starts a stopped machine's agent again from its data dir.
-func (p *Provider) StartCapacity(ctx context.Context, cmd capacity.Command) (capacity.Receipt, error) {
-	if !p.suspendable {
-		return capacity.Receipt{}, capacity.Errorf(capacity.CodeUnsupported, "these local machines cannot be resumed")
-	}
-	m, err := p.acquire(cmd)
-	if err != nil {
-		return capacity.Receipt{}, err
-	}
-	defer m.op.Unlock()
-	p.mu.Lock()
-	switch m.state {
-	case capacity.StateRunning:
-		defer p.mu.Unlock()
-		return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: p.now(), Duplicate: true, Pricing: p.offer.PricePerHour}, nil
-	case capacity.StateStopped:
-	default:
-		defer p.mu.Unlock()
-		return capacity.Receipt{}, capacity.Errorf(capacity.CodeInvalid, "machine %s is %s", cmd.NativeRef, m.state)
-	}
-	accepted := p.now()
-	m.state, m.since = capacity.StateBooting, accepted
-	mach := m.m.(Suspendable)
-	p.mu.Unlock()
-	err = mach.Resume(ctx)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err != nil {
-		m.state, m.since = capacity.StateStopped, p.now()
-		return capacity.Receipt{}, fmt.Errorf("local: start %s: %w", cmd.NativeRef, err)
-	}
-	m.state, m.since = capacity.StateRunning, p.now()
+	m.state, m.since = c.to, p.now()
 	return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: accepted, Pricing: p.offer.PricePerHour}, nil
 }
 
