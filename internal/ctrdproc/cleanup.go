@@ -71,6 +71,18 @@ func deleteTask(ctx context.Context, client *containerd.Client, id string) error
 // ShimPids lists the shims serving the daemon at address (shims outlive
 // their daemon by design), recognised by their -address argument.
 func ShimPids(address string) []int {
+	return PidsWhere(func(args []string) bool {
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-address" && args[i+1] == address {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// PidsWhere lists the processes whose command line (argv) satisfies match.
+func PidsWhere(match func(args []string) bool) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -85,12 +97,8 @@ func ShimPids(address string) []int {
 		if err != nil {
 			continue
 		}
-		args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
-		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "-address" && args[i+1] == address {
-				pids = append(pids, pid)
-				break
-			}
+		if match(strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")) {
+			pids = append(pids, pid)
 		}
 	}
 	return pids

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -286,22 +285,7 @@ func agentAddress(t *testing.T, mdir string, nth int) string {
 // daemonPids lists containerd daemons whose config lies under mdir.
 func daemonPids(mdir string) []int {
 	cfg := filepath.Join(mdir, "containerd", "config.toml")
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00"); slices.Contains(args, cfg) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return ctrdproc.PidsWhere(func(args []string) bool { return slices.Contains(args, cfg) })
 }
 
 func connect(t *testing.T, ctx context.Context, addr, ns, imageDir string) *ctrdrt.Runtime {
