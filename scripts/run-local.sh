@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 DATA=${DATA:-.warmfleet}
 NATS_URL=nats://127.0.0.1:${PORT:-4222}
 mkdir -p "$DATA"
+DATA=$(cd "$DATA" && pwd) # absolute: containerd's config needs it
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
@@ -16,10 +17,10 @@ if ! ctr -a "$CTRD" version >/dev/null 2>&1; then
 	# No system containerd answering: start a private one. Socket paths must
 	# be short, so it lives under /run.
 	CTRD_DIR=/run/warmfleet-containerd
-	mkdir -p "$CTRD_DIR" "$PWD/$DATA/containerd"
+	mkdir -p "$CTRD_DIR" "$DATA/containerd"
 	cat >"$CTRD_DIR/config.toml" <<TOML
 version = 2
-root = "$PWD/$DATA/containerd/root"
+root = "$DATA/containerd/root"
 state = "$CTRD_DIR/state"
 disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
