@@ -218,6 +218,27 @@ func (f *fleet) attachSession(req residency.SessionRequest) residency.ResidencyV
 	return *rep.Residency
 }
 
+// attachWhenLeaseFree attaches key through the control plane, retrying while
+// the previous holder's lease is still live (lease_held) and failing on any
+// other refusal; it gives up after within.
+func (f *fleet) attachWhenLeaseFree(key residency.Key, within time.Duration, what string) residency.ResidencyView {
+	f.t.Helper()
+	var rv residency.ResidencyView
+	f.eventually(within, what, func() bool {
+		rep := f.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session})
+		if rep.Error != nil {
+			if rep.Error.Code != residency.CodeLeaseHeld {
+				f.t.Fatalf("%s: %v", what, rep.Error)
+			}
+			time.Sleep(250 * time.Millisecond)
+			return false
+		}
+		rv = *rep.Residency
+		return true
+	})
+	return rv
+}
+
 // askHost sends a session command straight to a node's host (bypassing the
 // control plane's placement), stamped with the node's current token.
 func (f *fleet) askHost(n *sessionNode, op residency.SessionOp, cmd residency.SessionCommand) residency.SessionReply {

@@ -141,19 +141,7 @@ func TestResidencyPartition_SurrenderAndFencedLateWrites(t *testing.T) {
 	}
 	t.Logf("node-a surrendered %s after the cut", time.Since(cutAt).Round(time.Millisecond))
 
-	var rb residency.ResidencyView
-	f.eventually(20*time.Second, "node-b to attach", func() bool {
-		rep := f.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session})
-		if rep.Error != nil {
-			if rep.Error.Code != residency.CodeLeaseHeld {
-				t.Fatalf("attach during partition: %v", rep.Error)
-			}
-			time.Sleep(250 * time.Millisecond)
-			return false
-		}
-		rb = *rep.Residency
-		return true
-	})
+	rb := f.attachWhenLeaseFree(key, 20*time.Second, "node-b to attach")
 	if rb.Host != b.id || rb.Epoch != 2 {
 		t.Fatalf("failover: %+v, want node-b at epoch 2", rb)
 	}

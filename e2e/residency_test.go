@@ -68,19 +68,7 @@ func TestAcceptance_ResidencyFailover(t *testing.T) {
 	// B cannot take the session while A's lease is live; once it expires B
 	// attaches (resume) under epoch 2. Placement tries the previous host
 	// first; node-a no longer answers, so B it is.
-	var rb residency.ResidencyView
-	f.eventually(20*time.Second, "node-b to attach after A's lease expired", func() bool {
-		rep := f.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session})
-		if rep.Error != nil {
-			if rep.Error.Code != residency.CodeLeaseHeld {
-				t.Fatalf("attach on failover: %v", rep.Error)
-			}
-			time.Sleep(250 * time.Millisecond)
-			return false
-		}
-		rb = *rep.Residency
-		return true
-	})
+	rb := f.attachWhenLeaseFree(key, 20*time.Second, "node-b to attach after A's lease expired")
 	if rb.Host != b.id || rb.Epoch != 2 {
 		t.Fatalf("failover attach: %+v, want node-b at epoch 2", rb)
 	}
