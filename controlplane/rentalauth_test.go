@@ -12,7 +12,6 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
-	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -21,17 +20,9 @@ import (
 // resumed, and then only to enroll; otherwise the expired session is
 // refused as before.
 func TestAuthCallout_ResumedRentalSession(t *testing.T) {
-	n := testenv.StartNATS(t)
+	conn := provisionedBus(t, "auth-test")
 	log := zaptest.NewLogger(t)
-	conn, err := bus.Connect(n.URL(), "auth-test", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	ctx := context.Background()
-	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
-		t.Fatal(err)
-	}
 	issuer, err := nkeys.CreateAccount()
 	if err != nil {
 		t.Fatal(err)

@@ -7,9 +7,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
-	"github.com/warmfleet/warmfleet/internal/testenv"
 )
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
@@ -28,17 +26,9 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // when it stops renewing without a word (a crash) the other takes over once
 // the lease expires, never before; the term only grows.
 func TestRentalLeader_OneLeaderAndFailover(t *testing.T) {
-	n := testenv.StartNATS(t)
+	conn := provisionedBus(t, "leader-test")
 	log := zaptest.NewLogger(t)
-	conn, err := bus.Connect(n.URL(), "leader-test", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	ctx := context.Background()
-	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
-		t.Fatal(err)
-	}
 	const ttl = 1500 * time.Millisecond
 	a, err := openLeaderLease(ctx, conn, ttl, log.Named("a"))
 	if err != nil {
