@@ -48,21 +48,31 @@ func (cp *ControlPlane) serveNodes(ctx context.Context, wg *sync.WaitGroup) (fun
 		return nil, fmt.Errorf("controlplane: subscribe %s: %w", bus.SubjectHeartbeats, err)
 	}
 	subs = append(subs, hb)
-	for subj, h := range map[string]nats.MsgHandler{
+	if err := cp.queueSubscribeAll(&subs, map[string]nats.MsgHandler{
 		bus.SubjectRenewals:   func(m *nats.Msg) { cp.handleRenew(ctx, m) },
 		bus.SubjectInvite:     func(m *nats.Msg) { cp.handleInvite(ctx, m) },
 		bus.SubjectDrain:      func(m *nats.Msg) { cp.handleDrain(ctx, m) },
 		bus.SubjectRetire:     func(m *nats.Msg) { cp.handleRetire(ctx, m) },
 		bus.SubjectNodeLeases: func(m *nats.Msg) { cp.handleNodeLeases(m) },
-	} {
-		s, err := cp.conn.NC.QueueSubscribe(subj, "warmfleet-cp", h)
-		if err != nil {
-			stop()
-			return nil, fmt.Errorf("controlplane: subscribe %s: %w", subj, err)
-		}
-		subs = append(subs, s)
+	}); err != nil {
+		stop()
+		return nil, err
 	}
 	return stop, nil
+}
+
+// queueSubscribeAll subscribes each handler in the replicas' shared queue
+// group, appending to subs as it goes so the caller's stop also ends the
+// subscriptions made before a failure.
+func (cp *ControlPlane) queueSubscribeAll(subs *[]*nats.Subscription, handlers map[string]nats.MsgHandler) error {
+	for subj, h := range handlers {
+		s, err := cp.conn.NC.QueueSubscribe(subj, "warmfleet-cp", h)
+		if err != nil {
+			return fmt.Errorf("controlplane: subscribe %s: %w", subj, err)
+		}
+		*subs = append(*subs, s)
+	}
+	return nil
 }
 
 // handleHeartbeat extends a node's lease. A heartbeat under an old fencing

@@ -102,16 +102,12 @@ func (cp *ControlPlane) serveSessions(ctx context.Context) (func(), error) {
 	}
 	// An attach may wait minutes on an image pull: each request gets its
 	// own goroutine, owned by ss.wg, so one does not hold up the next.
-	for subj, h := range map[string]nats.MsgHandler{
+	if err := cp.queueSubscribeAll(&subs, map[string]nats.MsgHandler{
 		bus.SubjectSessionAttach:  func(m *nats.Msg) { ss.wg.Go(func() { cp.handleSessionAttach(ctx, m) }) },
 		bus.SubjectSessionRelease: func(m *nats.Msg) { ss.wg.Go(func() { cp.handleSessionRelease(ctx, m) }) },
-	} {
-		s, err := cp.conn.NC.QueueSubscribe(subj, "warmfleet-cp", h)
-		if err != nil {
-			stop()
-			return nil, fmt.Errorf("controlplane: subscribe %s: %w", subj, err)
-		}
-		subs = append(subs, s)
+	}); err != nil {
+		stop()
+		return nil, err
 	}
 	return stop, nil
 }
