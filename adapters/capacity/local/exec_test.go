@@ -25,15 +25,24 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
+// standInAgent writes, in a new temp dir, a shell script that stands in for
+// warmfleet-agent: it records its arguments beside its data dir and waits
+// for SIGTERM.
+func standInAgent(t *testing.T) (dir, path string) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "agent.sh")
+	script := "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$2\")/args\"\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, path
+}
+
 // TestExecLauncher runs a stand-in agent (a shell script that records its
 // arguments and waits) through provision, stop, start and terminate.
 func TestExecLauncher(t *testing.T) {
-	dir := t.TempDir()
-	agentPath := filepath.Join(dir, "agent.sh")
-	script := "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$2\")/args\"\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n"
-	if err := os.WriteFile(agentPath, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, agentPath := standInAgent(t)
 	machines := filepath.Join(dir, "machines")
 	p := local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: machines, Args: []string{"--image-dir", "/imgs"}, StopGrace: 5 * time.Second}),
 		capacity.Offer{ID: "local"}, local.WithStopResume())
@@ -106,12 +115,7 @@ func TestExecLauncher_ContainerdPerMachine(t *testing.T) {
 		}
 		t.Skip(err)
 	}
-	dir := t.TempDir()
-	agentPath := filepath.Join(dir, "agent.sh")
-	script := "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$2\")/args\"\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n"
-	if err := os.WriteFile(agentPath, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, agentPath := standInAgent(t)
 	machines := filepath.Join(dir, "machines")
 	p := local.New(local.ExecLauncher(local.ExecConfig{AgentPath: agentPath, Dir: machines, Args: []string{"--image-dir", "/imgs"},
 		ContainerdPerMachine: true, StopGrace: 5 * time.Second, Log: zaptest.NewLogger(t)}),
