@@ -141,21 +141,33 @@ func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentReques
 		return schemas.Enrollment{}, err
 	}
 	duplicate := known && req.Generation == rec.Generation
-	rec.RentalID, rec.Generation = req.RentalID, req.Generation
-	rec.FencingToken++
-	rec.SessionTokenHash, rec.SessionExpires = hashToken(session), now.Add(cp.cfg.SessionTTL)
-	rec.State, rec.EnrolledAt, rec.LeaseExpires = schemas.NodeReady, now, now.Add(cp.leaseTTL())
-	rec.AgentVersion, rec.Capacity, rec.MaxWorkloads, rec.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, req.PricePerHour
+	price := req.PricePerHour
 	if req.RentalID != "" && cp.cfg.Capacity != nil {
 		// A rented node costs what its rental does.
 		var rt schemas.Rental
 		if _, err := bus.GetJSON(ctx, cp.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
-			rec.PricePerHour = rt.PricePerHour
+			price = rt.PricePerHour
 		}
 	}
 	facts := req.Facts
 	facts.Normalize()
-	rec.Facts, rec.FactsReceivedAt = &facts, now
+	// The credential was checked against the session read above; other
+	// writers (facts, lost ↔ ready, drain) may change the record before the
+	// write and are retried over, but another enrollment — a new fencing
+	// token or generation — means this one must not act.
+	seenToken, seenGen := rec.FencingToken, rec.Generation
+	admit := func(n *schemas.NodeRecord) error {
+		if n.FencingToken != seenToken || n.Generation != seenGen {
+			return fmt.Errorf("node %s enrolled concurrently (fencing token %d → %d)", req.NodeID, seenToken, n.FencingToken)
+		}
+		n.RentalID, n.Generation = req.RentalID, req.Generation
+		n.FencingToken++
+		n.SessionTokenHash, n.SessionExpires = hashToken(session), now.Add(cp.cfg.SessionTTL)
+		n.State, n.EnrolledAt, n.LeaseExpires = schemas.NodeReady, now, now.Add(cp.leaseTTL())
+		n.AgentVersion, n.Capacity, n.MaxWorkloads, n.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, price
+		n.Facts, n.FactsReceivedAt = &facts, now
+		return nil
+	}
 	// The consumer exists before the record says the node is ready, so no
 	// command is published for a node that cannot read it.
 	if _, err := cp.conn.JS.CreateOrUpdateConsumer(ctx, bus.StreamCmds, bus.NodeConsumerConfig(req.NodeID, cp.cfg.CommandAckWait)); err != nil {
@@ -163,16 +175,14 @@ func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentReques
 	}
 	var nrev uint64
 	if !known {
+		_ = admit(&rec)
 		nrev, err = bus.CreateJSON(ctx, cp.nodesKV, req.NodeID, &rec)
 	} else {
-		var b []byte
-		if b, err = codec.Encode(codec.JSON, &rec); err == nil {
-			nrev, err = cp.nodesKV.Update(ctx, req.NodeID, b, rev)
-		}
+		rec, nrev, err = bus.UpdateJSON(ctx, cp.nodesKV, req.NodeID, admit)
 	}
 	if err != nil {
-		// A concurrent enrollment (another replica) won the CAS; this one
-		// must not act.
+		// A concurrent enrollment (another replica) won; this one must not
+		// act.
 		return schemas.Enrollment{}, fmt.Errorf("register node %s: %w", req.NodeID, err)
 	}
 	cp.cache.applyNodeRecord(rec, nrev)
