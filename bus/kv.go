@@ -32,42 +32,84 @@ func GetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uin
 // CreateJSON stores v under key only when key is absent
 // (jetstream.ErrKeyExists otherwise).
 func CreateJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	_, rev, err := CreateJSONRaw(ctx, kv, key, v)
+	return rev, err
+}
+
+// CreateJSONRaw is CreateJSON that also returns the bytes stored, for a
+// caller that keeps them as a Seed for its next update.
+func CreateJSONRaw(ctx context.Context, kv jetstream.KeyValue, key string, v any) ([]byte, uint64, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	return kv.Create(ctx, key, b)
+	rev, err := kv.Create(ctx, key, b)
+	return b, rev, err
+}
+
+// Seed is a value of a key the caller already holds (from a watch, or its
+// own last write), with the revision it was stored at.
+type Seed struct {
+	JSON     []byte
+	Revision uint64
 }
 
 // UpdateJSON is a read → mutate → Update(rev) loop that retries on revision
 // mismatch. mutate may return ErrNoChange to write nothing. It returns the
 // value as stored and its revision.
 func UpdateJSON[T any](ctx context.Context, kv jetstream.KeyValue, key string, mutate func(*T) error) (T, uint64, error) {
+	v, rev, _, err := UpdateJSONFrom(ctx, kv, key, Seed{}, mutate)
+	return v, rev, err
+}
+
+// UpdateJSONFrom is UpdateJSON whose first attempt starts from seed instead
+// of a read, saving a round trip when the caller's copy is current. A stale
+// seed costs one revision conflict. Only a write is trusted from a seed: if
+// mutate refuses the seeded value (ErrNoChange or any error) the key is read
+// and mutate asked again, so a stale copy never decides that nothing needs
+// doing. It also returns the bytes stored, to seed the next update.
+func UpdateJSONFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, seed Seed, mutate func(*T) error) (T, uint64, []byte, error) {
 	var zero T
+	if seed.Revision != 0 && len(seed.JSON) > 0 {
+		var v T
+		if json.Unmarshal(seed.JSON, &v) == nil && mutate(&v) == nil {
+			b, err := json.Marshal(&v)
+			if err != nil {
+				return zero, 0, nil, err
+			}
+			nrev, err := kv.Update(ctx, key, b, seed.Revision)
+			switch {
+			case err == nil:
+				return v, nrev, b, nil
+			case !errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+				return zero, 0, nil, fmt.Errorf("bus: update %s/%s: %w", kv.Bucket(), key, err)
+			}
+		}
+	}
 	for range maxCASAttempts {
 		var v T
 		rev, err := GetJSON(ctx, kv, key, &v)
 		if err != nil {
-			return zero, 0, err
+			return zero, 0, nil, err
 		}
 		if err := mutate(&v); err != nil {
 			if errors.Is(err, ErrNoChange) {
-				return v, rev, err
+				return v, rev, nil, err
 			}
-			return zero, 0, err
+			return zero, 0, nil, err
 		}
 		b, err := json.Marshal(&v)
 		if err != nil {
-			return zero, 0, err
+			return zero, 0, nil, err
 		}
 		nrev, err := kv.Update(ctx, key, b, rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue
 		}
 		if err != nil {
-			return zero, 0, fmt.Errorf("bus: update %s/%s: %w", kv.Bucket(), key, err)
+			return zero, 0, nil, fmt.Errorf("bus: update %s/%s: %w", kv.Bucket(), key, err)
 		}
-		return v, nrev, nil
+		return v, nrev, b, nil
 	}
-	return zero, 0, fmt.Errorf("bus: update %s/%s: gave up after %d revision conflicts", kv.Bucket(), key, maxCASAttempts)
+	return zero, 0, nil, fmt.Errorf("bus: update %s/%s: gave up after %d revision conflicts", kv.Bucket(), key, maxCASAttempts)
 }

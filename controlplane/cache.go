@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -39,6 +40,9 @@ type memLease struct {
 type cachedRun struct {
 	run schemas.Run
 	rev uint64
+	// raw is the stored JSON of an active Run, to seed its next CAS
+	// without a read; terminal Runs drop it, as they are rarely written.
+	raw []byte
 }
 
 type cachedNode struct {
@@ -108,7 +112,14 @@ func (c *cache) applyRun(e jetstream.KeyValueEntry) {
 	if json.Unmarshal(e.Value(), &r) != nil {
 		return
 	}
-	c.runs[e.Key()] = cachedRun{r, e.Revision()}
+	c.runs[e.Key()] = newCachedRun(r, e.Revision(), e.Value())
+}
+
+func newCachedRun(r schemas.Run, rev uint64, raw []byte) cachedRun {
+	if r.Phase.Terminal() {
+		raw = nil
+	}
+	return cachedRun{r, rev, raw}
 }
 
 // applyNode takes a wf_nodes update from the watch. A revision this replica
@@ -145,14 +156,23 @@ func (c *cache) nodeRev(id string) uint64 {
 	return c.nodes[id].rev
 }
 
-// noteRun records a Run this replica just wrote, ahead of its watch.
-func (c *cache) noteRun(r schemas.Run, rev uint64) {
+// noteRun records a Run this replica just wrote (raw is the JSON stored),
+// ahead of its watch.
+func (c *cache) noteRun(r schemas.Run, rev uint64, raw []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.runs[r.ID]; ok && old.rev >= rev {
 		return
 	}
-	c.runs[r.ID] = cachedRun{r, rev}
+	c.runs[r.ID] = newCachedRun(r, rev, raw)
+}
+
+// runSeed is the stored form of an active Run, to start a CAS from.
+func (c *cache) runSeed(id string) bus.Seed {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	cr := c.runs[id]
+	return bus.Seed{JSON: cr.raw, Revision: cr.rev}
 }
 
 // run returns one cached Run.

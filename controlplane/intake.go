@@ -120,7 +120,7 @@ func (cp *ControlPlane) submit(ctx context.Context, m jetstream.Msg, req schemas
 		cp.log.Debug("duplicate submit", zap.String("run_id", run.ID))
 		return cp.publishEvents(ctx, run.Outbox)
 	}
-	cp.log.Info("run accepted", zap.String("run_id", run.ID), zap.String("request_id", req.RequestID))
+	cp.log.Debug("run accepted", zap.String("run_id", run.ID), zap.String("request_id", req.RequestID))
 	cp.poke()
 	return nil
 }

@@ -29,7 +29,8 @@ type change func(r *schemas.Run, emit func(schemas.RunEvent)) error
 // the reconcile loop's outbox repair (outbox.go).
 func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (schemas.Run, error) {
 	now := cp.now()
-	run, rev, err := bus.UpdateJSON(ctx, cp.runsKV, runID, func(r *schemas.Run) error {
+	// The cached copy seeds the CAS: most writes then need no read first.
+	run, rev, raw, err := bus.UpdateJSONFrom(ctx, cp.runsKV, runID, cp.cache.runSeed(runID), func(r *schemas.Run) error {
 		prev := r.Outbox
 		r.Outbox = nil
 		from := r.Phase
@@ -61,7 +62,7 @@ func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (s
 		return run, fmt.Errorf("run %s: %w", runID, err)
 	}
 	if err == nil {
-		cp.cache.noteRun(run, rev)
+		cp.cache.noteRun(run, rev, raw)
 		cp.metrics.transitions.Add(1)
 	} else if !repairing(ctx) {
 		return run, err // bus.ErrNoChange: the stored outbox was published by the change that wrote it
@@ -83,7 +84,7 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 		CreatedAt: now, UpdatedAt: now, PhaseSince: now, EventSeq: 1,
 	}
 	run.Outbox = []schemas.RunEvent{{RunID: run.ID, Seq: 1, Type: schemas.EventAccepted, RequestID: req.RequestID, Phase: schemas.PhaseAccepted, At: now}}
-	rev, err := bus.CreateJSON(ctx, cp.runsKV, run.ID, &run)
+	raw, rev, err := bus.CreateJSONRaw(ctx, cp.runsKV, run.ID, &run)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		var stored schemas.Run
 		if _, gerr := bus.GetJSON(ctx, cp.runsKV, run.ID, &stored); gerr != nil {
@@ -94,7 +95,7 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 	if err != nil {
 		return run, false, fmt.Errorf("run %s: create: %w", run.ID, err)
 	}
-	cp.cache.noteRun(run, rev)
+	cp.cache.noteRun(run, rev, raw)
 	if err := cp.publishEvents(ctx, run.Outbox); err != nil {
 		// The submit is redelivered and repairs it as a duplicate; the
 		// reconcile loop repairs it too should the submit be gone.
