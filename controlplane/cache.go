@@ -25,10 +25,15 @@ import (
 // in-memory lease its current session (fencing token) earned; node and
 // nodeList return records with that effective lease.
 type cache struct {
-	mu     sync.RWMutex
-	runs   map[string]cachedRun
-	nodes  map[string]cachedNode
-	leases map[string]memLease
+	mu   sync.RWMutex
+	runs map[string]cachedRun
+	// undecoded names the runs entries held only as raw JSON.
+	undecoded map[string]struct{}
+	nodes     map[string]cachedNode
+	leases    map[string]memLease
+	// nodeVer counts changes to the node set, so a fleet snapshot can tell
+	// whether it still shows the nodes as they are.
+	nodeVer uint64
 }
 
 // memLease is a lease extended by heartbeats of one session of a node.
@@ -38,11 +43,17 @@ type memLease struct {
 }
 
 type cachedRun struct {
-	run schemas.Run
+	// run is never changed once stored (a write replaces it), so
+	// activeRuns can hand out the pointer instead of a copy.
+	run *schemas.Run
 	rev uint64
 	// raw is the stored JSON of an active Run, to seed its next CAS
 	// without a read; terminal Runs drop it, as they are rarely written.
 	raw []byte
+	// undecoded: only raw is held yet. The watch does not decode what it
+	// delivers, because this replica's own write is usually noted a moment
+	// later with the value in hand; what is left is decoded when read.
+	undecoded bool
 }
 
 type cachedNode struct {
@@ -51,7 +62,7 @@ type cachedNode struct {
 }
 
 func newCache() *cache {
-	return &cache{runs: map[string]cachedRun{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{}}
+	return &cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{}}
 }
 
 // start opens both watches and blocks until their initial values are in.
@@ -103,23 +114,64 @@ func (c *cache) applyRun(e jetstream.KeyValueEntry) {
 	defer c.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(c.runs, e.Key())
+		delete(c.undecoded, e.Key())
 		return
 	}
 	if old, ok := c.runs[e.Key()]; ok && old.rev >= e.Revision() {
 		return
 	}
-	var r schemas.Run
-	if json.Unmarshal(e.Value(), &r) != nil {
+	c.runs[e.Key()] = cachedRun{rev: e.Revision(), raw: e.Value(), undecoded: true}
+	c.undecoded[e.Key()] = struct{}{}
+}
+
+// decodeRuns decodes the Runs held only as raw JSON, outside the lock. A
+// value that does not decode is dropped: no decision is made on a Run that
+// cannot be read.
+func (c *cache) decodeRuns(only string) {
+	type pending struct {
+		key string
+		cr  cachedRun
+	}
+	var todo []pending
+	c.mu.RLock()
+	if only != "" {
+		if cr := c.runs[only]; cr.undecoded {
+			todo = append(todo, pending{only, cr})
+		}
+	} else {
+		for k := range c.undecoded {
+			todo = append(todo, pending{k, c.runs[k]})
+		}
+	}
+	c.mu.RUnlock()
+	if len(todo) == 0 {
 		return
 	}
-	c.runs[e.Key()] = newCachedRun(r, e.Revision(), e.Value())
+	runs := make([]schemas.Run, len(todo))
+	ok := make([]bool, len(todo))
+	for i, p := range todo {
+		ok[i] = json.Unmarshal(p.cr.raw, &runs[i]) == nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, p := range todo {
+		if cur := c.runs[p.key]; !cur.undecoded || cur.rev != p.cr.rev {
+			continue // replaced meanwhile
+		}
+		delete(c.undecoded, p.key)
+		if !ok[i] {
+			delete(c.runs, p.key)
+			continue
+		}
+		c.runs[p.key] = newCachedRun(runs[i], p.cr.rev, p.cr.raw)
+	}
 }
 
 func newCachedRun(r schemas.Run, rev uint64, raw []byte) cachedRun {
 	if r.Phase.Terminal() {
 		raw = nil
 	}
-	return cachedRun{r, rev, raw}
+	return cachedRun{run: &r, rev: rev, raw: raw}
 }
 
 // applyNode takes a wf_nodes update from the watch. A revision this replica
@@ -131,6 +183,7 @@ func (c *cache) applyNode(e jetstream.KeyValueEntry) {
 		c.mu.Lock()
 		delete(c.nodes, e.Key())
 		delete(c.leases, e.Key())
+		c.nodeVer++
 		c.mu.Unlock()
 		return
 	}
@@ -147,6 +200,14 @@ func (c *cache) applyNode(e jetstream.KeyValueEntry) {
 		return
 	}
 	c.nodes[e.Key()] = cachedNode{n, e.Revision()}
+	c.nodeVer++
+}
+
+// nodeVersion is the node set's change count.
+func (c *cache) nodeVersion() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.nodeVer
 }
 
 // nodeRev is the revision of node id held, or 0.
@@ -161,10 +222,11 @@ func (c *cache) nodeRev(id string) uint64 {
 func (c *cache) noteRun(r schemas.Run, rev uint64, raw []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old, ok := c.runs[r.ID]; ok && old.rev >= rev {
+	if old, ok := c.runs[r.ID]; ok && (old.rev > rev || old.rev == rev && !old.undecoded) {
 		return
 	}
 	c.runs[r.ID] = newCachedRun(r, rev, raw)
+	delete(c.undecoded, r.ID)
 }
 
 // runSeed is the stored form of an active Run, to start a CAS from.
@@ -177,22 +239,29 @@ func (c *cache) runSeed(id string) bus.Seed {
 
 // run returns one cached Run.
 func (c *cache) run(id string) (schemas.Run, bool) {
+	c.decodeRuns(id)
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	cr, ok := c.runs[id]
-	return cr.run, ok
+	if !ok || cr.undecoded {
+		return schemas.Run{}, false
+	}
+	return *cr.run, true
 }
 
 func (c *cache) runCount() int  { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.runs) }
 func (c *cache) nodeCount() int { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.nodes) }
 
-// activeRuns returns every non-terminal Run.
-func (c *cache) activeRuns() []schemas.Run {
+// activeRuns returns every non-terminal Run. One that arrives while it
+// runs, still undecoded, is left for the next call. The Runs are shared
+// with the cache: read them, never change them.
+func (c *cache) activeRuns() []*schemas.Run {
+	c.decodeRuns("")
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := make([]schemas.Run, 0, len(c.runs))
+	out := make([]*schemas.Run, 0, len(c.runs))
 	for _, cr := range c.runs {
-		if !cr.run.Phase.Terminal() {
+		if !cr.undecoded && !cr.run.Phase.Terminal() {
 			out = append(out, cr.run)
 		}
 	}
@@ -311,4 +380,5 @@ func (c *cache) applyNodeRecord(n schemas.NodeRecord, rev uint64) {
 		return
 	}
 	c.nodes[n.NodeID] = cachedNode{n, rev}
+	c.nodeVer++
 }

@@ -120,6 +120,10 @@ type ControlPlane struct {
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
+	// fleetView is the fleet decideAtIntake decides on; fleetViewMu lets
+	// one intake worker at a time take a new one.
+	fleetView   atomic.Pointer[intakeView]
+	fleetViewMu sync.Mutex
 	// kick asks the scheduler to look at accepted Runs now.
 	kick chan struct{}
 	// enrollLocks orders enrollments of one node in this replica; different
@@ -146,6 +150,8 @@ type metrics struct {
 	placementMiss atomic.Int64
 	decisions     atomic.Int64
 	decisionNanos atomic.Int64
+	passes        atomic.Int64
+	intakeDecided atomic.Int64
 	heartbeats    atomic.Int64
 	eventsSent    atomic.Int64
 }
@@ -154,6 +160,12 @@ type metrics struct {
 type Metrics struct {
 	Transitions, FencedObservations, Rejected, StaleReports, LeaseLapses, CommandsSent, PlacementMisses int64
 	Decisions, DecisionNanos                                                                            int64
+	// Passes counts scheduling passes; a pass decides only the waiting Runs
+	// whose fleet changed (decisionMemo).
+	Passes int64
+	// DecidedAtIntake counts Runs stored with their first decision
+	// (decideAtIntake), which the scheduler then had no write to make for.
+	DecidedAtIntake int64
 	// Heartbeats counts heartbeats that extended a lease; EventsPublished
 	// counts Run event publishes (including repairs that dedupe dropped).
 	Heartbeats, EventsPublished int64
@@ -166,7 +178,7 @@ func (cp *ControlPlane) Metrics() Metrics {
 		Transitions: m.transitions.Load(), FencedObservations: m.fencedObs.Load(), Rejected: m.rejected.Load(),
 		StaleReports: m.staleReports.Load(), LeaseLapses: m.leaseLapses.Load(), CommandsSent: m.commandsSent.Load(),
 		PlacementMisses: m.placementMiss.Load(), Decisions: m.decisions.Load(), DecisionNanos: m.decisionNanos.Load(),
-		Heartbeats: m.heartbeats.Load(), EventsPublished: m.eventsSent.Load(),
+		Heartbeats: m.heartbeats.Load(), EventsPublished: m.eventsSent.Load(), Passes: m.passes.Load(), DecidedAtIntake: m.intakeDecided.Load(),
 	}
 }
 

@@ -72,8 +72,9 @@ func (cp *ControlPlane) drop(o schemas.Observation, why string) error {
 
 // applyWorkload moves the Run by what its node saw.
 func (cp *ControlPlane) applyWorkload(ctx context.Context, node schemas.NodeRecord, w schemas.WorkloadObservation) error {
-	orphan := false
+	orphan, ended := false, false
 	_, err := cp.advance(ctx, w.RunID, func(r *schemas.Run, emit func(schemas.RunEvent)) error {
+		ended = false
 		if r.AttemptID != w.AttemptID || r.NodeID != node.NodeID {
 			orphan = w.Phase == schemas.WorkloadRunning || w.Phase == schemas.WorkloadStarting
 			return bus.ErrNoChange
@@ -96,6 +97,7 @@ func (cp *ControlPlane) applyWorkload(ctx context.Context, node schemas.NodeReco
 		}
 		if to.Terminal() {
 			r.ExitCode, r.OOMKilled, r.FinishedAt, r.Reason = w.ExitCode, w.OOMKilled, w.FinishedAt, string(code)
+			ended = true
 		}
 		ev := phaseEvent(r, from, code, msg)
 		observed := w.ObservedAt
@@ -120,6 +122,9 @@ func (cp *ControlPlane) applyWorkload(ctx context.Context, node schemas.NodeReco
 	}
 	if err != nil && !errors.Is(err, bus.ErrNoChange) {
 		return err
+	}
+	if err == nil && ended {
+		cp.poke() // its place is free: a waiting or queued Run may take it
 	}
 	return nil
 }
@@ -146,7 +151,7 @@ func (cp *ControlPlane) applyReconciliation(ctx context.Context, node schemas.No
 		if r.NodeID != node.NodeID || present[r.AttemptID] || !applied[opID(r.AttemptID, "launch")] {
 			continue
 		}
-		if _, err := cp.loseAttempt(ctx, r, "node "+node.NodeID+" no longer holds the workload it launched"); err != nil && !errors.Is(err, bus.ErrNoChange) {
+		if _, err := cp.loseAttempt(ctx, *r, "node "+node.NodeID+" no longer holds the workload it launched"); err != nil && !errors.Is(err, bus.ErrNoChange) {
 			return err
 		}
 	}

@@ -121,7 +121,9 @@ func (cp *ControlPlane) submit(ctx context.Context, m jetstream.Msg, req schemas
 		return cp.publishEvents(ctx, run.Outbox)
 	}
 	cp.log.Debug("run accepted", zap.String("run_id", run.ID), zap.String("request_id", req.RequestID))
-	cp.poke()
+	if run.Waiting == "" {
+		cp.poke() // not decided at intake: the scheduler's turn
+	}
 	return nil
 }
 

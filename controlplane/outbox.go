@@ -90,7 +90,7 @@ func (o *outboxRepair) take() (map[string]struct{}, bool) {
 
 // repairOutboxes publishes the events WF_EVENTS lacks for the Runs marked
 // for repair. A Run whose repair fails stays marked for the next pass.
-func (cp *ControlPlane) repairOutboxes(ctx context.Context, active []schemas.Run) {
+func (cp *ControlPlane) repairOutboxes(ctx context.Context, active []*schemas.Run) {
 	marked, all := cp.outbox.take()
 	if len(marked) == 0 && !all {
 		return
@@ -107,7 +107,7 @@ func (cp *ControlPlane) repairOutboxes(ctx context.Context, active []schemas.Run
 			continue
 		}
 		delete(marked, r.ID)
-		n, err := cp.repairOutbox(ctx, stream, r)
+		n, err := cp.repairOutbox(ctx, stream, *r)
 		if err != nil {
 			cp.log.Warn("outbox repair", zap.String("run_id", r.ID), zap.Error(err))
 			cp.outbox.mark(r.ID)

@@ -301,9 +301,11 @@ func TestRestartGrantsGraceLease(t *testing.T) {
 }
 
 // TestWaitingRunsIdleQuietly: Runs that wait for capacity get one decided
-// event per distinct answer; later passes publish nothing.
+// event per distinct answer; later passes neither decide them again (their
+// fleet is unchanged) nor write or publish anything. A node enrolling
+// changes the fleet, and every waiting Run is then placed.
 func TestWaitingRunsIdleQuietly(t *testing.T) {
-	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 20 * time.Millisecond})
+	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 20 * time.Millisecond, OpenEnrollment: true})
 	const runs = 20
 	for i := range runs {
 		rid := fmt.Sprintf("idle-%d", i)
@@ -322,8 +324,11 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 	before := pl.cp.Metrics()
 	time.Sleep(500 * time.Millisecond) // about 25 passes
 	after := pl.cp.Metrics()
-	if after.Decisions-before.Decisions < runs {
-		t.Fatalf("the scheduler did not run: %d decisions", after.Decisions-before.Decisions)
+	if after.Passes-before.Passes < 5 {
+		t.Fatalf("the scheduler did not run: %d passes", after.Passes-before.Passes)
+	}
+	if d := after.Decisions - before.Decisions; d != 0 {
+		t.Fatalf("idle passes decided unchanged waiting Runs %d times", d)
 	}
 	if d := after.EventsPublished - before.EventsPublished; d != 0 {
 		t.Fatalf("idle passes published %d events", d)
@@ -331,6 +336,15 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 	if d := after.Transitions - before.Transitions; d != 0 {
 		t.Fatalf("idle passes wrote %d Run changes", d)
 	}
+	pl.enroll(t, "n1")
+	eventually(t, 30*time.Second, "every waiting Run placed once a node enrolled", func() bool {
+		for i := range runs {
+			if r, _ := pl.run(t, schemas.RunIDFor(fmt.Sprintf("idle-%d", i))); r.NodeID != "n1" {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // TestEventsSeenOnce: a subscriber on wf.events.run.> sees each event of a
@@ -393,5 +407,73 @@ func TestEventsSeenOnce(t *testing.T) {
 	}
 	if !slices.Equal(seqs, want) {
 		t.Fatalf("subscriber saw event seqs %v, want each of 1..%d once: %+v", seqs, r.EventSeq, seen)
+	}
+}
+
+// TestIntakeRecordsFirstDecision: while no node fits, intake stores a new
+// Run with its first decision in the Create (one wf_runs revision, events
+// accepted then decided), so the scheduler writes nothing more. Once a node
+// that fits enrolls, intake decides nothing and the scheduler books it.
+func TestIntakeRecordsFirstDecision(t *testing.T) {
+	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 20 * time.Millisecond, OpenEnrollment: true})
+	kv, err := pl.conn.JS.KeyValue(context.Background(), bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		events = map[string][]schemas.RunEvent{}
+	)
+	sub, err := pl.conn.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+		var ev schemas.RunEvent
+		if json.Unmarshal(m.Data, &ev) == nil {
+			mu.Lock()
+			events[ev.RunID] = append(events[ev.RunID], ev)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = pl.conn.NC.Flush()
+	decided := func(id string) bool {
+		r, ok := pl.run(t, id)
+		return ok && r.Waiting != ""
+	}
+
+	const runs = 10
+	for i := range runs {
+		rid := fmt.Sprintf("early-%d", i)
+		pl.publish(t, bus.SubjectSubmit, rid, testRequest(rid))
+	}
+	for i := range runs {
+		id := schemas.RunIDFor(fmt.Sprintf("early-%d", i))
+		eventually(t, 10*time.Second, id+" decided", func() bool { return decided(id) })
+		hist, err := kv.History(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		evs := events[id]
+		mu.Unlock()
+		if len(hist) != 1 || len(evs) != 2 || evs[0].Type != schemas.EventAccepted || evs[1].Type != schemas.EventDecided || evs[1].Code != schemas.CodeNoCapacity {
+			t.Fatalf("%s: %d wf_runs revisions and events %+v; want one revision, accepted then decided no_capacity", id, len(hist), evs)
+		}
+	}
+
+	pl.enroll(t, "n1")
+	pl.publish(t, bus.SubjectSubmit, "fits", testRequest("fits"))
+	id := schemas.RunIDFor("fits")
+	eventually(t, 10*time.Second, "Run booked on n1", func() bool {
+		r, ok := pl.run(t, id)
+		return ok && r.NodeID == "n1"
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, ev := range events[id] {
+		if ev.Code == schemas.CodeNoCapacity {
+			t.Fatalf("a Run that fits was recorded as waiting: %+v", events[id])
+		}
 	}
 }

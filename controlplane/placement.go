@@ -12,8 +12,8 @@ import (
 // snapshot builds the fleet as placement sees it: every node with the Runs
 // booked on it, running ones and queued ones in booking order. Indexing is
 // placement.NewFleet's job; this only groups bookings by node.
-func (cp *ControlPlane) snapshot(runs []schemas.Run, now time.Time) *placement.Fleet {
-	booked := map[string][]schemas.Run{}
+func (cp *ControlPlane) snapshot(runs []*schemas.Run, now time.Time) *placement.Fleet {
+	booked := map[string][]*schemas.Run{}
 	for _, r := range runs {
 		if r.NodeID != "" && !r.Phase.Terminal() && r.Phase != schemas.PhaseAccepted {
 			booked[r.NodeID] = append(booked[r.NodeID], r)
@@ -24,9 +24,9 @@ func (cp *ControlPlane) snapshot(runs []schemas.Run, now time.Time) *placement.F
 	for _, rec := range recs {
 		n := placement.NewNode(rec)
 		rs := booked[rec.NodeID]
-		slices.SortFunc(rs, func(a, b schemas.Run) int { return cmp.Compare(a.PhaseSince.UnixNano(), b.PhaseSince.UnixNano()) })
+		slices.SortFunc(rs, func(a, b *schemas.Run) int { return cmp.Compare(a.PhaseSince.UnixNano(), b.PhaseSince.UnixNano()) })
 		for _, r := range rs {
-			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: cp.expectedEnd(r, now)}
+			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: cp.expectedEnd(*r, now)}
 			if r.Queued {
 				n.Queued = append(n.Queued, b)
 			} else {
@@ -90,4 +90,75 @@ func waitingSummary(d schemas.BookingDecision) string {
 		s += c.NodeID + "=" + string(c.Reason) + ";"
 	}
 	return s
+}
+
+// intakeViewMaxAge bounds how old the fleet intake decides on may be.
+const intakeViewMaxAge = 250 * time.Millisecond
+
+// intakeView is a fleet snapshot taken for intake from the cache (nodes,
+// and the bookings of every active Run). Nothing books on it, so intake
+// workers share it.
+type intakeView struct {
+	fleet   *placement.Fleet
+	at      time.Time
+	nodeVer uint64 // cache.nodeVersion when it was taken
+}
+
+// intakeFleet returns a view younger than intakeViewMaxAge of the nodes as
+// they are now, taking a new one when needed (one worker takes it; the
+// others wait for it rather than take their own).
+func (cp *ControlPlane) intakeFleet(now time.Time) *intakeView {
+	current := func() *intakeView {
+		v := cp.fleetView.Load()
+		if v == nil || now.Sub(v.at) > intakeViewMaxAge || v.nodeVer != cp.cache.nodeVersion() {
+			return nil
+		}
+		return v
+	}
+	if v := current(); v != nil {
+		return v
+	}
+	cp.fleetViewMu.Lock()
+	defer cp.fleetViewMu.Unlock()
+	if v := current(); v != nil {
+		return v
+	}
+	v := &intakeView{at: now, nodeVer: cp.cache.nodeVersion()}
+	v.fleet = cp.snapshot(cp.cache.activeRuns(), now)
+	cp.fleetView.Store(v)
+	return v
+}
+
+// decideAtIntake records a new Run's first decision in the write that
+// creates it, when that decision can only be "no node fits now; waiting":
+// the scheduler would otherwise write the Run and publish an event again
+// for the same answer a moment later. Anything that could book, rent or
+// fail the Run is left to the scheduler, so intake never books a node.
+// The fleet may lag the cache by intakeViewMaxAge: a Run may be told to
+// wait for a place that freed meanwhile, and the scheduler's next pass,
+// which decides every Run it has not decided itself, places it.
+func (cp *ControlPlane) decideAtIntake(r *schemas.Run, emit func(schemas.RunEvent)) {
+	if cp.cfg.Capacity != nil {
+		return
+	}
+	now := cp.now()
+	v := cp.intakeFleet(now)
+	if v.fleet.MayWin(r.Request.Resources, now) {
+		return // placement's to decide; intake only records the certain "no"
+	}
+	ref, err := schemas.ParseImageRef("image", r.Request.Image)
+	if err != nil {
+		return
+	}
+	start := time.Now()
+	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest}, v.fleet, now, cp.cfg.Placement)
+	cp.metrics.decisionNanos.Add(time.Since(start).Nanoseconds())
+	cp.metrics.decisions.Add(1)
+	if d.Winner != "" || (!cp.cfg.WaitForCapacity && unsatisfiable(d)) {
+		return
+	}
+	cp.metrics.placementMiss.Add(1)
+	cp.metrics.intakeDecided.Add(1)
+	r.Waiting = waitingSummary(d)
+	emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: r.Phase, Code: schemas.CodeNoCapacity, Message: "no node fits now; waiting", Decision: &d})
 }

@@ -22,8 +22,9 @@ import (
 func (cp *ControlPlane) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(cp.cfg.ReconcileInterval)
 	defer t.Stop()
+	memo := newDecisionMemo()
 	for {
-		cp.reconcileOnce(ctx)
+		cp.reconcileOnce(ctx, memo)
 		select {
 		case <-ctx.Done():
 			return
@@ -33,12 +34,20 @@ func (cp *ControlPlane) reconcileLoop(ctx context.Context) {
 	}
 }
 
-func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
+func (cp *ControlPlane) reconcileOnce(ctx context.Context, memo *decisionMemo) {
 	now := cp.now()
-	cp.expireLeases(ctx, now)
+	cp.metrics.passes.Add(1)
 	runs := cp.cache.activeRuns()
+	if cp.expireLeases(ctx, now, runs) {
+		runs = cp.cache.activeRuns() // attempts were lost: see them as they are now
+	}
 	cp.repairOutboxes(ctx, runs)
-	slices.SortFunc(runs, func(a, b schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
+	slices.SortFunc(runs, func(a, b *schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
+	// Renting makes a waiting Run's answer move with the rental, not the
+	// fleet, so with a provider every waiting Run is decided every pass.
+	memoOK := cp.cfg.Capacity == nil
+	fleetKey := memo.fleetKey(cp.cache.nodeVersion(), runs)
+	defer memo.endPass()
 	// The snapshot is built only when a pass has something to place.
 	var fleet *placement.Fleet
 	snapshot := func() *placement.Fleet {
@@ -47,14 +56,20 @@ func (cp *ControlPlane) reconcileOnce(ctx context.Context) {
 		}
 		return fleet
 	}
-	for _, r := range runs {
+	for _, rp := range runs {
 		if ctx.Err() != nil {
 			return
 		}
+		if rp.Phase == schemas.PhaseAccepted && memoOK && memo.fresh(rp, fleetKey, now) {
+			continue
+		}
+		r := *rp
 		var err error
 		switch {
 		case r.Phase == schemas.PhaseAccepted:
-			err = cp.schedule(ctx, r, snapshot(), now)
+			if err = cp.schedule(ctx, r, snapshot(), now); err == nil {
+				memo.decided(r.ID, fleetKey, now)
+			}
 		case r.Queued && !r.CancelRequested:
 			err = cp.startQueued(ctx, r, snapshot())
 		case r.CancelRequested:
@@ -225,8 +240,12 @@ func (cp *ControlPlane) startQueued(ctx context.Context, r schemas.Run, fleet *p
 // earned in this replica's memory (cache.go); marking it lost is a CAS that
 // also writes the lease this replica saw, so the record says when the node
 // was last heard of.
-func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
+func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time, active []*schemas.Run) bool {
+	lost := map[string]bool{}
 	for _, n := range cp.cache.nodeList() {
+		if n.State == schemas.NodeLost {
+			lost[n.NodeID] = true
+		}
 		if n.State == schemas.NodeLost || now.Before(n.LeaseExpires) {
 			continue
 		}
@@ -248,18 +267,19 @@ func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
 			continue
 		}
 		cp.cache.applyNodeRecord(rec, rev)
+		lost[n.NodeID] = true
 		cp.metrics.leaseLapses.Add(1)
 		cp.log.Warn("node lease lapsed", zap.String("node_id", n.NodeID), zap.Time("lease_expired", n.LeaseExpires))
 	}
 	moved := false
-	for _, r := range cp.cache.activeRuns() {
-		if r.NodeID == "" || r.Phase == schemas.PhaseAccepted {
+	if len(lost) == 0 {
+		return false
+	}
+	for _, r := range active {
+		if r.NodeID == "" || r.Phase == schemas.PhaseAccepted || !lost[r.NodeID] {
 			continue
 		}
-		if n, ok := cp.cache.node(r.NodeID); !ok || n.State != schemas.NodeLost {
-			continue
-		}
-		_, err := cp.loseAttempt(ctx, r, "node "+r.NodeID+" stopped heartbeating")
+		_, err := cp.loseAttempt(ctx, *r, "node "+r.NodeID+" stopped heartbeating")
 		switch {
 		case err == nil:
 			moved = true
@@ -270,6 +290,7 @@ func (cp *ControlPlane) expireLeases(ctx context.Context, now time.Time) {
 	if moved {
 		cp.poke() // schedule the returned Runs elsewhere
 	}
+	return moved
 }
 
 // loseAttempt ends the Run's current attempt as lost: the Run goes back to

@@ -549,7 +549,7 @@ func (cp *ControlPlane) rentalPass(ctx context.Context) {
 }
 
 // driveRental moves one rental on from what its provider and its node say.
-func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, active []schemas.Run) error {
+func (cp *ControlPlane) driveRental(ctx context.Context, rt schemas.Rental, active []*schemas.Run) error {
 	cc := cp.cfg.Capacity
 	now := cp.now()
 	if rt.NativeRef == "" {
@@ -769,7 +769,7 @@ func (cp *ControlPlane) loseNodeRuns(ctx context.Context, nodeID, why string) {
 		if r.NodeID != nodeID || r.Phase == schemas.PhaseAccepted {
 			continue
 		}
-		if _, err := cp.loseAttempt(ctx, r, why); err != nil && !errors.Is(err, bus.ErrNoChange) {
+		if _, err := cp.loseAttempt(ctx, *r, why); err != nil && !errors.Is(err, bus.ErrNoChange) {
 			cp.log.Warn("lose run attempt", zap.String("run_id", r.ID), zap.Error(err))
 		}
 	}

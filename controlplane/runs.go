@@ -76,7 +76,8 @@ func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (s
 	return run, err
 }
 
-// createRun stores a new Run and publishes its accepted event.
+// createRun stores a new Run and publishes its accepted event, and its
+// first decision when intake could already make it (decideAtIntake).
 func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (schemas.Run, bool, error) {
 	now := cp.now()
 	run := schemas.Run{
@@ -84,6 +85,11 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 		CreatedAt: now, UpdatedAt: now, PhaseSince: now, EventSeq: 1,
 	}
 	run.Outbox = []schemas.RunEvent{{RunID: run.ID, Seq: 1, Type: schemas.EventAccepted, RequestID: req.RequestID, Phase: schemas.PhaseAccepted, At: now}}
+	cp.decideAtIntake(&run, func(ev schemas.RunEvent) {
+		run.EventSeq++
+		ev.RunID, ev.Seq, ev.At = run.ID, run.EventSeq, now
+		run.Outbox = append(run.Outbox, ev)
+	})
 	raw, rev, err := bus.CreateJSONRaw(ctx, cp.runsKV, run.ID, &run)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		var stored schemas.Run

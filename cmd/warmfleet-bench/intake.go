@@ -71,8 +71,10 @@ control plane.`,
 
 // intakeRound is one measurement at one producer count.
 type intakeRound struct {
-	Producers    int       `json:"producers"`
-	BaselineRate float64   `json:"baseline_msgs_per_s"`
+	Producers    int     `json:"producers"`
+	BaselineRate float64 `json:"baseline_msgs_per_s"`
+	// FloorRate is intakeFloor's rate: the three writes with no logic.
+	FloorRate    float64   `json:"floor_runs_per_s"`
 	SubmitRate   float64   `json:"submit_acks_per_s"`
 	RecordedRate float64   `json:"recorded_runs_per_s"`
 	Submitted    int       `json:"submitted"`
@@ -91,6 +93,9 @@ type intakeRound struct {
 	IdleCores         float64 `json:"idle_cores,omitempty"`
 	IdlePublishesPerS float64 `json:"idle_event_publishes_per_s,omitempty"`
 	IntakeCores       float64 `json:"process_cores_during_intake"`
+	// DecidedAtIntake is how many Runs were stored with their first
+	// decision, leaving the scheduler no write to make.
+	DecidedAtIntake int64 `json:"decided_at_intake"`
 	// SchedulerLagS is how long after the last accepted event the scheduler
 	// took to record every Run's first decision.
 	SchedulerLagS float64 `json:"scheduler_lag_s"`
@@ -124,14 +129,17 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 			rounds = append(rounds, res)
 			all = append(all, res)
 		}
-		rec, base, lat := make([]float64, 0), make([]float64, 0), make([]float64, 0)
+		rec, base, lat, floor := make([]float64, 0), make([]float64, 0), make([]float64, 0), make([]float64, 0)
 		for _, x := range rounds {
 			rec, base, lat = append(rec, x.RecordedRate), append(base, x.BaselineRate), append(lat, x.Latency.P50)
+			floor = append(floor, x.FloorRate)
 		}
 		recRate, baseRate := median(rec), median(base)
 		row := rep.add(fmt.Sprintf("intake, %d producer(s)", p), recRate, "Runs/s", baseRate, "raw JetStream publish-with-ack")
 		row.unitOfBaseline("msgs/s")
 		row.goal("≥ 5000 Runs/s and ≥ 30% of baseline", recRate >= 5000 && recRate >= 0.3*baseRate)
+		rep.add(fmt.Sprintf("intake vs its floor, %d producer(s)", p), recRate, "Runs/s", median(floor), "floor: the 3 writes with no logic").unitOfBaseline("Runs/s")
+		rep.add(fmt.Sprintf("floor vs raw publish, %d producer(s)", p), median(floor), "Runs/s", baseRate, "raw JetStream publish-with-ack").unitOfBaseline("msgs/s")
 		rep.add(fmt.Sprintf("submit → accepted p50, %d producer(s)", p), median(lat), "ms", 0, "")
 		last := rounds[len(rounds)-1]
 		rep.add(fmt.Sprintf("event publishes per stored event, %d producer(s)", p), float64(last.EventPublishes)/float64(max(last.EventsStored, 1)), "×", 0, "")
@@ -142,6 +150,7 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 	}
 	rep.Details["rounds"] = all
 	rep.note("recorded = the Run's accepted event is in WF_EVENTS (after the wf_runs Create); rate = Runs / (first submit → last accepted event), drain included")
+	rep.note("floor = the same producers into a work-queue stream, and a 64-worker consumer doing only KV Create + one event publish-with-ack + ack per message: the ceiling for these three writes on this server")
 	rep.note("submit → accepted grows with the backlog: producers outrun the control plane, so it is queueing delay, not service time")
 	rep.note("encoding %s; one fresh embedded NATS + control plane per round; %d round(s) per row, median shown", o.encoding, o.rounds)
 	return rep, nil
@@ -186,6 +195,9 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	}
 	res.BaselineRate = float64(n) / elapsed.Seconds()
 	if err := prod.JS.DeleteStream(ctx, "BENCH_RAW"); err != nil {
+		return res, err
+	}
+	if res.FloorRate, err = intakeFloor(ctx, e, producers, o.duration, sample.Data, enc, nonce); err != nil {
 		return res, err
 	}
 
@@ -313,6 +325,7 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 		time.Sleep(50 * time.Millisecond)
 	}
 	res.SchedulerLagS = time.Since(lagStart).Seconds()
+	res.DecidedAtIntake = e.cp.Metrics().DecidedAtIntake
 	res.EventPublishes = events.Load()
 	res.EventsStored = streamMsgs(ctx, prod.JS, bus.StreamEvents)
 	if o.idle > 0 {

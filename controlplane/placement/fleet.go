@@ -190,3 +190,18 @@ func (n *Node) CanStart(runID string) bool {
 	}
 	return n.Queued[0].Resources.Fits(free) && (n.Record.MaxWorkloads == 0 || len(n.Running) < n.Record.MaxWorkloads)
 }
+
+// MayWin reports whether any node is ready, leased at now, and large
+// enough for need. Decide can name a winner only among such nodes, so when
+// MayWin is false the decision is "no node fits" however it is scored; a
+// caller that only records that answer can skip Decide for the others.
+func (f *Fleet) MayWin(need schemas.Resources, now time.Time) bool {
+	for _, n := range f.Nodes {
+		rec := &n.Record
+		if rec.State == schemas.NodeReady && now.Before(rec.LeaseExpires) &&
+			need.CPUMillis <= rec.Capacity.CPUMillis && need.MemoryBytes <= rec.Capacity.MemoryBytes && need.GPUCount <= rec.Capacity.GPUCount {
+			return true
+		}
+	}
+	return false
+}
