@@ -76,9 +76,9 @@ func attemptOf(c schemas.Command) string {
 }
 
 // handle applies one command at most once and acks it after the outcome is
-// journaled. The order matters: effect, journal, receipt, ack. A crash
-// before the journal write redelivers the command and the runtime's own
-// idempotency absorbs the repeat.
+// journaled. The order matters: effect, journal append, receipt (while the
+// journal syncs), ack. A crash before the ack redelivers the command and
+// the runtime's own idempotency absorbs the repeat.
 func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) {
 	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
 	rc.RunID, rc.AttemptID = runOf(c)
@@ -87,13 +87,13 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	if err := c.Validate(); err != nil {
 		ref := schemas.AsRefusal(err)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, ref.Code, ref.Error()
-		a.finish(ctx, m, c, rc, false)
+		a.finish(ctx, m, c, rc, false, nil)
 		return
 	}
 	switch {
 	case c.NodeID != a.cfg.NodeID:
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeWrongNode, "command addressed to node "+c.NodeID
-		a.finish(ctx, m, c, rc, false)
+		a.finish(ctx, m, c, rc, false, nil)
 		return
 	case c.FencingToken > enr.FencingToken:
 		// A newer session of this node exists: this process is the stale
@@ -104,17 +104,17 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	case c.FencingToken < enr.FencingToken:
 		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleFencingToken
 		rc.Message = fmt.Sprintf("command stamped with fencing token %d; this session holds %d", c.FencingToken, enr.FencingToken)
-		a.finish(ctx, m, c, rc, false)
+		a.finish(ctx, m, c, rc, false, nil)
 		return
 	case c.Generation != enr.Generation:
 		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleGeneration
 		rc.Message = fmt.Sprintf("command for generation %d; this node is generation %d", c.Generation, enr.Generation)
-		a.finish(ctx, m, c, rc, false)
+		a.finish(ctx, m, c, rc, false, nil)
 		return
 	}
 	if prev, ok := a.journal.Lookup(c.OperationID); ok {
 		rc.Duplicate, rc.Outcome, rc.Code, rc.Message = true, prev.Outcome, prev.Code, prev.Message
-		a.finish(ctx, m, c, rc, false)
+		a.finish(ctx, m, c, rc, false, nil)
 		return
 	}
 	stopReason := ""
@@ -136,25 +136,41 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	if f := a.cfg.Faults; f != nil && f.SkipJournal != nil && f.SkipJournal(c) {
 		return
 	}
-	if err := a.journal.Record(JournalEntry{OperationID: c.OperationID, Kind: c.Kind, RunID: rc.RunID, AttemptID: rc.AttemptID,
+	if err := a.journal.Append(JournalEntry{OperationID: c.OperationID, Kind: c.Kind, RunID: rc.RunID, AttemptID: rc.AttemptID,
 		Outcome: rc.Outcome, Code: rc.Code, Message: rc.Message, StopReason: stopReason, AppliedAt: a.cfg.Now()}); err != nil {
 		a.log.Error("journal write failed; command will be redelivered", zap.String("op", c.OperationID), zap.Error(err))
 		_ = m.Nak()
 		return
 	}
+	// The disk flushes while the receipt travels. The ack waits for both:
+	// until then a crash redelivers the command, and the runtime's
+	// idempotency and the receipt's Nats-Msg-Id absorb the repeat.
+	synced := make(chan error, 1)
+	go func() { synced <- a.journal.Sync() }()
 	if f := a.cfg.Faults; f != nil && f.LeaveUnacked != nil && f.LeaveUnacked(c) {
 		dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
 		_ = a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
+		<-synced
 		return
 	}
-	a.finish(ctx, m, c, rc, true)
+	a.finish(ctx, m, c, rc, true, synced)
 }
 
-// finish publishes the receipt and acks. A receipt that cannot be published
-// leaves the command unacked: the redelivery answers from the journal.
-func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, rc schemas.OperationReceipt, applied bool) {
+// finish publishes the receipt, waits for the journal entry to be durable
+// (synced, when the command was applied), and acks. A receipt that cannot
+// be published, or an entry that cannot be synced, leaves the command
+// unacked: the redelivery answers from the journal.
+func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, rc schemas.OperationReceipt, applied bool, synced <-chan error) {
 	dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
-	if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe); err != nil {
+	err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
+	if synced != nil {
+		if serr := <-synced; serr != nil {
+			a.log.Error("journal sync failed; command will be redelivered", zap.String("op", c.OperationID), zap.Error(serr))
+			_ = m.Nak()
+			return
+		}
+	}
+	if err != nil {
 		a.log.Warn("receipt not published; command will be redelivered", zap.String("op", c.OperationID), zap.Error(err))
 		_ = m.Nak()
 		return

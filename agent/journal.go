@@ -39,8 +39,8 @@ type JournalEntry struct {
 }
 
 // Journal is the agent's durable record of applied operations: an
-// append-only JSON-lines file, fsynced per entry, compacted when it grows
-// past twice its retention.
+// append-only JSON-lines file, fsynced before each command is acked,
+// compacted when it grows past twice its retention.
 type Journal struct {
 	mu        sync.Mutex
 	path      string
@@ -132,6 +132,17 @@ func (j *Journal) Stopped(attemptID string) (JournalEntry, bool) {
 
 // Record durably appends e. It returns only after the entry is on disk.
 func (j *Journal) Record(e JournalEntry) error {
+	if err := j.Append(e); err != nil {
+		return err
+	}
+	return j.Sync()
+}
+
+// Append writes e to the file and remembers it, without waiting for the
+// disk: the entry survives this process dying, and Sync makes it survive
+// the machine. Splitting the two lets the agent send a receipt while the
+// disk flushes; it still acks the command only after Sync.
+func (j *Journal) Append(e JournalEntry) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -141,13 +152,20 @@ func (j *Journal) Record(e JournalEntry) error {
 	if _, err := j.f.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("journal: append: %w", err)
 	}
-	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("journal: sync: %w", err)
-	}
 	j.remember(e)
 	j.lines++
 	if j.lines > 2*j.retention {
 		return j.compact()
+	}
+	return nil
+}
+
+// Sync flushes every appended entry to disk.
+func (j *Journal) Sync() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("journal: sync: %w", err)
 	}
 	return nil
 }
