@@ -449,14 +449,18 @@ func TestIntakeRecordsFirstDecision(t *testing.T) {
 	}
 	for i := range runs {
 		id := schemas.RunIDFor(fmt.Sprintf("early-%d", i))
-		eventually(t, 10*time.Second, id+" decided", func() bool { return decided(id) })
+		// The events follow the Create that stores them both.
+		var evs []schemas.RunEvent
+		eventually(t, 10*time.Second, id+" decided and its events seen", func() bool {
+			mu.Lock()
+			evs = slices.Clone(events[id])
+			mu.Unlock()
+			return decided(id) && len(evs) >= 2
+		})
 		hist, err := kv.History(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
-		evs := events[id]
-		mu.Unlock()
 		if len(hist) != 1 || len(evs) != 2 || evs[0].Type != schemas.EventAccepted || evs[1].Type != schemas.EventDecided || evs[1].Code != schemas.CodeNoCapacity {
 			t.Fatalf("%s: %d wf_runs revisions and events %+v; want one revision, accepted then decided no_capacity", id, len(hist), evs)
 		}
