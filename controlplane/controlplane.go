@@ -40,6 +40,10 @@ type Config struct {
 	CommandAckWait time.Duration
 	// Placement weighs time against price; zero fields take defaults.
 	Placement placement.Config
+	// DecisionCandidates bounds the full candidate entries a stored
+	// decision keeps (schemas.BookingDecision.Compact); the other nodes
+	// are named by reason only. DefaultDecisionCandidates when zero.
+	DecisionCandidates int
 	// WaitForCapacity keeps a Run that no enrolled node could ever run
 	// waiting (for a node to join) instead of failing it at once.
 	WaitForCapacity bool
@@ -64,6 +68,9 @@ func (c *Config) defaults() {
 	}
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = time.Hour
+	}
+	if c.DecisionCandidates <= 0 {
+		c.DecisionCandidates = DefaultDecisionCandidates
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = time.Second
@@ -181,6 +188,11 @@ func (cp *ControlPlane) Metrics() Metrics {
 		Heartbeats: m.heartbeats.Load(), EventsPublished: m.eventsSent.Load(), Passes: m.passes.Load(), DecidedAtIntake: m.intakeDecided.Load(),
 	}
 }
+
+// DefaultDecisionCandidates keeps a decision over any fleet to about 100 KB
+// (a full decision over 10,000 nodes is about 2 MB, past NATS's 1 MB
+// message limit, so the Run could not be written).
+const DefaultDecisionCandidates = 64
 
 // New provisions the streams and buckets (idempotently) and returns a
 // control plane ready to Run.

@@ -481,3 +481,47 @@ func TestIntakeRecordsFirstDecision(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredDecisionIsCompacted: a decision over more nodes than
+// DecisionCandidates is stored with that many full entries (the winner and
+// the cheapest loser) and every other node named under its reason, so each rejected node is still recorded
+// (invariant 4) while a Run's record stays small on a large fleet.
+func TestStoredDecisionIsCompacted(t *testing.T) {
+	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 20 * time.Millisecond, OpenEnrollment: true, DecisionCandidates: 2})
+	const nodes = 5
+	for i := range nodes {
+		pl.enroll(t, fmt.Sprintf("n%d", i))
+	}
+	pl.publish(t, bus.SubjectSubmit, "big", testRequest("big"))
+	id := schemas.RunIDFor("big")
+	var d *schemas.BookingDecision
+	eventually(t, 10*time.Second, "decision stored", func() bool {
+		r, ok := pl.run(t, id)
+		if !ok {
+			return false
+		}
+		for _, ev := range r.Outbox {
+			if ev.Decision != nil {
+				d = ev.Decision
+			}
+		}
+		return d != nil
+	})
+	named := map[string]bool{}
+	for _, c := range d.Candidates {
+		named[c.NodeID] = c.Reason != "" || c.NodeID == d.Winner
+	}
+	for reason, ids := range d.Others {
+		for _, id := range ids {
+			named[id] = reason != ""
+		}
+	}
+	if len(d.Candidates) != 2 || len(named) != nodes {
+		t.Fatalf("decision kept %d full entries and names %d nodes; want 2 and %d: %+v", len(d.Candidates), len(named), nodes, d)
+	}
+	for id, hasReason := range named {
+		if !hasReason {
+			t.Fatalf("%s recorded without a reason: %+v", id, d)
+		}
+	}
+}

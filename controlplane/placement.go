@@ -2,7 +2,9 @@ package controlplane
 
 import (
 	"cmp"
+	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/warmfleet/warmfleet/controlplane/placement"
@@ -80,17 +82,36 @@ func unsatisfiable(d schemas.BookingDecision) bool {
 }
 
 // waitingSummary condenses an unwinnable decision so an unchanged one is not
-// recorded again on every scheduling pass.
+// recorded again on every scheduling pass: the nodes by name while there
+// are few, else the count of each reason (a per-node list over thousands
+// of nodes would make every waiting Run's record huge).
 func waitingSummary(d schemas.BookingDecision) string {
 	if len(d.Candidates) == 0 {
 		return "no nodes enrolled"
 	}
-	s := ""
+	if len(d.Candidates) <= maxNamedInSummary {
+		s := ""
+		for _, c := range d.Candidates {
+			s += c.NodeID + "=" + string(c.Reason) + ";"
+		}
+		return s
+	}
+	counts := map[schemas.Code]int{}
 	for _, c := range d.Candidates {
-		s += c.NodeID + "=" + string(c.Reason) + ";"
+		counts[c.Reason]++
+	}
+	reasons := slices.SortedFunc(maps.Keys(counts), func(a, b schemas.Code) int {
+		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a, b))
+	})
+	s := strconv.Itoa(len(d.Candidates)) + " nodes:"
+	for _, r := range reasons {
+		s += " " + string(r) + "=" + strconv.Itoa(counts[r])
 	}
 	return s
 }
+
+// maxNamedInSummary is the largest fleet whose waiting summary names nodes.
+const maxNamedInSummary = 16
 
 // intakeViewMaxAge bounds how old the fleet intake decides on may be.
 const intakeViewMaxAge = 250 * time.Millisecond

@@ -35,6 +35,7 @@ func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (s
 		r.Outbox = nil
 		from := r.Phase
 		emit := func(ev schemas.RunEvent) {
+			cp.compactDecision(&ev)
 			r.EventSeq++
 			ev.RunID, ev.Seq, ev.At = r.ID, r.EventSeq, now
 			if ev.RequestID == "" && ev.Type == schemas.EventAccepted {
@@ -86,6 +87,7 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 	}
 	run.Outbox = []schemas.RunEvent{{RunID: run.ID, Seq: 1, Type: schemas.EventAccepted, RequestID: req.RequestID, Phase: schemas.PhaseAccepted, At: now}}
 	cp.decideAtIntake(&run, func(ev schemas.RunEvent) {
+		cp.compactDecision(&ev)
 		run.EventSeq++
 		ev.RunID, ev.Seq, ev.At = run.ID, run.EventSeq, now
 		run.Outbox = append(run.Outbox, ev)
@@ -137,6 +139,15 @@ func (cp *ControlPlane) publishEvent(ctx context.Context, ev schemas.RunEvent, m
 		return fmt.Errorf("publish event %s: %w", msgID, err)
 	}
 	return nil
+}
+
+// compactDecision bounds the decision an event carries before it is stored
+// in the Run's outbox and published.
+func (cp *ControlPlane) compactDecision(ev *schemas.RunEvent) {
+	if ev.Decision != nil && len(ev.Decision.Candidates) > cp.cfg.DecisionCandidates {
+		d := ev.Decision.Compact(cp.cfg.DecisionCandidates)
+		ev.Decision = &d
+	}
 }
 
 // phaseEvent describes a phase change.

@@ -1,6 +1,10 @@
 package schemas
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // EventType classifies a RunEvent.
 type EventType string
@@ -50,7 +54,69 @@ type BookingDecision struct {
 	// (it prefetches its image meanwhile).
 	WinnerQueued bool        `json:"winner_queued,omitempty"`
 	Candidates   []Candidate `json:"candidates"`
-	DecidedAt    time.Time   `json:"decided_at"`
+	// Others lists, by reason, the candidates recorded by node id alone. A
+	// decision over a large fleet is compacted before it is stored
+	// (Compact): full entries for the winner, the best losers and a few
+	// examples of each reason, the rest here, so that every rejected node
+	// is still named with its reason and the record stays far inside a
+	// NATS message.
+	Others    map[Code][]string `json:"others,omitempty"`
+	DecidedAt time.Time         `json:"decided_at"`
+}
+
+// examplesPerReason is how many full entries Compact keeps of each reason.
+const examplesPerReason = 3
+
+// Compact returns d with at most limit full candidate entries: the winner,
+// up to half the limit of the cheapest eligible losers, then examples of
+// each reason in turn; every other candidate is named under Others by its
+// reason. Kept entries stay in d's order. A limit ≤ 0, or a decision that
+// fits, is returned as is.
+func (d BookingDecision) Compact(limit int) BookingDecision {
+	if limit <= 0 || len(d.Candidates) <= limit {
+		return d
+	}
+	keep := make([]bool, len(d.Candidates))
+	kept := 0
+	take := func(i int) {
+		if !keep[i] && kept < limit {
+			keep[i], kept = true, kept+1
+		}
+	}
+	var eligible []int
+	for i, c := range d.Candidates {
+		switch {
+		case c.NodeID == d.Winner && d.Winner != "":
+			take(i)
+		case c.Eligible:
+			eligible = append(eligible, i)
+		}
+	}
+	slices.SortStableFunc(eligible, func(a, b int) int { return cmp.Compare(d.Candidates[a].Cost, d.Candidates[b].Cost) })
+	for _, i := range eligible[:min(len(eligible), limit/2)] {
+		take(i)
+	}
+	seen := map[Code]int{}
+	for i, c := range d.Candidates {
+		if !keep[i] && seen[c.Reason] < examplesPerReason {
+			seen[c.Reason]++
+			take(i)
+		}
+	}
+	out := d
+	out.Candidates = make([]Candidate, 0, kept)
+	out.Others = map[Code][]string{}
+	for k, v := range d.Others {
+		out.Others[k] = slices.Clone(v)
+	}
+	for i, c := range d.Candidates {
+		if keep[i] {
+			out.Candidates = append(out.Candidates, c)
+			continue
+		}
+		out.Others[c.Reason] = append(out.Others[c.Reason], c.NodeID)
+	}
+	return out
 }
 
 // Candidate is one node considered for a booking.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -304,6 +305,11 @@ func newRunDecision(g *globals) *cobra.Command {
 							queue, price = fmt.Sprintf("%.0f", k.QueueSeconds), fmt.Sprintf("%.2f", k.PricePerHour)
 						}
 						fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.NodeID, c.Eligible, cost, image, pull, fill, queue, price, or(string(c.Reason), "winner"), c.Detail)
+					}
+					// A large fleet's decision names the other nodes by reason only.
+					for _, reason := range slices.Sorted(maps.Keys(d.Others)) {
+						ids := d.Others[reason]
+						fmt.Fprintf(tw, "(%d more)\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", len(ids), or(string(reason), "-"), strings.Join(ids, ","))
 					}
 				}
 			})
