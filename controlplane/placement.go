@@ -167,19 +167,31 @@ func (cp *ControlPlane) decideAtIntake(r *schemas.Run, emit func(schemas.RunEven
 	if v.fleet.MayWin(r.Request.Resources, now) {
 		return // placement's to decide; intake only records the certain "no"
 	}
-	ref, err := schemas.ParseImageRef("image", r.Request.Image)
-	if err != nil {
+	d, err := cp.decide(r, v.fleet, now)
+	if err != nil || d.Winner != "" || (!cp.cfg.WaitForCapacity && unsatisfiable(d)) {
 		return
 	}
-	start := time.Now()
-	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest}, v.fleet, now, cp.cfg.Placement)
-	cp.metrics.decisionNanos.Add(time.Since(start).Nanoseconds())
-	cp.metrics.decisions.Add(1)
-	if d.Winner != "" || (!cp.cfg.WaitForCapacity && unsatisfiable(d)) {
-		return
-	}
-	cp.metrics.placementMiss.Add(1)
 	cp.metrics.intakeDecided.Add(1)
 	r.Waiting = waitingSummary(d)
-	emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: r.Phase, Code: schemas.CodeNoCapacity, Message: "no node fits now; waiting", Decision: &d})
+	emit(schemas.RunEvent{Type: schemas.EventDecided, Phase: r.Phase, Code: schemas.CodeNoCapacity, Message: msgNoNodeFits, Decision: &d})
+}
+
+// msgNoNodeFits is the message of a decision that leaves a Run waiting.
+const msgNoNodeFits = "no node fits now; waiting"
+
+// decide makes one placement decision for r's next attempt over fleet,
+// and counts it (and a miss, when no node wins).
+func (cp *ControlPlane) decide(r *schemas.Run, fleet *placement.Fleet, now time.Time) (schemas.BookingDecision, error) {
+	ref, err := schemas.ParseImageRef("image", r.Request.Image)
+	if err != nil {
+		return schemas.BookingDecision{}, err
+	}
+	start := time.Now()
+	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest}, fleet, now, cp.cfg.Placement)
+	cp.metrics.decisionNanos.Add(time.Since(start).Nanoseconds())
+	cp.metrics.decisions.Add(1)
+	if d.Winner == "" {
+		cp.metrics.placementMiss.Add(1)
+	}
+	return d, nil
 }

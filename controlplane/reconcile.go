@@ -132,16 +132,11 @@ var errSkip = errors.New("skip")
 // why none fits (once per distinct answer). A Run no node could ever run
 // fails at once unless the control plane waits for capacity.
 func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *placement.Fleet, now time.Time) error {
-	ref, err := schemas.ParseImageRef("image", r.Request.Image)
+	d, err := cp.decide(&r, fleet, now)
 	if err != nil {
 		return err
 	}
-	start := time.Now()
-	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest}, fleet, now, cp.cfg.Placement)
-	cp.metrics.decisionNanos.Add(time.Since(start).Nanoseconds())
-	cp.metrics.decisions.Add(1)
 	if d.Winner == "" {
-		cp.metrics.placementMiss.Add(1)
 		coming, renting := false, ""
 		if cp.cfg.Capacity != nil {
 			var err error
@@ -151,7 +146,7 @@ func (cp *ControlPlane) schedule(ctx context.Context, r schemas.Run, fleet *plac
 			}
 		}
 		fail := !cp.cfg.WaitForCapacity && !coming && unsatisfiable(d)
-		summary, waitMsg := waitingSummary(d), "no node fits now; waiting"
+		summary, waitMsg := waitingSummary(d), msgNoNodeFits
 		if renting != "" {
 			summary += " " + renting
 			waitMsg += " for capacity: " + renting

@@ -34,15 +34,7 @@ func (cp *ControlPlane) advance(ctx context.Context, runID string, ch change) (s
 		prev := r.Outbox
 		r.Outbox = nil
 		from := r.Phase
-		emit := func(ev schemas.RunEvent) {
-			cp.compactDecision(&ev)
-			r.EventSeq++
-			ev.RunID, ev.Seq, ev.At = r.ID, r.EventSeq, now
-			if ev.RequestID == "" && ev.Type == schemas.EventAccepted {
-				ev.RequestID = r.Request.RequestID
-			}
-			r.Outbox = append(r.Outbox, ev)
-		}
+		emit := func(ev schemas.RunEvent) { cp.appendEvent(r, ev, now) }
 		if err := ch(r, emit); err != nil {
 			r.Outbox = prev
 			return err
@@ -83,15 +75,10 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 	now := cp.now()
 	run := schemas.Run{
 		ID: schemas.RunIDFor(req.RequestID), Request: req, Phase: schemas.PhaseAccepted,
-		CreatedAt: now, UpdatedAt: now, PhaseSince: now, EventSeq: 1,
+		CreatedAt: now, UpdatedAt: now, PhaseSince: now,
 	}
-	run.Outbox = []schemas.RunEvent{{RunID: run.ID, Seq: 1, Type: schemas.EventAccepted, RequestID: req.RequestID, Phase: schemas.PhaseAccepted, At: now}}
-	cp.decideAtIntake(&run, func(ev schemas.RunEvent) {
-		cp.compactDecision(&ev)
-		run.EventSeq++
-		ev.RunID, ev.Seq, ev.At = run.ID, run.EventSeq, now
-		run.Outbox = append(run.Outbox, ev)
-	})
+	cp.appendEvent(&run, schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted}, now)
+	cp.decideAtIntake(&run, func(ev schemas.RunEvent) { cp.appendEvent(&run, ev, now) })
 	raw, rev, err := bus.CreateJSONRaw(ctx, cp.runsKV, run.ID, &run)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		var stored schemas.Run
@@ -141,13 +128,19 @@ func (cp *ControlPlane) publishEvent(ctx context.Context, ev schemas.RunEvent, m
 	return nil
 }
 
-// compactDecision bounds the decision an event carries before it is stored
-// in the Run's outbox and published.
-func (cp *ControlPlane) compactDecision(ev *schemas.RunEvent) {
+// appendEvent numbers ev as r's next event, stamps it, and adds it to r's
+// outbox, with its decision bounded (Compact) for storing and publishing.
+func (cp *ControlPlane) appendEvent(r *schemas.Run, ev schemas.RunEvent, now time.Time) {
 	if ev.Decision != nil && len(ev.Decision.Candidates) > cp.cfg.DecisionCandidates {
 		d := ev.Decision.Compact(cp.cfg.DecisionCandidates)
 		ev.Decision = &d
 	}
+	r.EventSeq++
+	ev.RunID, ev.Seq, ev.At = r.ID, r.EventSeq, now
+	if ev.RequestID == "" && ev.Type == schemas.EventAccepted {
+		ev.RequestID = r.Request.RequestID
+	}
+	r.Outbox = append(r.Outbox, ev)
 }
 
 // phaseEvent describes a phase change.
