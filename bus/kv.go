@@ -70,19 +70,27 @@ func UpdateJSON[T any](ctx context.Context, kv jetstream.KeyValue, key string, m
 // doing. It also returns the bytes stored, to seed the next update.
 func UpdateJSONFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, seed Seed, mutate func(*T) error) (T, uint64, []byte, error) {
 	var zero T
+	// write stores v at rev; a revision mismatch is returned as is.
+	write := func(v *T, rev uint64) (uint64, []byte, error) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return 0, nil, err
+		}
+		nrev, err := kv.Update(ctx, key, b, rev)
+		if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			err = fmt.Errorf("bus: update %s/%s: %w", kv.Bucket(), key, err)
+		}
+		return nrev, b, err
+	}
 	if seed.Revision != 0 && len(seed.JSON) > 0 {
 		var v T
 		if json.Unmarshal(seed.JSON, &v) == nil && mutate(&v) == nil {
-			b, err := json.Marshal(&v)
-			if err != nil {
-				return zero, 0, nil, err
-			}
-			nrev, err := kv.Update(ctx, key, b, seed.Revision)
-			switch {
-			case err == nil:
+			nrev, b, err := write(&v, seed.Revision)
+			if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				if err != nil {
+					return zero, 0, nil, err
+				}
 				return v, nrev, b, nil
-			case !errors.Is(err, jetstream.ErrKeyRevisionMismatch):
-				return zero, 0, nil, fmt.Errorf("bus: update %s/%s: %w", kv.Bucket(), key, err)
 			}
 		}
 	}
@@ -98,16 +106,12 @@ func UpdateJSONFrom[T any](ctx context.Context, kv jetstream.KeyValue, key strin
 			}
 			return zero, 0, nil, err
 		}
-		b, err := json.Marshal(&v)
-		if err != nil {
-			return zero, 0, nil, err
-		}
-		nrev, err := kv.Update(ctx, key, b, rev)
+		nrev, b, err := write(&v, rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue
 		}
 		if err != nil {
-			return zero, 0, nil, fmt.Errorf("bus: update %s/%s: %w", kv.Bucket(), key, err)
+			return zero, 0, nil, err
 		}
 		return v, nrev, b, nil
 	}
