@@ -148,8 +148,7 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	synced := make(chan error, 1)
 	go func() { synced <- a.journal.Sync() }()
 	if f := a.cfg.Faults; f != nil && f.LeaveUnacked != nil && f.LeaveUnacked(c) {
-		dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
-		_ = a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
+		_ = a.publishReceipt(ctx, c, rc)
 		<-synced
 		return
 	}
@@ -161,8 +160,7 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 // be published, or an entry that cannot be synced, leaves the command
 // unacked: the redelivery answers from the journal.
 func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, rc schemas.OperationReceipt, applied bool, synced <-chan error) {
-	dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
-	err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
+	err := a.publishReceipt(ctx, c, rc)
 	if synced != nil {
 		if serr := <-synced; serr != nil {
 			a.log.Error("journal sync failed; command will be redelivered", zap.String("op", c.OperationID), zap.Error(serr))
@@ -177,6 +175,13 @@ func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, 
 	}
 	_ = m.Ack()
 	a.log.Debug("command done", zap.String("op", c.OperationID), zap.String("outcome", rc.Outcome), zap.Bool("duplicate", rc.Duplicate), zap.Bool("applied", applied))
+}
+
+// publishReceipt sends rc, deduplicated per operation and session: a
+// redelivered command's receipt is stored once.
+func (a *Agent) publishReceipt(ctx context.Context, c schemas.Command, rc schemas.OperationReceipt) error {
+	dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
+	return a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
 }
 
 func runOf(c schemas.Command) (string, string) {
