@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/testenv"
@@ -25,18 +24,7 @@ import (
 
 func benchConn(b *testing.B) *bus.Conn {
 	b.Helper()
-	n := testenv.StartNATS(b)
-	c, err := bus.Connect(n.URL(), "bench", zap.NewNop())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(c.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.WaitConnected(ctx); err != nil {
-		b.Fatal(err)
-	}
-	return c
+	return testenv.Dial(b, testenv.StartNATS(b).URL(), "bench")
 }
 
 // BenchmarkJetStreamPublishAck is intake's baseline: publish-with-ack of a

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/testenv"
@@ -24,11 +23,7 @@ func TestCmdsStreamTakesMoreThanAThousandConsumers(t *testing.T) {
 	n := testenv.StartNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := bus.Connect(n.URL(), "test", zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := testenv.Dial(t, n.URL(), "test")
 
 	// The stream as an older version provisioned it: no consumer limit.
 	var old jetstream.StreamConfig

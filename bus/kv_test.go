@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/testenv"
@@ -38,11 +37,7 @@ func TestUpdateJSONFrom(t *testing.T) {
 	n := testenv.StartNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := bus.Connect(n.URL(), "test", zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := testenv.Dial(t, n.URL(), "test")
 	raw, err := conn.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "seeds"})
 	if err != nil {
 		t.Fatal(err)

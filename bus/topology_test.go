@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 )
@@ -17,11 +15,7 @@ func TestProvisionIsIdempotent(t *testing.T) {
 	n := testenv.StartNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := bus.Connect(n.URL(), "test", zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := testenv.Dial(t, n.URL(), "test")
 	topo := bus.Topology{}
 	if err := bus.Provision(ctx, conn.JS, topo); err != nil {
 		t.Fatal(err)

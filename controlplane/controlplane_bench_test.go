@@ -37,19 +37,7 @@ type benchPlane struct {
 func startBenchPlane(b *testing.B, cfg controlplane.Config) *benchPlane {
 	b.Helper()
 	n := testenv.StartNATS(b)
-	dial := func(name string) *bus.Conn {
-		c, err := bus.Connect(n.URL(), name, zap.NewNop())
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := c.WaitConnected(ctx); err != nil {
-			b.Fatal(err)
-		}
-		return c
-	}
-	cpConn := dial("cp")
+	cpConn := testenv.Dial(b, n.URL(), "cp") // closed after the control plane stops (cleanups run last-in first)
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.New(ctx, cpConn, cfg, zap.NewNop())
 	if err != nil {
@@ -57,7 +45,7 @@ func startBenchPlane(b *testing.B, cfg controlplane.Config) *benchPlane {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cp.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done; cpConn.Close() })
+	b.Cleanup(func() { cancel(); <-done })
 	select {
 	case <-cp.Ready():
 	case err := <-done:
@@ -65,8 +53,7 @@ func startBenchPlane(b *testing.B, cfg controlplane.Config) *benchPlane {
 	case <-time.After(30 * time.Second):
 		b.Fatal("control plane not ready")
 	}
-	prod := dial("producer")
-	b.Cleanup(prod.Close)
+	prod := testenv.Dial(b, n.URL(), "producer")
 	return &benchPlane{conn: prod, cp: cp}
 }
 

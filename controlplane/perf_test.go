@@ -37,25 +37,10 @@ type testPlane struct {
 	done   chan error
 }
 
-func dialTest(t *testing.T, url, name string) *bus.Conn {
-	t.Helper()
-	c, err := bus.Connect(url, name, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
 func startTestPlane(t *testing.T, cfg controlplane.Config) *testPlane {
 	t.Helper()
 	n := testenv.StartNATS(t)
-	pl := &testPlane{url: n.URL(), conn: dialTest(t, n.URL(), "client")}
+	pl := &testPlane{url: n.URL(), conn: testenv.Dial(t, n.URL(), "client")}
 	pl.start(t, cfg)
 	return pl
 }
@@ -64,7 +49,7 @@ func startTestPlane(t *testing.T, cfg controlplane.Config) *testPlane {
 func (pl *testPlane) start(t *testing.T, cfg controlplane.Config) {
 	t.Helper()
 	pl.ctx, pl.cancel = context.WithCancel(context.Background())
-	cp, err := controlplane.New(pl.ctx, dialTest(t, pl.url, "cp"), cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cp, err := controlplane.New(pl.ctx, testenv.Dial(t, pl.url, "cp"), cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +339,7 @@ func TestEventsSeenOnce(t *testing.T) {
 	digest := "sha256:" + fmt.Sprintf("%064x", 1)
 	rt := noopruntime.New(noopruntime.Options{Images: []string{digest}, ExitAfter: 300 * time.Millisecond})
 	a, err := agent.New(agent.Config{NodeID: "n1", Generation: 1, DataDir: t.TempDir(), Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 4 << 30}},
-		dialTest(t, pl.url, "agent"), rt, zap.NewNop())
+		testenv.Dial(t, pl.url, "agent"), rt, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

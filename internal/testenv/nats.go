@@ -1,11 +1,14 @@
 package testenv
 
 import (
+	"context"
 	"net"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"go.uber.org/zap"
 )
 
 // NATS is an embedded nats-server with JetStream owned by one test.
@@ -54,4 +57,22 @@ func (n *NATS) Restart(t testing.TB) {
 	t.Helper()
 	n.Embedded.Shutdown()
 	n.start(t)
+}
+
+// Dial connects to url as name, waits until connected, and closes the
+// connection when t ends.
+func Dial(t testing.TB, url, name string) *bus.Conn {
+	t.Helper()
+	c, err := bus.Connect(url, name, zap.NewNop())
+	if err != nil {
+		t.Fatalf("testenv: connect %s: %v", name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.WaitConnected(ctx); err != nil {
+		c.Close()
+		t.Fatalf("testenv: connect %s: %v", name, err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
