@@ -19,15 +19,7 @@ import (
 // still runs its work.
 func TestAcceptance_RentBeatsQueue(t *testing.T) {
 	w := newWorld(t)
-	var f *fleet
-	f = newFleet(t, func(c *controlplane.Config) {
-		provider := local.New(func(ctx context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
-			return f.localLauncher(t)(ctx, name, boot)
-		}, capacity.Offer{ID: "local-fresh", CPUMillis: 1 << 20, MemoryBytes: 1 << 40, ReadySeconds: 2,
-			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
-		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: 5 * time.Second,
-			IdleTimeout: time.Minute, Interval: 200 * time.Millisecond}
-	})
+	f, _ := newQueueOrRentFleet(t, 5*time.Second)
 	busy := f.startAgent(agentSpec{id: "busy-1", world: w})
 	cpu := f.nodeRecord(busy.spec.id).Capacity.CPUMillis
 	if cpu <= 0 {
@@ -76,16 +68,7 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 // busy node's queue and nothing is rented.
 func TestAcceptance_QueueBeatsRent(t *testing.T) {
 	w := newWorld(t)
-	var f *fleet
-	var provider *local.Provider
-	f = newFleet(t, func(c *controlplane.Config) {
-		provider = local.New(func(ctx context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
-			return f.localLauncher(t)(ctx, name, boot)
-		}, capacity.Offer{ID: "local-fresh", CPUMillis: 1 << 20, MemoryBytes: 1 << 40, ReadySeconds: 2,
-			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
-		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: 5 * time.Minute,
-			IdleTimeout: time.Minute, Interval: 200 * time.Millisecond}
-	})
+	f, provider := newQueueOrRentFleet(t, 5*time.Minute)
 	busy := f.startAgent(agentSpec{id: "busy-1", world: w})
 	cpu := f.nodeRecord(busy.spec.id).Capacity.CPUMillis
 	long := f.submit(schemas.RunRequest{RequestID: "busy-short", Image: w.image.Reference, Command: []string{"sleep", "3"},
@@ -109,4 +92,23 @@ func TestAcceptance_QueueBeatsRent(t *testing.T) {
 	if !queued {
 		t.Fatal("no decision booked the Run in the busy node's queue")
 	}
+}
+
+// newQueueOrRentFleet is a fleet whose local provider offers a machine
+// ready in seconds; rentMargin is how much sooner a rental must start a Run
+// than the busy node's queue for the control plane to rent.
+func newQueueOrRentFleet(t *testing.T, rentMargin time.Duration) (*fleet, *local.Provider) {
+	var (
+		f        *fleet
+		provider *local.Provider
+	)
+	f = newFleet(t, func(c *controlplane.Config) {
+		provider = local.New(func(ctx context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
+			return f.localLauncher(t)(ctx, name, boot)
+		}, capacity.Offer{ID: "local-fresh", CPUMillis: 1 << 20, MemoryBytes: 1 << 40, ReadySeconds: 2,
+			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
+		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: rentMargin,
+			IdleTimeout: time.Minute, Interval: 200 * time.Millisecond}
+	})
+	return f, provider
 }
