@@ -202,12 +202,9 @@ func (s *KVLeases) RenewSessionLease(ctx context.Context, g LeaseGrant) (LeaseGr
 		Tenant: g.Key.Tenant, Session: g.Key.Session, Holder: g.Holder, Epoch: g.Epoch,
 		GrantedAt: g.GrantedAt, RenewedAt: now, ExpiresAt: now.Add(s.ttl), Token: g.Token,
 	}
-	rev, err := updateJSON(ctx, s.kv, g.Key.String(), rec, g.Revision)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return LeaseGrant{}, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
-	}
+	rev, err := s.writeOwn(ctx, "renew", g, rec, now)
 	if err != nil {
-		return LeaseGrant{}, fmt.Errorf("residency: renew lease %s: %w", g.Key, err)
+		return LeaseGrant{}, err
 	}
 	return s.grant(g.Key, rec, rev), nil
 }
@@ -221,14 +218,39 @@ func (s *KVLeases) ReleaseSessionLease(ctx context.Context, g LeaseGrant) error 
 		Tenant: g.Key.Tenant, Session: g.Key.Session, Holder: g.Holder, Epoch: g.Epoch,
 		GrantedAt: g.GrantedAt, RenewedAt: now, ExpiresAt: now, Released: true, Token: g.Token,
 	}
-	_, err := updateJSON(ctx, s.kv, g.Key.String(), rec, g.Revision)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
+	_, err := s.writeOwn(ctx, "release", g, rec, now)
+	return err
+}
+
+// writeOwn CAS-writes rec over the grant g. A conflict rereads the record:
+// a write of ours whose answer was lost (a renewal cancelled or timed out in
+// flight) moves the revision but not the grant, so the token — unique to one
+// grant — decides whether the record is still ours, and the write is retried
+// at the new revision. Any other holder, epoch, a release or an expiry is
+// ErrLeaseLost.
+func (s *KVLeases) writeOwn(ctx context.Context, op string, g LeaseGrant, rec LeaseRecord, now time.Time) (uint64, error) {
+	k := g.Key.String()
+	rev := g.Revision
+	for range maxCASAttempts {
+		nrev, err := updateJSON(ctx, s.kv, k, rec, rev)
+		if err == nil {
+			return nrev, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return 0, fmt.Errorf("residency: %s lease %s: %w", op, k, err)
+		}
+		var cur LeaseRecord
+		crev, gerr := bus.GetJSON(ctx, s.kv, k, &cur)
+		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("residency: %s lease %s: reread after conflict: %w", op, k, gerr)
+		}
+		if gerr != nil || cur.Token != g.Token || cur.Epoch != g.Epoch || cur.Holder != g.Holder || cur.Released || !cur.Live(now) {
+			return 0, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
+		}
+		s.log.Debug("lease write conflicted with a lost write of our own; retrying", zap.String("key", k), zap.Uint64("revision", crev))
+		rev = crev
 	}
-	if err != nil {
-		return fmt.Errorf("residency: release lease %s: %w", g.Key, err)
-	}
-	return nil
+	return 0, fmt.Errorf("residency: %s lease %s: gave up after %d conflicts", op, k, maxCASAttempts)
 }
 
 // maxCASAttempts bounds a read → write loop under contention.

@@ -64,6 +64,62 @@ func TestKVLeases(t *testing.T) {
 	}
 }
 
+// TestKVLeasesLostAnswer: a renewal that landed but whose answer the holder
+// never saw (cancelled or timed out in flight) leaves the holder a grant at a
+// stale revision. Its next renewal and its release must still succeed — the
+// token says the record is its own — or a drained session's lease would stay
+// live until it expired. A different grant of the same key stays refused.
+func TestKVLeasesLostAnswer(t *testing.T) {
+	env := newBus(t)
+	clock := newFakeClock()
+	cp := newControlPlane(t, env, clock, time.Second, 0)
+	ctx := testCtx(t)
+	key := Key{tenant, "lease-lost-answer"}
+
+	g, err := cp.leases.AcquireSessionLease(ctx, key, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(300 * time.Millisecond)
+	if _, err := cp.leases.RenewSessionLease(ctx, g); err != nil { // the answer is "lost"
+		t.Fatal(err)
+	}
+	clock.Advance(300 * time.Millisecond)
+	g2, err := cp.leases.RenewSessionLease(ctx, g)
+	if err != nil || g2.Revision <= g.Revision+1 {
+		t.Fatalf("renewal after a lost answer: %+v %v", g2, err)
+	}
+	if _, err := cp.leases.RenewSessionLease(ctx, g); err != nil { // lost again
+		t.Fatal(err)
+	}
+	if err := cp.leases.ReleaseSessionLease(ctx, g2); err != nil {
+		t.Fatalf("release after a lost answer: %v", err)
+	}
+	rec, _, err := cp.leases.Get(ctx, key)
+	if err != nil || rec.Live(clock.Now()) || !rec.Released || rec.Epoch != 1 {
+		t.Fatalf("record after release %+v %v: want released at epoch 1", rec, err)
+	}
+	// Released means gone: the same grant cannot renew it back to life.
+	if _, err := cp.leases.RenewSessionLease(ctx, g2); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("renew after release: %v, want ErrLeaseLost", err)
+	}
+	// A second release of the released grant is refused, not repeated.
+	if err := cp.leases.ReleaseSessionLease(ctx, g); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("second release: %v, want ErrLeaseLost", err)
+	}
+	// The next holder's epoch-2 grant shares holder "a" but not the token.
+	g3, err := cp.leases.AcquireSessionLease(ctx, key, "a")
+	if err != nil || g3.Epoch != 2 {
+		t.Fatalf("reacquire: %+v %v", g3, err)
+	}
+	if err := cp.leases.ReleaseSessionLease(ctx, g2); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("epoch-1 release over epoch 2: %v, want ErrLeaseLost", err)
+	}
+	if rec, _, _ := cp.leases.Get(ctx, key); !rec.Live(clock.Now()) || rec.Token != g3.Token {
+		t.Fatalf("epoch-1 release touched epoch 2: %+v", rec)
+	}
+}
+
 // TestKVLocationsFence: wf_residency refuses lower epochs, keeps the epoch
 // in the tombstone, refuses to resurrect a tombstoned epoch, and a stale
 // holder cannot tombstone its successor.
