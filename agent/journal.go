@@ -42,6 +42,10 @@ type JournalEntry struct {
 // append-only JSON-lines file, fsynced before each command is acked,
 // compacted when it grows past twice its retention.
 type Journal struct {
+	// syncMu orders fsyncs; mu guards the rest and is never held across an
+	// fsync, so a Lookup or Append for the next command does not wait for
+	// the disk to flush the last one.
+	syncMu    sync.Mutex
 	mu        sync.Mutex
 	path      string
 	f         *os.File
@@ -160,11 +164,21 @@ func (j *Journal) Append(e JournalEntry) error {
 	return nil
 }
 
-// Sync flushes every appended entry to disk.
+// Sync flushes every entry appended before it was called to disk.
 func (j *Journal) Sync() error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	if err := j.f.Sync(); err != nil {
+	f := j.f
+	j.mu.Unlock()
+	return syncFile(f)
+}
+
+// syncFile fsyncs the journal file f. Finding f closed means a compaction
+// replaced it, after writing every retained entry to the new file and
+// syncing that: nothing appended to f is left unsynced.
+func syncFile(f *os.File) error {
+	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
 		return fmt.Errorf("journal: sync: %w", err)
 	}
 	return nil

@@ -22,9 +22,11 @@ import (
 type env struct {
 	g   *globals
 	dir string
-	srv *bus.Embedded
-	url string
-	log *zap.Logger // the control plane's logger (a file in dir)
+	// storeDir holds the NATS store: in dir unless --store-dir.
+	storeDir string
+	srv      *bus.Embedded
+	url      string
+	log      *zap.Logger // the control plane's logger (a file in dir)
 
 	cp       *controlplane.ControlPlane
 	cpConn   *bus.Conn
@@ -39,10 +41,17 @@ func newEnv(g *globals, name string) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &env{g: g, dir: dir}
-	e.srv, err = bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(dir, "jetstream"), Host: "127.0.0.1", Port: -1})
+	e := &env{g: g, dir: dir, storeDir: filepath.Join(dir, "jetstream")}
+	if g.storeDir != "" {
+		if e.storeDir, err = os.MkdirTemp(g.storeDir, "wfbench-"+name+"-js-"); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("--store-dir: %w", err)
+		}
+	}
+	e.srv, err = bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: e.storeDir, Host: "127.0.0.1", Port: -1})
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(e.storeDir)
 		return nil, err
 	}
 	e.url = e.srv.URL()
@@ -135,10 +144,11 @@ func (e *env) close() {
 		e.srv.Shutdown()
 	}
 	if e.g.keep {
-		fmt.Fprintln(os.Stderr, "warmfleet-bench: kept", e.dir)
+		fmt.Fprintln(os.Stderr, "warmfleet-bench: kept", e.dir, e.storeDir)
 		return
 	}
 	_ = os.RemoveAll(e.dir)
+	_ = os.RemoveAll(e.storeDir)
 }
 
 // profiler writes one CPU profile of a command's measured phase: the

@@ -52,6 +52,12 @@ EnsureImage, journal append (fsync), receipt publish-with-ack into WF_OBS.
 Baseline: core NATS request/reply of the same payload size on the same
 server, one in flight.
 
+Floor: the same round trip through JetStream with no warmfleet code — a
+publish-with-ack into a stream configured as WF_CMDS, a consumer configured
+as a node's, the receipt published with ack into a stream configured as
+WF_OBS, then the ack. It is what two JetStream hops cost here; the round
+trip over it is what the agent adds.
+
 Also: submit → running for whole Runs on the same agent (placement, two
 commands, four reports, every CAS), from the Run's events.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -113,6 +119,10 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	floor, err := commandFloor(ctx, e, client, len(cmdBytes), o.warmup, o.samples)
+	if err != nil {
+		return nil, err
+	}
 	// The floor under the agent's journal: append one line and fsync, in
 	// the filesystem the agent's data dir is on.
 	fsyncLat, err := fsyncFloor(filepath.Join(e.dir, "fsync-probe"), o.warmup, o.samples)
@@ -133,6 +143,11 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	rep.add("command round trip p50", cs.P50, "ms", bs.P50, "core request/reply p50")
 	row := rep.add("command round trip p99", cs.P99, "ms", bs.P99, "core request/reply p99")
 	row.goal("p99 ≤ 3× baseline", cs.P99 <= 3*bs.P99)
+	fl := summarise(floor)
+	rep.add("command floor p50: two JetStream hops, no logic", fl.P50, "ms", bs.P50, "core request/reply p50")
+	rep.add("command floor p99: two JetStream hops, no logic", fl.P99, "ms", bs.P99, "core request/reply p99")
+	rep.add("command round trip p99 vs its floor", cs.P99, "ms", fl.P99, "command floor p99")
+	rep.Details["command_floor"] = fl
 	ds, fs := summarise(deliver), summarise(fsyncLat)
 	rep.add("  of which publish → agent starts handling, p50", ds.P50, "ms", 0, "")
 	rep.add("journal floor: append + fsync p50", fs.P50, "ms", 0, "")
@@ -152,6 +167,7 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 		rep.Details["run_stages"] = runs.stages()
 		rep.note("Run stages p50: %s", stageTable(runs.stages()))
 	}
+	rep.note("command floor = publish-with-ack into a stream configured as WF_CMDS, the node consumer's config and Consume, receipt publish-with-ack into one configured as WF_OBS, ack; no decode, fencing, journal or runtime")
 	rep.note("command = PrepareImage with no Run, image already held: the agent's journal append (fsync) is on the path")
 	rep.note("both sides one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
 	return rep, nil
@@ -303,7 +319,7 @@ func commandRTT(ctx context.Context, client *bus.Conn, nodeID string, enr schema
 				deliver = append(deliver, r.acceptedAt.Sub(t0))
 			}
 		case <-time.After(10 * time.Second):
-			return nil, nil, fmt.Errorf("no receipt for %s in 10s", op)
+			return nil, nil, fmt.Errorf("no receipt for %s in 10s (%s)", op, consumerState(ctx, client, bus.StreamCmds, bus.NodeConsumer(nodeID)))
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		}
@@ -505,4 +521,18 @@ func fsyncFloor(path string, warmup, samples int) ([]time.Duration, error) {
 		}
 	}
 	return out, nil
+}
+
+// consumerState describes a consumer for an error: where a command stuck.
+func consumerState(ctx context.Context, c *bus.Conn, stream, name string) string {
+	cons, err := c.JS.Consumer(ctx, stream, name)
+	if err != nil {
+		return "consumer info: " + err.Error()
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		return "consumer info: " + err.Error()
+	}
+	return fmt.Sprintf("consumer %s: pending %d, ack pending %d, redelivered %d, waiting pulls %d, delivered seq %d, ack floor %d",
+		name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.Delivered.Stream, ci.AckFloor.Stream)
 }
