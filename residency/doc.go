@@ -59,8 +59,10 @@
 // wf_leases: absent → Create with epoch 1; expired (by the record's
 // expires_at) → CAS Update to epoch+1; live → held. Renew is a CAS Update at
 // the grant's own revision; a conflict or an expired record means the grant is
-// lost. Release CAS-writes an "expired now" record that keeps the epoch. A
-// per-key TTL is never used: JetStream drops it on Update.
+// lost, unless the record still carries the grant's token: then the conflict
+// was a write of its own whose answer was lost, and the CAS is retried at the
+// revision read. Release CAS-writes an "expired now" record that keeps the
+// epoch. A per-key TTL is never used: JetStream drops it on Update.
 //
 // wf_residency: a publish under an epoch lower than the stored one (or lower
 // than the current lease's) is refused; release writes an `expired`

@@ -19,7 +19,8 @@ type LeaseGrant struct {
 	Holder string         `json:"holder"`
 	Epoch  ResidencyEpoch `json:"epoch"`
 	// Revision is the wf_leases revision this grant was last written at:
-	// renew and release are CAS writes at exactly this revision.
+	// renew and release are CAS writes at this revision (or, after a
+	// write of this grant whose answer was lost, at the one that holds it).
 	Revision uint64 `json:"revision"`
 	// TTL is the lease's lifetime from each renewal.
 	TTL time.Duration `json:"ttl"`
