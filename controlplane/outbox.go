@@ -163,7 +163,7 @@ func (cp *ControlPlane) repairOutbox(ctx context.Context, stream jetstream.Strea
 		if ev.Seq <= last {
 			continue
 		}
-		if err := cp.publishEvent(ctx, ev, ev.RunID+":"+strconv.FormatUint(ev.Seq, 10)); err != nil {
+		if err := cp.publishEvent(ctx, ev, eventMsgID(ev)); err != nil {
 			return n, err
 		}
 		n++

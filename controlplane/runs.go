@@ -101,31 +101,76 @@ func (cp *ControlPlane) createRun(ctx context.Context, req schemas.RunRequest) (
 }
 
 // publishEvents appends events to WF_EVENTS, each deduplicated by run:seq.
+// Several go out together and are then awaited: one connection keeps their
+// order in the stream, and a Run's accepted and decided events cost one
+// round trip instead of two.
 func (cp *ControlPlane) publishEvents(ctx context.Context, evs []schemas.RunEvent) error {
+	if len(evs) == 1 {
+		return cp.publishEvent(ctx, evs[0], eventMsgID(evs[0]))
+	}
+	acks := make([]jetstream.PubAckFuture, 0, len(evs))
 	for _, ev := range evs {
-		if err := cp.publishEvent(ctx, ev, ev.RunID+":"+strconv.FormatUint(ev.Seq, 10)); err != nil {
+		m, err := eventMsg(ev)
+		if err != nil {
 			return err
+		}
+		cp.metrics.eventsSent.Add(1)
+		f, err := cp.conn.JS.PublishMsgAsync(m, jetstream.WithMsgID(eventMsgID(ev)))
+		if err != nil {
+			return cp.eventFailed(ev, eventMsgID(ev), err)
+		}
+		acks = append(acks, f)
+	}
+	timeout := time.NewTimer(eventPublishTimeout)
+	defer timeout.Stop()
+	for i, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return cp.eventFailed(evs[i], eventMsgID(evs[i]), err)
+		case <-timeout.C:
+			return cp.eventFailed(evs[i], eventMsgID(evs[i]), context.DeadlineExceeded)
+		case <-ctx.Done():
+			return cp.eventFailed(evs[i], eventMsgID(evs[i]), ctx.Err())
 		}
 	}
 	return nil
 }
 
-// publishEvent appends one event as JSON, the encoding operators read.
-func (cp *ControlPlane) publishEvent(ctx context.Context, ev schemas.RunEvent, msgID string) error {
+// eventPublishTimeout bounds waiting for WF_EVENTS to store an event.
+const eventPublishTimeout = 5 * time.Second
+
+func eventMsgID(ev schemas.RunEvent) string { return ev.RunID + ":" + strconv.FormatUint(ev.Seq, 10) }
+
+// eventMsg is ev as JSON, the encoding operators read.
+func eventMsg(ev schemas.RunEvent) (*nats.Msg, error) {
 	b, err := codec.Encode(codec.JSON, ev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m := &nats.Msg{Subject: bus.RunEvents(ev.RunID), Data: b, Header: nats.Header{}}
 	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	return m, nil
+}
+
+// publishEvent appends one event.
+func (cp *ControlPlane) publishEvent(ctx context.Context, ev schemas.RunEvent, msgID string) error {
+	m, err := eventMsg(ev)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, eventPublishTimeout)
 	defer cancel()
 	cp.metrics.eventsSent.Add(1)
 	if _, err := cp.conn.JS.PublishMsg(pctx, m, jetstream.WithMsgID(msgID)); err != nil {
-		cp.log.Warn("publish run event failed", zap.String("run_id", ev.RunID), zap.Uint64("seq", ev.Seq), zap.Error(err))
-		return fmt.Errorf("publish event %s: %w", msgID, err)
+		return cp.eventFailed(ev, msgID, err)
 	}
 	return nil
+}
+
+func (cp *ControlPlane) eventFailed(ev schemas.RunEvent, msgID string, err error) error {
+	cp.log.Warn("publish run event failed", zap.String("run_id", ev.RunID), zap.Uint64("seq", ev.Seq), zap.Error(err))
+	return fmt.Errorf("publish event %s: %w", msgID, err)
 }
 
 // appendEvent numbers ev as r's next event, stamps it, and adds it to r's
