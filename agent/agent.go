@@ -86,13 +86,13 @@ type Agent struct {
 	accel   *boundedProbe
 	// factsChanged wakes the facts loop; rt (a changeWatch) signals it.
 	factsChanged chan struct{}
+	// queues applies the commands of one attempt in arrival order.
+	queues *attemptQueues[queuedCmd]
 
 	mu  sync.Mutex
 	enr schemas.Enrollment
 	// watching holds the workloads this process waits on, by workload id.
 	watching map[string]context.CancelFunc
-	// attempts serialises the commands of one attempt, in arrival order.
-	queues map[string]chan queuedCmd
 	// cancel stops Run; stopErr is what Run then returns.
 	cancel  context.CancelFunc
 	stopErr error
@@ -129,9 +129,11 @@ func New(cfg Config, conn *bus.Conn, rt Runtime, log *zap.Logger) (*Agent, error
 	}
 	log = log.With(zap.String("node_id", cfg.NodeID))
 	changed := make(chan struct{}, 1)
-	return &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
+	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
 		accel: &boundedProbe{probe: cfg.Accelerator, timeout: probeTimeout, log: log}, factsChanged: changed,
-		watching: map[string]context.CancelFunc{}, queues: map[string]chan queuedCmd{}}, nil
+		watching: map[string]context.CancelFunc{}}
+	a.queues = newAttemptQueues(func(ctx context.Context, q queuedCmd) { a.handle(ctx, q.m, q.c) }, a.wg.Go)
+	return a, nil
 }
 
 // Enrollment returns the current session (zero before enrolling).
@@ -183,7 +185,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: consume commands: %w", err)
 	}
 	defer func() {
-		cancel() // unblocks an enqueue waiting on a full queue
+		cancel() // stops the attempt queues and any command in hand
 		cc.Stop()
 		gate.Lock()
 		stopped = true

@@ -21,9 +21,7 @@ type queuedCmd struct {
 	c schemas.Command
 }
 
-// enqueue routes a command to its attempt's queue, so commands of one
-// attempt apply in order (prepare before launch before stop) while a slow
-// image pull for one Run does not hold up a stop for another.
+// enqueue decodes a command and routes it to its attempt's queue.
 func (a *Agent) enqueue(ctx context.Context, m jetstream.Msg) {
 	var c schemas.Command
 	if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &c); err != nil {
@@ -31,36 +29,7 @@ func (a *Agent) enqueue(ctx context.Context, m jetstream.Msg) {
 		_ = m.Term()
 		return
 	}
-	key := attemptOf(c)
-	a.mu.Lock()
-	q, ok := a.queues[key]
-	if !ok {
-		q = make(chan queuedCmd, 64)
-		a.queues[key] = q
-		a.wg.Go(func() { a.drain(ctx, key, q) })
-	}
-	a.mu.Unlock()
-	select {
-	case q <- queuedCmd{m, c}:
-	case <-ctx.Done():
-	}
-}
-
-// drain applies an attempt's queued commands and exits when the queue is
-// empty (it is recreated by the next command).
-func (a *Agent) drain(ctx context.Context, key string, q chan queuedCmd) {
-	for {
-		a.mu.Lock()
-		select {
-		case qc := <-q:
-			a.mu.Unlock()
-			a.handle(ctx, qc.m, qc.c)
-		default:
-			delete(a.queues, key)
-			a.mu.Unlock()
-			return
-		}
-	}
+	a.queues.push(ctx, attemptOf(c), queuedCmd{m, c})
 }
 
 func attemptOf(c schemas.Command) string {
