@@ -34,13 +34,18 @@ func Connect(url, name string, log *zap.Logger, extra ...nats.Option) (*Conn, er
 	if err != nil {
 		return nil, fmt.Errorf("bus: connect to %s: %w", url, err)
 	}
-	js, err := jetstream.New(nc)
+	// An async publish whose ack never comes (a server that hung) is
+	// failed after this, rather than holding a pending slot forever.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(asyncPublishTimeout))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("bus: jetstream: %w", err)
 	}
 	return &Conn{NC: nc, JS: js}, nil
 }
+
+// asyncPublishTimeout bounds an async publish's wait for its ack.
+const asyncPublishTimeout = 10 * time.Second
 
 // Close drains nothing: it closes at once. Callers stop their consumers first.
 func (c *Conn) Close() { c.NC.Close() }
