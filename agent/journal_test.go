@@ -154,6 +154,16 @@ func TestJournalSyncAcrossCompaction(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	// Every append was followed by a Sync that returned, so the group
+	// commit's count of synced entries has caught up with the appends.
+	j.syncMu.Lock()
+	j.mu.Lock()
+	synced, appended := j.synced, j.appended
+	j.mu.Unlock()
+	j.syncMu.Unlock()
+	if synced != appended || appended != 17+4*50 {
+		t.Fatalf("synced %d of %d appends (want all %d)", synced, appended, 17+4*50)
+	}
 	want := j.Applied()
 	_ = j.Close()
 	j, err = OpenJournal(dir, 8)
