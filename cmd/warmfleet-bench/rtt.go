@@ -28,6 +28,44 @@ type rttOpts struct {
 	samples int
 	warmup  int
 	runs    int
+	pace    time.Duration
+}
+
+// sampling is how many round trips a measurement times, and the pause
+// before each one: none sends them back to back.
+type sampling struct {
+	warmup, samples int
+	pace            time.Duration
+}
+
+// roundTrip times one round trip of one kind; i numbers the sample.
+type roundTrip struct {
+	name string
+	once func(ctx context.Context, i int) (time.Duration, error)
+}
+
+// interleave takes the kinds in turn within each sample, rotating which
+// goes first, so that all of them see the same machine: on a shared host
+// the load drifts within seconds, and a baseline timed a few seconds
+// before its subject is not a same-run baseline.
+func interleave(ctx context.Context, sm sampling, rts ...roundTrip) ([][]time.Duration, error) {
+	out := make([][]time.Duration, len(rts))
+	for i := range sm.warmup + sm.samples {
+		for j := range rts {
+			k := (i + j) % len(rts)
+			if sm.pace > 0 {
+				time.Sleep(sm.pace)
+			}
+			d, err := rts[k].once(ctx, i)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", rts[k].name, err)
+			}
+			if i >= sm.warmup {
+				out[k] = append(out[k], d)
+			}
+		}
+	}
+	return out, nil
 }
 
 func newRTTCmd(g *globals) *cobra.Command {
@@ -52,6 +90,11 @@ EnsureImage, journal append (fsync), receipt publish-with-ack into WF_OBS.
 Baseline: core NATS request/reply of the same payload size on the same
 server, one in flight.
 
+The baseline, the commands and the floor are timed in turn within each
+sample (the order rotating), so all three see the same machine; --pace
+pauses before each, as sporadic commands arrive, instead of sending them
+back to back.
+
 Floor: the same round trip through JetStream with no warmfleet code — a
 publish-with-ack into a stream configured as WF_CMDS, a consumer configured
 as a node's, the receipt published with ack into a stream configured as
@@ -72,6 +115,7 @@ commands, four reports, every CAS), from the Run's events.`,
 	f.IntVar(&o.samples, "samples", 2000, "commands (and requests) timed")
 	f.IntVar(&o.warmup, "warmup", 100, "untimed commands (and requests) first")
 	f.IntVar(&o.runs, "runs", 100, "whole Runs timed submit → running (0 skips)")
+	f.DurationVar(&o.pace, "pace", 0, "pause before each timed command, request and floor round trip (0: back to back), as sporadic commands arrive")
 	return cmd
 }
 
@@ -110,19 +154,30 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	if err := prof.start(); err != nil {
 		return nil, err
 	}
-	// Baseline: core request/reply, same payload size, same server.
-	base, err := requestReply(ctx, e, client, len(cmdBytes), o.warmup, o.samples)
+	// Baseline: core request/reply, same payload size, same server; the
+	// floor: the same trip through JetStream with no logic. Timed in turn
+	// with the commands.
+	base, err := requestReply(e, client, len(cmdBytes))
 	if err != nil {
 		return nil, fmt.Errorf("baseline: %w", err)
 	}
-	cmdLat, deliver, err := commandRTT(ctx, client, nodeID, enr, digest, o.warmup, o.samples)
+	defer base.close()
+	cmds, err := commandRTT(client, nodeID, enr, digest)
 	if err != nil {
 		return nil, err
 	}
-	floor, err := commandFloor(ctx, e, client, len(cmdBytes), o.warmup, o.samples)
+	defer cmds.close()
+	floorRT, err := commandFloor(ctx, e, client, len(cmdBytes))
 	if err != nil {
 		return nil, err
 	}
+	defer floorRT.close()
+	lats, err := interleave(ctx, sampling{warmup: o.warmup, samples: o.samples, pace: o.pace}, base.roundTrip, cmds.roundTrip, floorRT.roundTrip)
+	if err != nil {
+		return nil, err
+	}
+	baseLat, cmdLat, floor := lats[0], lats[1], lats[2]
+	deliver := cmds.deliver[o.warmup:]
 	// The floor under the agent's journal: append one line and fsync, in
 	// the filesystem the agent's data dir is on.
 	fsyncLat, err := fsyncFloor(filepath.Join(e.dir, "fsync-probe"), o.warmup, o.samples)
@@ -139,7 +194,7 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	prof.stop()
 
 	rep := newReport("rtt")
-	bs, cs := summarise(base), summarise(cmdLat)
+	bs, cs := summarise(baseLat), summarise(cmdLat)
 	rep.add("command round trip p50", cs.P50, "ms", bs.P50, "core request/reply p50")
 	row := rep.add("command round trip p99", cs.P99, "ms", bs.P99, "core request/reply p99")
 	row.goal("p99 ≤ 3× baseline", cs.P99 <= 3*bs.P99)
@@ -170,6 +225,10 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	rep.note("command floor = publish-with-ack into a stream configured as WF_CMDS, the node consumer's config and Consume, receipt publish-with-ack into one configured as WF_OBS, ack; no decode, fencing, journal or runtime")
 	rep.note("command = PrepareImage with no Run, image already held: the agent's journal append (fsync) is on the path")
 	rep.note("both sides one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
+	if o.pace > 0 {
+		rep.note("each request, command and floor round trip paced: %s pause before each", o.pace)
+	}
+	rep.Details["pace_ms"] = float64(o.pace) / float64(time.Millisecond)
 	return rep, nil
 }
 
@@ -226,9 +285,15 @@ func rttCommand(nodeID string, enr schemas.Enrollment, op, digest string) schema
 	}
 }
 
-// requestReply times core request/reply with a responder on its own
+// probe is a round trip ready to be timed, and what it holds open.
+type probe struct {
+	roundTrip
+	close func()
+}
+
+// requestReply is core request/reply with a responder on its own
 // connection, one request in flight.
-func requestReply(ctx context.Context, e *env, client *bus.Conn, size, warmup, samples int) ([]time.Duration, error) {
+func requestReply(e *env, client *bus.Conn, size int) (*probe, error) {
 	resp, err := e.connect("bench-responder")
 	if err != nil {
 		return nil, err
@@ -237,30 +302,34 @@ func requestReply(ctx context.Context, e *env, client *bus.Conn, size, warmup, s
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
 	if err := resp.NC.Flush(); err != nil {
+		_ = sub.Unsubscribe()
 		return nil, err
 	}
 	payload := make([]byte, size)
-	out := make([]time.Duration, 0, samples)
-	for i := range warmup + samples {
-		t0 := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := client.NC.RequestWithContext(rctx, "bench.echo", payload)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		if i >= warmup {
-			out = append(out, time.Since(t0))
-		}
-	}
-	return out, nil
+	return &probe{
+		roundTrip: roundTrip{name: "request/reply", once: func(ctx context.Context, _ int) (time.Duration, error) {
+			t0 := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if _, err := client.NC.RequestWithContext(rctx, "bench.echo", payload); err != nil {
+				return 0, err
+			}
+			return time.Since(t0), nil
+		}},
+		close: func() { _ = sub.Unsubscribe() },
+	}, nil
 }
 
-// commandRTT publishes commands as dispatch does and times each receipt.
-// It also returns publish → the agent's AcceptedAt (same machine clock).
-func commandRTT(ctx context.Context, client *bus.Conn, nodeID string, enr schemas.Enrollment, digest string, warmup, samples int) ([]time.Duration, []time.Duration, error) {
+// commandProbe publishes commands as dispatch does and times each receipt.
+type commandProbe struct {
+	probe
+	// deliver is publish → the agent's AcceptedAt (same machine clock), one
+	// per round trip, warm-up included.
+	deliver []time.Duration
+}
+
+func commandRTT(client *bus.Conn, nodeID string, enr schemas.Enrollment, digest string) (*commandProbe, error) {
 	type receipt struct {
 		seen       time.Time
 		acceptedAt time.Time
@@ -284,21 +353,22 @@ func commandRTT(ctx context.Context, client *bus.Conn, nodeID string, enr schema
 		}
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := client.NC.Flush(); err != nil {
-		return nil, nil, err
+	acked, stopAcks, err := watchAcks(client, bus.StreamCmds, bus.NodeConsumer(nodeID))
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
 	}
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	rtt := make([]time.Duration, 0, samples)
-	deliver := make([]time.Duration, 0, samples)
-	for i := range warmup + samples {
+	p := &commandProbe{}
+	p.close = func() { _ = sub.Unsubscribe(); stopAcks() }
+	p.roundTrip = roundTrip{name: "command", once: func(ctx context.Context, i int) (time.Duration, error) {
 		op := fmt.Sprintf("bench-rtt-%s-%06d", nonce, i)
 		c := rttCommand(nodeID, enr, op, digest)
 		b, err := codec.Encode(codec.MsgPack, c)
 		if err != nil {
-			return nil, nil, err
+			return 0, err
 		}
 		ch := make(chan receipt, 1)
 		mu.Lock()
@@ -310,21 +380,21 @@ func commandRTT(ctx context.Context, client *bus.Conn, nodeID string, enr schema
 			jetstream.WithMsgID(op+":"+strconv.FormatUint(c.FencingToken, 10)))
 		cancel()
 		if err != nil {
-			return nil, nil, fmt.Errorf("publish command: %w", err)
+			return 0, fmt.Errorf("publish command: %w", err)
 		}
 		select {
 		case r := <-ch:
-			if i >= warmup {
-				rtt = append(rtt, r.seen.Sub(t0))
-				deliver = append(deliver, r.acceptedAt.Sub(t0))
-			}
+			p.deliver = append(p.deliver, r.acceptedAt.Sub(t0))
+			// Untimed: the agent's ack (after its journal sync) ends the
+			// command's work, so the next probe starts on a settled machine.
+			return r.seen.Sub(t0), waitAck(ctx, acked, op)
 		case <-time.After(10 * time.Second):
-			return nil, nil, fmt.Errorf("no receipt for %s in 10s (%s)", op, consumerState(ctx, client, bus.StreamCmds, bus.NodeConsumer(nodeID)))
+			return 0, fmt.Errorf("no receipt for %s in 10s (%s)", op, consumerState(ctx, client, bus.StreamCmds, bus.NodeConsumer(nodeID)))
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return 0, ctx.Err()
 		}
-	}
-	return rtt, deliver, nil
+	}}
+	return p, nil
 }
 
 // runTimings are whole Runs timed from their events.
@@ -521,6 +591,40 @@ func fsyncFloor(path string, warmup, samples int) ([]time.Duration, error) {
 		}
 	}
 	return out, nil
+}
+
+// watchAcks copies the acks sent for a consumer's messages: they are core
+// publishes to $JS.ACK.<stream>.<consumer>.…, which any subscriber also
+// receives. One command is in flight, so the next "+ACK" is its.
+func watchAcks(c *bus.Conn, stream, consumer string) (<-chan struct{}, func(), error) {
+	acked := make(chan struct{}, 1)
+	sub, err := c.NC.Subscribe("$JS.ACK."+stream+"."+consumer+".>", func(m *nats.Msg) {
+		if len(m.Data) == 0 || string(m.Data) == "+ACK" {
+			select {
+			case acked <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.NC.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, nil, err
+	}
+	return acked, func() { _ = sub.Unsubscribe() }, nil
+}
+
+func waitAck(ctx context.Context, acked <-chan struct{}, op string) error {
+	select {
+	case <-acked:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s: receipt seen but no ack in 10s", op)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // consumerState describes a consumer for an error: where a command stuck.

@@ -23,7 +23,7 @@ import (
 // No decode, fencing, journal or runtime call. The command round trip over
 // this floor is what the agent adds; this floor over request/reply is what
 // two JetStream hops cost instead of two core ones.
-func commandFloor(ctx context.Context, e *env, client *bus.Conn, size, warmup, samples int) ([]time.Duration, error) {
+func commandFloor(ctx context.Context, e *env, client *bus.Conn, size int) (*probe, error) {
 	resp, err := e.connect("floor-agent")
 	if err != nil {
 		return nil, err
@@ -36,20 +36,29 @@ func commandFloor(ctx context.Context, e *env, client *bus.Conn, size, warmup, s
 			return nil, fmt.Errorf("command floor: create %s: %w", c.Name, err)
 		}
 	}
-	defer func() {
-		_ = client.JS.DeleteStream(ctx, cmds.Name)
-		_ = client.JS.DeleteStream(ctx, obs.Name)
-	}()
+	var stops []func()
+	closeAll := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	stops = append(stops, func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = client.JS.DeleteStream(dctx, cmds.Name)
+		_ = client.JS.DeleteStream(dctx, obs.Name)
+	})
 	cc := bus.NodeConsumerConfig("bench-floor", 0)
 	cc.FilterSubject = cmds.Subjects[0]
 	cons, err := resp.JS.CreateOrUpdateConsumer(ctx, cmds.Name, cc)
 	if err != nil {
+		closeAll()
 		return nil, fmt.Errorf("command floor: consumer: %w", err)
 	}
 	receipt := make([]byte, 200) // about a receipt observation's size
 	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
 		id := m.Headers().Get(nats.MsgIdHdr)
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := resp.JS.PublishMsg(pctx, &nats.Msg{Subject: obs.Subjects[0], Data: receipt, Header: nats.Header{"Bench-Op": {id}}},
 			jetstream.WithMsgID("r:"+id))
 		cancel()
@@ -58,9 +67,10 @@ func commandFloor(ctx context.Context, e *env, client *bus.Conn, size, warmup, s
 		}
 	})
 	if err != nil {
+		closeAll()
 		return nil, fmt.Errorf("command floor: consume: %w", err)
 	}
-	defer consumeCtx.Stop()
+	stops = append(stops, consumeCtx.Stop)
 
 	seen := make(chan string, 1)
 	sub, err := client.NC.Subscribe(obs.Subjects[0], func(m *nats.Msg) {
@@ -70,42 +80,40 @@ func commandFloor(ctx context.Context, e *env, client *bus.Conn, size, warmup, s
 		}
 	})
 	if err != nil {
+		closeAll()
 		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := client.NC.Flush(); err != nil {
+	stops = append(stops, func() { _ = sub.Unsubscribe() })
+	acked, stopAcks, err := watchAcks(client, cmds.Name, cc.Durable)
+	if err != nil {
+		closeAll()
 		return nil, err
 	}
+	stops = append(stops, stopAcks)
 	payload := make([]byte, size)
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	out := make([]time.Duration, 0, samples)
-	for i := range warmup + samples {
+	return &probe{close: closeAll, roundTrip: roundTrip{name: "command floor", once: func(ctx context.Context, i int) (time.Duration, error) {
 		op := fmt.Sprintf("floor-%s-%06d", nonce, i)
 		t0 := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := client.JS.PublishMsg(pctx, &nats.Msg{Subject: cmds.Subjects[0], Data: payload}, jetstream.WithMsgID(op))
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("command floor: publish: %w", err)
+			return 0, fmt.Errorf("publish: %w", err)
 		}
-	wait:
 		for {
 			select {
 			case got := <-seen:
 				if got == op {
-					break wait
+					return time.Since(t0), waitAck(ctx, acked, op)
 				}
 			case <-time.After(10 * time.Second):
-				return nil, fmt.Errorf("command floor: no receipt for %s in 10s", op)
+				return 0, fmt.Errorf("no receipt for %s in 10s", op)
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				return 0, ctx.Err()
 			}
 		}
-		if i >= warmup {
-			out = append(out, time.Since(t0))
-		}
-	}
-	return out, nil
+	}}}, nil
 }
 
 // streamConfig is the provisioned configuration of one of warmfleet's streams.
