@@ -224,7 +224,8 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	}
 	rep.note("command floor = publish-with-ack into a stream configured as WF_CMDS, the node consumer's config and Consume, receipt publish-with-ack into one configured as WF_OBS, ack; no decode, fencing, journal or runtime")
 	rep.note("command = PrepareImage with no Run, image already held: the agent's journal append (fsync) is on the path")
-	rep.note("both sides one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
+	rep.note("one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
+	rep.note("request/reply, command and floor timed in turn within each sample; each command and floor trip then waits, untimed, for its ack")
 	if o.pace > 0 {
 		rep.note("each request, command and floor round trip paced: %s pause before each", o.pace)
 	}
