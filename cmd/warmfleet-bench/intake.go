@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,14 +37,16 @@ func newIntakeCmd(g *globals) *cobra.Command {
 		Long: `intake measures how many Runs per second the control plane accepts and durably
 records: the submit is in WF_RUNS, the Run is in wf_runs, and its accepted
 event is in WF_EVENTS. Producers publish submits with publish-with-ack, one
-in flight each, for --duration; a Run counts as recorded when its accepted
-event arrives. The rate is Runs / (first submit → last accepted event), so a
-backlog the control plane is still draining when producers stop counts
-against it.
+in flight each, for --duration; a Run counts as recorded at the time the
+server stored its accepted event. The rate is Runs / (first submit → last
+accepted event), so a backlog the control plane is still draining when
+producers stop counts against it. Nothing watches the events while
+producers run: they are read back from WF_EVENTS afterwards.
 
 The baseline is the same number of producers publishing the same payload
 size, with the same headers and Nats-Msg-Id, to a plain work-queue file
-stream on the same server, measured just before. No node is enrolled, so
+stream on the same server, measured just before. Both publish a body
+encoded once: intake's producers splice each request id into it. No node is enrolled, so
 every Run waits in accepted (the scheduler still runs: each Run gets one
 "decided: no capacity" event). Each round starts a fresh server and
 control plane.`,
@@ -112,6 +111,11 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, p := range o.producers {
+		if p < 1 || p > 99 {
+			return nil, fmt.Errorf("--producers %d: use 1 to 99 (request ids carry a two-digit producer number)", p)
+		}
+	}
 	prof, err := newProfiler(g.cpuProfile)
 	if err != nil {
 		return nil, err
@@ -154,7 +158,8 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 		}
 	}
 	rep.Details["rounds"] = all
-	rep.note("recorded = the Run's accepted event is in WF_EVENTS (after the wf_runs Create); rate = Runs / (first submit → last accepted event), drain included")
+	rep.note("recorded = the Run's accepted event is in WF_EVENTS (after the wf_runs Create), timed by the server's store stamp; rate = Runs / (first submit → last accepted event), drain included")
+	rep.note("events are read back after the window, not watched during it; producers splice each request id into one encoded body, as the baseline publishes one body")
 	rep.note("with first decision stored = Runs / (first submit → last accepted event + the time until every Run's first decided event is stored): the rate a sustained load gets")
 	rep.note("floor = the same producers into a work-queue stream, and a 64-worker consumer doing only KV Create + one event publish-with-ack + ack per message: the ceiling for these three writes on this server")
 	rep.note("submit → accepted grows with the backlog: producers outrun the control plane, so it is queueing delay, not service time")
@@ -178,7 +183,8 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	}
 	image := "localhost/bench@" + benchDigest("intake")
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	sample, err := submitMsg(runRequest("bench-"+nonce+"-00-0000000", image), enc)
+	sampleRID := benchRID(nonce, 0, 0)
+	sample, err := submitMsg(runRequest(sampleRID, image), enc)
 	if err != nil {
 		return res, err
 	}
@@ -207,52 +213,18 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 		return res, err
 	}
 
-	// Intake: count accepted events as they are published.
-	var (
-		mu       sync.Mutex
-		accepted = map[string]time.Time{}
-		last     time.Time
-		events   atomic.Int64
-	)
-	var (
-		idling    atomic.Bool
-		idleTypes = map[string]int64{}
-	)
-	sub, err := prod.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
-		events.Add(1)
-		if idling.Load() {
-			var ev struct {
-				Type string `json:"type"`
-			}
-			_ = json.Unmarshal(m.Data, &ev)
-			mu.Lock()
-			idleTypes[ev.Type]++
-			mu.Unlock()
-		}
-		if !bytes.Contains(m.Data, []byte(`"type":"accepted"`)) {
-			return
-		}
-		now := time.Now()
-		id := strings.TrimPrefix(m.Subject, "wf.events.run.")
-		mu.Lock()
-		if _, ok := accepted[id]; !ok {
-			accepted[id] = now
-			last = now
-		}
-		mu.Unlock()
-	})
+	// Intake. Nothing watches the events while producers run: they are read
+	// back afterwards, each with the time the server stored it.
+	tmpl, err := newSubmitTemplate(sample.Data, sampleRID)
 	if err != nil {
 		return res, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	_ = sub.SetPendingLimits(-1, -1)
-	if err := prod.NC.Flush(); err != nil {
+	from, err := eventsFrom(ctx, prod.JS)
+	if err != nil {
 		return res, err
 	}
-	var (
-		sentMu sync.Mutex
-		sent   = map[string]time.Time{}
-	)
+	published0 := e.cp.Metrics().EventsPublished
+	sentAt := make([][]time.Time, producers) // [producer][i], each written by its own producer
 	if prof != nil {
 		if err := prof.start(); err != nil {
 			return res, err
@@ -264,15 +236,11 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	}
 	start := time.Now()
 	n, elapsed, err = publishFor(ctx, producers, o.duration, func(p, i int) *nats.Msg {
-		rid := fmt.Sprintf("bench-%s-%02d-%07d", nonce, p, i)
-		m, err := submitMsg(runRequest(rid, image), enc)
-		if err != nil {
-			panic(err) // a fixed, valid request: cannot fail
-		}
+		rid := benchRID(nonce, p, i)
+		m := &nats.Msg{Subject: bus.SubjectSubmit, Data: tmpl.body(rid), Header: nats.Header{}}
+		m.Header.Set(codec.ContentTypeHeader, enc.ContentType())
 		m.Header.Set(jetstream.MsgIDHeader, rid)
-		sentMu.Lock()
-		sent[schemas.RunIDFor(rid)] = time.Now()
-		sentMu.Unlock()
+		sentAt[p] = append(sentAt[p], time.Now())
 		return m
 	}, prod.JS)
 	if err != nil {
@@ -281,38 +249,52 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	windowEnd := start.Add(elapsed)
 	res.Submitted = int(n)
 	res.SubmitRate = float64(n) / elapsed.Seconds()
-	deadline := time.Now().Add(o.drain)
-	for {
-		mu.Lock()
-		got := len(accepted)
-		mu.Unlock()
-		if got >= res.Submitted {
-			break
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("only %d of %d Runs recorded %s after producers stopped", got, res.Submitted, o.drain)
-		}
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	// Every Run here gets two events, accepted and its first decision.
+	drainErr := waitEvents(ctx, prod.JS, from-1+2*uint64(n), time.Now().Add(o.drain))
 	res.IntakeCores, _ = meter.cores()
 	if prof != nil {
 		prof.stop()
 	}
-	mu.Lock()
-	res.Recorded = len(accepted)
-	res.RecordedRate = float64(res.Recorded) / last.Sub(start).Seconds()
-	res.DrainSeconds = max(0, last.Sub(windowEnd).Seconds())
-	lat := make([]time.Duration, 0, len(accepted))
-	for id, at := range accepted {
-		if s, ok := sent[id]; ok {
-			lat = append(lat, at.Sub(s))
+	if drainErr != nil && !errors.Is(drainErr, errDrain) {
+		return res, drainErr
+	}
+	evs, err := readEvents(ctx, prod.JS, from)
+	if err != nil {
+		return res, err
+	}
+	accepted := map[string]time.Time{}
+	var lastAccepted, lastDecided time.Time
+	decided := map[string]bool{}
+	for _, ev := range evs {
+		switch ev.typ {
+		case string(schemas.EventAccepted):
+			if _, ok := accepted[ev.runID]; !ok {
+				accepted[ev.runID] = ev.at
+				lastAccepted = later(lastAccepted, ev.at)
+			}
+		case string(schemas.EventDecided):
+			if !decided[ev.runID] {
+				decided[ev.runID] = true
+				lastDecided = later(lastDecided, ev.at)
+			}
 		}
 	}
-	mu.Unlock()
+	if drainErr != nil {
+		return res, fmt.Errorf("%d of %d Runs recorded and %d decided %s after producers stopped", len(accepted), n, len(decided), o.drain)
+	}
+	res.Recorded = len(accepted)
+	res.RecordedRate = float64(res.Recorded) / lastAccepted.Sub(start).Seconds()
+	res.DrainSeconds = max(0, lastAccepted.Sub(windowEnd).Seconds())
+	res.SchedulerLagS = max(0, lastDecided.Sub(lastAccepted).Seconds())
+	res.DecidedRate = float64(res.Recorded) / later(lastDecided, lastAccepted).Sub(start).Seconds()
+	lat := make([]time.Duration, 0, len(accepted))
+	for p, times := range sentAt {
+		for i, t := range times {
+			if at, ok := accepted[schemas.RunIDFor(benchRID(nonce, p, i))]; ok {
+				lat = append(lat, at.Sub(t))
+			}
+		}
+	}
 	res.Latency = summarise(lat)
 	// Cross-check the durable record: one wf_runs key per Run.
 	if s, err := prod.JS.Stream(ctx, "KV_"+bus.BucketRuns); err == nil {
@@ -323,38 +305,48 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	if res.InWFRuns < uint64(res.Submitted) {
 		return res, fmt.Errorf("wf_runs holds %d Runs, %d were submitted", res.InWFRuns, res.Submitted)
 	}
-	// Wait for the scheduler to record its one decision per Run (accepted +
-	// decided = two stored events per Run), then see what the waiting Runs
-	// cost with no traffic at all.
-	lagStart := time.Now()
-	for streamMsgs(ctx, prod.JS, bus.StreamEvents) < 2*uint64(res.Submitted) && time.Since(lagStart) < 3*time.Minute {
-		time.Sleep(50 * time.Millisecond)
-	}
-	res.SchedulerLagS = time.Since(lagStart).Seconds()
-	res.DecidedRate = float64(res.Recorded) / (last.Sub(start).Seconds() + res.SchedulerLagS)
 	res.DecidedAtIntake = e.cp.Metrics().DecidedAtIntake
-	res.EventPublishes = events.Load()
-	res.EventsStored = streamMsgs(ctx, prod.JS, bus.StreamEvents)
+	res.EventPublishes = e.cp.Metrics().EventsPublished - published0
+	res.EventsStored = uint64(len(evs))
 	if o.idle > 0 {
+		// What the waiting Runs cost with no traffic at all.
+		idleFrom, err := eventsFrom(ctx, prod.JS)
+		if err != nil {
+			return res, err
+		}
 		idle, err := startMeter(os.Getpid())
 		if err != nil {
 			return res, err
 		}
-		ev0 := events.Load()
-		idling.Store(true)
+		pub0 := e.cp.Metrics().EventsPublished
 		select {
 		case <-time.After(o.idle):
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
-		idling.Store(false)
 		res.IdleCores, _ = idle.cores()
-		mu.Lock()
-		res.IdleEventTypes = maps.Clone(idleTypes)
-		mu.Unlock()
-		res.IdlePublishesPerS = float64(events.Load()-ev0) / o.idle.Seconds()
+		res.IdlePublishesPerS = float64(e.cp.Metrics().EventsPublished-pub0) / o.idle.Seconds()
+		idleEvs, err := readEvents(ctx, prod.JS, idleFrom)
+		if err != nil {
+			return res, err
+		}
+		res.IdleEventTypes = map[string]int64{}
+		for _, ev := range idleEvs {
+			res.IdleEventTypes[ev.typ]++
+		}
 	}
 	return res, nil
+}
+
+// benchRID is producer p's i-th request id; every one is as long as the
+// sample's, so it splices into the submit template.
+func benchRID(nonce string, p, i int) string { return fmt.Sprintf("bench-%s-%02d-%09d", nonce, p, i) }
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // publishFor runs producers goroutines that each publish with ack, one in
