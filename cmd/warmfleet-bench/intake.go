@@ -46,9 +46,9 @@ producers run: they are read back from WF_EVENTS afterwards.
 The baseline is the same number of producers publishing the same payload
 size, with the same headers and Nats-Msg-Id, to a plain work-queue file
 stream on the same server, measured just before. Both publish a body
-encoded once: intake's producers splice each request id into it. No node is enrolled, so
-every Run waits in accepted (the scheduler still runs: each Run gets one
-"decided: no capacity" event). Each round starts a fresh server and
+encoded once: intake's producers splice each request id into it. No node
+is enrolled, so every Run waits in accepted (the scheduler still runs: each
+Run gets one "decided: no capacity" event). Each round starts a fresh server and
 control plane.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rep, err := runIntake(cmd.Context(), g, o)
@@ -61,7 +61,7 @@ control plane.`,
 	f := cmd.Flags()
 	f.IntSliceVar(&o.producers, "producers", []int{1, 4, 16}, "concurrent producers, one measurement each")
 	f.DurationVar(&o.duration, "duration", 3*time.Second, "how long producers publish, per measurement")
-	f.DurationVar(&o.drain, "drain-timeout", 60*time.Second, "how long to wait for the control plane to record every submit")
+	f.DurationVar(&o.drain, "drain-timeout", 60*time.Second, "how long to wait for the control plane to record every submit and store its first decision")
 	f.IntVar(&o.rounds, "rounds", 1, "rounds per producer count; the median is reported")
 	f.StringVar(&o.encoding, "encoding", "json", "submit encoding: json (as the CLI sends) or msgpack")
 	f.DurationVar(&o.idle, "idle", 3*time.Second, "after the drain, how long to measure what the waiting Runs cost with no traffic (0 skips)")
@@ -82,7 +82,7 @@ type intakeRound struct {
 	DrainSeconds float64   `json:"drain_s"`
 	Latency      Latencies `json:"submit_to_accepted"`
 	PayloadBytes int       `json:"payload_bytes"`
-	// EventPublishes counts every event publish seen on wf.events.run.>
+	// EventPublishes is the control plane's count of event publishes
 	// (republished outboxes included); EventsStored is what WF_EVENTS kept
 	// after Nats-Msg-Id dedupe.
 	EventPublishes int64  `json:"event_publishes"`
@@ -102,7 +102,7 @@ type intakeRound struct {
 	// Runs / (first submit → last accepted event + scheduler lag). It is
 	// what a sustained load gets, since decisions left behind pile up.
 	DecidedRate float64 `json:"decided_runs_per_s"`
-	// IdleEventTypes counts the idle window's event publishes by type.
+	// IdleEventTypes counts the events stored in the idle window, by type.
 	IdleEventTypes map[string]int64 `json:"idle_event_types,omitempty"`
 }
 
@@ -250,7 +250,7 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	res.Submitted = int(n)
 	res.SubmitRate = float64(n) / elapsed.Seconds()
 	// Every Run here gets two events, accepted and its first decision.
-	drainErr := waitEvents(ctx, prod.JS, from-1+2*uint64(n), time.Now().Add(o.drain))
+	drainErr := waitEvents(ctx, prod.JS, from+2*uint64(n), time.Now().Add(o.drain))
 	res.IntakeCores, _ = meter.cores()
 	if prof != nil {
 		prof.stop()

@@ -70,7 +70,7 @@ func readEvents(ctx context.Context, js jetstream.JetStream, from uint64) ([]sto
 	defer it.Stop()
 	out := make([]storedEvent, 0, last-from+1)
 	for {
-		m, err := it.Next()
+		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return out, fmt.Errorf("read WF_EVENTS back at %d of %d: %w", len(out), last-from+1, err)
 		}
@@ -107,10 +107,15 @@ func eventsFrom(ctx context.Context, js jetstream.JetStream) (uint64, error) {
 // errDrain: the control plane did not store the events in time.
 var errDrain = errors.New("drain timed out")
 
-// waitEvents polls WF_EVENTS's message count, a few times per 10 ms at
-// most, until it reaches want or the deadline passes.
-func waitEvents(ctx context.Context, js jetstream.JetStream, want uint64, deadline time.Time) error {
-	for streamMsgs(ctx, js, bus.StreamEvents) < want {
+// waitEvents polls WF_EVENTS every 10 ms until the next event it stores
+// would get sequence next (every event before it is stored), or the
+// deadline passes.
+func waitEvents(ctx context.Context, js jetstream.JetStream, next uint64, deadline time.Time) error {
+	for {
+		at, err := eventsFrom(ctx, js)
+		if err == nil && at >= next {
+			return nil
+		}
 		if time.Now().After(deadline) {
 			return errDrain
 		}
@@ -120,5 +125,4 @@ func waitEvents(ctx context.Context, js jetstream.JetStream, want uint64, deadli
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return nil
 }
