@@ -377,15 +377,3 @@ func publishFor(ctx context.Context, producers int, d time.Duration, msg func(p,
 	wg.Wait()
 	return count.Load(), time.Since(start), firstEr
 }
-
-func streamMsgs(ctx context.Context, js jetstream.JetStream, stream string) uint64 {
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return 0
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0
-	}
-	return info.State.Msgs
-}

@@ -47,19 +47,15 @@ type storedEvent struct {
 // nothing: a live subscriber would take every event's delivery out of the
 // same two cores that intake runs on.
 func readEvents(ctx context.Context, js jetstream.JetStream, from uint64) ([]storedEvent, error) {
-	s, err := js.Stream(ctx, bus.StreamEvents)
+	next, err := eventsFrom(ctx, js)
 	if err != nil {
 		return nil, err
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	last := info.State.LastSeq
-	if last < from {
+	if next <= from {
 		return nil, nil
 	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
+	last := next - 1
+	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +80,7 @@ func readEvents(ctx context.Context, js jetstream.JetStream, from uint64) ([]sto
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			return out, fmt.Errorf("event %d: %w", meta.Sequence.Stream, err)
 		}
-		out = append(out, storedEvent{runID: strings.TrimPrefix(m.Subject(), "wf.events.run."), typ: ev.Type, at: meta.Timestamp})
+		out = append(out, storedEvent{runID: strings.TrimPrefix(m.Subject(), bus.RunEvents("")), typ: ev.Type, at: meta.Timestamp})
 		if meta.Sequence.Stream >= last {
 			return out, nil
 		}
