@@ -14,6 +14,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -53,7 +54,7 @@ type Config struct {
 	// Faults injects crashes for fault tests; nil in production.
 	Faults *Faults
 	// Sessions hosts resident sessions (residency/nodehost); nil hosts none.
-	Sessions SessionHost
+	Sessions noderuntime.SessionHost
 	// Credentials, when set, are what the agent's NATS connection logs in
 	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
 	// puts its saved session token, or else its bootstrap token, in them
@@ -80,7 +81,7 @@ type Faults struct {
 type Agent struct {
 	cfg     Config
 	conn    *bus.Conn
-	rt      Runtime
+	rt      noderuntime.Runtime
 	log     *zap.Logger
 	journal *Journal
 	accel   *boundedProbe
@@ -101,7 +102,7 @@ type Agent struct {
 }
 
 // New returns an agent; it opens the journal but talks to nobody yet.
-func New(cfg Config, conn *bus.Conn, rt Runtime, log *zap.Logger) (*Agent, error) {
+func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*Agent, error) {
 	if err := schemas.ValidateID("node_id", cfg.NodeID, schemas.CodeMalformed); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}

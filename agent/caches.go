@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -68,8 +69,8 @@ func (c cacheStore) dirs(name, key string) (dir, marker string) {
 
 // mounts creates each requested cache (0755) if it is new, marks it used
 // now, and returns the bind mounts a launch needs.
-func (c cacheStore) mounts(caches []schemas.CacheMount) ([]Mount, error) {
-	out := make([]Mount, 0, len(caches))
+func (c cacheStore) mounts(caches []schemas.CacheMount) ([]noderuntime.Mount, error) {
+	out := make([]noderuntime.Mount, 0, len(caches))
 	for _, cm := range caches {
 		if err := checkCacheMount(cm); err != nil {
 			return nil, err
@@ -81,7 +82,7 @@ func (c cacheStore) mounts(caches []schemas.CacheMount) ([]Mount, error) {
 		if err := touch(marker, c.now()); err != nil {
 			return nil, fmt.Errorf("agent: mark cache %s/%s used: %w", cm.Name, cm.CompatibilityKey, err)
 		}
-		out = append(out, Mount{Source: dir, Target: cm.Path, ReadOnly: cm.ReadOnly})
+		out = append(out, noderuntime.Mount{Source: dir, Target: cm.Path, ReadOnly: cm.ReadOnly})
 	}
 	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -30,7 +31,7 @@ func TestCaches_MountCreatesDirAndMarksUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Mount{
+	want := []noderuntime.Mount{
 		{Source: filepath.Join(c.dir, "pip", "py3.12"), Target: "/root/.cache/pip"},
 		{Source: filepath.Join(c.dir, "models", "_"), Target: "/models", ReadOnly: true},
 	}

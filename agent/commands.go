@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -193,7 +194,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 			}
 		}
 	})
-	spec := ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack}
+	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack}
 	stopProgress := func() {}
 	if p.RunID != "" {
 		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
@@ -228,7 +229,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		env = append(env, e.Name+"="+e.Value)
 	}
 	env = append(env, "WARMFLEET_RUN_ID="+l.RunID, "WARMFLEET_ATTEMPT_ID="+l.AttemptID, "WARMFLEET_NODE_ID="+a.cfg.NodeID)
-	spec := WorkloadSpec{
+	spec := noderuntime.WorkloadSpec{
 		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
 		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,
 		Labels: map[string]string{
@@ -250,7 +251,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.rt.EnsureImage(ctx, ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
+	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
@@ -258,7 +259,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadStarting})
 	st, err := a.rt.Launch(ctx, spec)
 	switch {
-	case errors.Is(err, ErrWorkloadExists):
+	case errors.Is(err, noderuntime.ErrWorkloadExists):
 		// Launched by an earlier delivery whose journal write was lost.
 		rc.Duplicate, rc.Outcome = true, schemas.OutcomeApplied
 		a.watch(ctx, l.AttemptID)
@@ -276,7 +277,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
 	s := c.Stop
 	err := a.rt.Stop(ctx, s.AttemptID, time.Duration(s.GraceSeconds)*time.Second)
-	if errors.Is(err, ErrWorkloadNotFound) {
+	if errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		// Never launched here: say so, and the journal entry for this stop
 		// refuses a launch that arrives later.
 		err = nil

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -39,7 +40,7 @@ func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
 	var (
 		wg     sync.WaitGroup
 		accel  schemas.AcceleratorFacts
-		info   RuntimeInfo
+		info   noderuntime.RuntimeInfo
 		imgs   []schemas.ImageLocality
 		caches []schemas.CacheFact
 	)

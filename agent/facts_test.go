@@ -11,25 +11,26 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // stubRuntime answers facts questions; workload calls are not used here.
 type stubRuntime struct {
-	Runtime // nil: any other call panics, which a facts test must not make
-	images  []schemas.ImageLocality
-	err     error
+	noderuntime.Runtime // nil: any other call panics, which a facts test must not make
+	images              []schemas.ImageLocality
+	err                 error
 }
 
-func (s stubRuntime) Info(context.Context) (RuntimeInfo, error) {
-	return RuntimeInfo{Name: "stub", Version: "1.2.3"}, nil
+func (s stubRuntime) Info(context.Context) (noderuntime.RuntimeInfo, error) {
+	return noderuntime.RuntimeInfo{Name: "stub", Version: "1.2.3"}, nil
 }
 
 func (s stubRuntime) Images(context.Context) ([]schemas.ImageLocality, error) {
 	return s.images, s.err
 }
 
-func newFactsAgent(t *testing.T, cfg Config, rt Runtime) *Agent {
+func newFactsAgent(t *testing.T, cfg Config, rt noderuntime.Runtime) *Agent {
 	t.Helper()
 	cfg.NodeID = "node-facts"
 	cfg.DataDir = t.TempDir()

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -58,7 +59,7 @@ func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 // prepare or a launch) or a workload exited (its caches were written, its
 // container goes).
 type changeWatch struct {
-	Runtime
+	noderuntime.Runtime
 	changed chan<- struct{} // capacity 1: a pending signal covers any number of changes
 }
 
@@ -69,7 +70,7 @@ func (r changeWatch) signal() {
 	}
 }
 
-func (r changeWatch) EnsureImage(ctx context.Context, spec ImageSpec) (ImageResult, error) {
+func (r changeWatch) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	res, err := r.Runtime.EnsureImage(ctx, spec)
 	if err == nil {
 		r.signal()
@@ -77,9 +78,9 @@ func (r changeWatch) EnsureImage(ctx context.Context, spec ImageSpec) (ImageResu
 	return res, err
 }
 
-func (r changeWatch) Wait(ctx context.Context, id string) (WorkloadStatus, error) {
+func (r changeWatch) Wait(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
 	st, err := r.Runtime.Wait(ctx, id)
-	if err == nil && st.State == WorkloadExited {
+	if err == nil && st.State == noderuntime.WorkloadExited {
 		r.signal()
 	}
 	return st, err

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -34,7 +35,7 @@ func (a *Agent) report(ctx context.Context, w schemas.WorkloadObservation) {
 }
 
 // observationOf turns a runtime status into a report.
-func observationOf(st WorkloadStatus) schemas.WorkloadObservation {
+func observationOf(st noderuntime.WorkloadStatus) schemas.WorkloadObservation {
 	w := schemas.WorkloadObservation{RunID: st.Labels[LabelRunID], AttemptID: st.Labels[LabelAttemptID], Phase: schemas.WorkloadUnknown}
 	if w.AttemptID == "" {
 		w.AttemptID = st.ID
@@ -44,11 +45,11 @@ func observationOf(st WorkloadStatus) schemas.WorkloadObservation {
 		w.StartedAt = &t
 	}
 	switch st.State {
-	case WorkloadCreated:
+	case noderuntime.WorkloadCreated:
 		w.Phase = schemas.WorkloadStarting
-	case WorkloadRunning:
+	case noderuntime.WorkloadRunning:
 		w.Phase = schemas.WorkloadRunning
-	case WorkloadExited:
+	case noderuntime.WorkloadExited:
 		w.Phase = schemas.WorkloadExited
 		code := st.ExitCode
 		w.ExitCode, w.OOMKilled = &code, st.OOMKilled
@@ -85,7 +86,7 @@ func (a *Agent) watch(ctx context.Context, id string) {
 			a.log.Warn("inspect workload", zap.String("workload", id), zap.Error(err))
 			return
 		}
-		if limit, _ := strconv.ParseInt(st.Labels[LabelMaxRuntime], 10, 64); limit > 0 && st.State != WorkloadExited {
+		if limit, _ := strconv.ParseInt(st.Labels[LabelMaxRuntime], 10, 64); limit > 0 && st.State != noderuntime.WorkloadExited {
 			a.enforceMaxRuntime(wctx, st, time.Duration(limit)*time.Second)
 		}
 		final, err := a.rt.Wait(wctx, id)
@@ -104,7 +105,7 @@ func (a *Agent) watch(ctx context.Context, id string) {
 
 // enforceMaxRuntime stops the workload when it outlives limit, measured from
 // its own start on this machine's clock.
-func (a *Agent) enforceMaxRuntime(ctx context.Context, st WorkloadStatus, limit time.Duration) {
+func (a *Agent) enforceMaxRuntime(ctx context.Context, st noderuntime.WorkloadStatus, limit time.Duration) {
 	started := st.StartedAt
 	if started.IsZero() {
 		started = a.cfg.Now()
@@ -131,7 +132,7 @@ func (a *Agent) enforceMaxRuntime(ctx context.Context, st WorkloadStatus, limit 
 }
 
 // reportExit publishes a workload's end, then removes it.
-func (a *Agent) reportExit(ctx context.Context, st WorkloadStatus) {
+func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus) {
 	w := observationOf(st)
 	if e, ok := a.journal.Stopped(st.ID); ok {
 		w.StopReason = e.StopReason
@@ -154,7 +155,7 @@ func (a *Agent) reportExit(ctx context.Context, st WorkloadStatus) {
 		}
 	}
 	a.log.Info("workload exited", zap.String("run_id", w.RunID), zap.String("workload", st.ID), zap.Int("exit_code", st.ExitCode), zap.Bool("oom_killed", st.OOMKilled))
-	if err := a.rt.Remove(ctx, st.ID); err != nil && !errors.Is(err, ErrWorkloadNotFound) {
+	if err := a.rt.Remove(ctx, st.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		a.log.Warn("remove exited workload", zap.String("workload", st.ID), zap.Error(err))
 	}
 }
@@ -171,7 +172,7 @@ func (a *Agent) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
 	// would have the control plane stop them as unknown workloads.
 	list := all[:0:0]
 	for _, st := range all {
-		if !IsSessionWorkload(st) {
+		if !noderuntime.IsSessionWorkload(st) {
 			list = append(list, st)
 		}
 	}

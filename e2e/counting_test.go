@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // counts tallies the effects a node's runtime really performed.
@@ -22,11 +22,11 @@ func (c *counts) pulled() int            { c.mu.Lock(); defer c.mu.Unlock(); ret
 
 // countingRuntime is the real containerd runtime with a tally of effects.
 type countingRuntime struct {
-	agent.Runtime
+	noderuntime.Runtime
 	c *counts
 }
 
-func (r *countingRuntime) EnsureImage(ctx context.Context, s agent.ImageSpec) (agent.ImageResult, error) {
+func (r *countingRuntime) EnsureImage(ctx context.Context, s noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	res, err := r.Runtime.EnsureImage(ctx, s)
 	if err == nil && !res.AlreadyPresent {
 		r.c.mu.Lock()
@@ -36,7 +36,7 @@ func (r *countingRuntime) EnsureImage(ctx context.Context, s agent.ImageSpec) (a
 	return res, err
 }
 
-func (r *countingRuntime) Launch(ctx context.Context, s agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+func (r *countingRuntime) Launch(ctx context.Context, s noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
 	st, err := r.Runtime.Launch(ctx, s)
 	if err == nil {
 		r.c.mu.Lock()

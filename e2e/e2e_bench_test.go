@@ -22,6 +22,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -42,7 +43,7 @@ type benchPlane struct {
 	events chan schemas.RunEvent
 }
 
-func startBenchPlane(b *testing.B, rt agent.Runtime, cfg agent.Config) *benchPlane {
+func startBenchPlane(b *testing.B, rt noderuntime.Runtime, cfg agent.Config) *benchPlane {
 	b.Helper()
 	n := testenv.StartNATS(b)
 	log := zap.NewNop()

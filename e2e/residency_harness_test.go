@@ -18,6 +18,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/nodehost"
 )
@@ -113,14 +114,14 @@ type sessionNode struct {
 	id    string
 	agent *agent.Agent
 	host  *nodehost.Host
-	rt    agent.Runtime
+	rt    noderuntime.Runtime
 	ws    string
 	part  *part
 }
 
 type sessionNodeSpec struct {
 	id      string
-	rt      agent.Runtime // the node runtime; a noopruntime when nil
+	rt      noderuntime.Runtime // the node runtime; a noopruntime when nil
 	target  residency.RuntimeTarget
 	warmTTL time.Duration
 	ledger  *ledger

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 )
 
@@ -136,7 +136,7 @@ func TestResidencyPartition_SurrenderAndFencedLateWrites(t *testing.T) {
 	f.eventually(15*time.Second, "node-a to surrender on its own", func() bool {
 		return len(a.host.Residencies()) == 0
 	})
-	if st, err := rtA.Inspect(context.Background(), r.Workload); err == nil && st.State == agent.WorkloadRunning {
+	if st, err := rtA.Inspect(context.Background(), r.Workload); err == nil && st.State == noderuntime.WorkloadRunning {
 		t.Errorf("node-a's session runtime still running after surrender: %+v", st)
 	}
 	t.Logf("node-a surrendered %s after the cut", time.Since(cutAt).Round(time.Millisecond))

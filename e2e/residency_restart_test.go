@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 )
 
@@ -29,7 +29,7 @@ func TestResidency_RestartsKeepAndCleanRuntimes(t *testing.T) {
 	f.cp.stop(t)
 	f.cp = f.startCP()
 	time.Sleep(2 * time.Second) // the reconcile round trip and any stop it would send
-	if st, err := rt.Inspect(ctx, r.Workload); err != nil || st.State != agent.WorkloadRunning {
+	if st, err := rt.Inspect(ctx, r.Workload); err != nil || st.State != noderuntime.WorkloadRunning {
 		t.Fatalf("session runtime after control-plane restart: %+v, %v", st, err)
 	}
 	f.publishWork(key, "k-1")
@@ -44,7 +44,7 @@ func TestResidency_RestartsKeepAndCleanRuntimes(t *testing.T) {
 	a2 := f.startSessionNode(sessionNodeSpec{id: "node-a", rt: rt, ledger: l})
 	f.eventually(10*time.Second, "leftover session runtime removed", func() bool {
 		_, err := rt.Inspect(ctx, r.Workload)
-		return errors.Is(err, agent.ErrWorkloadNotFound)
+		return errors.Is(err, noderuntime.ErrWorkloadNotFound)
 	})
 	var r2 residency.ResidencyView
 	f.eventually(20*time.Second, "session resumed after the old lease expired", func() bool {
@@ -59,7 +59,7 @@ func TestResidency_RestartsKeepAndCleanRuntimes(t *testing.T) {
 	if r2.Epoch != 2 {
 		t.Fatalf("resume after agent restart: %+v, want epoch 2", r2)
 	}
-	if st, err := rt.Inspect(ctx, r2.Workload); err != nil || st.State != agent.WorkloadRunning {
+	if st, err := rt.Inspect(ctx, r2.Workload); err != nil || st.State != noderuntime.WorkloadRunning {
 		t.Fatalf("resumed runtime: %+v, %v", st, err)
 	}
 	l.checkNoOverlap()

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -153,7 +153,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 		t.Fatalf("attach: %+v", r)
 	}
 	ctx := context.Background()
-	if st, err := rtA.Inspect(ctx, r.Workload); err != nil || st.State != agent.WorkloadRunning {
+	if st, err := rtA.Inspect(ctx, r.Workload); err != nil || st.State != noderuntime.WorkloadRunning {
 		t.Fatalf("session container %s: %+v, %v; want running", r.Workload, st, err)
 	}
 	// Re-attaching a resident session takes nothing.
@@ -180,7 +180,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	}
 	f.eventually(10*time.Second, "session container removed", func() bool {
 		_, err := rtA.Inspect(ctx, r.Workload)
-		return errors.Is(err, agent.ErrWorkloadNotFound)
+		return errors.Is(err, noderuntime.ErrWorkloadNotFound)
 	})
 	if rs := a.host.Residencies(); len(rs) != 0 {
 		t.Errorf("node-a still holds %v after warm release", rs)
@@ -200,7 +200,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	if rb.Epoch != 2 || rb.Host != b.id || !rb.Attached {
 		t.Fatalf("resume: %+v, want node-b at epoch 2", rb)
 	}
-	if st, err := rtB.Inspect(ctx, residency.WorkloadID(key, 2)); err != nil || st.State != agent.WorkloadRunning {
+	if st, err := rtB.Inspect(ctx, residency.WorkloadID(key, 2)); err != nil || st.State != noderuntime.WorkloadRunning {
 		t.Fatalf("resumed container: %+v, %v", st, err)
 	}
 	f.eventually(15*time.Second, "w-3 handled by the resumed session", func() bool { return len(l.handled("w-3")) == 1 })
@@ -220,7 +220,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	if o, _ := f.route(key); o.State != residency.StateExpired || o.Epoch != 2 {
 		t.Errorf("route after release: %+v", o)
 	}
-	if _, err := rtB.Inspect(ctx, residency.WorkloadID(key, 2)); !errors.Is(err, agent.ErrWorkloadNotFound) {
+	if _, err := rtB.Inspect(ctx, residency.WorkloadID(key, 2)); !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		t.Errorf("container after release: %v, want not found", err)
 	}
 	if st, _ := f.sessionRecord(key); st.CheckpointSequence != 2 || st.Epoch != 2 {

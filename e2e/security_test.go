@@ -26,6 +26,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/nodehost"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -175,7 +176,7 @@ func (sf *secureFleet) startAgent(id string) *secureAgent {
 // startAgentWith starts an agent process with a bootstrap token and a data
 // dir (which may hold a saved session), logging in as `warmfleet-agent
 // --nats-auth` does: first with the bootstrap token.
-func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions agent.SessionHost) *secureAgent {
+func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderuntime.SessionHost) *secureAgent {
 	sf.t.Helper()
 	creds := bus.NodeCredentials(id, token)
 	log := sf.log.Named(id)

@@ -26,10 +26,12 @@
 //
 // # Control plane and host
 //
-// DESIGN.md says only the control plane writes KV; agents never hold
-// `$KV.>` or `$JS.API.>` permissions. The three stores that write KV are
-// therefore control-plane side implementations behind small, data-shaped
-// interfaces:
+// Only the control plane writes KV: an agent's NATS permissions
+// (bus.PermsNode in bus/auth.go, tabled in docs/security.md) hold no `$KV.>`
+// and no `$JS.API.>`, only the consumer info, next and ack subjects of its
+// own command and session inbox consumers. The three stores that write KV
+// are therefore control-plane side implementations behind small,
+// data-shaped interfaces:
 //
 //   - SessionLeases (implemented by KVLeases over wf_leases): acquire, renew
 //     and release a lease. Arguments and results are plain values

@@ -57,10 +57,12 @@ var (
 	ErrClosed = errors.New("residency: manager closed")
 )
 
-// Code classifies an attach refusal for a caller that answers on the wire.
+// Code classifies a refusal for a caller that answers on the wire: an
+// AttachError carries one, and a WireError carries one in a reply (wire.go).
 type Code string
 
-// Attach refusal codes.
+// Codes for the sentinel errors above (see sentinelCodes), and the codes an
+// attach falls back to when its cause is none of them (see codeFor).
 const (
 	CodeInvalidRequest   Code = "invalid_request"
 	CodeForbidden        Code = "forbidden"
@@ -70,11 +72,14 @@ const (
 	CodeLeaseHeld        Code = "lease_held"
 	CodeLeaseLost        Code = "lease_lost"
 	CodeSuperseded       Code = "epoch_superseded"
+	CodeTombstoned       Code = "tombstoned"
 	CodeRuntimeMismatch  Code = "runtime_mismatch"
 	CodeNamespaceMissing Code = "namespace_missing"
 	CodeJournalUnknown   Code = "journal_unknown"
 	CodeNotFound         Code = "session_not_found"
 	CodeExists           Code = "session_exists"
+	CodeNotResident      Code = "not_resident"
+	CodeReleaseAbort     Code = "release_aborted"
 	CodeUnavailable      Code = "unavailable"
 	CodeWorkspace        Code = "workspace_failed"
 	CodeLaunch           Code = "launch_failed"
@@ -83,31 +88,65 @@ const (
 	CodeClosed           Code = "closed"
 )
 
+// sentinelCodes is the one table from sentinel error to code: codeFor
+// derives an AttachError's code from it, ToWire encodes an error with it,
+// and sentinelOf decodes a code back to its sentinel, so a code names the
+// same sentinel on both sides of a reply. It is read in order and the first
+// sentinel an error matches wins.
+//
+// ErrTombstoned has its own code rather than CodeSuperseded because a code
+// is how a sentinel crosses the wire: under CodeSuperseded a publish over
+// the host's own tombstone, made through Remote, would come back as
+// ErrEpochSuperseded, where TestRemote_TypedErrorsAndIdentity
+// (remote_test.go) requires ErrTombstoned.
+var sentinelCodes = []struct {
+	err  error
+	code Code
+}{
+	{ErrInvalidRequest, CodeInvalidRequest},
+	{ErrForbidden, CodeForbidden},
+	{ErrDraining, CodeDraining},
+	{ErrCapacity, CodeCapacity},
+	{ErrBusy, CodeBusy},
+	{ErrLeaseHeld, CodeLeaseHeld},
+	{ErrTombstoned, CodeTombstoned},
+	{ErrEpochSuperseded, CodeSuperseded},
+	{ErrLeaseLost, CodeLeaseLost},
+	{ErrRuntimeMismatch, CodeRuntimeMismatch},
+	{ErrNamespaceMissing, CodeNamespaceMissing},
+	{ErrJournalUnknown, CodeJournalUnknown},
+	{ErrSessionNotFound, CodeNotFound},
+	{ErrSessionExists, CodeExists},
+	{ErrNotResident, CodeNotResident},
+	{ErrReleaseAborted, CodeReleaseAbort},
+	{ErrClosed, CodeClosed},
+}
+
+// codeOf is the code of the first sentinel in sentinelCodes that err
+// matches; false when it matches none.
+func codeOf(err error) (Code, bool) {
+	for _, s := range sentinelCodes {
+		if errors.Is(err, s.err) {
+			return s.code, true
+		}
+	}
+	return "", false
+}
+
+// sentinelOf is the sentinel c stands for in sentinelCodes; nil when none.
+func sentinelOf(c Code) error {
+	for _, s := range sentinelCodes {
+		if s.code == c {
+			return s.err
+		}
+	}
+	return nil
+}
+
 // codeFor derives the code from the cause, falling back to the step's own.
 func codeFor(step Step, err error) Code {
-	for _, m := range []struct {
-		err  error
-		code Code
-	}{
-		{ErrInvalidRequest, CodeInvalidRequest},
-		{ErrForbidden, CodeForbidden},
-		{ErrDraining, CodeDraining},
-		{ErrCapacity, CodeCapacity},
-		{ErrBusy, CodeBusy},
-		{ErrLeaseHeld, CodeLeaseHeld},
-		{ErrEpochSuperseded, CodeSuperseded},
-		{ErrTombstoned, CodeSuperseded},
-		{ErrLeaseLost, CodeLeaseLost},
-		{ErrRuntimeMismatch, CodeRuntimeMismatch},
-		{ErrNamespaceMissing, CodeNamespaceMissing},
-		{ErrJournalUnknown, CodeJournalUnknown},
-		{ErrSessionNotFound, CodeNotFound},
-		{ErrSessionExists, CodeExists},
-		{ErrClosed, CodeClosed},
-	} {
-		if errors.Is(err, m.err) {
-			return m.code
-		}
+	if c, ok := codeOf(err); ok {
+		return c
 	}
 	switch step {
 	case StepValidate:

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // fakeClock is a Clock that moves only when Advance is called. gate lets a
@@ -172,32 +172,32 @@ type fakeRuntime struct {
 
 func newFakeRuntime() *fakeRuntime { return &fakeRuntime{running: map[string]bool{}} }
 
-func (r *fakeRuntime) EnsureImage(context.Context, agent.ImageSpec) (agent.ImageResult, error) {
-	return agent.ImageResult{AlreadyPresent: true}, nil
+func (r *fakeRuntime) EnsureImage(context.Context, noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
+	return noderuntime.ImageResult{AlreadyPresent: true}, nil
 }
 
-func (r *fakeRuntime) Launch(_ context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+func (r *fakeRuntime) Launch(_ context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.running[spec.ID]; ok {
-		return agent.WorkloadStatus{}, agent.ErrWorkloadExists
+		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadExists
 	}
 	r.running[spec.ID] = true
-	return agent.WorkloadStatus{ID: spec.ID, State: agent.WorkloadRunning}, nil
+	return noderuntime.WorkloadStatus{ID: spec.ID, State: noderuntime.WorkloadRunning}, nil
 }
 
-func (r *fakeRuntime) Inspect(_ context.Context, id string) (agent.WorkloadStatus, error) {
+func (r *fakeRuntime) Inspect(_ context.Context, id string) (noderuntime.WorkloadStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	on, ok := r.running[id]
 	if !ok {
-		return agent.WorkloadStatus{}, agent.ErrWorkloadNotFound
+		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadNotFound
 	}
-	st := agent.WorkloadExited
+	st := noderuntime.WorkloadExited
 	if on {
-		st = agent.WorkloadRunning
+		st = noderuntime.WorkloadRunning
 	}
-	return agent.WorkloadStatus{ID: id, State: st}, nil
+	return noderuntime.WorkloadStatus{ID: id, State: st}, nil
 }
 
 func (r *fakeRuntime) Stop(_ context.Context, id string, _ time.Duration) error {

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // errInjected is every injected failure.
@@ -229,7 +229,7 @@ type faultyRuntime struct {
 	f *faults
 }
 
-func (r faultyRuntime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+func (r faultyRuntime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
 	r.f.mu.Lock()
 	gate := r.f.launchGate
 	r.f.mu.Unlock()
@@ -237,11 +237,11 @@ func (r faultyRuntime) Launch(ctx context.Context, spec agent.WorkloadSpec) (age
 		select {
 		case <-gate:
 		case <-ctx.Done():
-			return agent.WorkloadStatus{}, ctx.Err()
+			return noderuntime.WorkloadStatus{}, ctx.Err()
 		}
 	}
 	if err := r.f.check("runtime.launch"); err != nil {
-		return agent.WorkloadStatus{}, err
+		return noderuntime.WorkloadStatus{}, err
 	}
 	return r.Runtime.Launch(ctx, spec)
 }

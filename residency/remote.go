@@ -16,9 +16,9 @@ import (
 )
 
 // Residency service operations an agent asks the control plane for, on
-// wf.node.<id>.residency.<op>. DESIGN.md: only the control plane writes KV,
-// so a host in an agent reaches wf_leases, wf_residency and wf_sessions
-// through these. The node id in the subject is the caller: an agent may
+// wf.node.<id>.residency.<op>. Only the control plane writes KV (an
+// agent's permissions, bus.PermsNode in bus/auth.go, grant no KV), so a host
+// in an agent reaches wf_leases, wf_residency and wf_sessions through these. The node id in the subject is the caller: an agent may
 // publish only its own wf.node.<id>.>, and the service refuses a lease,
 // route or checkpoint whose holder is another node.
 const (

@@ -9,20 +9,20 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
-// Runtime is the part of agent.Runtime a residency uses. Every
-// agent.Runtime (adapters/containerd's included) is one.
+// Runtime is the part of noderuntime.Runtime a residency uses. Every
+// noderuntime.Runtime (adapters/containerd's included) is one.
 type Runtime interface {
-	EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.ImageResult, error)
-	Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error)
-	Inspect(ctx context.Context, id string) (agent.WorkloadStatus, error)
+	EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error)
+	Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error)
+	Inspect(ctx context.Context, id string) (noderuntime.WorkloadStatus, error)
 	Stop(ctx context.Context, id string, grace time.Duration) error
 	Remove(ctx context.Context, id string) error
 }
 
-var _ Runtime = agent.Runtime(nil)
+var _ Runtime = noderuntime.Runtime(nil)
 
 // RuntimeTarget is the session runtime this host launches.
 type RuntimeTarget struct {
@@ -64,7 +64,7 @@ func (t RuntimeTarget) grace() time.Duration {
 // Labels on every residency workload.
 const (
 	LabelTenant  = "warmfleet.residency/tenant"
-	LabelSession = agent.LabelResidencySession
+	LabelSession = noderuntime.LabelResidencySession
 	LabelEpoch   = "warmfleet.residency/epoch"
 	LabelHost    = "warmfleet.residency/host"
 )
@@ -80,7 +80,7 @@ func WorkloadID(key Key, epoch ResidencyEpoch) string {
 	return "res-" + hex.EncodeToString(h[:12]) + "-e" + strconv.FormatUint(uint64(epoch), 10)
 }
 
-func (t RuntimeTarget) spec(key Key, host string, epoch ResidencyEpoch, workspace, namespace string) agent.WorkloadSpec {
+func (t RuntimeTarget) spec(key Key, host string, epoch ResidencyEpoch, workspace, namespace string) noderuntime.WorkloadSpec {
 	mount := t.WorkspaceMount
 	if mount == "" {
 		mount = "/workspace"
@@ -92,7 +92,7 @@ func (t RuntimeTarget) spec(key Key, host string, epoch ResidencyEpoch, workspac
 		"WF_LEASE_EPOCH=" + strconv.FormatUint(uint64(epoch), 10),
 		"WF_COMPATIBILITY_ID=" + t.CompatibilityID,
 	}, t.Env...)
-	return agent.WorkloadSpec{
+	return noderuntime.WorkloadSpec{
 		ID:             WorkloadID(key, epoch),
 		ImageReference: t.Image,
 		ManifestDigest: t.ManifestDigest,
@@ -104,13 +104,13 @@ func (t RuntimeTarget) spec(key Key, host string, epoch ResidencyEpoch, workspac
 			LabelTenant: key.Tenant, LabelSession: key.Session,
 			LabelEpoch: strconv.FormatUint(uint64(epoch), 10), LabelHost: host,
 		},
-		Mounts: []agent.Mount{{Source: workspace, Target: mount}},
+		Mounts: []noderuntime.Mount{{Source: workspace, Target: mount}},
 	}
 }
 
 // launchRuntime ensures the image and launches the session's workload.
-func launchRuntime(ctx context.Context, rt Runtime, spec agent.WorkloadSpec) error {
-	if _, err := rt.EnsureImage(ctx, agent.ImageSpec{Reference: spec.ImageReference, ManifestDigest: spec.ManifestDigest, Unpack: true}); err != nil {
+func launchRuntime(ctx context.Context, rt Runtime, spec noderuntime.WorkloadSpec) error {
+	if _, err := rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: spec.ImageReference, ManifestDigest: spec.ManifestDigest, Unpack: true}); err != nil {
 		return fmt.Errorf("residency: ensure image %s: %w", spec.ImageReference, err)
 	}
 	if _, err := rt.Launch(ctx, spec); err != nil {
@@ -122,10 +122,10 @@ func launchRuntime(ctx context.Context, rt Runtime, spec agent.WorkloadSpec) err
 // releaseRuntime stops and removes a workload. One already gone is
 // released.
 func releaseRuntime(ctx context.Context, rt Runtime, id string, grace time.Duration) error {
-	if err := rt.Stop(ctx, id, grace); err != nil && !errors.Is(err, agent.ErrWorkloadNotFound) {
+	if err := rt.Stop(ctx, id, grace); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		return fmt.Errorf("residency: stop %s: %w", id, err)
 	}
-	if err := rt.Remove(ctx, id); err != nil && !errors.Is(err, agent.ErrWorkloadNotFound) {
+	if err := rt.Remove(ctx, id); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		return fmt.Errorf("residency: remove %s: %w", id, err)
 	}
 	return nil
@@ -134,5 +134,5 @@ func releaseRuntime(ctx context.Context, rt Runtime, id string, grace time.Durat
 // runtimeRunning reports whether the workload is still running.
 func runtimeRunning(ctx context.Context, rt Runtime, id string) bool {
 	st, err := rt.Inspect(ctx, id)
-	return err == nil && st.State == agent.WorkloadRunning
+	return err == nil && st.State == noderuntime.WorkloadRunning
 }

@@ -8,9 +8,10 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 )
 
-// TestKVLeases walks wf_leases through the DESIGN rules: absent → Create at
-// epoch 1; live → held; expired → epoch+1; a stale holder's renew and
-// release are refused; release keeps the epoch; nothing is deleted.
+// TestKVLeases walks wf_leases through the rules in doc.go ("Leases and
+// epochs"): absent → Create at epoch 1; live → held; expired → epoch+1; a
+// stale holder's renew and release are refused; release keeps the epoch;
+// nothing is deleted.
 func TestKVLeases(t *testing.T) {
 	env := newBus(t)
 	clock := newFakeClock()

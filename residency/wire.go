@@ -7,8 +7,9 @@ import (
 )
 
 // WireError is an error as it travels in a reply: a code a caller branches
-// on, and text for an operator. ErrorFromWire turns the code back into the
-// sentinel it came from, so errors.Is works across the wire.
+// on, and text for an operator. ToWire and WireError.Unwrap translate
+// between a code and its sentinel through the one table, sentinelCodes
+// (errors.go), so errors.Is works across the wire.
 type WireError struct {
 	Code    Code   `json:"code"`
 	Message string `json:"message"`
@@ -33,47 +34,12 @@ func (e *WireError) Error() string {
 // Unwrap is the sentinel the code stands for, if any.
 func (e *WireError) Unwrap() error { return sentinelOf(e.Code) }
 
-// Codes a WireError carries beyond the attach codes.
+// Codes a WireError carries that stand for no sentinel error.
 const (
-	CodeTombstoned   Code = "tombstoned"
-	CodeNotResident  Code = "not_resident"
-	CodeReleaseAbort Code = "release_aborted"
 	CodeReleaseError Code = "release_incomplete"
 	CodeStaleNode    Code = "stale_fencing_token"
 	CodeNoHost       Code = "no_session_host"
 )
-
-var wireSentinels = []struct {
-	err  error
-	code Code
-}{
-	{ErrInvalidRequest, CodeInvalidRequest},
-	{ErrForbidden, CodeForbidden},
-	{ErrDraining, CodeDraining},
-	{ErrCapacity, CodeCapacity},
-	{ErrBusy, CodeBusy},
-	{ErrLeaseHeld, CodeLeaseHeld},
-	{ErrTombstoned, CodeTombstoned},
-	{ErrEpochSuperseded, CodeSuperseded},
-	{ErrLeaseLost, CodeLeaseLost},
-	{ErrRuntimeMismatch, CodeRuntimeMismatch},
-	{ErrNamespaceMissing, CodeNamespaceMissing},
-	{ErrJournalUnknown, CodeJournalUnknown},
-	{ErrSessionNotFound, CodeNotFound},
-	{ErrSessionExists, CodeExists},
-	{ErrNotResident, CodeNotResident},
-	{ErrReleaseAborted, CodeReleaseAbort},
-	{ErrClosed, CodeClosed},
-}
-
-func sentinelOf(c Code) error {
-	for _, s := range wireSentinels {
-		if s.code == c {
-			return s.err
-		}
-	}
-	return nil
-}
 
 // ToWire encodes err for a reply; nil stays nil.
 func ToWire(err error) *WireError {
@@ -90,11 +56,8 @@ func ToWire(err error) *WireError {
 		w.Code, w.Step, w.Unreleased = ae.Code, ae.Step.String(), ae.Unreleased
 		return w
 	}
-	for _, s := range wireSentinels {
-		if errors.Is(err, s.err) {
-			w.Code = s.code
-			break
-		}
+	if c, ok := codeOf(err); ok {
+		w.Code = c
 	}
 	var re *ReleaseError
 	if errors.As(err, &re) {

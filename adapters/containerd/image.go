@@ -16,14 +16,14 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // ErrDigestMismatch reports content whose digest is not the one a Run is
 // pinned to: a mislabelled archive, or a reference naming another digest.
 var ErrDigestMismatch = errors.New("image digest does not match the pinned digest")
 
-// Image sources reported in agent.ImageResult.
+// Image sources reported in noderuntime.ImageResult.
 const (
 	sourceLocal    = "local"
 	sourceArchive  = "archive"
@@ -33,14 +33,14 @@ const (
 // EnsureImage makes the image pinned by spec.ManifestDigest present (from
 // containerd, else an archive in ImageDir, else a registry pull) under the
 // name spec.Reference, and unpacks it when asked.
-func (r *Runtime) EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.ImageResult, error) {
+func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	ctx = r.ctx(ctx)
 	want, err := digest.Parse(spec.ManifestDigest)
 	if err != nil {
-		return agent.ImageResult{}, fmt.Errorf("ensure image %q: invalid manifest digest %q: %w", spec.Reference, spec.ManifestDigest, err)
+		return noderuntime.ImageResult{}, fmt.Errorf("ensure image %q: invalid manifest digest %q: %w", spec.Reference, spec.ManifestDigest, err)
 	}
 	if err := checkReference(spec.Reference, want); err != nil {
-		return agent.ImageResult{}, err
+		return noderuntime.ImageResult{}, err
 	}
 	name := spec.Reference
 	if name == "" {
@@ -51,52 +51,52 @@ func (r *Runtime) EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.
 	// Concurrent Runs of one image import it once; the rest see it present.
 	unlock, err := r.imageLocks.lock(ctx, want.String())
 	if err != nil {
-		return agent.ImageResult{}, err
+		return noderuntime.ImageResult{}, err
 	}
 	defer unlock()
 
 	img, found, err := r.findImage(ctx, want, name)
 	if err != nil {
-		return agent.ImageResult{}, err
+		return noderuntime.ImageResult{}, err
 	}
 	if found {
 		if img.Name != name {
 			if img, err = r.nameImage(ctx, name, img.Target); err != nil {
-				return agent.ImageResult{}, err
+				return noderuntime.ImageResult{}, err
 			}
 		}
 		if err := r.unpackIfAsked(ctx, img, spec.Unpack); err != nil {
-			return agent.ImageResult{}, err
+			return noderuntime.ImageResult{}, err
 		}
-		return agent.ImageResult{AlreadyPresent: true, Source: sourceLocal}, nil
+		return noderuntime.ImageResult{AlreadyPresent: true, Source: sourceLocal}, nil
 	}
 
 	archivePath, found, err := r.findArchive(ctx, want)
 	if err != nil {
-		return agent.ImageResult{}, err
+		return noderuntime.ImageResult{}, err
 	}
 	if found {
 		img, size, err := r.importArchive(ctx, archivePath, want, name, spec.Progress)
 		if err != nil {
-			return agent.ImageResult{}, err
+			return noderuntime.ImageResult{}, err
 		}
 		if err := r.unpackIfAsked(ctx, img, spec.Unpack); err != nil {
-			return agent.ImageResult{}, err
+			return noderuntime.ImageResult{}, err
 		}
 		log.Info("imported image archive", zap.String("archive", archivePath), zap.Int64("bytes", size))
-		return agent.ImageResult{Source: sourceArchive, FetchedBytes: size}, nil
+		return noderuntime.ImageResult{Source: sourceArchive, FetchedBytes: size}, nil
 	}
 
 	if spec.Reference == "" {
-		return agent.ImageResult{}, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and no reference to pull was given",
-			agent.ErrImageNotFound, want, r.imageDir)
+		return noderuntime.ImageResult{}, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and no reference to pull was given",
+			noderuntime.ErrImageNotFound, want, r.imageDir)
 	}
 	fetched, err := r.pull(ctx, spec, want)
 	if err != nil {
-		return agent.ImageResult{}, err
+		return noderuntime.ImageResult{}, err
 	}
 	log.Info("pulled image", zap.Int64("bytes", fetched))
-	return agent.ImageResult{Source: sourceRegistry, FetchedBytes: fetched}, nil
+	return noderuntime.ImageResult{Source: sourceRegistry, FetchedBytes: fetched}, nil
 }
 
 // checkReference refuses a name@digest reference whose digest is not want.
@@ -187,7 +187,7 @@ func (r *Runtime) unpack(ctx context.Context, img ctrd.Image) error {
 
 // pull fetches from the reference's registry, counting bytes it had to
 // download (content already present is not fetched again).
-func (r *Runtime) pull(ctx context.Context, spec agent.ImageSpec, want digest.Digest) (int64, error) {
+func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want digest.Digest) (int64, error) {
 	cs := r.client.ContentStore()
 	var fetched atomic.Int64
 	count := images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
@@ -221,7 +221,7 @@ func (r *Runtime) pull(ctx context.Context, spec agent.ImageSpec, want digest.Di
 		// The error carries the registry's answer but no credentials: the
 		// default resolver is anonymous.
 		return 0, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and pulling it failed: %w",
-			agent.ErrImageNotFound, spec.Reference, r.imageDir, err)
+			noderuntime.ErrImageNotFound, spec.Reference, r.imageDir, err)
 	}
 	if got := img.Target().Digest; got != want {
 		_ = r.client.ImageService().Delete(ctx, img.Name())

@@ -10,22 +10,22 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 func (f *fixture) testEnsureImage(t *testing.T) {
 	t.Run("ImportThenPresent", func(t *testing.T) {
 		t.Parallel()
 		img := testenv.BuildBusyboxImage(t, f.imageDir, "import", testenv.WithFile("/etc/variant", "import"))
-		spec := agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
+		spec := noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
 		ctx := f.rt.ctx(testCtx(t))
 
 		res, err := f.rt.EnsureImage(ctx, spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := agent.ImageResult{Source: "archive", FetchedBytes: img.SizeBytes}
+		want := noderuntime.ImageResult{Source: "archive", FetchedBytes: img.SizeBytes}
 		if res != want {
 			t.Fatalf("first EnsureImage = %+v, want %+v", res, want)
 		}
@@ -45,7 +45,7 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := (agent.ImageResult{AlreadyPresent: true, Source: "local"}); res != want {
+		if want := (noderuntime.ImageResult{AlreadyPresent: true, Source: "local"}); res != want {
 			t.Fatalf("second EnsureImage = %+v, want %+v", res, want)
 		}
 	})
@@ -55,7 +55,7 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		img := testenv.BuildBusyboxImage(t, f.imageDir, "progress", testenv.WithFile("/etc/variant", "progress"))
 		var calls int
 		var last, total int64
-		spec := agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true,
+		spec := noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true,
 			Progress: func(done, tot int64) {
 				calls++
 				if done < last {
@@ -81,7 +81,7 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		var mu sync.Mutex
 		var calls int
 		var last, total int64
-		spec := agent.ImageSpec{Reference: ref, ManifestDigest: img.ManifestDigest, Unpack: true,
+		spec := noderuntime.ImageSpec{Reference: ref, ManifestDigest: img.ManifestDigest, Unpack: true,
 			Progress: func(done, tot int64) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -108,8 +108,8 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 	t.Run("ConcurrentCallsImportOnce", func(t *testing.T) {
 		t.Parallel()
 		img := testenv.BuildBusyboxImage(t, f.imageDir, "concurrent", testenv.WithFile("/etc/variant", "concurrent"))
-		spec := agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
-		results := make(chan agent.ImageResult, 3)
+		spec := noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
+		results := make(chan noderuntime.ImageResult, 3)
 		errs := make(chan error, 3)
 		for range 3 {
 			go func() {
@@ -135,7 +135,7 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 	t.Run("PresentUnderAnotherName", func(t *testing.T) {
 		t.Parallel()
 		alias := "localhost/alias@" + f.image.ManifestDigest
-		res, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: alias, ManifestDigest: f.image.ManifestDigest, Unpack: true})
+		res, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: alias, ManifestDigest: f.image.ManifestDigest, Unpack: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		if err := os.Rename(img.ArchivePath, filepath.Join(f.imageDir, "some-name.tar")); err != nil {
 			t.Fatal(err)
 		}
-		res, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest})
+		res, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		if err := os.Rename(img.ArchivePath, filepath.Join(f.imageDir, other.Encoded()+".tar")); err != nil {
 			t.Fatal(err)
 		}
-		_, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: "localhost/liar@" + other.String(), ManifestDigest: other.String()})
+		_, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: "localhost/liar@" + other.String(), ManifestDigest: other.String()})
 		requireIs(t, err, ErrDigestMismatch)
 		t.Log(err)
 		recs, lerr := f.rt.client.ImageService().List(f.rt.ctx(testCtx(t)), "target.digest=="+img.ManifestDigest)
@@ -182,21 +182,21 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 	t.Run("ReferencePinsOtherDigest", func(t *testing.T) {
 		t.Parallel()
 		other := digest.FromString("x")
-		_, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: f.image.Reference, ManifestDigest: other.String()})
+		_, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: f.image.Reference, ManifestDigest: other.String()})
 		requireIs(t, err, ErrDigestMismatch)
 	})
 
 	t.Run("NotFoundAnywhere", func(t *testing.T) {
 		t.Parallel()
 		missing := digest.FromString("nowhere")
-		_, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: "localhost/nowhere@" + missing.String(), ManifestDigest: missing.String()})
-		requireIs(t, err, agent.ErrImageNotFound)
+		_, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: "localhost/nowhere@" + missing.String(), ManifestDigest: missing.String()})
+		requireIs(t, err, noderuntime.ErrImageNotFound)
 		t.Log(err)
 	})
 
 	t.Run("InvalidDigest", func(t *testing.T) {
 		t.Parallel()
-		if _, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: "x", ManifestDigest: "sha256:nothex"}); err == nil {
+		if _, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: "x", ManifestDigest: "sha256:nothex"}); err == nil {
 			t.Fatal("invalid digest accepted")
 		}
 	})

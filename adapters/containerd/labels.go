@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // Labels this adapter keeps on containers. They live in containerd's
@@ -61,7 +61,7 @@ func storedExit(labels map[string]string) (code int, finished time.Time, ok bool
 }
 
 // exitLabels records a final status for later readers.
-func exitLabels(st agent.WorkloadStatus) map[string]string {
+func exitLabels(st noderuntime.WorkloadStatus) map[string]string {
 	l := map[string]string{
 		labelExitCode:   strconv.Itoa(st.ExitCode),
 		labelFinishedAt: formatTime(st.FinishedAt),

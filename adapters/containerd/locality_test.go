@@ -21,8 +21,8 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -97,7 +97,7 @@ func (f *fixture) testImages(t *testing.T) {
 // ensure imports img, unpacking it when asked.
 func (f *fixture) ensure(t *testing.T, img testenv.Image, unpack bool) {
 	t.Helper()
-	if _, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: unpack}); err != nil {
+	if _, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: unpack}); err != nil {
 		t.Fatalf("EnsureImage: %v", err)
 	}
 }

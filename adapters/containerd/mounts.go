@@ -9,7 +9,7 @@ import (
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // ErrInvalidMount reports a WorkloadSpec mount this adapter refuses: a
@@ -19,7 +19,7 @@ var ErrInvalidMount = errors.New("invalid mount")
 // bindMounts turns a workload's mounts into OCI bind mounts. rbind carries
 // mounts below the source along; ro is applied by runc as a read-only
 // remount, so a read-only cache cannot be written from inside.
-func bindMounts(ms []agent.Mount) (oci.SpecOpts, error) {
+func bindMounts(ms []noderuntime.Mount) (oci.SpecOpts, error) {
 	out := make([]specs.Mount, 0, len(ms))
 	seen := make(map[string]bool, len(ms))
 	for _, m := range ms {
@@ -40,7 +40,7 @@ func bindMounts(ms []agent.Mount) (oci.SpecOpts, error) {
 	return oci.WithMounts(out), nil
 }
 
-func checkMount(m agent.Mount) error {
+func checkMount(m noderuntime.Mount) error {
 	switch {
 	case !filepath.IsAbs(m.Source):
 		return fmt.Errorf("%w: source %q is not an absolute path", ErrInvalidMount, m.Source)

@@ -7,15 +7,15 @@ import (
 
 	"github.com/containerd/containerd/errdefs"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 func (f *fixture) testMounts(t *testing.T) {
 	t.Run("WritableBindReachesHost", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
-		f.launch(t, f.rt, agent.WorkloadSpec{ID: "mount-rw", Command: []string{"sh", "-c", "echo from-container > /cache/sub/out"},
-			Mounts: []agent.Mount{{Source: dir, Target: "/cache/sub"}}})
+		f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: "mount-rw", Command: []string{"sh", "-c", "echo from-container > /cache/sub/out"},
+			Mounts: []noderuntime.Mount{{Source: dir, Target: "/cache/sub"}}})
 		if st := wait(t, f.rt, "mount-rw"); st.ExitCode != 0 {
 			t.Fatalf("workload exited %d", st.ExitCode)
 		}
@@ -32,9 +32,9 @@ func (f *fixture) testMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Exit 7: could not read; 8: could write. Only 0 is right.
-		f.launch(t, f.rt, agent.WorkloadSpec{ID: "mount-ro",
+		f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: "mount-ro",
 			Command: []string{"sh", "-c", `test "$(cat /ro/in)" = seed || exit 7; touch /ro/new 2>/dev/null && exit 8; exit 0`},
-			Mounts:  []agent.Mount{{Source: dir, Target: "/ro", ReadOnly: true}}})
+			Mounts:  []noderuntime.Mount{{Source: dir, Target: "/ro", ReadOnly: true}}})
 		if st := wait(t, f.rt, "mount-ro"); st.ExitCode != 0 {
 			t.Fatalf("workload exited %d, want 0 (7: seed unreadable, 8: read-only mount was writable)", st.ExitCode)
 		}
@@ -50,7 +50,7 @@ func (f *fixture) testMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		dir := t.TempDir()
-		for name, m := range map[string]agent.Mount{
+		for name, m := range map[string]noderuntime.Mount{
 			"relative-source": {Source: "rel/dir", Target: "/x"},
 			"missing-source":  {Source: filepath.Join(dir, "missing"), Target: "/x"},
 			"file-source":     {Source: file, Target: "/x"},
@@ -58,8 +58,8 @@ func (f *fixture) testMounts(t *testing.T) {
 			"root-target":     {Source: dir, Target: "/"},
 		} {
 			id := "mount-bad-" + name
-			_, err := f.rt.Launch(testCtx(t), agent.WorkloadSpec{ID: id, ImageReference: f.image.Reference,
-				ManifestDigest: f.image.ManifestDigest, Command: []string{"true"}, Mounts: []agent.Mount{m}})
+			_, err := f.rt.Launch(testCtx(t), noderuntime.WorkloadSpec{ID: id, ImageReference: f.image.Reference,
+				ManifestDigest: f.image.ManifestDigest, Command: []string{"true"}, Mounts: []noderuntime.Mount{m}})
 			requireIs(t, err, ErrInvalidMount)
 			if _, err := f.rt.client.LoadContainer(f.rt.ctx(testCtx(t)), id); !errdefs.IsNotFound(err) {
 				t.Fatalf("%s: refused launch left a container (err %v)", name, err)

@@ -1,5 +1,5 @@
 // Package containerd owns running workloads through a containerd daemon: it
-// implements agent.Runtime on top of the containerd client, keeping every
+// implements noderuntime.Runtime on top of the containerd client, keeping every
 // fact it needs to survive an agent restart (start time, exit, OOM) in
 // containerd itself rather than in the agent's memory.
 package containerd
@@ -18,7 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // Defaults for Options.
@@ -49,7 +49,7 @@ type Options struct {
 	Logger *zap.Logger
 }
 
-// Runtime runs workloads through containerd. It implements agent.Runtime
+// Runtime runs workloads through containerd. It implements noderuntime.Runtime
 // and is safe for concurrent use.
 type Runtime struct {
 	client      *ctrd.Client
@@ -69,7 +69,7 @@ type Runtime struct {
 	closeErr  error
 }
 
-var _ agent.Runtime = (*Runtime)(nil)
+var _ noderuntime.Runtime = (*Runtime)(nil)
 
 // New connects to containerd and starts watching for OOM events. ctx bounds
 // only the connection and the checks New makes; Close ends the Runtime.
@@ -160,12 +160,12 @@ func (r *Runtime) LogPath(id string) string {
 }
 
 // Info names containerd and its version.
-func (r *Runtime) Info(ctx context.Context) (agent.RuntimeInfo, error) {
+func (r *Runtime) Info(ctx context.Context) (noderuntime.RuntimeInfo, error) {
 	v, err := r.client.Version(r.ctx(ctx))
 	if err != nil {
-		return agent.RuntimeInfo{}, fmt.Errorf("containerd version: %w", err)
+		return noderuntime.RuntimeInfo{}, fmt.Errorf("containerd version: %w", err)
 	}
-	return agent.RuntimeInfo{Name: "containerd", Version: v.Version}, nil
+	return noderuntime.RuntimeInfo{Name: "containerd", Version: v.Version}, nil
 }
 
 // ctx scopes a call to this Runtime's namespace and routes the client's

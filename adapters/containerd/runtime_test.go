@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // fixture is shared by the subtests of TestRuntime: one containerd daemon
@@ -29,7 +29,7 @@ func TestRuntime(t *testing.T) {
 	f := &fixture{env: env, imageDir: t.TempDir()}
 	f.image = testenv.BuildBusyboxImage(t, f.imageDir, "busybox")
 	f.rt = f.newRuntime(t)
-	if _, err := f.rt.EnsureImage(testCtx(t), agent.ImageSpec{
+	if _, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{
 		Reference: f.image.Reference, ManifestDigest: f.image.ManifestDigest, Unpack: true,
 	}); err != nil {
 		t.Fatalf("EnsureImage: %v", err)
@@ -110,7 +110,7 @@ func (f *fixture) testSnapshotterOption(t *testing.T) {
 }
 
 // launch starts a workload from the fixture image and removes it when t ends.
-func (f *fixture) launch(t *testing.T, rt *Runtime, spec agent.WorkloadSpec) agent.WorkloadStatus {
+func (f *fixture) launch(t *testing.T, rt *Runtime, spec noderuntime.WorkloadSpec) noderuntime.WorkloadStatus {
 	t.Helper()
 	spec.ImageReference = f.image.Reference
 	spec.ManifestDigest = f.image.ManifestDigest
@@ -127,13 +127,13 @@ func (f *fixture) launch(t *testing.T, rt *Runtime, spec agent.WorkloadSpec) age
 }
 
 // wait waits for a workload and checks it exited.
-func wait(t *testing.T, rt *Runtime, id string) agent.WorkloadStatus {
+func wait(t *testing.T, rt *Runtime, id string) noderuntime.WorkloadStatus {
 	t.Helper()
 	st, err := rt.Wait(testCtx(t), id)
 	if err != nil {
 		t.Fatalf("Wait %s: %v", id, err)
 	}
-	if st.State != agent.WorkloadExited {
+	if st.State != noderuntime.WorkloadExited {
 		t.Fatalf("Wait %s: state %s, want exited", id, st.State)
 	}
 	return st

@@ -10,41 +10,41 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // Wait blocks until the workload's task exits and returns its final status.
 // It reattaches to a task started by an earlier process: containerd's shim
 // keeps the task (and its exit status) while the agent is down. A workload
 // without a task returns at once with what its labels recorded.
-func (r *Runtime) Wait(ctx context.Context, id string) (agent.WorkloadStatus, error) {
+func (r *Runtime) Wait(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
 	ctx = r.ctx(ctx)
 	container, err := r.load(ctx, id)
 	if err != nil {
-		return agent.WorkloadStatus{}, err
+		return noderuntime.WorkloadStatus{}, err
 	}
 	task, err := container.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
 		return r.status(ctx, container)
 	}
 	if err != nil {
-		return agent.WorkloadStatus{}, fmt.Errorf("wait %s: load task: %w", id, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("wait %s: load task: %w", id, err)
 	}
 	es, err := waitExit(ctx, task)
 	if err != nil {
 		if errdefs.IsNotFound(err) { // task deleted while we waited
 			return r.status(ctx, container)
 		}
-		return agent.WorkloadStatus{}, fmt.Errorf("wait %s: %w", id, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("wait %s: %w", id, err)
 	}
 	st, err := r.status(ctx, container)
 	if err != nil {
-		return agent.WorkloadStatus{}, err
+		return noderuntime.WorkloadStatus{}, err
 	}
-	if st.State != agent.WorkloadExited {
+	if st.State != noderuntime.WorkloadExited {
 		// The task was deleted between its exit and our look: trust the
 		// exit we saw, and keep it for later readers.
-		st.State = agent.WorkloadExited
+		st.State = noderuntime.WorkloadExited
 		st.ExitCode = int(es.ExitCode())
 		st.FinishedAt = es.ExitTime()
 		clampStart(&st)
@@ -82,7 +82,7 @@ func waitExit(ctx context.Context, task ctrd.Task) (ctrd.ExitStatus, error) {
 // Stop sends SIGTERM to the workload's main process, waits up to grace for
 // it to exit, then SIGKILLs every process in the container. A workload that
 // has exited or never got a task is not an error; an unknown id returns
-// agent.ErrWorkloadNotFound.
+// noderuntime.ErrWorkloadNotFound.
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
 	ctx = r.ctx(ctx)
 	container, err := r.load(ctx, id)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 func (f *fixture) testStop(t *testing.T) {
@@ -19,7 +19,7 @@ func (f *fixture) testStop(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			id := "stop-" + tc.name
-			f.launch(t, f.rt, agent.WorkloadSpec{ID: id, Command: []string{"sh", "-c", tc.script}})
+			f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: id, Command: []string{"sh", "-c", tc.script}})
 			start := time.Now()
 			if err := f.rt.Stop(testCtx(t), id, time.Second); err != nil {
 				t.Fatal(err)
@@ -29,7 +29,7 @@ func (f *fixture) testStop(t *testing.T) {
 				t.Errorf("Stop took %v, want grace (1s) then a kill", took)
 			}
 			st, err := f.rt.Inspect(testCtx(t), id)
-			if err != nil || st.State != agent.WorkloadExited || st.ExitCode != 137 {
+			if err != nil || st.State != noderuntime.WorkloadExited || st.ExitCode != 137 {
 				t.Fatalf("after Stop: %+v, %v; want exited by SIGKILL (137)", st, err)
 			}
 			if err := f.rt.Stop(testCtx(t), id, time.Second); err != nil {
@@ -40,7 +40,7 @@ func (f *fixture) testStop(t *testing.T) {
 
 	t.Run("HandlesTERM", func(t *testing.T) {
 		t.Parallel()
-		f.launch(t, f.rt, agent.WorkloadSpec{ID: "stop-handles", Command: []string{"sh", "-c", "trap 'exit 7' TERM; echo ready; while true; do sleep 0.1; done"}})
+		f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: "stop-handles", Command: []string{"sh", "-c", "trap 'exit 7' TERM; echo ready; while true; do sleep 0.1; done"}})
 		waitForLog(t, f.rt, "stop-handles", "ready")
 		start := time.Now()
 		if err := f.rt.Stop(testCtx(t), "stop-handles", 30*time.Second); err != nil {
@@ -58,7 +58,7 @@ func (f *fixture) testStop(t *testing.T) {
 func (f *fixture) testOOM(t *testing.T) {
 	t.Parallel()
 	// dd's 64 MiB buffer is touched by read(), so it is charged in full.
-	f.launch(t, f.rt, agent.WorkloadSpec{
+	f.launch(t, f.rt, noderuntime.WorkloadSpec{
 		ID:          "oom",
 		Command:     []string{"dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"},
 		MemoryBytes: 16 << 20,
@@ -99,7 +99,7 @@ func (f *fixture) testOOM(t *testing.T) {
 func (f *fixture) testRestart(t *testing.T) {
 	t.Parallel()
 	first := f.newRuntime(t)
-	launched := f.launch(t, first, agent.WorkloadSpec{ID: "restart", Command: []string{"sh", "-c", "sleep 1; exit 5"}})
+	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Command: []string{"sh", "-c", "sleep 1; exit 5"}})
 	if err := first.Close(); err != nil { // the agent goes away
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func (f *fixture) testRestart(t *testing.T) {
 	}
 	found := false
 	for _, w := range list {
-		found = found || (w.ID == "restart" && w.State == agent.WorkloadRunning)
+		found = found || (w.ID == "restart" && w.State == noderuntime.WorkloadRunning)
 	}
 	if !found {
 		t.Fatalf("List after restart = %+v, want restart running", list)

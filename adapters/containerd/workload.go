@@ -18,7 +18,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // cleanupTimeout bounds the undo of a failed Launch, which runs even when
@@ -28,29 +28,29 @@ const cleanupTimeout = 30 * time.Second
 // Launch creates the container (new snapshot, OCI spec from the image plus
 // spec's command, env and limits) and starts its task with stdout and
 // stderr going to LogPath(id). On failure nothing is left behind.
-func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
 	ctx = r.ctx(ctx)
 	if spec.ID == "" {
-		return agent.WorkloadStatus{}, errors.New("launch: empty workload id")
+		return noderuntime.WorkloadStatus{}, errors.New("launch: empty workload id")
 	}
 	for k := range spec.Labels {
 		if strings.HasPrefix(k, labelPrefix) {
-			return agent.WorkloadStatus{}, fmt.Errorf("launch %s: label %q uses the reserved prefix %q", spec.ID, k, labelPrefix)
+			return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: label %q uses the reserved prefix %q", spec.ID, k, labelPrefix)
 		}
 	}
 	if _, err := r.client.LoadContainer(ctx, spec.ID); err == nil {
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, agent.ErrWorkloadExists)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, noderuntime.ErrWorkloadExists)
 	} else if !errdefs.IsNotFound(err) {
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: look up container: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: look up container: %w", spec.ID, err)
 	}
 
 	mounts, err := bindMounts(spec.Mounts)
 	if err != nil {
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
 	img, err := r.imageForLaunch(ctx, spec)
 	if err != nil {
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
 
 	labels := make(map[string]string, len(spec.Labels)+1)
@@ -71,28 +71,28 @@ func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.Wo
 			// Only a container makes the workload exist; a stray snapshot
 			// of the same key is a different failure.
 			if _, lerr := r.client.LoadContainer(ctx, spec.ID); lerr == nil {
-				return agent.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, agent.ErrWorkloadExists)
+				return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, noderuntime.ErrWorkloadExists)
 			}
 		}
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: create container: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create container: %w", spec.ID, err)
 	}
 
 	logPath := r.LogPath(spec.ID)
 	// A reused id must not inherit an earlier workload's output.
 	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		r.undoLaunch(ctx, container, nil)
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: clear old log: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: clear old log: %w", spec.ID, err)
 	}
 	// The shim writes the log file itself, so output keeps flowing while
 	// the agent is down and never reaches the agent's own stdio.
 	task, err := container.NewTask(ctx, cio.LogFile(logPath))
 	if err != nil {
 		r.undoLaunch(ctx, container, nil)
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: create task: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create task: %w", spec.ID, err)
 	}
 	if err := task.Start(ctx); err != nil {
 		r.undoLaunch(ctx, container, task)
-		return agent.WorkloadStatus{}, fmt.Errorf("launch %s: start task: %w", spec.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: start task: %w", spec.ID, err)
 	}
 	started := time.Now()
 	if _, err := container.SetLabels(ctx, map[string]string{labelStartedAt: formatTime(started)}); err != nil {
@@ -101,9 +101,9 @@ func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.Wo
 		r.log.Warn("record start time", zap.String("workload", spec.ID), zap.Error(err))
 	}
 	r.log.Info("launched workload", zap.String("workload", spec.ID), zap.Uint32("pid", task.Pid()))
-	return agent.WorkloadStatus{
+	return noderuntime.WorkloadStatus{
 		ID:        spec.ID,
-		State:     agent.WorkloadRunning,
+		State:     noderuntime.WorkloadRunning,
 		Labels:    userLabels(labels),
 		StartedAt: started,
 	}, nil
@@ -111,7 +111,7 @@ func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.Wo
 
 // imageForLaunch finds the pinned image in containerd and makes sure it is
 // unpacked. It does not fetch: that is EnsureImage's job.
-func (r *Runtime) imageForLaunch(ctx context.Context, spec agent.WorkloadSpec) (ctrd.Image, error) {
+func (r *Runtime) imageForLaunch(ctx context.Context, spec noderuntime.WorkloadSpec) (ctrd.Image, error) {
 	want, err := digest.Parse(spec.ManifestDigest)
 	if err != nil {
 		return nil, fmt.Errorf("invalid manifest digest %q: %w", spec.ManifestDigest, err)
@@ -121,7 +121,7 @@ func (r *Runtime) imageForLaunch(ctx context.Context, spec agent.WorkloadSpec) (
 		return nil, err
 	}
 	if !found {
-		return nil, fmt.Errorf("%w: %s (%s) is not in containerd; EnsureImage first", agent.ErrImageNotFound, spec.ImageReference, want)
+		return nil, fmt.Errorf("%w: %s (%s) is not in containerd; EnsureImage first", noderuntime.ErrImageNotFound, spec.ImageReference, want)
 	}
 	img := ctrd.NewImageWithPlatform(r.client, rec, platforms.Default())
 	if err := r.unpack(ctx, img); err != nil {
@@ -131,7 +131,7 @@ func (r *Runtime) imageForLaunch(ctx context.Context, spec agent.WorkloadSpec) (
 }
 
 // specOpts builds the OCI spec: the image's config, then the overrides.
-func specOpts(img ctrd.Image, spec agent.WorkloadSpec) []oci.SpecOpts {
+func specOpts(img ctrd.Image, spec noderuntime.WorkloadSpec) []oci.SpecOpts {
 	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
 	if len(spec.Command) > 0 {
 		opts = append(opts, oci.WithProcessArgs(spec.Command...))
@@ -174,23 +174,23 @@ func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task
 }
 
 // Inspect reports the workload's current status.
-func (r *Runtime) Inspect(ctx context.Context, id string) (agent.WorkloadStatus, error) {
+func (r *Runtime) Inspect(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
 	ctx = r.ctx(ctx)
 	container, err := r.load(ctx, id)
 	if err != nil {
-		return agent.WorkloadStatus{}, err
+		return noderuntime.WorkloadStatus{}, err
 	}
 	return r.status(ctx, container)
 }
 
 // List returns the workloads this adapter created in its namespace.
-func (r *Runtime) List(ctx context.Context) ([]agent.WorkloadStatus, error) {
+func (r *Runtime) List(ctx context.Context) ([]noderuntime.WorkloadStatus, error) {
 	ctx = r.ctx(ctx)
 	containers, err := r.client.Containers(ctx, managedFilter)
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
-	out := make([]agent.WorkloadStatus, 0, len(containers))
+	out := make([]noderuntime.WorkloadStatus, 0, len(containers))
 	for _, c := range containers {
 		st, err := r.status(ctx, c)
 		if errdefs.IsNotFound(err) {
@@ -235,11 +235,11 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	return nil
 }
 
-// load finds a container, mapping absence to agent.ErrWorkloadNotFound.
+// load finds a container, mapping absence to noderuntime.ErrWorkloadNotFound.
 func (r *Runtime) load(ctx context.Context, id string) (ctrd.Container, error) {
 	container, err := r.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("workload %s: %w", id, agent.ErrWorkloadNotFound)
+		return nil, fmt.Errorf("workload %s: %w", id, noderuntime.ErrWorkloadNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: load container: %w", id, err)
@@ -248,17 +248,17 @@ func (r *Runtime) load(ctx context.Context, id string) (ctrd.Container, error) {
 }
 
 // status combines the task's live state with what the labels recorded.
-func (r *Runtime) status(ctx context.Context, container ctrd.Container) (agent.WorkloadStatus, error) {
+func (r *Runtime) status(ctx context.Context, container ctrd.Container) (noderuntime.WorkloadStatus, error) {
 	info, err := container.Info(ctx)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return agent.WorkloadStatus{}, fmt.Errorf("workload %s: %w: %w", container.ID(), agent.ErrWorkloadNotFound, err)
+			return noderuntime.WorkloadStatus{}, fmt.Errorf("workload %s: %w: %w", container.ID(), noderuntime.ErrWorkloadNotFound, err)
 		}
-		return agent.WorkloadStatus{}, fmt.Errorf("workload %s: container info: %w", container.ID(), err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("workload %s: container info: %w", container.ID(), err)
 	}
-	st := agent.WorkloadStatus{
+	st := noderuntime.WorkloadStatus{
 		ID:        info.ID,
-		State:     agent.WorkloadUnknown,
+		State:     noderuntime.WorkloadUnknown,
 		Labels:    userLabels(info.Labels),
 		StartedAt: parseTime(info.Labels[labelStartedAt]),
 		OOMKilled: info.Labels[labelOOMKilled] == "true",
@@ -268,29 +268,29 @@ func (r *Runtime) status(ctx context.Context, container ctrd.Container) (agent.W
 		// No task: deleted, never started, or lost with a reboot. Only an
 		// exit someone recorded is known; anything else is unknown.
 		if code, finished, ok := storedExit(info.Labels); ok {
-			st.State, st.ExitCode, st.FinishedAt = agent.WorkloadExited, code, finished
+			st.State, st.ExitCode, st.FinishedAt = noderuntime.WorkloadExited, code, finished
 			clampStart(&st)
 		}
 		return st, nil
 	}
 	if err != nil {
-		return agent.WorkloadStatus{}, fmt.Errorf("workload %s: load task: %w", info.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("workload %s: load task: %w", info.ID, err)
 	}
 	ts, err := task.Status(ctx)
 	if errdefs.IsNotFound(err) {
 		return st, nil // deleted between the two calls
 	}
 	if err != nil {
-		return agent.WorkloadStatus{}, fmt.Errorf("workload %s: task status: %w", info.ID, err)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("workload %s: task status: %w", info.ID, err)
 	}
 	switch ts.Status {
 	case ctrd.Created:
-		st.State = agent.WorkloadCreated
+		st.State = noderuntime.WorkloadCreated
 	case ctrd.Running, ctrd.Paused, ctrd.Pausing:
-		st.State = agent.WorkloadRunning
+		st.State = noderuntime.WorkloadRunning
 		st.StartedAt = startedAt(info)
 	case ctrd.Stopped:
-		st.State = agent.WorkloadExited
+		st.State = noderuntime.WorkloadExited
 		st.StartedAt = startedAt(info)
 		st.ExitCode = int(ts.ExitStatus)
 		st.FinishedAt = ts.ExitTime
@@ -314,7 +314,7 @@ func startedAt(info containers.Container) time.Time {
 // clampStart keeps StartedAt <= FinishedAt. Launch takes the start time
 // after Start returns, and a process can exit before that; the exit time is
 // then the better bound.
-func clampStart(st *agent.WorkloadStatus) {
+func clampStart(st *noderuntime.WorkloadStatus) {
 	if !st.FinishedAt.IsZero() && st.StartedAt.After(st.FinishedAt) {
 		st.StartedAt = st.FinishedAt
 	}
@@ -322,7 +322,7 @@ func clampStart(st *agent.WorkloadStatus) {
 
 // recordExit stores a final status in labels once, so it survives the
 // task's deletion or a reboot.
-func (r *Runtime) recordExit(ctx context.Context, container ctrd.Container, labels map[string]string, st agent.WorkloadStatus) {
+func (r *Runtime) recordExit(ctx context.Context, container ctrd.Container, labels map[string]string, st noderuntime.WorkloadStatus) {
 	if _, ok := labels[labelExitCode]; ok && (labels[labelOOMKilled] == "true") == st.OOMKilled {
 		return
 	}

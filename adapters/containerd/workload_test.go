@@ -11,14 +11,14 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 func (f *fixture) testWorkload(t *testing.T) {
 	t.Run("ExitCodeTimesLogsLimits", func(t *testing.T) {
 		t.Parallel()
 		before := time.Now()
-		launched := f.launch(t, f.rt, agent.WorkloadSpec{
+		launched := f.launch(t, f.rt, noderuntime.WorkloadSpec{
 			ID:          "exit3",
 			Command:     []string{"sh", "-c", `echo "out $GREETING"; echo err >&2; exit 3`},
 			Env:         []string{"GREETING=hello"},
@@ -26,7 +26,7 @@ func (f *fixture) testWorkload(t *testing.T) {
 			MemoryBytes: 64 << 20,
 			Labels:      map[string]string{"run": "r1"},
 		})
-		if launched.State != agent.WorkloadRunning || launched.StartedAt.Before(before) {
+		if launched.State != noderuntime.WorkloadRunning || launched.StartedAt.Before(before) {
 			t.Fatalf("Launch = %+v", launched)
 		}
 		st := wait(t, f.rt, "exit3")
@@ -65,21 +65,21 @@ func (f *fixture) testWorkload(t *testing.T) {
 			t.Errorf("memory limits %+v", res.Memory)
 		}
 		again, err := f.rt.Inspect(testCtx(t), "exit3")
-		if err != nil || again.State != agent.WorkloadExited || again.ExitCode != 3 {
+		if err != nil || again.State != noderuntime.WorkloadExited || again.ExitCode != 3 {
 			t.Errorf("Inspect = %+v, %v", again, err)
 		}
 	})
 
 	t.Run("LaunchTwice", func(t *testing.T) {
 		t.Parallel()
-		f.launch(t, f.rt, agent.WorkloadSpec{ID: "twice", Command: []string{"sleep", "300"}})
-		_, err := f.rt.Launch(testCtx(t), agent.WorkloadSpec{
+		f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: "twice", Command: []string{"sleep", "300"}})
+		_, err := f.rt.Launch(testCtx(t), noderuntime.WorkloadSpec{
 			ID: "twice", ImageReference: f.image.Reference, ManifestDigest: f.image.ManifestDigest,
 			Command: []string{"true"},
 		})
-		requireIs(t, err, agent.ErrWorkloadExists)
+		requireIs(t, err, noderuntime.ErrWorkloadExists)
 		st, err := f.rt.Inspect(testCtx(t), "twice")
-		if err != nil || st.State != agent.WorkloadRunning {
+		if err != nil || st.State != noderuntime.WorkloadRunning {
 			t.Fatalf("after refused relaunch: %+v, %v; want the first still running", st, err)
 		}
 		list, err := f.rt.List(testCtx(t))
@@ -88,7 +88,7 @@ func (f *fixture) testWorkload(t *testing.T) {
 		}
 		found := false
 		for _, w := range list {
-			found = found || (w.ID == "twice" && w.State == agent.WorkloadRunning)
+			found = found || (w.ID == "twice" && w.State == noderuntime.WorkloadRunning)
 		}
 		if !found {
 			t.Fatalf("List = %+v, want twice running", list)
@@ -97,23 +97,23 @@ func (f *fixture) testWorkload(t *testing.T) {
 
 	t.Run("ImageNotEnsured", func(t *testing.T) {
 		t.Parallel()
-		_, err := f.rt.Launch(testCtx(t), agent.WorkloadSpec{
+		_, err := f.rt.Launch(testCtx(t), noderuntime.WorkloadSpec{
 			ID: "noimage", ImageReference: "localhost/x@sha256:" + strings.Repeat("0", 64),
 			ManifestDigest: "sha256:" + strings.Repeat("0", 64),
 		})
-		requireIs(t, err, agent.ErrImageNotFound)
+		requireIs(t, err, noderuntime.ErrImageNotFound)
 		_, err = f.rt.Inspect(testCtx(t), "noimage")
-		requireIs(t, err, agent.ErrWorkloadNotFound)
+		requireIs(t, err, noderuntime.ErrWorkloadNotFound)
 	})
 
 	t.Run("MissingWorkload", func(t *testing.T) {
 		t.Parallel()
 		ctx := testCtx(t)
 		_, err := f.rt.Inspect(ctx, "absent")
-		requireIs(t, err, agent.ErrWorkloadNotFound)
+		requireIs(t, err, noderuntime.ErrWorkloadNotFound)
 		_, err = f.rt.Wait(ctx, "absent")
-		requireIs(t, err, agent.ErrWorkloadNotFound)
-		requireIs(t, f.rt.Stop(ctx, "absent", time.Second), agent.ErrWorkloadNotFound)
+		requireIs(t, err, noderuntime.ErrWorkloadNotFound)
+		requireIs(t, f.rt.Stop(ctx, "absent", time.Second), noderuntime.ErrWorkloadNotFound)
 		if err := f.rt.Remove(ctx, "absent"); err != nil {
 			t.Fatalf("Remove of a missing workload: %v", err)
 		}
@@ -121,13 +121,13 @@ func (f *fixture) testWorkload(t *testing.T) {
 
 	t.Run("TaskGone", func(t *testing.T) {
 		t.Parallel()
-		f.launch(t, f.rt, agent.WorkloadSpec{ID: "gone", Command: []string{"sh", "-c", "exit 4"}})
+		f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: "gone", Command: []string{"sh", "-c", "exit 4"}})
 		wait(t, f.rt, "gone")
 		// What a reboot does: the task vanishes, the container stays.
 		ctx := f.rt.ctx(testCtx(t))
 		deleteTask(t, ctx, f.rt.client, "gone")
 		st, err := f.rt.Inspect(ctx, "gone")
-		if err != nil || st.State != agent.WorkloadExited || st.ExitCode != 4 || st.StartedAt.IsZero() || st.FinishedAt.IsZero() {
+		if err != nil || st.State != noderuntime.WorkloadExited || st.ExitCode != 4 || st.StartedAt.IsZero() || st.FinishedAt.IsZero() {
 			t.Fatalf("Inspect after task deletion = %+v, %v; want the recorded exit 4", st, err)
 		}
 		if st, err := f.rt.Wait(ctx, "gone"); err != nil || st.ExitCode != 4 {
@@ -142,7 +142,7 @@ func (f *fixture) testWorkload(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = f.rt.Remove(context.Background(), "neverstarted") })
-		if st, err := f.rt.Wait(ctx, "neverstarted"); err != nil || st.State != agent.WorkloadUnknown || !st.StartedAt.IsZero() {
+		if st, err := f.rt.Wait(ctx, "neverstarted"); err != nil || st.State != noderuntime.WorkloadUnknown || !st.StartedAt.IsZero() {
 			t.Fatalf("Wait on never-started = %+v, %v; want unknown", st, err)
 		}
 	})
@@ -150,12 +150,12 @@ func (f *fixture) testWorkload(t *testing.T) {
 	t.Run("RemoveCleansUp", func(t *testing.T) {
 		t.Parallel()
 		ctx := f.rt.ctx(testCtx(t))
-		f.launch(t, f.rt, agent.WorkloadSpec{ID: "removed", Command: []string{"sleep", "300"}})
+		f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: "removed", Command: []string{"sleep", "300"}})
 		if err := f.rt.Remove(ctx, "removed"); err != nil {
 			t.Fatal(err)
 		}
 		_, err := f.rt.Inspect(ctx, "removed")
-		requireIs(t, err, agent.ErrWorkloadNotFound)
+		requireIs(t, err, noderuntime.ErrWorkloadNotFound)
 		if _, err := f.rt.client.SnapshotService(f.rt.Snapshotter()).Stat(ctx, "removed"); !errdefs.IsNotFound(err) {
 			t.Errorf("snapshot survived Remove (err %v)", err)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/nodehost"
 )
@@ -35,7 +35,7 @@ func addSessionFlags(f *pflag.FlagSet) *sessionFlags {
 }
 
 // host builds the session host, or nil when sessions are off.
-func (s *sessionFlags) host(dataDir string) (agent.SessionHost, error) {
+func (s *sessionFlags) host(dataDir string) (noderuntime.SessionHost, error) {
 	if s.image == "" {
 		return nil, nil
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/ociimage"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -234,7 +235,7 @@ func (r *runTimings) merge(o *runTimings) {
 // workload is waited for and removed.
 func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Image, id string, command []string) (time.Duration, error) {
 	t0 := time.Now()
-	if _, err := rt.EnsureImage(ctx, agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
+	if _, err := rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
 		return 0, err
 	}
 	// The spec the agent builds for the same Run (runRequest's env and
@@ -244,14 +245,14 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Imag
 	for k, v := range req.Env {
 		env = append(env, k+"="+v)
 	}
-	st, err := rt.Launch(ctx, agent.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
+	st, err := rt.Launch(ctx, noderuntime.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
 		Env: env, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
 		Labels: map[string]string{agent.LabelRunID: id, agent.LabelAttemptID: id, agent.LabelMaxRuntime: strconv.FormatInt(req.MaxRuntimeSeconds, 10)}})
 	if err != nil {
 		return 0, err
 	}
 	d := time.Since(t0)
-	if st.State != agent.WorkloadRunning {
+	if st.State != noderuntime.WorkloadRunning {
 		return 0, fmt.Errorf("direct launch %s: state %s", id, st.State)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)

@@ -1,7 +1,7 @@
-// Package noopruntime is an agent.Runtime that runs nothing: it keeps images
-// and workloads as records in memory. Benchmarks use it to time the control
-// plane and the agent without a container runtime in the way; the optional
-// delays stand in for an image pull or a container start.
+// Package noopruntime is a noderuntime.Runtime that runs nothing: it keeps
+// images and workloads as records in memory. Benchmarks use it to time the
+// control plane and the agent without a container runtime in the way; the
+// optional delays stand in for an image pull or a container start.
 package noopruntime
 
 import (
@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -43,12 +43,12 @@ type Runtime struct {
 }
 
 type workload struct {
-	st    agent.WorkloadStatus
+	st    noderuntime.WorkloadStatus
 	done  chan struct{} // closed when the workload exits
 	timer *time.Timer
 }
 
-var _ agent.Runtime = (*Runtime)(nil)
+var _ noderuntime.Runtime = (*Runtime)(nil)
 
 // New returns a runtime holding opts.Images.
 func New(opts Options) *Runtime {
@@ -70,53 +70,53 @@ func (r *Runtime) Counts() (ensures, launches int) {
 }
 
 // Info names the runtime.
-func (r *Runtime) Info(context.Context) (agent.RuntimeInfo, error) {
-	return agent.RuntimeInfo{Name: "noop", Version: runtime.Version()}, nil
+func (r *Runtime) Info(context.Context) (noderuntime.RuntimeInfo, error) {
+	return noderuntime.RuntimeInfo{Name: "noop", Version: runtime.Version()}, nil
 }
 
 // EnsureImage marks the image present, after PullDelay when it was not.
-func (r *Runtime) EnsureImage(ctx context.Context, spec agent.ImageSpec) (agent.ImageResult, error) {
+func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	r.mu.Lock()
 	_, ok := r.images[spec.ManifestDigest]
 	r.mu.Unlock()
 	if ok {
-		return agent.ImageResult{AlreadyPresent: true, Source: "local"}, nil
+		return noderuntime.ImageResult{AlreadyPresent: true, Source: "local"}, nil
 	}
 	if err := sleep(ctx, r.opts.PullDelay); err != nil {
-		return agent.ImageResult{}, err
+		return noderuntime.ImageResult{}, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.images[spec.ManifestDigest]; ok {
-		return agent.ImageResult{AlreadyPresent: true, Source: "local"}, nil
+		return noderuntime.ImageResult{AlreadyPresent: true, Source: "local"}, nil
 	}
 	r.images[spec.ManifestDigest] = r.opts.Now()
 	r.ensures++
-	return agent.ImageResult{Source: "noop"}, nil
+	return noderuntime.ImageResult{Source: "noop"}, nil
 }
 
 // Launch records a running workload, after LaunchDelay.
-func (r *Runtime) Launch(ctx context.Context, spec agent.WorkloadSpec) (agent.WorkloadStatus, error) {
+func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
 	r.mu.Lock()
 	_, exists := r.workloads[spec.ID]
 	r.mu.Unlock()
 	if exists {
-		return agent.WorkloadStatus{}, agent.ErrWorkloadExists
+		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadExists
 	}
 	if err := sleep(ctx, r.opts.LaunchDelay); err != nil {
-		return agent.WorkloadStatus{}, err
+		return noderuntime.WorkloadStatus{}, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.workloads[spec.ID]; ok {
-		return agent.WorkloadStatus{}, agent.ErrWorkloadExists
+		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadExists
 	}
 	labels := make(map[string]string, len(spec.Labels))
 	for k, v := range spec.Labels {
 		labels[k] = v
 	}
 	w := &workload{
-		st:   agent.WorkloadStatus{ID: spec.ID, State: agent.WorkloadRunning, Labels: labels, StartedAt: r.opts.Now()},
+		st:   noderuntime.WorkloadStatus{ID: spec.ID, State: noderuntime.WorkloadRunning, Labels: labels, StartedAt: r.opts.Now()},
 		done: make(chan struct{}),
 	}
 	r.workloads[spec.ID] = w
@@ -132,28 +132,28 @@ func (r *Runtime) exit(id string, code int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w, ok := r.workloads[id]
-	if !ok || w.st.State == agent.WorkloadExited {
+	if !ok || w.st.State == noderuntime.WorkloadExited {
 		return
 	}
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	w.st.State, w.st.ExitCode, w.st.FinishedAt = agent.WorkloadExited, code, r.opts.Now()
+	w.st.State, w.st.ExitCode, w.st.FinishedAt = noderuntime.WorkloadExited, code, r.opts.Now()
 	close(w.done)
 }
 
 // Wait blocks until the workload exits or ctx ends.
-func (r *Runtime) Wait(ctx context.Context, id string) (agent.WorkloadStatus, error) {
+func (r *Runtime) Wait(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
 	r.mu.Lock()
 	w, ok := r.workloads[id]
 	r.mu.Unlock()
 	if !ok {
-		return agent.WorkloadStatus{}, agent.ErrWorkloadNotFound
+		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadNotFound
 	}
 	select {
 	case <-w.done:
 	case <-ctx.Done():
-		return agent.WorkloadStatus{}, ctx.Err()
+		return noderuntime.WorkloadStatus{}, ctx.Err()
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -161,12 +161,12 @@ func (r *Runtime) Wait(ctx context.Context, id string) (agent.WorkloadStatus, er
 }
 
 // Inspect returns the workload's status.
-func (r *Runtime) Inspect(_ context.Context, id string) (agent.WorkloadStatus, error) {
+func (r *Runtime) Inspect(_ context.Context, id string) (noderuntime.WorkloadStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w, ok := r.workloads[id]
 	if !ok {
-		return agent.WorkloadStatus{}, agent.ErrWorkloadNotFound
+		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadNotFound
 	}
 	return copyStatus(w.st), nil
 }
@@ -178,7 +178,7 @@ func (r *Runtime) Stop(_ context.Context, id string, _ time.Duration) error {
 	_, ok := r.workloads[id]
 	r.mu.Unlock()
 	if !ok {
-		return agent.ErrWorkloadNotFound
+		return noderuntime.ErrWorkloadNotFound
 	}
 	r.exit(id, 143)
 	return nil
@@ -190,13 +190,13 @@ func (r *Runtime) Remove(_ context.Context, id string) error {
 	defer r.mu.Unlock()
 	w, ok := r.workloads[id]
 	if !ok {
-		return agent.ErrWorkloadNotFound
+		return noderuntime.ErrWorkloadNotFound
 	}
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	if w.st.State != agent.WorkloadExited {
-		w.st.State = agent.WorkloadExited
+	if w.st.State != noderuntime.WorkloadExited {
+		w.st.State = noderuntime.WorkloadExited
 		close(w.done)
 	}
 	delete(r.workloads, id)
@@ -204,10 +204,10 @@ func (r *Runtime) Remove(_ context.Context, id string) error {
 }
 
 // List returns every workload, by id.
-func (r *Runtime) List(context.Context) ([]agent.WorkloadStatus, error) {
+func (r *Runtime) List(context.Context) ([]noderuntime.WorkloadStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]agent.WorkloadStatus, 0, len(r.workloads))
+	out := make([]noderuntime.WorkloadStatus, 0, len(r.workloads))
 	for _, w := range r.workloads {
 		out = append(out, copyStatus(w.st))
 	}
@@ -230,7 +230,7 @@ func (r *Runtime) Images(context.Context) ([]schemas.ImageLocality, error) {
 	return out, nil
 }
 
-func copyStatus(st agent.WorkloadStatus) agent.WorkloadStatus {
+func copyStatus(st noderuntime.WorkloadStatus) noderuntime.WorkloadStatus {
 	labels := make(map[string]string, len(st.Labels))
 	for k, v := range st.Labels {
 		labels[k] = v

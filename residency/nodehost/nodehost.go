@@ -1,5 +1,5 @@
 // Package nodehost runs the residency Manager inside a node agent: it is the
-// agent.SessionHost the agent starts once enrolled.
+// noderuntime.SessionHost the agent starts once enrolled.
 //
 // What it wires, all real:
 //   - the session runtime is the agent's node runtime (adapters/containerd in
@@ -31,8 +31,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 )
 
@@ -61,7 +61,7 @@ type Options struct {
 	DrainTimeout time.Duration
 }
 
-// Host is an agent.SessionHost over a residency.Manager.
+// Host is a noderuntime.SessionHost over a residency.Manager.
 type Host struct {
 	o Options
 
@@ -69,7 +69,7 @@ type Host struct {
 	mgr *residency.Manager
 }
 
-var _ agent.SessionHost = (*Host)(nil)
+var _ noderuntime.SessionHost = (*Host)(nil)
 
 // New validates o.
 func New(o Options) (*Host, error) {
@@ -99,10 +99,10 @@ func (h *Host) Residencies() []residency.Residency {
 	return m.Residencies()
 }
 
-// Serve implements agent.SessionHost: it hosts sessions until ctx ends, then
-// stops as a process exit would (leases lapse at their expiry; a graceful
-// stop is a drain first).
-func (h *Host) Serve(ctx context.Context, env agent.SessionHostEnv) error {
+// Serve implements noderuntime.SessionHost: it hosts sessions until ctx
+// ends, then stops as a process exit would (leases lapse at their expiry; a
+// graceful stop is a drain first).
+func (h *Host) Serve(ctx context.Context, env noderuntime.SessionHostEnv) error {
 	log := env.Log.Named("sessions")
 	ws, err := residency.NewDirWorkspaces(h.o.WorkspaceRoot)
 	if err != nil {
@@ -154,7 +154,7 @@ type server struct {
 	mgr    *residency.Manager
 	ledger *residency.Ledger
 	remote *residency.Remote
-	env    agent.SessionHostEnv
+	env    noderuntime.SessionHostEnv
 	log    *zap.Logger
 }
 
@@ -287,7 +287,7 @@ func WorkspaceHandler(root string) residency.Handler {
 // agent left behind. A fresh host holds no grant: whatever those runtimes
 // served lapsed with their process's leases (or will, and then resumes under
 // a new epoch), so keeping them would only hold the node's resources.
-func removeLeftovers(ctx context.Context, env agent.SessionHostEnv, grace time.Duration, log *zap.Logger) (int, error) {
+func removeLeftovers(ctx context.Context, env noderuntime.SessionHostEnv, grace time.Duration, log *zap.Logger) (int, error) {
 	ws, err := env.Runtime.List(ctx)
 	if err != nil {
 		return 0, err
@@ -298,15 +298,15 @@ func removeLeftovers(ctx context.Context, env agent.SessionHostEnv, grace time.D
 	var errs []error
 	n := 0
 	for _, w := range ws {
-		if !agent.IsSessionWorkload(w) || w.Labels[residency.LabelHost] != env.NodeID {
+		if !noderuntime.IsSessionWorkload(w) || w.Labels[residency.LabelHost] != env.NodeID {
 			continue
 		}
 		log.Info("removing leftover session runtime", zap.String("workload", w.ID), zap.String("session", w.Labels[residency.LabelSession]))
-		if err := env.Runtime.Stop(ctx, w.ID, grace); err != nil && !errors.Is(err, agent.ErrWorkloadNotFound) {
+		if err := env.Runtime.Stop(ctx, w.ID, grace); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 			errs = append(errs, fmt.Errorf("stop %s: %w", w.ID, err))
 			continue
 		}
-		if err := env.Runtime.Remove(ctx, w.ID); err != nil && !errors.Is(err, agent.ErrWorkloadNotFound) {
+		if err := env.Runtime.Remove(ctx, w.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 			errs = append(errs, fmt.Errorf("remove %s: %w", w.ID, err))
 			continue
 		}

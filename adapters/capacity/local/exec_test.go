@@ -19,9 +19,9 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/adapters/capacity/local"
 	ctrdrt "github.com/warmfleet/warmfleet/adapters/containerd"
-	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/internal/ctrdproc"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -162,10 +162,10 @@ func TestExecLauncher_ContainerdPerMachine(t *testing.T) {
 	imgDir := t.TempDir()
 	img := testenv.BuildBusyboxImage(t, imgDir, "busybox")
 	rtA := connect(t, ctx, a.addr, "wf-"+a.ref.NativeRef, imgDir)
-	if _, err := rtA.EnsureImage(ctx, agent.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
+	if _, err := rtA.EnsureImage(ctx, noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rtA.Launch(ctx, agent.WorkloadSpec{ID: "sleeper", ImageReference: img.Reference, ManifestDigest: img.ManifestDigest,
+	if _, err := rtA.Launch(ctx, noderuntime.WorkloadSpec{ID: "sleeper", ImageReference: img.Reference, ManifestDigest: img.ManifestDigest,
 		Command: []string{"sleep", "1000"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,57 @@
+package noderuntime
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Runtime is what a node needs from a container runtime on its host;
+// adapters/containerd implements it. The idempotency rules each method keeps
+// are in the package doc.
+//
+// Workload ids are chosen by the caller (the agent uses one per Run attempt)
+// and are the runtime's container id, so a repeated launch of the same id is
+// detectable.
+type Runtime interface {
+	// Info names the runtime and its daemon's version, for facts.
+	Info(ctx context.Context) (RuntimeInfo, error)
+	// EnsureImage makes the image pinned by spec.ManifestDigest present and,
+	// when spec.Unpack holds, unpacked. It is idempotent. An image found in
+	// no source returns an error matching ErrImageNotFound.
+	EnsureImage(ctx context.Context, spec ImageSpec) (ImageResult, error)
+	// Launch creates and starts a workload. A workload id that already exists
+	// returns an error matching ErrWorkloadExists and changes nothing.
+	Launch(ctx context.Context, spec WorkloadSpec) (WorkloadStatus, error)
+	// Wait blocks until the workload exits (or ctx ends) and returns its final
+	// status. It works for a workload started by an earlier agent process.
+	Wait(ctx context.Context, id string) (WorkloadStatus, error)
+	// Inspect reports a workload's current status; ErrWorkloadNotFound when
+	// the runtime holds no such workload.
+	Inspect(ctx context.Context, id string) (WorkloadStatus, error)
+	// Stop signals SIGTERM, waits up to grace, then SIGKILLs. Stopping an
+	// exited workload is not an error.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+	// Remove deletes the workload's task, container and snapshot.
+	Remove(ctx context.Context, id string) error
+	// List returns every workload this agent's runtime namespace holds.
+	List(ctx context.Context) ([]WorkloadStatus, error)
+	// Images reports every image this agent's runtime namespace holds, one
+	// entry per digest it was pulled or imported by, as verified now.
+	Images(ctx context.Context) ([]schemas.ImageLocality, error)
+}
+
+// Errors a Runtime returns, matched with errors.Is.
+var (
+	ErrWorkloadExists   = errors.New("workload already exists")
+	ErrWorkloadNotFound = errors.New("workload not found")
+	ErrImageNotFound    = errors.New("image not found in any source")
+)
+
+// RuntimeInfo identifies the container runtime for host facts.
+type RuntimeInfo struct {
+	Name    string // e.g. "containerd"
+	Version string // the daemon's own version string
+}

@@ -1,0 +1,46 @@
+package noderuntime
+
+import "time"
+
+// WorkloadSpec is one container to run.
+type WorkloadSpec struct {
+	ID             string
+	ImageReference string
+	ManifestDigest string
+	Command        []string // entrypoint + args; empty means the image's own
+	Env            []string // KEY=VALUE
+	CPUMillis      int64    // 0 = unlimited
+	MemoryBytes    int64    // 0 = unlimited
+	Labels         map[string]string
+	// Mounts are host directories bind-mounted into the container.
+	Mounts []Mount
+}
+
+// Mount is a bind mount of a host directory.
+type Mount struct {
+	Source   string // absolute host path
+	Target   string // absolute path in the container
+	ReadOnly bool
+}
+
+// WorkloadState is a runtime's view of one workload.
+type WorkloadState string
+
+// Workload states.
+const (
+	WorkloadCreated WorkloadState = "created"
+	WorkloadRunning WorkloadState = "running"
+	WorkloadExited  WorkloadState = "exited"
+	WorkloadUnknown WorkloadState = "unknown"
+)
+
+// WorkloadStatus is a workload's state with times from this machine's clock.
+type WorkloadStatus struct {
+	ID         string
+	State      WorkloadState
+	Labels     map[string]string
+	StartedAt  time.Time // zero until started
+	FinishedAt time.Time // zero until exited
+	ExitCode   int
+	OOMKilled  bool
+}
