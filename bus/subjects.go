@@ -1,5 +1,7 @@
 package bus
 
+import "strings"
+
 // Subjects. Operators publish and subscribe to these with the nats CLI.
 const (
 	SubjectSubmit      = "wf.runs.submit"
@@ -29,6 +31,16 @@ func RunEvents(runID string) string { return subjectEventPrefix + runID }
 
 // NodeCmd is where the control plane sends commands for one node.
 func NodeCmd(nodeID string) string { return subjectNodePrefix + nodeID + ".cmd" }
+
+// SubjectNode extracts <id> from wf.node.<id>.<verb>; "" for any other
+// subject.
+func SubjectNode(subject string) string {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 4 || parts[0]+"."+parts[1]+"." != subjectNodePrefix {
+		return ""
+	}
+	return parts[2]
+}
 
 // NodeObs is where one node publishes observations.
 func NodeObs(nodeID string) string { return subjectNodePrefix + nodeID + ".obs" }

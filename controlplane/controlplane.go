@@ -5,294 +5,165 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/dispatch"
+	"github.com/warmfleet/warmfleet/controlplane/ingest"
+	"github.com/warmfleet/warmfleet/controlplane/intake"
+	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
+	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
+	"github.com/warmfleet/warmfleet/controlplane/runs"
+	"github.com/warmfleet/warmfleet/controlplane/scheduler"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
-// Config tunes the control plane. Zero values take the defaults.
-type Config struct {
-	// HeartbeatInterval is what nodes are told to heartbeat at; a node's
-	// lease is LeaseMultiplier heartbeats long.
-	HeartbeatInterval time.Duration
-	LeaseMultiplier   int
-	// SessionTTL is how long an enrollment's session token is good for.
-	SessionTTL time.Duration
-	// ReconcileInterval is how often stuck Runs and lapsed leases are swept.
-	ReconcileInterval time.Duration
-	// RedispatchAfter is how long a Run may sit in placed/preparing/launching
-	// without progress before its commands are sent again (same operation
-	// ids, so a node applies them once).
-	RedispatchAfter time.Duration
-	// MaxAttempts is how many nodes a Run may be lost on before it fails.
-	MaxAttempts int
-	// MaxRuntimeSlack is how long past its max runtime a Run may report
-	// running before the control plane itself sends a stop; the node enforces
-	// the limit first.
-	MaxRuntimeSlack time.Duration
-	// CommandAckWait is how long a node's command waits for an ack before
-	// JetStream redelivers it (to the agent's next process after a crash).
-	CommandAckWait time.Duration
-	// Placement weighs time against price; zero fields take defaults.
-	Placement placement.Config
-	// DecisionCandidates bounds the full candidate entries a stored
-	// decision keeps (schemas.BookingDecision.Compact); the other nodes
-	// are named by reason only. DefaultDecisionCandidates when zero.
-	DecisionCandidates int
-	// WaitForCapacity keeps a Run that no enrolled node could ever run
-	// waiting (for a node to join) instead of failing it at once.
-	WaitForCapacity bool
-	// Capacity, when set, rents machines for Runs no node fits.
-	Capacity *CapacityConfig
-	// OpenEnrollment admits nodes that present no enrollment token. For
-	// local development only: anyone who can publish wf.enroll joins.
-	OpenEnrollment bool
-	Topology       bus.Topology
-	// Sessions tunes session residency (session.go).
-	Sessions SessionConfig
-	// Now is the control plane's clock; tests may replace it.
-	Now func() time.Time
-}
-
-func (c *Config) defaults() {
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = 2 * time.Second
-	}
-	if c.LeaseMultiplier <= 0 {
-		c.LeaseMultiplier = 5
-	}
-	if c.SessionTTL <= 0 {
-		c.SessionTTL = time.Hour
-	}
-	if c.DecisionCandidates <= 0 {
-		c.DecisionCandidates = DefaultDecisionCandidates
-	}
-	if c.ReconcileInterval <= 0 {
-		c.ReconcileInterval = time.Second
-	}
-	if c.RedispatchAfter <= 0 {
-		c.RedispatchAfter = 30 * time.Second
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 3
-	}
-	if c.MaxRuntimeSlack <= 0 {
-		c.MaxRuntimeSlack = 30 * time.Second
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Capacity != nil {
-		c.Capacity.defaults()
-	}
-	def := placement.DefaultConfig()
-	p := &c.Placement
-	if p.PullBytesPerSecond <= 0 {
-		p.PullBytesPerSecond = def.PullBytesPerSecond
-	}
-	if p.CacheBytesPerSecond <= 0 {
-		p.CacheBytesPerSecond = def.CacheBytesPerSecond
-	}
-	if p.UnknownImageBytes <= 0 {
-		p.UnknownImageBytes = def.UnknownImageBytes
-	}
-	if p.UnknownRuntime <= 0 {
-		p.UnknownRuntime = def.UnknownRuntime
-	}
-	if p.SecondsPerDollarHour <= 0 {
-		p.SecondsPerDollarHour = def.SecondsPerDollarHour
-	}
-	if p.FactsMaxAge <= 0 {
-		p.FactsMaxAge = def.FactsMaxAge
-	}
-}
-
-// ControlPlane is one replica of the control plane.
+// ControlPlane is one replica of the control plane: the parts below, wired
+// to their consumers and subscriptions.
 type ControlPlane struct {
-	cfg      Config
-	conn     *bus.Conn
-	log      *zap.Logger
-	runsKV   jetstream.KeyValue
-	nodesKV  jetstream.KeyValue
-	enrollKV jetstream.KeyValue
-	// rentalsKV is wf_rentals; used only when Capacity is configured.
-	rentalsKV jetstream.KeyValue
-	cache     *cache
-	metrics   metrics
+	cfg   Config
+	conn  *bus.Conn
+	log   *zap.Logger
+	cache *cache.Cache
+	// kv holds the buckets Run watches.
+	runsKV, nodesKV jetstream.KeyValue
+
+	runs      *runs.Store
+	dispatch  *dispatch.Dispatcher
+	scheduler *scheduler.Scheduler
+	intake    *intake.Intake
+	ingest    *ingest.Ingest
+	nodes     *nodes.Service
+	sessions  *sessions.Service
+	rentals   *rentals.Manager // nil without Capacity
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
-	// fleetView is the fleet decideAtIntake decides on; fleetViewMu lets
-	// one intake worker at a time take a new one.
-	fleetView   atomic.Pointer[intakeView]
-	fleetViewMu sync.Mutex
-	// kick asks the scheduler to look at accepted Runs now.
-	kick chan struct{}
-	// enrollLocks orders enrollments of one node in this replica; different
-	// nodes enroll concurrently. Across replicas the node record's CAS
-	// decides.
-	enrollLocks keyedMutex
-	// outbox tracks Run events still to be published after a failed
-	// publish, and the crash repair of the first reconcile pass.
-	outbox outboxRepair
-	// sessions serves session residency (session.go); set by Run.
-	sessions *sessions
-	// rentalLeader is the rental loop's election (rentalleader.go); set by
-	// the rental loop, nil until then and without Capacity.
-	rentalLeader atomic.Pointer[leaderLease]
 }
-
-type metrics struct {
-	transitions   atomic.Int64
-	fencedObs     atomic.Int64
-	rejected      atomic.Int64
-	staleReports  atomic.Int64
-	leaseLapses   atomic.Int64
-	commandsSent  atomic.Int64
-	placementMiss atomic.Int64
-	decisions     atomic.Int64
-	decisionNanos atomic.Int64
-	passes        atomic.Int64
-	intakeDecided atomic.Int64
-	heartbeats    atomic.Int64
-	eventsSent    atomic.Int64
-}
-
-// Metrics is a snapshot of the control plane's counters.
-type Metrics struct {
-	Transitions, FencedObservations, Rejected, StaleReports, LeaseLapses, CommandsSent, PlacementMisses int64
-	Decisions, DecisionNanos                                                                            int64
-	// Passes counts scheduling passes; a pass decides only the waiting Runs
-	// whose fleet changed (decisionMemo).
-	Passes int64
-	// DecidedAtIntake counts Runs stored with their first decision
-	// (decideAtIntake), which the scheduler then had no write to make for.
-	DecidedAtIntake int64
-	// Heartbeats counts heartbeats that extended a lease; EventsPublished
-	// counts Run event publishes (including repairs that dedupe dropped).
-	Heartbeats, EventsPublished int64
-}
-
-// Metrics returns the current counters.
-func (cp *ControlPlane) Metrics() Metrics {
-	m := &cp.metrics
-	return Metrics{
-		Transitions: m.transitions.Load(), FencedObservations: m.fencedObs.Load(), Rejected: m.rejected.Load(),
-		StaleReports: m.staleReports.Load(), LeaseLapses: m.leaseLapses.Load(), CommandsSent: m.commandsSent.Load(),
-		PlacementMisses: m.placementMiss.Load(), Decisions: m.decisions.Load(), DecisionNanos: m.decisionNanos.Load(),
-		Heartbeats: m.heartbeats.Load(), EventsPublished: m.eventsSent.Load(), Passes: m.passes.Load(), DecidedAtIntake: m.intakeDecided.Load(),
-	}
-}
-
-// DefaultDecisionCandidates keeps a decision over any fleet to about 100 KB
-// (a full decision over 10,000 nodes is about 2 MB, past NATS's 1 MB
-// message limit, so the Run could not be written).
-const DefaultDecisionCandidates = 64
 
 // New provisions the streams and buckets (idempotently) and returns a
 // control plane ready to Run.
 func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*ControlPlane, error) {
 	cfg.defaults()
-	if err := bus.Provision(ctx, conn.JS, cfg.Topology); err != nil {
-		return nil, err
-	}
-	runsKV, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketRuns, err)
-	}
-	nodesKV, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketNodes, err)
-	}
-	enrollKV, err := conn.JS.KeyValue(ctx, bus.BucketEnroll)
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketEnroll, err)
-	}
-	rentalsKV, err := conn.JS.KeyValue(ctx, bus.BucketRentals)
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketRentals, err)
-	}
 	if cfg.Capacity != nil && (cfg.Capacity.Provider == nil || cfg.Capacity.OwnershipToken == "") {
 		return nil, errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
 	}
-	return &ControlPlane{
-		cfg: cfg, conn: conn, log: log, runsKV: runsKV, nodesKV: nodesKV, enrollKV: enrollKV, rentalsKV: rentalsKV,
-		cache: newCache(), kick: make(chan struct{}, 1), ready: make(chan struct{}),
-	}, nil
+	if err := bus.Provision(ctx, conn.JS, cfg.Topology); err != nil {
+		return nil, err
+	}
+	kv := map[string]jetstream.KeyValue{}
+	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals} {
+		h, err := conn.JS.KeyValue(ctx, b)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: open %s: %w", b, err)
+		}
+		kv[b] = h
+	}
+	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(), runsKV: kv[bus.BucketRuns], nodesKV: kv[bus.BucketNodes], ready: make(chan struct{})}
+	// The scheduler is made last but poked by the parts made before it.
+	poke := func() { cp.scheduler.Poke() }
+	cp.runs = runs.NewStore(cp.runsKV, conn.JS, cp.cache, runs.Config{DecisionCandidates: cfg.DecisionCandidates, MaxAttempts: cfg.MaxAttempts, Poke: poke, Now: cfg.Now}, log)
+	cp.dispatch = dispatch.New(conn.JS, cp.cache, cfg.Now, log)
+	cp.sessions = sessions.New(cfg.Sessions, conn, cp.cache, cp.nodesKV, cfg.Now, log)
+	cp.nodes = nodes.New(nodes.Config{
+		HeartbeatInterval: cfg.HeartbeatInterval, LeaseMultiplier: cfg.LeaseMultiplier, SessionTTL: cfg.SessionTTL,
+		CommandAckWait: cfg.CommandAckWait, OpenEnrollment: cfg.OpenEnrollment, RentedPrices: cfg.Capacity != nil, Now: cfg.Now,
+	}, conn, cp.nodesKV, kv[bus.BucketEnroll], kv[bus.BucketRentals], cp.cache, cp.runs, cp.sessions, poke, log)
+	var renter scheduler.Renter
+	if cfg.Capacity != nil {
+		cp.rentals = rentals.New(*cfg.Capacity, cfg.Placement, conn, kv[bus.BucketRentals], cp.nodesKV, cp.cache, cp.runs, cp.nodes, cfg.Now, log)
+		renter = cp.rentals
+	}
+	cp.scheduler = scheduler.New(scheduler.Config{
+		Interval: cfg.ReconcileInterval, Timing: lifecycle.Timing{RedispatchAfter: cfg.RedispatchAfter, MaxRuntimeSlack: cfg.MaxRuntimeSlack},
+		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
+	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
+	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cfg.Now, log)
+	return cp, nil
 }
 
 // Ready is closed once Run answers on every subject.
 func (cp *ControlPlane) Ready() <-chan struct{} { return cp.ready }
 
-func (cp *ControlPlane) now() time.Time { return cp.cfg.Now() }
+// ObsWorkers is how many nodes' observations one replica handles at once.
+const ObsWorkers = 16
 
-func (cp *ControlPlane) leaseTTL() time.Duration {
-	return cp.cfg.HeartbeatInterval * time.Duration(cp.cfg.LeaseMultiplier)
-}
+// IntakeWorkers is how many intake messages one replica handles at once.
+// It stays well below the intake consumer's MaxAckPending (1,024), so the
+// workers' queues, not the server, hold the backlog.
+const IntakeWorkers = 64
 
-// Run serves until ctx ends: KV watches, intake, observation ingest,
-// enrollment and heartbeats, and the reconcile loop. It returns the first
-// error that stops a part, or nil after ctx ends.
+// Run serves until ctx ends: KV watches, intake, observation ingest, node
+// and session services, the scheduler and, with Capacity, the rental
+// manager. It returns the first error that stops a part, or nil after ctx
+// ends.
 func (cp *ControlPlane) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs last: after cancel below
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := cp.cache.start(ctx, &wg, cp.runsKV, cp.nodesKV, cp.log); err != nil {
+	if err := cp.cache.Start(ctx, &wg, cp.runsKV, cp.nodesKV, cp.log); err != nil {
 		return err
 	}
 	// This replica has heard no heartbeat yet: give every node one lease
 	// to be heard before the sweep may call it lost.
-	cp.cache.graceLeases(cp.now().Add(cp.leaseTTL()))
+	cp.cache.GraceLeases(cp.cfg.Now().Add(cp.nodes.LeaseTTL()))
 	// Every active Run's last events are checked against WF_EVENTS on the
 	// first pass, in case a replica stopped between a write and its publish.
-	cp.outbox.repairAllOnNextPass()
-	stopSubs, err := cp.serveNodes(ctx, &wg)
+	cp.runs.RepairAllOnNextPass()
+	stopNodes, err := cp.nodes.Serve(ctx, &wg)
 	if err != nil {
 		return err
 	}
-	defer stopSubs()
-	stopSessions, err := cp.serveSessions(ctx)
+	defer stopNodes()
+	stopSessions, err := cp.sessions.Serve(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopSessions()
+	if cp.rentals != nil {
+		stopRentals, err := cp.rentals.Serve(ctx)
+		if err != nil {
+			return err
+		}
+		defer stopRentals()
+	}
 
-	intakePool := newKeyedPool(ctx, &wg, IntakeWorkers, 8, cp.handleIntake)
-	intake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(ctx context.Context, m jetstream.Msg) {
-		job := cp.parseIntake(ctx, m)
-		intakePool.submit(job.key, job) // false only when ctx ended: m stays unacked and is redelivered
+	// A Run's submit and cancel go to the same intake worker, by Run id,
+	// and keep their stream order.
+	intakePool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: IntakeWorkers}, cp.intake.Handle)
+	stopIntake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
+		job := intake.Parse(m, redelivered)
+		intakePool.Submit(job.Key, job) // false only when ctx ended: m stays unacked and is redelivered
 	})
 	if err != nil {
 		return err
 	}
-	defer intake.Stop()
+	defer stopIntake()
 	// Observations are handled by node: one node's reports (receipts,
 	// workload phases, facts) keep their order, different nodes' run
 	// concurrently.
-	obsPool := newKeyedPool(ctx, &wg, ObsWorkers, 8, func(ctx context.Context, job obsJob) {
-		if job.redelivered {
-			ctx = markRepair(ctx)
-		}
-		cp.handleObservation(ctx, job.m)
+	obsPool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: ObsWorkers}, func(ctx context.Context, d delivery) {
+		cp.ingest.Handle(ctx, d.m, d.redelivered)
 	})
-	obs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(ctx context.Context, m jetstream.Msg) {
-		obsPool.submit(subjectNode(m.Subject()), obsJob{m: m, redelivered: repairing(ctx)})
+	stopObs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
+		obsPool.Submit(bus.SubjectNode(m.Subject()), delivery{m, redelivered})
 	})
 	if err != nil {
 		return err
 	}
-	defer obs.Stop()
+	defer stopObs()
 
-	cp.askReconcile(ctx)
-	wg.Go(func() { cp.reconcileLoop(ctx) })
-	if cp.cfg.Capacity != nil {
-		wg.Go(func() { cp.rentalLoop(ctx) })
+	cp.dispatch.AskReconciliation(ctx)
+	wg.Go(func() { cp.scheduler.Run(ctx) })
+	if cp.rentals != nil {
+		wg.Go(func() { cp.rentals.Run(ctx) })
 	}
 	close(cp.ready)
 	cp.log.Info("control plane serving", zap.String("nats", cp.conn.NC.ConnectedUrlRedacted()))
@@ -300,44 +171,49 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	return nil
 }
 
-// ObsWorkers is how many nodes' observations one replica handles at once.
-const ObsWorkers = 16
-
-// obsJob is one WF_OBS message on its way to an observation worker.
-type obsJob struct {
+// delivery is one stream message on its way to a worker; redelivered says
+// it was delivered before, so its first handling may have stopped half way.
+type delivery struct {
 	m           jetstream.Msg
 	redelivered bool
 }
 
-// IntakeWorkers is how many intake messages one replica handles at once.
-// It stays well below the intake consumer's MaxAckPending (1,024), so the
-// workers' queues, not the server, hold the backlog.
-const IntakeWorkers = 64
-
 // consume binds a durable consumer and hands each message to h on the
-// consumer's callback goroutine, in stream order. h gets a context marked
-// for outbox repair when the message is a redelivery (see repairing).
-func (cp *ControlPlane) consume(ctx context.Context, stream string, cfg jetstream.ConsumerConfig, h func(context.Context, jetstream.Msg)) (jetstream.ConsumeContext, error) {
+// consumer's callback goroutine, in stream order.
+func (cp *ControlPlane) consume(ctx context.Context, stream string, cfg jetstream.ConsumerConfig, h func(m jetstream.Msg, redelivered bool)) (stop func(), err error) {
 	c, err := cp.conn.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: consumer %s on %s: %w", cfg.Durable, stream, err)
 	}
-	cc, err := c.Consume(func(m jetstream.Msg) { h(withRedelivery(ctx, m), m) },
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, context.Canceled) {
-				cp.log.Debug("consumer error", zap.String("consumer", cfg.Durable), zap.Error(err))
-			}
-		}))
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		meta, err := m.Metadata()
+		h(m, err == nil && meta.NumDelivered > 1)
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, context.Canceled) {
+			cp.log.Debug("consumer error", zap.String("consumer", cfg.Durable), zap.Error(err))
+		}
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: consume %s: %w", cfg.Durable, err)
 	}
-	return cc, nil
+	return cc.Stop, nil
 }
 
-// poke wakes the scheduler without blocking.
-func (cp *ControlPlane) poke() {
+// Metrics returns the current counters and, once Ready is closed (the
+// cache holds every Run wf_runs held when its watch started), the cached
+// Runs by phase.
+func (cp *ControlPlane) Metrics() Metrics {
+	st := cp.scheduler.Stats()
+	m := Metrics{
+		Transitions: cp.runs.Transitions(), FencedObservations: cp.ingest.Fenced() + cp.nodes.Fenced(), Rejected: cp.intake.Rejected(),
+		StaleReports: cp.ingest.Stale(), LeaseLapses: cp.nodes.LeaseLapses(), CommandsSent: cp.dispatch.Sent(),
+		PlacementMisses: st.PlacementMisses.Load(), Decisions: st.Decisions.Load(), DecisionNanos: st.DecisionNanos.Load(),
+		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
+	}
 	select {
-	case cp.kick <- struct{}{}:
+	case <-cp.ready:
+		m.Phases, m.PhasesSynced = cp.cache.RunPhases(), true
 	default:
 	}
+	return m
 }

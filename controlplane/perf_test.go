@@ -375,7 +375,7 @@ func TestEventsSeenOnce(t *testing.T) {
 		r, ok := pl.run(t, runID)
 		return ok && r.Phase == schemas.PhaseSucceeded
 	})
-	time.Sleep(500 * time.Millisecond) // many reconcile passes, and late reports
+	time.Sleep(500 * time.Millisecond) // many scheduling passes, and late reports
 	r, _ := pl.run(t, runID)
 	mu.Lock()
 	defer mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -114,7 +115,7 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		conn := connect(i, fmt.Sprintf("cp-%d", i))
 		cfg := cfg
 		// Both replicas may rent; one at a time leads the rental loop.
-		cfg.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-cluster", Interval: 200 * time.Millisecond, LeaderTTL: 3 * time.Second}
+		cfg.Capacity = &rentals.Config{Provider: provider, OwnershipToken: "wf-cluster", Interval: 200 * time.Millisecond, LeaderTTL: 3 * time.Second}
 		cp, err := controlplane.New(ctx, conn, cfg, log.Named(fmt.Sprintf("cp-%d", i)))
 		if err != nil {
 			t.Fatal(err)
@@ -214,7 +215,7 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	// A late duplicate would arrive after the last terminal write: give the
-	// survivors a few reconcile passes to make one, if they were going to.
+	// survivors a few scheduling passes to make one, if they were going to.
 	time.Sleep(2 * time.Second)
 	_, phases := watch.done(ids)
 	watch.mu.Lock()
@@ -244,7 +245,7 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 			Term      uint64    `json:"term"`
 			ExpiresAt time.Time `json:"expires_at"`
 		}
-		_, err := bus.GetJSON(ctx, leases, controlplane.RentalLeaderKey, &rec)
+		_, err := bus.GetJSON(ctx, leases, rentals.LeaderKey, &rec)
 		return err == nil && rec.Holder != "" && rec.Term >= 1 && time.Now().Before(rec.ExpiresAt)
 	})
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/capacity/fake"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -22,7 +23,7 @@ func TestAcceptance_RentalNeverEnrolls(t *testing.T) {
 	}
 	w := newWorld(t)
 	f := newFleet(t, func(c *controlplane.Config) {
-		c.Capacity = &controlplane.CapacityConfig{Provider: p, OwnershipToken: "wf-e2e", EnrollTimeout: time.Second, Interval: 200 * time.Millisecond}
+		c.Capacity = &rentals.Config{Provider: p, OwnershipToken: "wf-e2e", EnrollTimeout: time.Second, Interval: 200 * time.Millisecond}
 	})
 	id := f.submit(schemas.RunRequest{RequestID: "never-enrolls", Image: w.image.Reference, Command: []string{"true"}})
 	var first schemas.Rental

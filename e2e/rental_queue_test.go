@@ -8,6 +8,7 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/adapters/capacity/local"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -47,7 +48,7 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 	}
 	var decided *schemas.RunEvent
 	for _, ev := range f.events(next) {
-		if ev.Type == schemas.EventDecided && ev.Code == controlplane.CodeRentBeatsQueue {
+		if ev.Type == schemas.EventDecided && ev.Code == rentals.CodeRentBeatsQueue {
 			decided = &ev
 			break
 		}
@@ -56,7 +57,7 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 		t.Fatalf("no recorded decision to rent rather than queue: %+v", decided)
 	}
 	for _, c := range decided.Decision.Candidates {
-		if c.NodeID == busy.spec.id && (c.Reason != controlplane.CodeRentBeatsQueue || c.Components.QueueSeconds <= 0) {
+		if c.NodeID == busy.spec.id && (c.Reason != rentals.CodeRentBeatsQueue || c.Components.QueueSeconds <= 0) {
 			t.Fatalf("the busy node's candidate in the decision: %+v", c)
 		}
 	}
@@ -82,7 +83,7 @@ func TestAcceptance_QueueBeatsRent(t *testing.T) {
 	}
 	queued := false
 	for _, ev := range f.events(next) {
-		if ev.Code == controlplane.CodeRentBeatsQueue {
+		if ev.Code == rentals.CodeRentBeatsQueue {
 			t.Fatalf("a rent decision was recorded: %+v", ev)
 		}
 		if ev.Type == schemas.EventDecided && ev.Decision != nil && ev.Decision.Winner == busy.spec.id && ev.Decision.WinnerQueued {
@@ -107,7 +108,7 @@ func newQueueOrRentFleet(t *testing.T, rentMargin time.Duration) (*fleet, *local
 			return f.localLauncher(t)(ctx, name, boot)
 		}, capacity.Offer{ID: "local-fresh", CPUMillis: 1 << 20, MemoryBytes: 1 << 40, ReadySeconds: 2,
 			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
-		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: rentMargin,
+		c.Capacity = &rentals.Config{Provider: provider, OwnershipToken: "wf-e2e", RentMargin: rentMargin,
 			IdleTimeout: time.Minute, Interval: 200 * time.Millisecond}
 	})
 	return f, provider

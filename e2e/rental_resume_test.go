@@ -15,6 +15,7 @@ import (
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -138,7 +139,7 @@ func TestAcceptance_RentalResume(t *testing.T) {
 	const sessionTTL = 3 * time.Second
 	f = newFleet(t, invitedOnly, func(c *controlplane.Config) {
 		c.SessionTTL = sessionTTL
-		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", IdleTimeout: 2 * time.Second, Interval: 200 * time.Millisecond}
+		c.Capacity = &rentals.Config{Provider: provider, OwnershipToken: "wf-e2e", IdleTimeout: 2 * time.Second, Interval: 200 * time.Millisecond}
 	})
 
 	first := f.submit(schemas.RunRequest{RequestID: "resume-1", Image: w.image.Reference, Command: []string{"sh", "-c", "exit 0"}})

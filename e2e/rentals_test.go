@@ -14,6 +14,7 @@ import (
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -96,7 +97,7 @@ func TestAcceptance_ProvisionEnrollRun(t *testing.T) {
 		provider = local.New(func(ctx context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
 			return f.localLauncher(t)(ctx, name, boot)
 		}, capacity.Offer{ID: "local-2c", CPUMillis: 2000, MemoryBytes: 4 << 30, PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 50_000, Exact: true}})
-		c.Capacity = &controlplane.CapacityConfig{Provider: provider, OwnershipToken: "wf-e2e", IdleTimeout: 3 * time.Second, Interval: 200 * time.Millisecond}
+		c.Capacity = &rentals.Config{Provider: provider, OwnershipToken: "wf-e2e", IdleTimeout: 3 * time.Second, Interval: 200 * time.Millisecond}
 	})
 
 	first := f.submit(schemas.RunRequest{RequestID: "rent-1", Image: w.image.Reference, Command: []string{"sh", "-c", "exit 0"}})
@@ -163,7 +164,7 @@ func TestAcceptance_LostProvisionResponse(t *testing.T) {
 	}
 	w := newWorld(t)
 	f := newFleet(t, func(c *controlplane.Config) {
-		c.Capacity = &controlplane.CapacityConfig{Provider: p, OwnershipToken: "wf-e2e", LostAnswerAfter: time.Second, Interval: 200 * time.Millisecond, JanitorInterval: time.Second}
+		c.Capacity = &rentals.Config{Provider: p, OwnershipToken: "wf-e2e", LostAnswerAfter: time.Second, Interval: 200 * time.Millisecond, JanitorInterval: time.Second}
 	})
 	id := f.submit(schemas.RunRequest{RequestID: "lost-answer", Image: w.image.Reference, Command: []string{"true"}})
 	var rt schemas.Rental
@@ -218,7 +219,7 @@ func TestAcceptance_JanitorTerminatesOrphans(t *testing.T) {
 	}
 	foreign := p.PlantForeign("rt-stray", "someone-else")
 	f := newFleet(t, func(c *controlplane.Config) {
-		c.Capacity = &controlplane.CapacityConfig{Provider: p, OwnershipToken: "wf-e2e", JanitorInterval: 200 * time.Millisecond, Interval: 200 * time.Millisecond}
+		c.Capacity = &rentals.Config{Provider: p, OwnershipToken: "wf-e2e", JanitorInterval: 200 * time.Millisecond, Interval: 200 * time.Millisecond}
 	})
 	f.eventually(20*time.Second, "the orphan to be terminated", func() bool {
 		obs, err := p.ObserveCapacity(context.Background(), capacity.Ref{NativeRef: rc.NativeRef, OwnershipToken: "wf-e2e"})

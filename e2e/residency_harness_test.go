@@ -17,6 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
@@ -35,7 +36,7 @@ const (
 
 func sessionFleet(t *testing.T) *fleet {
 	return newFleet(t, func(c *controlplane.Config) {
-		c.Sessions = controlplane.SessionConfig{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
+		c.Sessions = sessions.Config{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
 			AttachTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second}
 	})
 }

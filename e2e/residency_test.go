@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
@@ -271,7 +271,7 @@ func TestAcceptance_DrainReleasesAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep controlplane.DrainReply
+	var rep nodes.DrainReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,8 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/noderuntime"
@@ -110,7 +112,7 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	if err != nil {
 		t.Fatal(err)
 	}
-	callout, err := controlplane.NewAuthCallout(ctx, cpConn, controlplane.AuthConfig{IssuerSeed: seed,
+	callout, err := nodes.NewAuthCallout(ctx, cpConn, nodes.AuthConfig{IssuerSeed: seed,
 		Producers: map[string]string{sf.producerName: producerToken}, OperatorToken: operatorToken}, log.Named("cp"))
 	if err != nil {
 		t.Fatal(err)
@@ -630,7 +632,7 @@ func (n natsLogger) Tracef(format string, v ...any)  { n.l.Debug(fmt.Sprintf(for
 // another tenant's.
 func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
 	sf := newSecureFleet(t, func(c *controlplane.Config) {
-		c.Sessions = controlplane.SessionConfig{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
+		c.Sessions = sessions.Config{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
 			AttachTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second}
 	})
 	l := newLedger(t)

@@ -3,6 +3,8 @@ package schemas
 import (
 	"errors"
 	"fmt"
+
+	"github.com/warmfleet/warmfleet/bus/codec"
 )
 
 // Code is a stable, machine-readable reason for a refusal.
@@ -93,4 +95,16 @@ func AsRefusal(err error) *Refusal {
 		return r
 	}
 	return &Refusal{Code: CodeInternal, Reason: err.Error()}
+}
+
+// RefusalOfInput turns a decode or validation error of a request body into
+// a refusal that does not echo the input; what names the body expected.
+func RefusalOfInput(err error, what string) *Refusal {
+	if errors.Is(err, codec.ErrUnknownField) {
+		return &Refusal{Code: CodeUnknownField, Reason: what + ": it has a field this control plane does not know"}
+	}
+	if errors.Is(err, codec.ErrMalformed) {
+		return &Refusal{Code: CodeMalformed, Reason: what}
+	}
+	return AsRefusal(err)
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // Phase is where a Run is in its lifecycle. The legal moves between phases
-// are the control plane's transition table (controlplane/runphase.go).
+// are the control plane's transition table (controlplane/lifecycle/table.go).
 type Phase string
 
 const (

@@ -122,7 +122,7 @@ func runFleet(ctx context.Context, g *globals, o fleetOpts) (*Report, error) {
 		if n >= 5000 {
 			// Under a core only counts if the control plane keeps up: no live
 			// node marked lost, and a stopped one marked lost within the
-			// lease plus two reconcile passes.
+			// lease plus two scheduling passes.
 			keepsUp := r.FalseLapses == 0 && r.LapseMissed == 0 && (r.LapseN == 0 || r.Lapse.Max/1000 <= (lease+2*time.Second).Seconds())
 			row.goal("< 1 core at 5000, keeping up", r.CPCores < 1 && keepsUp)
 		}

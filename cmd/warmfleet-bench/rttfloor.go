@@ -13,7 +13,7 @@ import (
 )
 
 // commandFloor measures the least a command round trip costs on this server
-// when, as DESIGN requires, the command and its receipt both travel through
+// when the command and its receipt both travel through
 // JetStream, with no warmfleet code: the client publishes with ack into a
 // work-queue stream configured as WF_CMDS, a responder on its own
 // connection takes it from a durable pull consumer configured as a node's

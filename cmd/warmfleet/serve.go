@@ -110,8 +110,8 @@ func newServe(g *globals) *cobra.Command {
 
 // serveCPMetrics opens the metrics listener (so a taken port fails serve at
 // once) and serves the control plane's registry until ctx ends. The Runs by
-// phase come from a watch on wf_runs kept in memory, so a scrape costs no
-// KV reads. /readyz answers 200 once the control plane serves every subject
+// phase are counted from the control plane's cache of wf_runs, so a scrape
+// costs no KV reads. /readyz answers 200 once the control plane serves every subject
 // and while its NATS connection is up. If the metrics server fails, it
 // cancels the control plane too (through cancel) and the error comes back
 // on the returned channel.
@@ -119,16 +119,6 @@ func serveCPMetrics(ctx context.Context, cancel context.CancelFunc, cmd *cobra.C
 	cp *controlplane.ControlPlane, log *zap.Logger) (chan error, error) {
 	ln, err := metrics.Listen(addr)
 	if err != nil {
-		return nil, err
-	}
-	runsKV, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
-	if err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("metrics: open %s: %w", bus.BucketRuns, err)
-	}
-	phases, err := metrics.WatchRunPhases(ctx, runsKV)
-	if err != nil {
-		_ = ln.Close()
 		return nil, err
 	}
 	ready := func() bool {
@@ -139,7 +129,7 @@ func serveCPMetrics(ctx context.Context, cancel context.CancelFunc, cmd *cobra.C
 			return false
 		}
 	}
-	reg := metrics.NewControlPlaneRegistry(cp.Metrics, phases.Counts)
+	reg := metrics.NewControlPlaneRegistry(cp.Metrics)
 	done := make(chan error, 1)
 	go func() {
 		err := metrics.ServeListener(ctx, ln, reg, ready)

@@ -19,7 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity/fake"
 	"github.com/warmfleet/warmfleet/adapters/capacity/local"
 	"github.com/warmfleet/warmfleet/adapters/capacity/shadeform"
-	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/internal/ctrdproc"
 )
 
@@ -159,7 +159,7 @@ func providerFlag(name string) bool {
 // provider is configured, and what to run once the control plane stopped:
 // the local provider terminates its machines then, so no agent process
 // outlives the serve that started it.
-func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*controlplane.CapacityConfig, func(), error) {
+func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*rentals.Config, func(), error) {
 	cc, lp, err := c.provide(ctx, flags, dataDir, log)
 	if err != nil || lp == nil {
 		return cc, func() {}, err
@@ -173,7 +173,7 @@ func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir
 	}, nil
 }
 
-func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*controlplane.CapacityConfig, *local.Provider, error) {
+func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*rentals.Config, *local.Provider, error) {
 	if err := c.resolve(flags, os.Getenv); err != nil {
 		return nil, nil, err
 	}
@@ -247,7 +247,7 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 	}
 	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
 		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
-	return &controlplane.CapacityConfig{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
+	return &rentals.Config{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
 		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst,
 		EnrollTimeout: c.enrollTimeout}, lp, nil
 }

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/nodes"
 )
 
 // serveSecurity is `warmfleet serve`'s NATS auth and TLS (docs/security.md).
@@ -88,7 +88,7 @@ func (s *serveSecurity) prepare(embedded bool, dataDir string) error {
 		if err != nil {
 			return fmt.Errorf("--producer-tokens-file: %w", err)
 		}
-		if s.producers, err = controlplane.ParseProducerTokens(string(b)); err != nil {
+		if s.producers, err = nodes.ParseProducerTokens(string(b)); err != nil {
 			return fmt.Errorf("--producer-tokens-file %s: %w", s.producerTokensFile, err)
 		}
 	}
@@ -156,11 +156,11 @@ func (s *serveSecurity) startCallout(ctx context.Context, conn *bus.Conn, log *z
 	if !s.auth {
 		return nil, nil
 	}
-	ac, err := controlplane.NewAuthCallout(ctx, conn, controlplane.AuthConfig{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}, log)
+	ac, err := nodes.NewAuthCallout(ctx, conn, nodes.AuthConfig{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}, log)
 	if err != nil {
 		return nil, err
 	}
-	log.Info("NATS auth on", zap.Strings("producers", controlplane.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
+	log.Info("NATS auth on", zap.Strings("producers", nodes.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
 	done := make(chan error, 1)
 	go func() { done <- ac.Run(ctx) }()
 	return done, nil

@@ -14,7 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -54,7 +55,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			routes, err := controlplane.ListRoutes(cmd.Context(), conn.JS)
+			routes, err := sessions.ListRoutes(cmd.Context(), conn.JS)
 			if err != nil {
 				return err
 			}
@@ -275,8 +276,8 @@ func printDrainSessions(w io.Writer, v *residency.DrainView) {
 
 // drainNode asks the control plane to drain a node and returns its reply,
 // the node record and the node's session drain.
-func drainNode(ctx context.Context, conn *bus.Conn, id string) (controlplane.DrainReply, error) {
-	var rep controlplane.DrainReply
+func drainNode(ctx context.Context, conn *bus.Conn, id string) (nodes.DrainReply, error) {
+	var rep nodes.DrainReply
 	b, err := json.Marshal(schemas.AdminRequest{ID: id})
 	if err != nil {
 		return rep, err

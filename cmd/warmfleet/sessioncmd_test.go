@@ -14,6 +14,7 @@ import (
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/residency"
@@ -47,7 +48,7 @@ func TestSessionCommands(t *testing.T) {
 	defer cpConn.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.New(ctx, cpConn, controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true,
-		Sessions: controlplane.SessionConfig{LeaseTTL: 3 * time.Second}}, log)
+		Sessions: sessions.Config{LeaseTTL: 3 * time.Second}}, log)
 	if err != nil {
 		t.Fatal(err)
 	}

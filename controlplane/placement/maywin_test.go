@@ -11,7 +11,7 @@ import (
 
 // TestMayWinIsNecessary: over random fleets and requests, whenever MayWin
 // says no node could win, Decide names no winner. Intake relies on this to
-// record "no node fits" without scoring (decideAtIntake).
+// record "no node fits" without scoring (scheduler.AtIntake).
 func TestMayWinIsNecessary(t *testing.T) {
 	winners, refusals := 0, 0
 	rapid.Check(t, func(t *rapid.T) {

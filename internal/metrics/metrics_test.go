@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/metrics"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -84,24 +83,22 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// fakeCP is a control plane whose counters the test moves.
+// fakeCP is a control plane whose snapshot the test moves.
 type fakeCP struct {
 	mu sync.Mutex
-	m  controlplane.Metrics
+	m  metrics.ControlPlane
 }
 
-func (f *fakeCP) Metrics() controlplane.Metrics { f.mu.Lock(); defer f.mu.Unlock(); return f.m }
-func (f *fakeCP) set(m controlplane.Metrics)    { f.mu.Lock(); defer f.mu.Unlock(); f.m = m }
+func (f *fakeCP) Metrics() metrics.ControlPlane { f.mu.Lock(); defer f.mu.Unlock(); return f.m }
+func (f *fakeCP) set(m metrics.ControlPlane)    { f.mu.Lock(); defer f.mu.Unlock(); f.m = m }
 
 func TestControlPlaneMetrics(t *testing.T) {
 	cp := &fakeCP{}
-	cp.set(controlplane.Metrics{Transitions: 11, FencedObservations: 2, Rejected: 3, StaleReports: 4, LeaseLapses: 5,
-		CommandsSent: 6, PlacementMisses: 7, Decisions: 8, DecisionNanos: 2_500_000_000})
-	var synced atomic.Bool
-	phases := func() (map[schemas.Phase]int, bool) {
-		return map[schemas.Phase]int{schemas.PhaseRunning: 2, schemas.PhaseSucceeded: 5, "paused": 1}, synced.Load()
-	}
-	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry(cp.Metrics, phases), nil))
+	phases := map[schemas.Phase]int{schemas.PhaseRunning: 2, schemas.PhaseSucceeded: 5, "paused": 1}
+	// Phase counts in a snapshot that is not synced yet are not reported.
+	cp.set(metrics.ControlPlane{Transitions: 11, FencedObservations: 2, Rejected: 3, StaleReports: 4, LeaseLapses: 5,
+		CommandsSent: 6, PlacementMisses: 7, Decisions: 8, DecisionNanos: 2_500_000_000, Phases: phases})
+	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry(cp.Metrics), nil))
 	defer srv.Close()
 
 	fams := scrape(t, srv.URL)
@@ -129,12 +126,11 @@ func TestControlPlaneMetrics(t *testing.T) {
 		}
 	}
 	if _, ok := fams["warmfleet_runs"]; ok {
-		t.Error("warmfleet_runs reported before the phase watch synced")
+		t.Error("warmfleet_runs reported before the phase counts synced")
 	}
 
-	// Read at scrape time: moved counters show at the next scrape.
-	cp.set(controlplane.Metrics{Transitions: 12, Decisions: 9, DecisionNanos: 3_000_000_000})
-	synced.Store(true)
+	// Read at scrape time: a moved snapshot shows at the next scrape.
+	cp.set(metrics.ControlPlane{Transitions: 12, Decisions: 9, DecisionNanos: 3_000_000_000, Phases: phases, PhasesSynced: true})
 	fams = scrape(t, srv.URL)
 	if got := value(t, fams, "warmfleet_controlplane_run_transitions_total", nil); got != 12 {
 		t.Errorf("transitions after move = %v, want 12", got)
@@ -153,23 +149,51 @@ func TestControlPlaneMetrics(t *testing.T) {
 	if n := len(fams["warmfleet_runs"].GetMetric()); n != len(metrics.Phases)+1 {
 		t.Errorf("warmfleet_runs has %d series, want one per phase (%d) plus the unknown one", n, len(metrics.Phases)+1)
 	}
+
+	// The counts move with the snapshot too.
+	cp.set(metrics.ControlPlane{Phases: map[schemas.Phase]int{schemas.PhaseRunning: 1, schemas.PhaseFailed: 3}, PhasesSynced: true})
+	fams = scrape(t, srv.URL)
+	for phase, want := range map[string]float64{"running": 1, "failed": 3, "succeeded": 0} {
+		if got := value(t, fams, "warmfleet_runs", map[string]string{"phase": phase}); got != want {
+			t.Errorf("warmfleet_runs{phase=%q} after move = %v, want %v", phase, got, want)
+		}
+	}
+	if n := len(fams["warmfleet_runs"].GetMetric()); n != len(metrics.Phases) {
+		t.Errorf("warmfleet_runs has %d series after the unknown phase went, want %d", n, len(metrics.Phases))
+	}
 }
 
-func TestControlPlaneRegistryWithoutPhases(t *testing.T) {
-	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry((&fakeCP{}).Metrics, nil), nil))
+// TestControlPlaneRunsWhenEmpty: a synced snapshot with no Runs (nil or
+// empty counts) reports every phase as zero; the zero snapshot reports no
+// Runs gauge at all.
+func TestControlPlaneRunsWhenEmpty(t *testing.T) {
+	cp := &fakeCP{}
+	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry(cp.Metrics), nil))
 	defer srv.Close()
 	fams := scrape(t, srv.URL)
 	if got := value(t, fams, "warmfleet_controlplane_placement_decisions_total", nil); got != 0 {
 		t.Errorf("decisions = %v, want 0", got)
 	}
 	if _, ok := fams["warmfleet_runs"]; ok {
-		t.Error("warmfleet_runs reported with no phase source")
+		t.Error("warmfleet_runs reported from the zero snapshot")
+	}
+	for _, counts := range []map[schemas.Phase]int{nil, {}} {
+		cp.set(metrics.ControlPlane{Phases: counts, PhasesSynced: true})
+		fams = scrape(t, srv.URL)
+		if n := len(fams["warmfleet_runs"].GetMetric()); n != len(metrics.Phases) {
+			t.Errorf("counts %v: warmfleet_runs has %d series, want %d", counts, n, len(metrics.Phases))
+		}
+		for _, p := range metrics.Phases {
+			if got := value(t, fams, "warmfleet_runs", map[string]string{"phase": string(p)}); got != 0 {
+				t.Errorf("counts %v: warmfleet_runs{phase=%q} = %v, want 0", counts, p, got)
+			}
+		}
 	}
 }
 
 func TestHealthAndReadiness(t *testing.T) {
 	var ready atomic.Bool
-	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry((&fakeCP{}).Metrics, nil), ready.Load))
+	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry((&fakeCP{}).Metrics), ready.Load))
 	defer srv.Close()
 
 	if code, body := get(t, srv.URL+"/healthz"); code != http.StatusOK || body != "ok\n" {

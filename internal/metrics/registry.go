@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -20,14 +19,12 @@ func newProcessRegistry() *prometheus.Registry {
 }
 
 // NewControlPlaneRegistry returns a registry for a control-plane process: the
-// process and Go collectors, the control plane's counters read from snapshot
-// at every scrape, and, when phases is not nil, the Runs by phase.
-func NewControlPlaneRegistry(snapshot func() controlplane.Metrics, phases func() (map[schemas.Phase]int, bool)) *prometheus.Registry {
+// process and Go collectors, and the control plane's counters and Runs by
+// phase, read from snapshot (normally the control plane's Metrics method)
+// at every scrape.
+func NewControlPlaneRegistry(snapshot func() ControlPlane) *prometheus.Registry {
 	reg := newProcessRegistry()
 	reg.MustRegister(NewControlPlaneCollector(snapshot))
-	if phases != nil {
-		reg.MustRegister(NewRunPhaseCollector(phases))
-	}
 	return reg
 }
 

@@ -76,3 +76,14 @@ func Dial(t testing.TB, url, name string) *bus.Conn {
 	t.Cleanup(c.Close)
 	return c
 }
+
+// ProvisionedBus starts an embedded NATS with warmfleet's streams and
+// buckets, and connects to it as name until t ends.
+func ProvisionedBus(t testing.TB, name string) *bus.Conn {
+	t.Helper()
+	conn := Dial(t, StartNATS(t).URL(), name)
+	if err := bus.Provision(context.Background(), conn.JS, bus.Topology{}); err != nil {
+		t.Fatalf("testenv: provision: %v", err)
+	}
+	return conn
+}

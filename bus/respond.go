@@ -1,0 +1,55 @@
+package bus
+
+import (
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/warmfleet/warmfleet/bus/codec"
+)
+
+// Respond answers a core NATS request with v in enc, naming the encoding
+// in the Content-Type header. A message without a reply subject is
+// answered with nothing.
+func Respond(m *nats.Msg, enc codec.Encoding, v any) error {
+	if m.Reply == "" {
+		return nil
+	}
+	b, err := codec.Encode(enc, v)
+	if err != nil {
+		return fmt.Errorf("bus: encode reply: %w", err)
+	}
+	out := &nats.Msg{Subject: m.Reply, Data: b, Header: nats.Header{}}
+	out.Header.Set(codec.ContentTypeHeader, enc.ContentType())
+	return m.RespondMsg(out)
+}
+
+// ControlPlaneQueue is the queue group the control plane's replicas share,
+// so each request is answered by one of them.
+const ControlPlaneQueue = "warmfleet-cp"
+
+// Subscriptions are core NATS subscriptions stopped together.
+type Subscriptions []*nats.Subscription
+
+// Stop unsubscribes every subscription.
+func (s Subscriptions) Stop() {
+	for _, sub := range s {
+		_ = sub.Unsubscribe()
+	}
+}
+
+// QueueSubscribeAll subscribes each handler in the control plane's queue
+// group. On failure it stops the subscriptions it made and returns the
+// error.
+func QueueSubscribeAll(nc *nats.Conn, handlers map[string]nats.MsgHandler) (Subscriptions, error) {
+	var subs Subscriptions
+	for subj, h := range handlers {
+		s, err := nc.QueueSubscribe(subj, ControlPlaneQueue, h)
+		if err != nil {
+			subs.Stop()
+			return nil, fmt.Errorf("bus: subscribe %s: %w", subj, err)
+		}
+		subs = append(subs, s)
+	}
+	return subs, nil
+}

@@ -1,0 +1,412 @@
+// Package cache is one replica's read-only copy of wf_runs and wf_nodes,
+// fed by KV watches, and the node leases its heartbeats earned in memory.
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Cache is this replica's read-only view of wf_runs and wf_nodes, fed by KV
+// watches. Decisions read it; every write still goes to KV by CAS, so a
+// stale cache costs a retry, never a wrong write.
+//
+// It also holds the replica's lease table: heartbeats extend a node's lease
+// here, in memory, instead of rewriting its wf_nodes record each time. Every
+// replica sees every heartbeat, so every replica holds the same table. A
+// node's effective lease is the later of its record's LeaseExpires and the
+// in-memory lease its current session (fencing token) earned; Node and
+// Nodes return records with that effective lease.
+type Cache struct {
+	mu   sync.RWMutex
+	runs map[string]cachedRun
+	// undecoded names the runs entries held only as raw JSON.
+	undecoded map[string]struct{}
+	nodes     map[string]cachedNode
+	leases    map[string]memLease
+	// nodeVer counts changes to the node set, so a fleet snapshot can tell
+	// whether it still shows the nodes as they are.
+	nodeVer uint64
+}
+
+// memLease is a lease extended by heartbeats of one session of a node.
+type memLease struct {
+	token   uint64
+	expires time.Time
+}
+
+type cachedRun struct {
+	// run is never changed once stored (a write replaces it), so
+	// activeRuns can hand out the pointer instead of a copy.
+	run *schemas.Run
+	rev uint64
+	// raw is the stored JSON of an active Run, to seed its next CAS
+	// without a read; terminal Runs drop it, as they are rarely written.
+	raw []byte
+	// undecoded: only raw is held yet. The watch does not decode what it
+	// delivers, because this replica's own write is usually noted a moment
+	// later with the value in hand; what is left is decoded when read.
+	undecoded bool
+}
+
+type cachedNode struct {
+	node schemas.NodeRecord
+	rev  uint64
+}
+
+func New() *Cache {
+	return &Cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{}}
+}
+
+// Start opens both watches and blocks until their initial values are in.
+// The watch goroutines run until ctx ends; wg tracks them.
+func (c *Cache) Start(ctx context.Context, wg *sync.WaitGroup, runsKV, nodesKV jetstream.KeyValue, log *zap.Logger) error {
+	var primed []chan struct{}
+	for _, w := range []struct {
+		kv    jetstream.KeyValue
+		apply func(jetstream.KeyValueEntry)
+	}{{runsKV, c.applyRun}, {nodesKV, c.applyNode}} {
+		watcher, err := w.kv.WatchAll(ctx)
+		if err != nil {
+			return fmt.Errorf("cache: watch %s: %w", w.kv.Bucket(), err)
+		}
+		done := make(chan struct{})
+		primed = append(primed, done)
+		wg.Go(func() {
+			defer func() { _ = watcher.Stop() }()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case e, ok := <-watcher.Updates():
+					if !ok {
+						return
+					}
+					if e == nil { // end of initial values
+						close(done)
+						continue
+					}
+					w.apply(e)
+				}
+			}
+		})
+	}
+	for _, done := range primed {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	log.Debug("kv cache primed", zap.Int("runs", c.RunCount()), zap.Int("nodes", c.NodeCount()))
+	return nil
+}
+
+func (c *Cache) applyRun(e jetstream.KeyValueEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(c.runs, e.Key())
+		delete(c.undecoded, e.Key())
+		return
+	}
+	if old, ok := c.runs[e.Key()]; ok && old.rev >= e.Revision() {
+		return
+	}
+	c.runs[e.Key()] = cachedRun{rev: e.Revision(), raw: e.Value(), undecoded: true}
+	c.undecoded[e.Key()] = struct{}{}
+}
+
+// decodeRuns decodes the Runs held only as raw JSON, outside the lock. A
+// value that does not decode is dropped: no decision is made on a Run that
+// cannot be read.
+func (c *Cache) decodeRuns(only string) {
+	type pending struct {
+		key string
+		cr  cachedRun
+	}
+	var todo []pending
+	c.mu.RLock()
+	if only != "" {
+		if cr := c.runs[only]; cr.undecoded {
+			todo = append(todo, pending{only, cr})
+		}
+	} else {
+		for k := range c.undecoded {
+			todo = append(todo, pending{k, c.runs[k]})
+		}
+	}
+	c.mu.RUnlock()
+	if len(todo) == 0 {
+		return
+	}
+	runs := make([]schemas.Run, len(todo))
+	ok := make([]bool, len(todo))
+	for i, p := range todo {
+		ok[i] = json.Unmarshal(p.cr.raw, &runs[i]) == nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, p := range todo {
+		if cur := c.runs[p.key]; !cur.undecoded || cur.rev != p.cr.rev {
+			continue // replaced meanwhile
+		}
+		delete(c.undecoded, p.key)
+		if !ok[i] {
+			delete(c.runs, p.key)
+			continue
+		}
+		c.runs[p.key] = newCachedRun(runs[i], p.cr.rev, p.cr.raw)
+	}
+}
+
+func newCachedRun(r schemas.Run, rev uint64, raw []byte) cachedRun {
+	if r.Phase.Terminal() {
+		raw = nil
+	}
+	return cachedRun{run: &r, rev: rev, raw: raw}
+}
+
+// applyNode takes a wf_nodes update from the watch. A revision this replica
+// already holds (it wrote it and noted it with NoteNode) is not
+// decoded again, and decoding happens outside the lock, so heartbeats are
+// not held up by a large facts record.
+func (c *Cache) applyNode(e jetstream.KeyValueEntry) {
+	if e.Operation() != jetstream.KeyValuePut {
+		c.mu.Lock()
+		delete(c.nodes, e.Key())
+		delete(c.leases, e.Key())
+		c.nodeVer++
+		c.mu.Unlock()
+		return
+	}
+	if c.nodeRev(e.Key()) >= e.Revision() {
+		return
+	}
+	var n schemas.NodeRecord
+	if json.Unmarshal(e.Value(), &n) != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.nodes[e.Key()]; ok && old.rev >= e.Revision() {
+		return
+	}
+	c.nodes[e.Key()] = cachedNode{n, e.Revision()}
+	c.nodeVer++
+}
+
+// NodeVersion is the node set's change count.
+func (c *Cache) NodeVersion() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.nodeVer
+}
+
+// nodeRev is the revision of node id held, or 0.
+func (c *Cache) nodeRev(id string) uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.nodes[id].rev
+}
+
+// NoteRun records a Run this replica just wrote (raw is the JSON stored),
+// ahead of its watch.
+func (c *Cache) NoteRun(r schemas.Run, rev uint64, raw []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.runs[r.ID]; ok && (old.rev > rev || old.rev == rev && !old.undecoded) {
+		return
+	}
+	c.runs[r.ID] = newCachedRun(r, rev, raw)
+	delete(c.undecoded, r.ID)
+}
+
+// RunSeed is the stored form of an active Run, to start a CAS from.
+func (c *Cache) RunSeed(id string) bus.Seed {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	cr := c.runs[id]
+	return bus.Seed{JSON: cr.raw, Revision: cr.rev}
+}
+
+// Run returns one cached Run.
+func (c *Cache) Run(id string) (schemas.Run, bool) {
+	c.decodeRuns(id)
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	cr, ok := c.runs[id]
+	if !ok || cr.undecoded {
+		return schemas.Run{}, false
+	}
+	return *cr.run, true
+}
+
+// RunPhases counts the cached Runs by phase. Runs held only as raw JSON are
+// decoded first, outside the lock (as ActiveRuns does, and kept); one that
+// arrives meanwhile is counted from its phase alone. A value that does not
+// decode, or has no phase, is not counted. The counts follow wf_runs only
+// once Start has returned.
+func (c *Cache) RunPhases() map[schemas.Phase]int {
+	c.decodeRuns("")
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	counts := map[schemas.Phase]int{}
+	for _, cr := range c.runs {
+		var r struct {
+			Phase schemas.Phase `json:"phase"`
+		}
+		if !cr.undecoded {
+			r.Phase = cr.run.Phase
+		} else if json.Unmarshal(cr.raw, &r) != nil {
+			continue
+		}
+		if r.Phase != "" {
+			counts[r.Phase]++
+		}
+	}
+	return counts
+}
+
+func (c *Cache) RunCount() int  { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.runs) }
+func (c *Cache) NodeCount() int { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.nodes) }
+
+// ActiveRuns returns every non-terminal Run. One that arrives while it
+// runs, still undecoded, is left for the next call. The Runs are shared
+// with the cache: read them, never change them.
+func (c *Cache) ActiveRuns() []*schemas.Run {
+	c.decodeRuns("")
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]*schemas.Run, 0, len(c.runs))
+	for _, cr := range c.runs {
+		if !cr.undecoded && !cr.run.Phase.Terminal() {
+			out = append(out, cr.run)
+		}
+	}
+	return out
+}
+
+// Nodes returns every node record, each with its effective lease.
+func (c *Cache) Nodes() []schemas.NodeRecord {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]schemas.NodeRecord, 0, len(c.nodes))
+	for _, cn := range c.nodes {
+		out = append(out, c.withLeaseLocked(cn.node))
+	}
+	return out
+}
+
+// Node returns one node record with its effective lease.
+func (c *Cache) Node(id string) (schemas.NodeRecord, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	cn, ok := c.nodes[id]
+	if !ok {
+		return schemas.NodeRecord{}, false
+	}
+	return c.withLeaseLocked(cn.node), true
+}
+
+// withLeaseLocked returns n with LeaseExpires raised to the in-memory lease
+// of n's current session, when that is later. c.mu is held.
+func (c *Cache) withLeaseLocked(n schemas.NodeRecord) schemas.NodeRecord {
+	if l, ok := c.leases[n.NodeID]; ok && l.token == n.FencingToken && l.expires.After(n.LeaseExpires) {
+		n.LeaseExpires = l.expires
+	}
+	return n
+}
+
+// MemLeaseOf returns the in-memory lease held by session token of node id,
+// or the zero time.
+func (c *Cache) MemLeaseOf(id string, token uint64) time.Time {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if l, ok := c.leases[id]; ok && l.token == token {
+		return l.expires
+	}
+	return time.Time{}
+}
+
+// HeartbeatResult says what the cache made of a heartbeat.
+type HeartbeatResult int
+
+const (
+	// HeartbeatExtended: the cached record vouches for the session and the
+	// node is not lost; its in-memory lease now runs to the given time.
+	HeartbeatExtended HeartbeatResult = iota
+	// HeartbeatFenced: the node has a newer session than the heartbeat's.
+	// Fencing tokens only rise, so the store cannot say otherwise.
+	HeartbeatFenced
+	// HeartbeatCheckStore: the cache cannot decide (node unknown to it, a
+	// newer token than it holds, or the node is marked lost); the caller
+	// reads wf_nodes.
+	HeartbeatCheckStore
+)
+
+// Heartbeat extends node id's in-memory lease to until when token is the
+// cached record's current session and the node is not lost.
+func (c *Cache) Heartbeat(id string, token uint64, until time.Time) HeartbeatResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cn, ok := c.nodes[id]
+	switch {
+	case !ok || token > cn.node.FencingToken:
+		return HeartbeatCheckStore
+	case token < cn.node.FencingToken:
+		return HeartbeatFenced
+	case cn.node.State == schemas.NodeLost:
+		return HeartbeatCheckStore
+	}
+	c.extendLeaseLocked(id, token, until)
+	return HeartbeatExtended
+}
+
+// ExtendLease raises node id's in-memory lease for session token to until.
+func (c *Cache) ExtendLease(id string, token uint64, until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.extendLeaseLocked(id, token, until)
+}
+
+func (c *Cache) extendLeaseLocked(id string, token uint64, until time.Time) {
+	if l, ok := c.leases[id]; ok && l.token == token && !until.After(l.expires) {
+		return
+	}
+	c.leases[id] = memLease{token: token, expires: until}
+}
+
+// GraceLeases gives every node that is not lost an in-memory lease until
+// until for its current session. A replica that just started has heard no
+// heartbeats yet, and the lease in a record is only rewritten on a state
+// change, so without this it would mark every node lost on its first pass.
+func (c *Cache) GraceLeases(until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, cn := range c.nodes {
+		if cn.node.State != schemas.NodeLost {
+			c.extendLeaseLocked(id, cn.node.FencingToken, until)
+		}
+	}
+}
+
+// NoteNode records a node this replica just wrote, ahead of its watch.
+func (c *Cache) NoteNode(n schemas.NodeRecord, rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.nodes[n.NodeID]; ok && old.rev >= rev {
+		return
+	}
+	c.nodes[n.NodeID] = cachedNode{n, rev}
+	c.nodeVer++
+}

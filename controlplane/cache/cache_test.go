@@ -1,0 +1,87 @@
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// TestCacheDecodesWatchedRunsLazily: a watched Run is held as raw JSON until
+// read; this replica's own note of the same revision replaces it without a
+// decode; a value that does not decode is dropped, never acted on; a
+// terminal Run keeps no seed.
+func TestCacheDecodesWatchedRunsLazily(t *testing.T) {
+	conn := testenv.ProvisionedBus(t, "cache-test")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New()
+	watch := func(key string, v []byte) uint64 {
+		t.Helper()
+		if _, err := kv.Put(ctx, key, v); err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.applyRun(e)
+		return e.Revision()
+	}
+	encode := func(r schemas.Run) []byte {
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	a := schemas.Run{ID: "r-a", Phase: schemas.PhaseAccepted, Waiting: "no node"}
+	revA := watch(a.ID, encode(a))
+	if len(c.undecoded) != 1 {
+		t.Fatalf("watched Run decoded at once: %d undecoded, want 1", len(c.undecoded))
+	}
+	if got, ok := c.Run(a.ID); !ok || got.Waiting != "no node" {
+		t.Fatalf("run(%s) = %+v, %v; want the watched Run", a.ID, got, ok)
+	}
+	if s := c.RunSeed(a.ID); s.Revision != revA || len(s.JSON) == 0 {
+		t.Fatalf("seed of an active Run = rev %d, %d bytes; want rev %d with its JSON", s.Revision, len(s.JSON), revA)
+	}
+
+	b := schemas.Run{ID: "r-b", Phase: schemas.PhaseAccepted}
+	rawB := encode(b)
+	revB := watch(b.ID, rawB)
+	b.Waiting = "noted" // the writer's copy wins for the same revision
+	c.NoteRun(b, revB, rawB)
+	if _, left := c.undecoded[b.ID]; left {
+		t.Fatal("noted Run still marked undecoded")
+	}
+	if got, _ := c.Run(b.ID); got.Waiting != "noted" {
+		t.Fatalf("noted copy replaced by %+v", got)
+	}
+
+	watch("r-bad", []byte(`{"id": 7`))
+	d := schemas.Run{ID: "r-done", Phase: schemas.PhaseSucceeded}
+	watch(d.ID, encode(d))
+	active := c.ActiveRuns()
+	if len(active) != 2 {
+		t.Fatalf("activeRuns = %d Runs, want r-a and r-b", len(active))
+	}
+	if _, ok := c.Run("r-bad"); ok {
+		t.Fatal("a Run that does not decode is still cached")
+	}
+	if s := c.RunSeed(d.ID); len(s.JSON) != 0 {
+		t.Fatal("terminal Run keeps its seed")
+	}
+	if len(c.undecoded) != 0 {
+		t.Fatalf("%d Runs left undecoded after activeRuns", len(c.undecoded))
+	}
+}

@@ -1,0 +1,117 @@
+package controlplane
+
+import (
+	"time"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/rentals"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
+	"github.com/warmfleet/warmfleet/internal/metrics"
+)
+
+// Config tunes the control plane. Zero values take the defaults.
+type Config struct {
+	// HeartbeatInterval is what nodes are told to heartbeat at; a node's
+	// lease is LeaseMultiplier heartbeats long.
+	HeartbeatInterval time.Duration
+	LeaseMultiplier   int
+	// SessionTTL is how long an enrollment's session token is good for.
+	SessionTTL time.Duration
+	// ReconcileInterval is how often stuck Runs and lapsed leases are swept.
+	ReconcileInterval time.Duration
+	// RedispatchAfter is how long a Run may sit in placed/preparing/launching
+	// without progress before its commands are sent again (same operation
+	// ids, so a node applies them once).
+	RedispatchAfter time.Duration
+	// MaxAttempts is how many nodes a Run may be lost on before it fails.
+	MaxAttempts int
+	// MaxRuntimeSlack is how long past its max runtime a Run may report
+	// running before the control plane itself sends a stop; the node enforces
+	// the limit first.
+	MaxRuntimeSlack time.Duration
+	// CommandAckWait is how long a node's command waits for an ack before
+	// JetStream redelivers it (to the agent's next process after a crash).
+	CommandAckWait time.Duration
+	// Placement weighs time against price; zero fields take defaults.
+	Placement placement.Config
+	// DecisionCandidates bounds the full candidate entries a stored
+	// decision keeps (schemas.BookingDecision.Compact); the other nodes
+	// are named by reason only. DefaultDecisionCandidates when zero.
+	DecisionCandidates int
+	// WaitForCapacity keeps a Run that no enrolled node could ever run
+	// waiting (for a node to join) instead of failing it at once.
+	WaitForCapacity bool
+	// Capacity, when set, rents machines for Runs no node fits.
+	Capacity *rentals.Config
+	// OpenEnrollment admits nodes that present no enrollment token. For
+	// local development only: anyone who can publish wf.enroll joins.
+	OpenEnrollment bool
+	Topology       bus.Topology
+	// Sessions tunes session residency (controlplane/sessions).
+	Sessions sessions.Config
+	// Now is the control plane's clock; tests may replace it.
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.LeaseMultiplier <= 0 {
+		c.LeaseMultiplier = 5
+	}
+	if c.SessionTTL <= 0 {
+		c.SessionTTL = time.Hour
+	}
+	if c.DecisionCandidates <= 0 {
+		c.DecisionCandidates = DefaultDecisionCandidates
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = time.Second
+	}
+	if c.RedispatchAfter <= 0 {
+		c.RedispatchAfter = 30 * time.Second
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 3
+	}
+	if c.MaxRuntimeSlack <= 0 {
+		c.MaxRuntimeSlack = 30 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Capacity != nil {
+		c.Capacity.Defaults()
+	}
+	def := placement.DefaultConfig()
+	p := &c.Placement
+	if p.PullBytesPerSecond <= 0 {
+		p.PullBytesPerSecond = def.PullBytesPerSecond
+	}
+	if p.CacheBytesPerSecond <= 0 {
+		p.CacheBytesPerSecond = def.CacheBytesPerSecond
+	}
+	if p.UnknownImageBytes <= 0 {
+		p.UnknownImageBytes = def.UnknownImageBytes
+	}
+	if p.UnknownRuntime <= 0 {
+		p.UnknownRuntime = def.UnknownRuntime
+	}
+	if p.SecondsPerDollarHour <= 0 {
+		p.SecondsPerDollarHour = def.SecondsPerDollarHour
+	}
+	if p.FactsMaxAge <= 0 {
+		p.FactsMaxAge = def.FactsMaxAge
+	}
+}
+
+// Metrics is a snapshot of the control plane's counters and of its cached
+// Runs by phase.
+type Metrics = metrics.ControlPlane
+
+// DefaultDecisionCandidates keeps a decision over any fleet to about 100 KB
+// (a full decision over 10,000 nodes is about 2 MB, past NATS's 1 MB
+// message limit, so the Run could not be written).
+const DefaultDecisionCandidates = 64

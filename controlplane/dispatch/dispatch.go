@@ -1,0 +1,149 @@
+// Package dispatch sends node agents their commands on WF_CMDS, stamped
+// with the node's current session (fencing token and generation) and with
+// operation ids derived from the attempt, so a resend is applied once.
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Dispatcher sends commands to nodes.
+type Dispatcher struct {
+	js    jetstream.JetStream
+	cache *cache.Cache
+	now   func() time.Time
+	log   *zap.Logger
+	sent  atomic.Int64
+}
+
+// New returns a dispatcher publishing through js to the nodes c knows.
+func New(js jetstream.JetStream, c *cache.Cache, now func() time.Time, log *zap.Logger) *Dispatcher {
+	return &Dispatcher{js: js, cache: c, now: now, log: log}
+}
+
+// Sent counts commands published.
+func (d *Dispatcher) Sent() int64 { return d.sent.Load() }
+
+// OpID names an attempt's command. Ids are derived from the attempt, so
+// sending a command again (after a crash, on a stuck Run) reuses the id and
+// the node applies it once.
+func OpID(attemptID, verb string) string { return attemptID + "." + verb }
+
+// Launch sends the PrepareImage and LaunchWorkload commands for the Run's
+// current attempt, stamped with the node's current fencing token.
+func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
+	node, ok := d.cache.Node(run.NodeID)
+	if !ok {
+		return fmt.Errorf("dispatch %s: node %s not in registry", run.ID, run.NodeID)
+	}
+	ref, err := schemas.ParseImageRef("image", run.Request.Image)
+	if err != nil {
+		return err
+	}
+	env := make([]schemas.EnvVar, 0, len(run.Request.Env))
+	for k, v := range run.Request.Env {
+		env = append(env, schemas.EnvVar{Name: k, Value: v})
+	}
+	launch := d.command(node, OpID(run.AttemptID, "launch"), schemas.CmdLaunchWorkload)
+	launch.Launch = &schemas.LaunchWorkload{
+		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
+		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
+		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
+	}
+	if err := d.Prepare(ctx, run); err != nil {
+		return err
+	}
+	return d.Send(ctx, launch)
+}
+
+// Prepare sends only the PrepareImage command: a queued Run prefetches
+// its image while it waits for room.
+func (d *Dispatcher) Prepare(ctx context.Context, run schemas.Run) error {
+	node, ok := d.cache.Node(run.NodeID)
+	if !ok {
+		return fmt.Errorf("dispatch %s: node %s not in registry", run.ID, run.NodeID)
+	}
+	ref, err := schemas.ParseImageRef("image", run.Request.Image)
+	if err != nil {
+		return err
+	}
+	prep := d.command(node, OpID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
+	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
+	return d.Send(ctx, prep)
+}
+
+// Stop asks the Run's node to stop its current attempt.
+func (d *Dispatcher) Stop(ctx context.Context, run schemas.Run, reason string) error {
+	return d.StopAttempt(ctx, run.NodeID, run.ID, run.AttemptID, run.GraceSeconds, reason)
+}
+
+// StopAttempt stops any attempt, including one the control plane has
+// moved on from (an orphan on a node that came back).
+func (d *Dispatcher) StopAttempt(ctx context.Context, nodeID, runID, attemptID string, grace int64, reason string) error {
+	node, ok := d.cache.Node(nodeID)
+	if !ok || attemptID == "" {
+		return nil
+	}
+	if grace == 0 {
+		grace = schemas.DefaultGraceSeconds
+	}
+	stop := d.command(node, OpID(attemptID, "stop"), schemas.CmdStopWorkload)
+	stop.Stop = &schemas.StopWorkload{RunID: runID, AttemptID: attemptID, GraceSeconds: grace, Reason: reason}
+	return d.Send(ctx, stop)
+}
+
+func (d *Dispatcher) command(node schemas.NodeRecord, op string, kind schemas.CommandKind) schemas.Command {
+	return schemas.Command{
+		OperationID: op, NodeID: node.NodeID, FencingToken: node.FencingToken, Generation: node.Generation,
+		Kind: kind, IssuedAt: d.now(),
+	}
+}
+
+// Send publishes to the node's command subject. The Nats-Msg-Id
+// includes the fencing token: a resend under the same session is dropped by
+// the stream's dedupe window, a resend under a new session is delivered.
+func (d *Dispatcher) Send(ctx context.Context, c schemas.Command) error {
+	b, err := codec.Encode(codec.MsgPack, c)
+	if err != nil {
+		return err
+	}
+	m := &nats.Msg{Subject: bus.NodeCmd(c.NodeID), Data: b}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := d.js.PublishMsg(pctx, m, jetstream.WithMsgID(c.OperationID+":"+strconv.FormatUint(c.FencingToken, 10))); err != nil {
+		return fmt.Errorf("send %s to node %s: %w", c.Kind, c.NodeID, err)
+	}
+	d.sent.Add(1)
+	d.log.Debug("command sent", zap.String("node_id", c.NodeID), zap.String("op", c.OperationID), zap.String("kind", string(c.Kind)))
+	return nil
+}
+
+// AskReconciliation asks every live node for its full account (a
+// Reconciliation observation): a control plane that just started may have
+// missed reports while it was down, and the answers square its Runs with
+// what really runs.
+func (d *Dispatcher) AskReconciliation(ctx context.Context) {
+	now := d.now()
+	for _, n := range d.cache.Nodes() {
+		if !n.Live(now) {
+			continue
+		}
+		c := d.command(n, "reconcile."+strconv.FormatInt(now.UnixNano(), 36), schemas.CmdReconcile)
+		if err := d.Send(ctx, c); err != nil {
+			d.log.Warn("ask node to reconcile", zap.String("node_id", n.NodeID), zap.Error(err))
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package lifecycle
+
+import (
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Stage refines a Run's phase by what the control plane owes it: a placed
+// Run may be queued on its node or dispatched to it, and any booked Run
+// may be waiting for a requested cancel to take effect.
+type Stage string
+
+const (
+	StageWaiting    Stage = "waiting"    // accepted: no node yet
+	StageQueued     Stage = "queued"     // booked in a busy node's queue; only its image is prefetched
+	StageDispatched Stage = "dispatched" // placed, preparing or launching on its node
+	StageRunning    Stage = "running"
+	StageCancelling Stage = "cancelling" // booked, with a cancel requested
+	StageEnded      Stage = "ended"
+)
+
+// StageOf classifies r.
+func StageOf(r schemas.Run) Stage {
+	switch {
+	case r.Phase.Terminal():
+		return StageEnded
+	case r.Phase == schemas.PhaseAccepted:
+		return StageWaiting
+	case r.CancelRequested:
+		return StageCancelling
+	case r.Queued:
+		return StageQueued
+	case r.Phase == schemas.PhaseRunning:
+		return StageRunning
+	}
+	return StageDispatched
+}
+
+// Step is what a scheduling pass owes a Run.
+type Step string
+
+const (
+	StepNone Step = ""
+	// StepPlace: decide the Run's next attempt, and book, rent or wait.
+	StepPlace Step = "place"
+	// StepStartQueued: launch the queued attempt if it heads its node's
+	// queue and fits now.
+	StepStartQueued Step = "start-queued"
+	// StepStop: the cancel has not taken effect in time; ask the node again.
+	StepStop Step = "stop"
+	// StepResend: send the attempt's commands again under the node's
+	// current session (same operation ids, so the node applies each once).
+	StepResend Step = "resend"
+	// StepStopOverdue: the Run runs past its max runtime and the node has
+	// not stopped it.
+	StepStopOverdue Step = "stop-overdue"
+)
+
+// Timing is how long a pass lets a Run go without progress.
+type Timing struct {
+	// RedispatchAfter: a booked Run with no progress this long has its
+	// commands (or its stop) sent again.
+	RedispatchAfter time.Duration
+	// MaxRuntimeSlack: how long past its max runtime a Run may run before
+	// the control plane stops it itself.
+	MaxRuntimeSlack time.Duration
+}
+
+// Due is the step a pass owes r at now. nodeToken is the fencing token the
+// Run's node holds now (0 when unknown): a higher one than the attempt's
+// means the node re-enrolled since its commands went out.
+func Due(r schemas.Run, nodeToken uint64, now time.Time, t Timing) Step {
+	stale := now.Sub(r.PhaseSince) > t.RedispatchAfter
+	switch StageOf(r) {
+	case StageWaiting:
+		return StepPlace
+	case StageQueued:
+		return StepStartQueued
+	case StageCancelling:
+		if stale {
+			return StepStop
+		}
+	case StageDispatched:
+		if nodeToken > r.FencingToken || stale {
+			return StepResend
+		}
+	case StageRunning:
+		if nodeToken > r.FencingToken {
+			return StepResend
+		}
+		if max := r.Request.MaxRuntimeSeconds; max > 0 && now.Sub(r.PhaseSince) > time.Duration(max)*time.Second+t.MaxRuntimeSlack {
+			return StepStopOverdue
+		}
+	}
+	return StepNone
+}

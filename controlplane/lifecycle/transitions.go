@@ -1,0 +1,294 @@
+package lifecycle
+
+import (
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// A Transition is one input to a Run: Apply returns the Run after it and
+// the events that describe it (the caller numbers and stamps them), or an
+// error matching ErrNoChange when there is nothing to write, or
+// ErrIllegalTransition when the table refuses the move. Apply never changes
+// the Run it is given.
+type Transition interface {
+	Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
+}
+
+// phaseEvent describes r's move from from to its current phase.
+func phaseEvent(r *schemas.Run, from schemas.Phase, code schemas.Code, msg string) schemas.RunEvent {
+	return schemas.RunEvent{
+		Type: schemas.EventPhase, From: from, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt,
+		Code: code, Message: msg, ExitCode: r.ExitCode, OOMKilled: r.OOMKilled,
+	}
+}
+
+// Placement books an accepted Run's next attempt on a node: at once, or in
+// the node's queue behind its running work (only the image is prefetched
+// until the Run heads the queue).
+type Placement struct {
+	NodeID       string
+	FencingToken uint64
+	Generation   uint64
+	Queued       bool
+	Decision     schemas.BookingDecision
+}
+
+// Apply implements Transition.
+func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.Phase != schemas.PhaseAccepted {
+		return r, nil, ErrNoChange
+	}
+	if err := move(&r, schemas.PhasePlaced); err != nil {
+		return r, nil, err
+	}
+	r.Attempt++
+	r.NodeID, r.AttemptID, r.Waiting, r.Queued = p.NodeID, schemas.WorkloadID(r.ID, r.Attempt), "", p.Queued
+	r.FencingToken, r.Generation = p.FencingToken, p.Generation
+	d := p.Decision
+	msg := "booked on " + p.NodeID
+	if r.Queued {
+		msg += ", queued behind its running work; prefetching the image"
+	}
+	return r, []schemas.RunEvent{
+		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: p.NodeID, Attempt: r.Attempt, Decision: &d},
+		phaseEvent(&r, schemas.PhaseAccepted, "", msg),
+	}, nil
+}
+
+// Wait records why no node takes an accepted Run now: Summary condenses
+// the answer, so the same answer is recorded once, however many passes
+// reach it.
+type Wait struct {
+	Decision schemas.BookingDecision
+	Summary  string
+	Code     schemas.Code
+	Message  string
+}
+
+// Apply implements Transition.
+func (w Wait) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.Phase != schemas.PhaseAccepted || r.Waiting == w.Summary {
+		return r, nil, ErrNoChange
+	}
+	r.Waiting = w.Summary
+	d := w.Decision
+	return r, []schemas.RunEvent{{Type: schemas.EventDecided, Phase: r.Phase, Code: w.Code, Message: w.Message, Decision: &d}}, nil
+}
+
+// Unsatisfiable fails an accepted Run that every node refuses for a reason
+// waiting will not change.
+type Unsatisfiable struct {
+	Decision schemas.BookingDecision
+	Summary  string
+}
+
+// Apply implements Transition.
+func (u Unsatisfiable) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.Phase != schemas.PhaseAccepted {
+		return r, nil, ErrNoChange
+	}
+	r.Waiting = u.Summary
+	d := u.Decision
+	evs := []schemas.RunEvent{{Type: schemas.EventDecided, Phase: r.Phase, Code: schemas.CodeUnsatisfiable, Message: "no enrolled node can ever run this request", Decision: &d}}
+	if err := move(&r, schemas.PhaseFailed); err != nil {
+		return r, nil, err
+	}
+	r.Reason = string(schemas.CodeUnsatisfiable)
+	evs = append(evs, phaseEvent(&r, schemas.PhaseAccepted, schemas.CodeUnsatisfiable, "every node rejects it for a reason waiting will not change; see the decision"))
+	return r, evs, nil
+}
+
+// QueueStart launches a queued attempt: it heads its node's queue and fits
+// beside what runs there.
+type QueueStart struct{ AttemptID string }
+
+// Apply implements Transition.
+func (q QueueStart) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if !r.Queued || r.AttemptID != q.AttemptID || r.Phase.Terminal() {
+		return r, nil, ErrNoChange
+	}
+	r.Queued = false
+	return r, []schemas.RunEvent{{Type: schemas.EventNote, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt, Message: "left the queue; launching"}}, nil
+}
+
+// Restamp records the node session an attempt's commands are sent under
+// again: the node re-enrolled, or the commands went unanswered too long.
+// It is written even when the session is unchanged, so the resend is on
+// record.
+type Restamp struct {
+	AttemptID    string
+	FencingToken uint64
+	Generation   uint64
+}
+
+// Apply implements Transition.
+func (s Restamp) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.AttemptID != s.AttemptID || r.Phase.Terminal() {
+		return r, nil, ErrNoChange
+	}
+	r.FencingToken, r.Generation = s.FencingToken, s.Generation
+	return r, nil, nil
+}
+
+// Report is what the Run's node saw of one attempt: a workload phase, an
+// exit, or image transfer progress.
+type Report struct {
+	NodeID   string
+	Workload schemas.WorkloadObservation
+}
+
+// Apply implements Transition. A report about another attempt or node
+// changes nothing; when that attempt still runs it is ErrSuperseded. A
+// report of a phase the Run has passed is ErrStaleReport.
+func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	w := p.Workload
+	if r.AttemptID != w.AttemptID || r.NodeID != p.NodeID {
+		if w.Phase == schemas.WorkloadRunning || w.Phase == schemas.WorkloadStarting {
+			return r, nil, ErrSuperseded
+		}
+		return r, nil, ErrNoChange
+	}
+	if r.Phase.Terminal() {
+		return r, nil, ErrNoChange
+	}
+	observed := w.ObservedAt
+	if w.Progress != nil {
+		if r.Phase != schemas.PhasePreparing || (r.Progress != nil && *r.Progress == *w.Progress) {
+			return r, nil, ErrNoChange
+		}
+		prog := *w.Progress
+		r.Progress = &prog
+		return r, []schemas.RunEvent{{Type: schemas.EventProgress, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt,
+			Progress: &prog, ObservedAt: &observed, Message: "image transfer " + prog.String()}}, nil
+	}
+	to, code, msg := reportedPhase(r, w)
+	if to == "" || (!to.Terminal() && Rank(to) <= Rank(r.Phase)) {
+		return r, nil, ErrStaleReport
+	}
+	from := r.Phase
+	if err := move(&r, to); err != nil {
+		return r, nil, err
+	}
+	if w.StartedAt != nil {
+		r.StartedAt = w.StartedAt
+	}
+	if to.Terminal() {
+		r.ExitCode, r.OOMKilled, r.FinishedAt, r.Reason = w.ExitCode, w.OOMKilled, w.FinishedAt, string(code)
+	}
+	ev := phaseEvent(&r, from, code, msg)
+	ev.ObservedAt = &observed
+	return r, []schemas.RunEvent{ev}, nil
+}
+
+// reportedPhase maps a workload report onto the Run's lifecycle.
+func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase, schemas.Code, string) {
+	switch w.Phase {
+	case schemas.WorkloadPreparing:
+		return schemas.PhasePreparing, "", "node is preparing the image"
+	case schemas.WorkloadPrepared, schemas.WorkloadStarting:
+		return schemas.PhaseLaunching, "", "image ready; starting the container"
+	case schemas.WorkloadRunning:
+		return schemas.PhaseRunning, "", "container running"
+	case schemas.WorkloadExited:
+		switch {
+		case r.CancelRequested:
+			return schemas.PhaseCancelled, schemas.CodeCancelled, "stopped on cancel"
+		case w.StopReason == string(schemas.CodeMaxRuntime):
+			return schemas.PhaseFailed, schemas.CodeMaxRuntime, "stopped after max_runtime_seconds"
+		case w.OOMKilled:
+			return schemas.PhaseFailed, schemas.CodeOOMKilled, "killed by the kernel for exceeding its memory limit"
+		case w.ExitCode != nil && *w.ExitCode == 0:
+			return schemas.PhaseSucceeded, "", "exited 0"
+		default:
+			return schemas.PhaseFailed, schemas.CodeExitNonZero, "exited non-zero"
+		}
+	case schemas.WorkloadFailed:
+		if r.CancelRequested {
+			return schemas.PhaseCancelled, schemas.CodeCancelled, "cancelled before start"
+		}
+		return schemas.PhaseFailed, schemas.CodeLaunchFailed, w.FailureReason
+	}
+	return "", "", ""
+}
+
+// ReceiptFailure ends an attempt whose node failed or refused one of its
+// commands (for a reason a resend will not mend): failed, or cancelled when
+// a cancel was pending.
+type ReceiptFailure struct{ Receipt schemas.OperationReceipt }
+
+// Apply implements Transition.
+func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	rc := f.Receipt
+	if r.AttemptID != rc.AttemptID || r.Phase.Terminal() {
+		return r, nil, ErrNoChange
+	}
+	from, to, reason := r.Phase, schemas.PhaseFailed, schemas.CodeLaunchFailed
+	if r.CancelRequested {
+		to, reason = schemas.PhaseCancelled, schemas.CodeCancelled
+	}
+	if err := move(&r, to); err != nil {
+		return r, nil, err
+	}
+	r.Reason = string(reason)
+	return r, []schemas.RunEvent{phaseEvent(&r, from, reason, string(rc.Kind)+" "+rc.Outcome+": "+string(rc.Code)+": "+rc.Message)}, nil
+}
+
+// Loss ends an attempt whose node is gone or no longer holds it. The Run
+// retries (back to accepted, for another node) while attempts remain; it
+// ends lost when they are spent, or cancelled when a cancel was pending.
+type Loss struct {
+	AttemptID   string
+	Why         string
+	MaxAttempts int
+}
+
+// Apply implements Transition.
+func (l Loss) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.AttemptID != l.AttemptID || r.Phase.Terminal() || r.Phase == schemas.PhaseAccepted {
+		return r, nil, ErrNoChange
+	}
+	from := r.Phase
+	to, reason := schemas.PhaseAccepted, schemas.CodeNodeLost
+	switch {
+	case r.CancelRequested:
+		to = schemas.PhaseCancelled
+	case r.Attempt >= l.MaxAttempts:
+		to, reason = schemas.PhaseLost, schemas.CodeAttemptsExhausted
+	}
+	if err := move(&r, to); err != nil {
+		return r, nil, err
+	}
+	r.Reason = string(reason)
+	ev := phaseEvent(&r, from, schemas.CodeNodeLost, l.Why)
+	if r.Phase == schemas.PhaseAccepted {
+		r.NodeID = ""
+	}
+	return r, []schemas.RunEvent{ev}, nil
+}
+
+// Cancellation asks for a Run to stop. An accepted Run is cancelled at
+// once; a booked one is marked, and ends when its node reports the stop.
+type Cancellation struct {
+	Reason       string
+	GraceSeconds int64 // 0: schemas.DefaultGraceSeconds
+}
+
+// Apply implements Transition.
+func (c Cancellation) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.Phase.Terminal() || r.CancelRequested {
+		return r, nil, ErrNoChange
+	}
+	grace := c.GraceSeconds
+	if grace == 0 {
+		grace = schemas.DefaultGraceSeconds
+	}
+	r.CancelRequested, r.CancelReason, r.GraceSeconds = true, c.Reason, grace
+	evs := []schemas.RunEvent{{Type: schemas.EventCancel, Phase: r.Phase, Message: c.Reason}}
+	if r.Phase == schemas.PhaseAccepted {
+		if err := move(&r, schemas.PhaseCancelled); err != nil {
+			return r, nil, err
+		}
+		r.Reason = "cancelled before placement"
+		evs = append(evs, phaseEvent(&r, schemas.PhaseAccepted, schemas.CodeCancelled, r.Reason))
+	}
+	return r, evs, nil
+}

@@ -1,0 +1,314 @@
+package nodes
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// AuthConfig configures the auth callout: who may log in to NATS, and as
+// what. Secrets are hashed when the callout is built and never kept or
+// logged in the clear.
+type AuthConfig struct {
+	// IssuerSeed is the account nkey seed (SA...) that signs the users the
+	// callout issues; nats-server is configured with its public key.
+	IssuerSeed []byte
+	// Producers maps a producer's name to its token.
+	Producers map[string]string
+	// OperatorToken logs in user "operator" with full permissions; empty
+	// admits no operator (the control plane's own login still works).
+	OperatorToken string
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// authGrant is what one login is allowed, and until when.
+type authGrant struct {
+	kind    string // enrolling, node, producer, operator
+	name    string // node id, producer name, "operator"
+	perms   *bus.Permissions
+	expires time.Time // zero: no expiry
+}
+
+// AuthRefusal is why a login was refused. Its message names what is wrong
+// and what to do, and never the secret presented.
+type AuthRefusal struct {
+	User   string
+	Reason string
+}
+
+func (e *AuthRefusal) Error() string {
+	if e.User == "" {
+		return "warmfleet: login refused: " + e.Reason
+	}
+	return fmt.Sprintf("warmfleet: login as %q refused: %s", e.User, e.Reason)
+}
+
+// AuthCallout answers nats-server's authorization requests: it turns a
+// warmfleet secret (invitation, session, producer or operator token) into a
+// NATS user with exactly that identity's permissions (bus.Perms*). It reads
+// wf_enroll and wf_nodes and writes nothing: an invitation is checked, not
+// redeemed, at login; enrollment redeems it.
+type AuthCallout struct {
+	conn      *bus.Conn
+	log       *zap.Logger
+	kp        nkeys.KeyPair
+	nodesKV   jetstream.KeyValue
+	enrollKV  jetstream.KeyValue
+	rentalsKV jetstream.KeyValue
+	producers map[string]string // name -> token hash
+	operator  string            // token hash
+	now       func() time.Time
+}
+
+// NewAuthCallout prepares the callout on conn, which must be the auth
+// service's own login (it bypasses the callout and may subscribe to
+// $SYS.REQ.USER.AUTH). The buckets must exist (controlplane.New provisions
+// them).
+func NewAuthCallout(ctx context.Context, conn *bus.Conn, cfg AuthConfig, log *zap.Logger) (*AuthCallout, error) {
+	kp, err := nkeys.FromSeed(cfg.IssuerSeed)
+	if err != nil {
+		return nil, fmt.Errorf("auth callout: issuer seed: %w", err)
+	}
+	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
+		return nil, errors.New("auth callout: the issuer seed must be an account nkey seed (SA...); make one with `nsc generate nkey --account` or `warmfleet serve --auth` (which generates it)")
+	}
+	a := &AuthCallout{conn: conn, log: log.Named("auth"), kp: kp, producers: map[string]string{}, now: cfg.Now}
+	if a.now == nil {
+		a.now = time.Now
+	}
+	for name, tok := range cfg.Producers {
+		if !bus.SubjectToken(name) || name == bus.OperatorUser {
+			return nil, fmt.Errorf("auth callout: producer name %q must be one subject token (no dots, spaces or wildcards) and not %q", name, bus.OperatorUser)
+		}
+		if len(tok) < 16 {
+			return nil, fmt.Errorf("auth callout: producer %q: its token is shorter than 16 characters; use `openssl rand -base64 32`", name)
+		}
+		a.producers[name] = hashToken(tok)
+	}
+	if cfg.OperatorToken != "" {
+		if len(cfg.OperatorToken) < 16 {
+			return nil, errors.New("auth callout: the operator token is shorter than 16 characters; use `openssl rand -base64 32`")
+		}
+		a.operator = hashToken(cfg.OperatorToken)
+	}
+	if a.nodesKV, err = conn.JS.KeyValue(ctx, bus.BucketNodes); err != nil {
+		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketNodes, err)
+	}
+	if a.enrollKV, err = conn.JS.KeyValue(ctx, bus.BucketEnroll); err != nil {
+		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketEnroll, err)
+	}
+	if a.rentalsKV, err = conn.JS.KeyValue(ctx, bus.BucketRentals); err != nil {
+		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketRentals, err)
+	}
+	return a, nil
+}
+
+// Issuer is the public account key nats-server must trust for callout
+// answers (auth_callout { issuer: ... }).
+func (a *AuthCallout) Issuer() string {
+	pub, _ := a.kp.PublicKey()
+	return pub
+}
+
+// Run serves authorization requests until ctx ends. Several control-plane
+// replicas share the requests through a queue group.
+func (a *AuthCallout) Run(ctx context.Context) error {
+	sub, err := a.conn.NC.QueueSubscribe(bus.AuthCalloutSubject, "warmfleet-auth", func(m *nats.Msg) { a.handle(ctx, m) })
+	if err != nil {
+		return fmt.Errorf("auth callout: subscribe %s: %w (is this the service user named in auth_callout.auth_users?)", bus.AuthCalloutSubject, err)
+	}
+	if err := a.conn.NC.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("auth callout: %w", err)
+	}
+	a.log.Info("auth callout serving", zap.String("issuer", a.Issuer()), zap.Int("producers", len(a.producers)), zap.Bool("operator", a.operator != ""))
+	<-ctx.Done()
+	_ = sub.Unsubscribe()
+	return nil
+}
+
+// handle answers one request. A request that is not a valid authorization
+// request gets no answer: the server then refuses the login on timeout.
+func (a *AuthCallout) handle(ctx context.Context, m *nats.Msg) {
+	req, err := jwt.DecodeAuthorizationRequestClaims(string(m.Data))
+	if err != nil {
+		a.log.Warn("auth callout: not an authorization request", zap.Error(err))
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	g, err := a.authorize(rctx, req.ConnectOptions)
+	res := jwt.NewAuthorizationResponseClaims(req.UserNkey)
+	res.Audience = req.Server.ID
+	if err == nil {
+		res.Jwt, err = a.userJWT(req.UserNkey, g)
+	}
+	host := req.ClientInformation.Host
+	if err != nil {
+		var ref *AuthRefusal
+		if !errors.As(err, &ref) {
+			// An internal failure (KV unavailable): say so without detail to
+			// the client; log it here.
+			a.log.Error("auth callout: could not decide a login", zap.String("user", req.ConnectOptions.Username), zap.String("client_host", host), zap.Error(err))
+			err = &AuthRefusal{User: req.ConnectOptions.Username, Reason: "the control plane could not check these credentials now; retry"}
+		} else {
+			a.log.Warn("NATS login refused", zap.String("user", ref.User), zap.String("client_host", host), zap.String("client_name", req.ConnectOptions.Name), zap.String("reason", ref.Reason))
+		}
+		res.Jwt, res.Error = "", err.Error()
+	} else {
+		a.log.Info("NATS login", zap.String("as", g.kind), zap.String("user", g.name), zap.String("client_host", host), zap.String("client_name", req.ConnectOptions.Name))
+	}
+	tok, err := res.Encode(a.kp)
+	if err != nil {
+		a.log.Error("auth callout: sign response", zap.Error(err))
+		return
+	}
+	if err := m.Respond([]byte(tok)); err != nil {
+		a.log.Warn("auth callout: respond", zap.Error(err))
+	}
+}
+
+// userJWT issues the NATS user for one grant, bound to the server's
+// one-time user key so it cannot be replayed.
+func (a *AuthCallout) userJWT(userNkey string, g authGrant) (string, error) {
+	uc := jwt.NewUserClaims(userNkey)
+	uc.Name = g.kind + ":" + g.name
+	uc.Audience = "$G" // the global account: no accounts are configured
+	if !g.expires.IsZero() {
+		uc.Expires = g.expires.Unix()
+	}
+	if g.perms != nil {
+		uc.Pub.Allow.Add(g.perms.Publish...)
+		uc.Sub.Allow.Add(g.perms.Subscribe...)
+		if g.perms.Responses {
+			uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+		}
+	}
+	return uc.Encode(a.kp)
+}
+
+// authorize maps the CONNECT's user and secret to a grant.
+func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (authGrant, error) {
+	user, secret := o.Username, o.Password
+	if secret == "" {
+		secret = o.Token
+	}
+	if secret == "" {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "no secret presented; an agent logs in with its node id and its bootstrap or session token " +
+			"(warmfleet-agent --nats-auth), a producer with --user <name> --password <producer token>, an operator with --user operator --password <operator token>"}
+	}
+	h := hashToken(secret)
+	if user == bus.OperatorUser || user == "" {
+		if a.operator != "" && subtle.ConstantTimeCompare([]byte(h), []byte(a.operator)) == 1 {
+			return authGrant{kind: "operator", name: bus.OperatorUser}, nil
+		}
+		if user == bus.OperatorUser {
+			return authGrant{}, &AuthRefusal{User: user, Reason: "not the operator token set with `warmfleet serve --operator-token-file`"}
+		}
+	}
+	if want, ok := a.producers[user]; ok {
+		if subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1 {
+			p := bus.PermsProducer(user)
+			return authGrant{kind: "producer", name: user, perms: &p}, nil
+		}
+		return authGrant{}, &AuthRefusal{User: user, Reason: "not this producer's token (set with `warmfleet serve --producer-tokens-file`)"}
+	}
+	if !tokenWellFormed(secret) {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "unknown user, or a secret that is not a warmfleet token; agents present their bootstrap's enrollment token or their session token, producers a name listed in --producer-tokens-file"}
+	}
+	// An agent that enrolled logs in with its session token.
+	if user != "" {
+		var rec schemas.NodeRecord
+		_, err := bus.GetJSON(ctx, a.nodesKV, user, &rec)
+		switch {
+		case err == nil && rec.SessionTokenHash != "" && subtle.ConstantTimeCompare([]byte(rec.SessionTokenHash), []byte(h)) == 1:
+			if !a.now().Before(rec.SessionExpires) && bus.SubjectToken(user) && resumeUnderWay(ctx, a.rentalsKV, rec) > 0 {
+				// Its stopped rental is being resumed: the machine may
+				// enroll again with this session (controlplane/rentals), then log in
+				// with the new one.
+				p := bus.PermsEnrolling(user)
+				return authGrant{kind: "enrolling", name: user, perms: &p, expires: a.now().Add(DefaultInviteTTL)}, nil
+			}
+			if !a.now().Before(rec.SessionExpires) {
+				return authGrant{}, &AuthRefusal{User: user, Reason: "this node's session expired at " + rec.SessionExpires.UTC().Format(time.RFC3339) +
+					"; re-invite the node (`warmfleet node invite`) and restart the agent with the new bootstrap"}
+			}
+			if !bus.SubjectToken(user) {
+				return authGrant{}, &AuthRefusal{User: user, Reason: "a node id used with NATS auth must not contain dots or wildcards; re-invite the node under another id"}
+			}
+			p := bus.PermsNode(user)
+			return authGrant{kind: "node", name: user, perms: &p, expires: rec.SessionExpires}, nil
+		case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound):
+			return authGrant{}, fmt.Errorf("read node %s: %w", user, err)
+		}
+	}
+	// An agent on first boot logs in with its invitation, which is checked
+	// and left for enrollment to redeem.
+	var inv schemas.Invitation
+	_, err := bus.GetJSON(ctx, a.enrollKV, inviteKey(secret), &inv)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "not a current invitation or session of this node: an invitation works until the node enrolls with it, " +
+			"then the agent logs in with its session token (kept in its data dir); mint a new bootstrap with `warmfleet node invite`"}
+	case err != nil:
+		return authGrant{}, fmt.Errorf("read invitation: %w", err)
+	case !a.now().Before(inv.ExpiresAt):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "the invitation expired at " + inv.ExpiresAt.UTC().Format(time.RFC3339) + "; mint a new one with `warmfleet node invite`"}
+	case user != "" && user != inv.NodeID:
+		return authGrant{}, &AuthRefusal{User: user, Reason: "this invitation was minted for another node; use the bootstrap file as minted"}
+	case !bus.SubjectToken(inv.NodeID):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "a node id used with NATS auth must not contain dots or wildcards; invite the node under another id"}
+	}
+	p := bus.PermsEnrolling(inv.NodeID)
+	return authGrant{kind: "enrolling", name: inv.NodeID, perms: &p, expires: inv.ExpiresAt}, nil
+}
+
+// ParseProducerTokens reads `name token` lines (blank lines and lines
+// starting with # are skipped), as in the file given to
+// `warmfleet serve --producer-tokens-file`.
+func ParseProducerTokens(text string) (map[string]string, error) {
+	out := map[string]string{}
+	for i, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			return nil, fmt.Errorf("producer tokens: line %d: want `<name> <token>`", i+1)
+		}
+		if !bus.SubjectToken(f[0]) || f[0] == bus.OperatorUser {
+			// The name becomes part of the producer's permission subjects.
+			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
+		}
+		if _, dup := out[f[0]]; dup {
+			return nil, fmt.Errorf("producer tokens: line %d: producer %q is listed twice", i+1, f[0])
+		}
+		out[f[0]] = f[1]
+	}
+	return out, nil
+}
+
+// ProducerNames lists the configured producers, sorted (for logs).
+func ProducerNames(m map[string]string) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,92 @@
+package nodes
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/schemas"
+	"go.uber.org/zap"
+)
+
+// handleNodeLeases answers with every node's live lease, or one node's when
+// the request names it (an empty body asks for all). Every replica sees
+// every heartbeat, so any replica's answer is current.
+func (s *Service) handleNodeLeases(m *nats.Msg) {
+	var req schemas.AdminRequest
+	enc := codec.JSON
+	if len(m.Data) > 0 {
+		var err error
+		if enc, err = codec.DecodeMsg(m, &req); err == nil && req.ID != "" {
+			err = schemas.ValidateID("id", req.ID, schemas.CodeMalformed)
+		}
+		if err != nil {
+			respond(s.log, m, enc, schemas.Reply[[]schemas.NodeLease]{Refusal: schemas.RefusalOfInput(err, "body is empty or an AdminRequest naming a node")})
+			return
+		}
+	}
+	var out []schemas.NodeLease
+	for _, n := range s.cache.Nodes() {
+		if req.ID == "" || n.NodeID == req.ID {
+			out = append(out, schemas.NodeLease{NodeID: n.NodeID, FencingToken: n.FencingToken, State: n.State, LeaseExpires: n.LeaseExpires})
+		}
+	}
+	if req.ID != "" && len(out) == 0 {
+		respond(s.log, m, enc, schemas.Reply[[]schemas.NodeLease]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}})
+		return
+	}
+	respond(s.log, m, enc, schemas.Reply[[]schemas.NodeLease]{OK: &out})
+}
+
+// SweepLeases marks nodes whose lease lapsed as lost and ends the attempts
+// booked on them (back to accepted for another attempt, or lost when
+// attempts are spent); it reports whether any Run changed. A node's lease
+// is the later of its record's and the one its heartbeats earned in this
+// replica's memory (controlplane/cache); marking it lost is a CAS that
+// also writes the lease this replica saw, so the record says when the node
+// was last heard of.
+func (s *Service) SweepLeases(ctx context.Context, now time.Time, active []*schemas.Run) bool {
+	lost := map[string]bool{}
+	for _, n := range s.cache.Nodes() {
+		if n.State == schemas.NodeLost {
+			lost[n.NodeID] = true
+		}
+		if n.State == schemas.NodeLost || now.Before(n.LeaseExpires) {
+			continue
+		}
+		rec, rev, err := bus.UpdateJSON(ctx, s.nodesKV, n.NodeID, func(r *schemas.NodeRecord) error {
+			lease := r.LeaseExpires
+			if mem := s.cache.MemLeaseOf(r.NodeID, r.FencingToken); mem.After(lease) {
+				lease = mem
+			}
+			if r.State == schemas.NodeLost || now.Before(lease) {
+				return bus.ErrNoChange
+			}
+			r.State, r.LeaseExpires = schemas.NodeLost, lease
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, bus.ErrNoChange) {
+				s.log.Warn("mark node lost", zap.String("node_id", n.NodeID), zap.Error(err))
+			}
+			continue
+		}
+		s.cache.NoteNode(rec, rev)
+		lost[n.NodeID] = true
+		s.leaseLapses.Add(1)
+		s.log.Warn("node lease lapsed", zap.String("node_id", n.NodeID), zap.Time("lease_expired", n.LeaseExpires))
+	}
+	if len(lost) == 0 {
+		return false
+	}
+	var booked []*schemas.Run
+	for _, r := range active {
+		if lost[r.NodeID] {
+			booked = append(booked, r)
+		}
+	}
+	return s.runs.LoseAttempts(ctx, booked, func(nodeID string) string { return "node " + nodeID + " stopped heartbeating" })
+}

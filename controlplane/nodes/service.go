@@ -1,0 +1,128 @@
+// Package nodes is the control plane's node services: invitations and
+// enrollment into the fenced registry (wf_nodes, wf_enroll), session
+// renewals, heartbeats and the leases they earn, the sweep that marks a
+// silent node lost, facts, drain, and the NATS auth callout that admits
+// agents and producers.
+package nodes
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/runs"
+	"github.com/warmfleet/warmfleet/internal/keyed"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Config tunes the node services.
+type Config struct {
+	// HeartbeatInterval is what nodes are told to heartbeat at; a node's
+	// lease is LeaseMultiplier heartbeats long.
+	HeartbeatInterval time.Duration
+	LeaseMultiplier   int
+	// SessionTTL is how long an enrollment's session token is good for.
+	SessionTTL time.Duration
+	// CommandAckWait is how long a node's command waits for an ack before
+	// JetStream redelivers it.
+	CommandAckWait time.Duration
+	// OpenEnrollment admits nodes that present no enrollment token.
+	OpenEnrollment bool
+	// RentedPrices: a rented node costs what its rental does (a capacity
+	// provider is configured).
+	RentedPrices bool
+	Now          func() time.Time
+}
+
+// Drainer releases the sessions resident on a draining node.
+type Drainer interface {
+	DrainNode(ctx context.Context, rec schemas.NodeRecord) *residency.DrainView
+}
+
+// Service serves the node subjects.
+type Service struct {
+	cfg                          Config
+	conn                         *bus.Conn
+	nodesKV, enrollKV, rentalsKV jetstream.KeyValue
+	cache                        *cache.Cache
+	runs                         *runs.Store
+	sessions                     Drainer // nil: no session residency
+	poke                         func()
+	log                          *zap.Logger
+
+	// enrollLocks orders enrollments of one node in this replica; different
+	// nodes enroll concurrently. Across replicas the node record's CAS
+	// decides.
+	enrollLocks keyed.Mutex
+
+	heartbeats, leaseLapses, fenced atomic.Int64
+}
+
+// New returns the node services. poke asks the scheduler for a pass (a
+// node joined); sessions may be nil.
+func New(cfg Config, conn *bus.Conn, nodesKV, enrollKV, rentalsKV jetstream.KeyValue, c *cache.Cache, store *runs.Store, sessions Drainer, poke func(), log *zap.Logger) *Service {
+	return &Service{cfg: cfg, conn: conn, nodesKV: nodesKV, enrollKV: enrollKV, rentalsKV: rentalsKV, cache: c, runs: store, sessions: sessions, poke: poke, log: log}
+}
+
+// Heartbeats counts heartbeats that extended a lease; LeaseLapses counts
+// nodes marked lost; Fenced counts heartbeats from superseded sessions or
+// wrong subjects.
+func (s *Service) Heartbeats() int64  { return s.heartbeats.Load() }
+func (s *Service) LeaseLapses() int64 { return s.leaseLapses.Load() }
+func (s *Service) Fenced() int64      { return s.fenced.Load() }
+
+// LeaseTTL is how long a heartbeat keeps a node live.
+func (s *Service) LeaseTTL() time.Duration {
+	return s.cfg.HeartbeatInterval * time.Duration(s.cfg.LeaseMultiplier)
+}
+
+// enrollWorkers bounds how many enrollments one replica handles at once.
+// Each is a few KV and JetStream API round trips; enrollments of one node
+// are ordered by the per-node lock in enroll.
+const enrollWorkers = 32
+
+// Serve answers enrollments, renewals, invitations, drains and lease
+// queries, and takes heartbeats, until ctx ends or stop is called. All are
+// core NATS (not streams): a lost heartbeat is replaced by the next one,
+// and a request is retried by its sender. The queue group spreads requests
+// over replicas; heartbeats are taken by every replica (no queue group), so
+// each one's in-memory lease table is complete. Enrollments are handed to a
+// pool of workers that wg owns and ctx stops.
+func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
+	enrollPool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: enrollWorkers}, s.handleEnroll)
+	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
+		// Keyed by the reply inbox only to spread the load: the per-node
+		// lock in enroll orders one node's enrollments.
+		bus.SubjectEnroll:     func(m *nats.Msg) { enrollPool.Submit(m.Reply, m) },
+		bus.SubjectRenewals:   func(m *nats.Msg) { s.handleRenew(ctx, m) },
+		bus.SubjectInvite:     func(m *nats.Msg) { s.handleInvite(ctx, m) },
+		bus.SubjectDrain:      func(m *nats.Msg) { s.handleDrain(ctx, m) },
+		bus.SubjectNodeLeases: func(m *nats.Msg) { s.handleNodeLeases(m) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	hb, err := s.conn.NC.Subscribe(bus.SubjectHeartbeats, func(m *nats.Msg) { s.handleHeartbeat(ctx, m) })
+	if err != nil {
+		subs.Stop()
+		return nil, fmt.Errorf("nodes: subscribe %s: %w", bus.SubjectHeartbeats, err)
+	}
+	return append(subs, hb).Stop, nil
+}
+
+// respond answers a request, logging what cannot be sent.
+func respond(log *zap.Logger, m *nats.Msg, enc codec.Encoding, v any) {
+	if err := bus.Respond(m, enc, v); err != nil {
+		log.Error("reply", zap.String("subject", m.Subject), zap.Error(err))
+	}
+}

@@ -1,0 +1,87 @@
+package rentals
+
+import (
+	"time"
+
+	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Config lets the control plane rent machines when no node fits.
+type Config struct {
+	Provider     capacity.Provider
+	ConnectionID string
+	// OwnershipToken marks every machine this deployment rents, so the
+	// janitor never touches a machine that merely resembles ours.
+	OwnershipToken string
+	// MaxRentals bounds machines rented at once (not yet terminated).
+	MaxRentals int
+	// IdleTimeout retires a ready rental whose node had no Run this long.
+	IdleTimeout time.Duration
+	// LostAnswerAfter is how long a provision may go unanswered before the
+	// provider's owned capacity is searched for it (and, failing that, it is
+	// provisioned again under the same operation key).
+	LostAnswerAfter time.Duration
+	// EnrollTimeout is how long a rental may sit provisioning, booting or
+	// enrolling (its node not enrolled) before it is given up and
+	// terminated: a machine whose agent never comes (a bad image, a lost
+	// disk) must not hold a Run, or a rental slot, forever.
+	EnrollTimeout time.Duration
+	// JanitorInterval is how often owned capacity is listed to adopt what a
+	// rental lost track of and terminate what belongs to no live rental.
+	JanitorInterval time.Duration
+	// MaxLifetime is passed to providers that can enforce it.
+	MaxLifetime time.Duration
+	// Interval is how often rentals are observed.
+	Interval time.Duration
+	// LeaderTTL is the rental loop's leader lease: with several replicas
+	// one runs the loop, and another takes over this long after it stops
+	// renewing (at once when it stops cleanly).
+	LeaderTTL time.Duration
+	// ReadyEstimate is assumed for an offer whose provider states no
+	// ReadySeconds: how long a new machine takes to run.
+	ReadyEstimate time.Duration
+	// RentMargin is how much sooner a fresh machine (ready, then pulling
+	// the image) must start a Run than the soonest busy node that fits
+	// before it is rented instead of queueing; the margin pays for the
+	// estimates being estimates. Negative disables renting past a queue.
+	RentMargin time.Duration
+}
+
+// Defaults fills the zero fields.
+func (c *Config) Defaults() {
+	if c.ConnectionID == "" {
+		c.ConnectionID = "default"
+	}
+	if c.MaxRentals <= 0 {
+		c.MaxRentals = 4
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.LostAnswerAfter <= 0 {
+		c.LostAnswerAfter = 30 * time.Second
+	}
+	if c.JanitorInterval <= 0 {
+		c.JanitorInterval = time.Minute
+	}
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+	if c.EnrollTimeout <= 0 {
+		c.EnrollTimeout = 20 * time.Minute
+	}
+	if c.LeaderTTL <= 0 {
+		c.LeaderTTL = max(10*time.Second, 5*c.Interval)
+	}
+	if c.ReadyEstimate <= 0 {
+		c.ReadyEstimate = 3 * time.Minute
+	}
+	if c.RentMargin == 0 {
+		c.RentMargin = time.Minute
+	}
+}
+
+// CodeRentBeatsQueue is the decision code of a Run that waits for a rental
+// because a fresh machine starts it sooner than any busy node's queue.
+const CodeRentBeatsQueue schemas.Code = "rent_beats_queue"

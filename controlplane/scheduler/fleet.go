@@ -1,0 +1,117 @@
+package scheduler
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// snapshot builds the fleet as placement sees it: every node with the Runs
+// booked on it, running ones and queued ones in booking order. Indexing is
+// placement.NewFleet's job; this only groups bookings by node.
+func (s *Scheduler) snapshot(runs []*schemas.Run, now time.Time) *placement.Fleet {
+	booked := map[string][]*schemas.Run{}
+	for _, r := range runs {
+		if r.NodeID != "" && !r.Phase.Terminal() && r.Phase != schemas.PhaseAccepted {
+			booked[r.NodeID] = append(booked[r.NodeID], r)
+		}
+	}
+	recs := s.cache.Nodes()
+	nodes := make([]*placement.Node, 0, len(recs))
+	for _, rec := range recs {
+		n := placement.NewNode(rec)
+		rs := booked[rec.NodeID]
+		slices.SortFunc(rs, func(a, b *schemas.Run) int { return cmp.Compare(a.PhaseSince.UnixNano(), b.PhaseSince.UnixNano()) })
+		for _, r := range rs {
+			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(*r, now)}
+			if r.Queued {
+				n.Queued = append(n.Queued, b)
+			} else {
+				n.Running = append(n.Running, b)
+			}
+		}
+		nodes = append(nodes, n)
+	}
+	return placement.NewFleet(nodes)
+}
+
+// expectedEnd is when a booking should free its place.
+func (s *Scheduler) expectedEnd(r schemas.Run, now time.Time) time.Time {
+	start := r.PhaseSince
+	if r.StartedAt != nil {
+		start = *r.StartedAt
+	}
+	if r.Queued || start.IsZero() {
+		start = now
+	}
+	if r.Request.MaxRuntimeSeconds > 0 {
+		return start.Add(time.Duration(r.Request.MaxRuntimeSeconds) * time.Second)
+	}
+	return start.Add(s.cfg.Placement.UnknownRuntime)
+}
+
+// intakeViewMaxAge bounds how old the fleet intake decides on may be.
+const intakeViewMaxAge = 250 * time.Millisecond
+
+// intakeView is a fleet snapshot taken for intake from the cache (nodes,
+// and the bookings of every active Run). Nothing books on it, so intake
+// workers share it.
+type intakeView struct {
+	fleet   *placement.Fleet
+	at      time.Time
+	nodeVer uint64 // cache.nodeVersion when it was taken
+}
+
+// intakeFleet returns a view younger than intakeViewMaxAge of the nodes as
+// they are now, taking a new one when needed (one worker takes it; the
+// others wait for it rather than take their own).
+func (s *Scheduler) intakeFleet(now time.Time) *intakeView {
+	current := func() *intakeView {
+		v := s.intakeView.Load()
+		if v == nil || now.Sub(v.at) > intakeViewMaxAge || v.nodeVer != s.cache.NodeVersion() {
+			return nil
+		}
+		return v
+	}
+	if v := current(); v != nil {
+		return v
+	}
+	s.intakeViewMu.Lock()
+	defer s.intakeViewMu.Unlock()
+	if v := current(); v != nil {
+		return v
+	}
+	v := &intakeView{at: now, nodeVer: s.cache.NodeVersion()}
+	v.fleet = s.snapshot(s.cache.ActiveRuns(), now)
+	s.intakeView.Store(v)
+	return v
+}
+
+// AtIntake is intake's early decision for a new Run, made in the write
+// that creates it, when that decision can only be "no node fits now;
+// waiting": the scheduler would otherwise write the Run and publish an
+// event again for the same answer a moment later. Anything that could
+// book, rent or fail the Run is left to the scheduler (nil), so intake
+// never books a node. The fleet may lag the cache by intakeViewMaxAge: a
+// Run may be told to wait for a place that freed meanwhile, and the next
+// pass, which decides every Run it has not decided itself, places it.
+func (s *Scheduler) AtIntake(r schemas.Run) lifecycle.Transition {
+	if s.renter != nil {
+		return nil
+	}
+	now := s.cfg.Now()
+	v := s.intakeFleet(now)
+	if v.fleet.MayWin(r.Request.Resources, now) {
+		return nil // placement's to decide; intake only records the certain "no"
+	}
+	d, err := s.decide(&r, v.fleet, now)
+	if err != nil || d.Winner != "" || (!s.cfg.WaitForCapacity && unsatisfiable(d)) {
+		return nil
+	}
+	s.stats.DecidedAtIntake.Add(1)
+	return lifecycle.Wait{Decision: d, Summary: waitingSummary(d), Code: schemas.CodeNoCapacity, Message: msgNoNodeFits}
+}

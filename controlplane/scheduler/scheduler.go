@@ -1,0 +1,166 @@
+// Package scheduler drives every Run forward from what is stored: each
+// pass sweeps lapsed node leases, repairs missed event publishes, and gives
+// each active Run the step its lifecycle stage owes (place it, start it
+// from its node's queue, resend or stop). It also makes intake's early
+// decision. Runs are taken oldest first: the queue order lives in pass.
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/dispatch"
+	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/runs"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Config tunes the scheduler.
+type Config struct {
+	// Interval is how often a pass runs without being poked.
+	Interval time.Duration
+	lifecycle.Timing
+	// Placement weighs time against price.
+	Placement placement.Config
+	// WaitForCapacity keeps a Run that no enrolled node could ever run
+	// waiting (for a node to join) instead of failing it at once.
+	WaitForCapacity bool
+	Now             func() time.Time
+}
+
+// Renter rents machines for Runs the fleet cannot take now.
+type Renter interface {
+	// RentFor is asked when no node fits r. It reports whether capacity
+	// is coming and, when a known rental is, which one at what stage.
+	RentFor(ctx context.Context, r schemas.Run) (coming bool, renting string, err error)
+	// RentBeforeQueueing is asked when every node that fits r is busy (d's
+	// winner is a queue); true means r waits for a rental instead.
+	RentBeforeQueueing(ctx context.Context, r schemas.Run, d schemas.BookingDecision) (bool, error)
+}
+
+// LeaseSweeper marks nodes whose lease lapsed as lost and ends the
+// attempts booked on them; it reports whether any Run changed.
+type LeaseSweeper interface {
+	SweepLeases(ctx context.Context, now time.Time, active []*schemas.Run) bool
+}
+
+// Scheduler places and drives Runs.
+type Scheduler struct {
+	cfg      Config
+	cache    *cache.Cache
+	runs     *runs.Store
+	dispatch *dispatch.Dispatcher
+	leases   LeaseSweeper
+	renter   Renter // nil: no capacity provider
+	log      *zap.Logger
+	kick     chan struct{}
+
+	// intakeView is the fleet intake decides on; intakeViewMu lets one
+	// intake worker at a time take a new one.
+	intakeView   atomic.Pointer[intakeView]
+	intakeViewMu sync.Mutex
+
+	stats Stats
+}
+
+// Stats counts what the scheduler did.
+type Stats struct {
+	Passes, Decisions, DecisionNanos, PlacementMisses, DecidedAtIntake atomic.Int64
+}
+
+// New returns a scheduler; renter is nil without a capacity provider.
+func New(cfg Config, c *cache.Cache, store *runs.Store, d *dispatch.Dispatcher, leases LeaseSweeper, renter Renter, log *zap.Logger) *Scheduler {
+	return &Scheduler{cfg: cfg, cache: c, runs: store, dispatch: d, leases: leases, renter: renter, log: log, kick: make(chan struct{}, 1)}
+}
+
+// Stats returns the scheduler's counters.
+func (s *Scheduler) Stats() *Stats { return &s.stats }
+
+// Poke asks for a pass now, without blocking.
+func (s *Scheduler) Poke() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run passes until ctx ends: on a timer and whenever poked.
+func (s *Scheduler) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	memo := newDecisionMemo()
+	for {
+		s.pass(ctx, memo)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.kick:
+		}
+	}
+}
+
+// pass gives every active Run, oldest first, the step it is due.
+func (s *Scheduler) pass(ctx context.Context, memo *decisionMemo) {
+	now := s.cfg.Now()
+	s.stats.Passes.Add(1)
+	active := s.cache.ActiveRuns()
+	if s.leases.SweepLeases(ctx, now, active) {
+		active = s.cache.ActiveRuns() // attempts were lost: see them as they are now
+	}
+	s.runs.RepairOutboxes(ctx, active)
+	slices.SortFunc(active, func(a, b *schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
+	// Renting makes a waiting Run's answer move with the rental, not the
+	// fleet, so with a provider every waiting Run is decided every pass.
+	memoOK := s.renter == nil
+	fleetKey := memo.fleetKey(s.cache.NodeVersion(), active)
+	defer memo.endPass()
+	// The snapshot is built only when a pass has something to place.
+	var fleet *placement.Fleet
+	snapshot := func() *placement.Fleet {
+		if fleet == nil {
+			fleet = s.snapshot(active, now)
+		}
+		return fleet
+	}
+	for _, rp := range active {
+		if ctx.Err() != nil {
+			return
+		}
+		r := *rp
+		var token uint64
+		if n, ok := s.cache.Node(r.NodeID); ok && r.NodeID != "" {
+			token = n.FencingToken
+		}
+		var err error
+		switch step := lifecycle.Due(r, token, now, s.cfg.Timing); step {
+		case lifecycle.StepPlace:
+			if memoOK && memo.fresh(rp, fleetKey, now) {
+				continue
+			}
+			if err = s.place(ctx, r, snapshot(), now); err == nil {
+				memo.decided(r.ID, fleetKey, now)
+			}
+		case lifecycle.StepStartQueued:
+			err = s.startQueued(ctx, r, snapshot())
+		case lifecycle.StepStop:
+			err = s.dispatch.Stop(ctx, r, "cancelled")
+		case lifecycle.StepResend:
+			err = s.resend(ctx, r)
+		case lifecycle.StepStopOverdue:
+			err = s.dispatch.StopAttempt(ctx, r.NodeID, r.ID, r.AttemptID, 0, string(schemas.CodeMaxRuntime))
+		}
+		if err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
+			s.log.Warn("scheduling pass", zap.String("run_id", r.ID), zap.String("phase", string(r.Phase)), zap.Error(err))
+		}
+	}
+}

@@ -1,0 +1,171 @@
+// Package sessions is the control plane's side of session residency (see
+// package residency): the residency stores agents reach over
+// wf.node.<id>.residency.*, the operator's session attach and release, and
+// the release of a draining node's sessions.
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/residency"
+)
+
+// Config tunes session residency (see package residency).
+type Config struct {
+	// LeaseTTL is each session lease's lifetime from its last renewal; a
+	// lost host's sessions can be resumed elsewhere this long after its last
+	// renewal. 15 s when zero.
+	LeaseTTL time.Duration
+	// InboxAckWait is how long inbox work taken by a host that then
+	// vanished waits before it is redelivered to the next holder; it must
+	// exceed the longest a session takes over one message. 30 s when zero.
+	InboxAckWait time.Duration
+	// AttachTimeout bounds one node's attach (an image pull included);
+	// 2 min when zero.
+	AttachTimeout time.Duration
+	// DrainTimeout bounds a node's session drain; 60 s when zero.
+	DrainTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 15 * time.Second
+	}
+	if c.InboxAckWait <= 0 {
+		c.InboxAckWait = 30 * time.Second
+	}
+	if c.AttachTimeout <= 0 {
+		c.AttachTimeout = 2 * time.Minute
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 60 * time.Second
+	}
+	return c
+}
+
+// Service serves session residency for the control plane.
+type Service struct {
+	cfg     Config
+	conn    *bus.Conn
+	cache   *cache.Cache
+	nodesKV jetstream.KeyValue
+	now     func() time.Time
+	log     *zap.Logger
+
+	// serving holds the residency stores while Serve runs; nil otherwise.
+	serving atomic.Pointer[stores]
+}
+
+// stores are the residency stores the operator's requests and drains read.
+type stores struct {
+	locations *residency.KVLocations
+	durable   *residency.KVSessions
+}
+
+// New returns the session services. nodesKV is wf_nodes, read for the node
+// an operator pins an attach to and for the host a release goes to; c gives
+// the ready nodes an attach may go to. A nil now is time.Now; a nil log
+// discards.
+func New(cfg Config, conn *bus.Conn, c *cache.Cache, nodesKV jetstream.KeyValue, now func() time.Time, log *zap.Logger) *Service {
+	if now == nil {
+		now = time.Now
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Service{cfg: cfg.withDefaults(), conn: conn, cache: c, nodesKV: nodesKV, now: now, log: log}
+}
+
+// Serve starts the residency services and the operator's session subjects
+// (bus.SubjectSessionAttach, bus.SubjectSessionRelease). The returned stop
+// ends them and waits for the requests in flight.
+func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
+	clock := residency.SystemClock{}
+	leases, err := residency.NewKVLeases(ctx, residency.KVLeasesOptions{JS: s.conn.JS, TTL: s.cfg.LeaseTTL, InboxAckWait: s.cfg.InboxAckWait, Clock: clock, Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("sessions: leases: %w", err)
+	}
+	locs, err := residency.NewKVLocations(ctx, residency.KVLocationsOptions{JS: s.conn.JS, Clock: clock, Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("sessions: locations: %w", err)
+	}
+	durable, err := residency.NewKVSessions(ctx, residency.KVSessionsOptions{JS: s.conn.JS, Clock: clock, Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("sessions: durable state: %w", err)
+	}
+	svc, err := residency.NewService(residency.Services{Leases: leases, Locations: locs, Sessions: durable}, s.log)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	st := &stores{locations: locs, durable: durable}
+	ctx, cancel := context.WithCancel(ctx)
+	stopSvc, err := svc.Serve(ctx, s.conn.NC, bus.ControlPlaneQueue)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	// An attach may wait minutes on an image pull: each request gets its
+	// own goroutine, owned by wg, so one does not hold up the next.
+	var wg sync.WaitGroup
+	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
+		bus.SubjectSessionAttach:  func(m *nats.Msg) { wg.Go(func() { s.handleAttach(ctx, st, m) }) },
+		bus.SubjectSessionRelease: func(m *nats.Msg) { wg.Go(func() { s.handleRelease(ctx, st, m) }) },
+	})
+	if err != nil {
+		cancel()
+		stopSvc()
+		return nil, err
+	}
+	s.serving.Store(st)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.serving.CompareAndSwap(st, nil)
+			subs.Stop()
+			cancel()
+			stopSvc()
+			wg.Wait()
+		})
+	}, nil
+}
+
+// Routes lists every observation in wf_residency.
+func (s *Service) Routes(ctx context.Context) ([]residency.Observation, error) {
+	return ListRoutes(ctx, s.conn.JS)
+}
+
+// ListRoutes reads every observation in wf_residency, sorted by key.
+func ListRoutes(ctx context.Context, js jetstream.JetStream) ([]residency.Observation, error) {
+	kv, err := js.KeyValue(ctx, bus.BucketResidency)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(keys)
+	out := make([]residency.Observation, 0, len(keys))
+	for _, k := range keys {
+		var o residency.Observation
+		if _, err := bus.GetJSON(ctx, kv, k, &o); err == nil {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
