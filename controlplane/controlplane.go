@@ -13,6 +13,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
 // Config tunes the control plane. Zero values take the defaults.
@@ -136,7 +137,7 @@ type ControlPlane struct {
 	// enrollLocks orders enrollments of one node in this replica; different
 	// nodes enroll concurrently. Across replicas the node record's CAS
 	// decides.
-	enrollLocks keyedMutex
+	enrollLocks keyed.Mutex
 	// outbox tracks Run events still to be published after a failed
 	// publish, and the crash repair of the first reconcile pass.
 	outbox outboxRepair
@@ -263,10 +264,10 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	defer stopSessions()
 
-	intakePool := newKeyedPool(ctx, &wg, IntakeWorkers, 8, cp.handleIntake)
+	intakePool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: IntakeWorkers, Queue: IntakeWorkers * 8}, cp.handleIntake)
 	intake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(ctx context.Context, m jetstream.Msg) {
 		job := cp.parseIntake(ctx, m)
-		intakePool.submit(job.key, job) // false only when ctx ended: m stays unacked and is redelivered
+		intakePool.Submit(job.key, job) // false only when ctx ended: m stays unacked and is redelivered
 	})
 	if err != nil {
 		return err
@@ -275,14 +276,14 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	// Observations are handled by node: one node's reports (receipts,
 	// workload phases, facts) keep their order, different nodes' run
 	// concurrently.
-	obsPool := newKeyedPool(ctx, &wg, ObsWorkers, 8, func(ctx context.Context, job obsJob) {
+	obsPool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: ObsWorkers, Queue: ObsWorkers * 8}, func(ctx context.Context, job obsJob) {
 		if job.redelivered {
 			ctx = markRepair(ctx)
 		}
 		cp.handleObservation(ctx, job.m)
 	})
 	obs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(ctx context.Context, m jetstream.Msg) {
-		obsPool.submit(subjectNode(m.Subject()), obsJob{m: m, redelivered: repairing(ctx)})
+		obsPool.Submit(subjectNode(m.Subject()), obsJob{m: m, redelivered: repairing(ctx)})
 	})
 	if err != nil {
 		return err

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -48,10 +48,7 @@ func (cp *ControlPlane) invite(ctx context.Context, req schemas.InviteRequest) (
 	if req.TTLSeconds > 0 {
 		ttl = time.Duration(req.TTLSeconds) * time.Second
 	}
-	token, err := newToken()
-	if err != nil {
-		return schemas.NodeBootstrap{}, err
-	}
+	token := newToken()
 	now := cp.now()
 	inv := schemas.Invitation{NodeID: req.NodeID, RentalID: req.RentalID, Generation: req.Generation, AgentVersion: req.AgentVersion, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	if _, err := bus.CreateJSON(ctx, cp.enrollKV, inviteKey(token), &inv); err != nil {
@@ -94,7 +91,7 @@ func (cp *ControlPlane) handleEnroll(ctx context.Context, m *nats.Msg) {
 func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentRequest) (schemas.Enrollment, error) {
 	// One node's enrollments are ordered; other nodes' proceed alongside.
 	// The node record's CAS below still arbitrates between replicas.
-	unlock := cp.enrollLocks.lock(req.NodeID)
+	unlock := cp.enrollLocks.Lock(req.NodeID)
 	defer unlock()
 	now := cp.now()
 	rec := schemas.NodeRecord{NodeID: req.NodeID}
@@ -136,10 +133,7 @@ func (cp *ControlPlane) enroll(ctx context.Context, req schemas.EnrollmentReques
 			return schemas.Enrollment{}, err
 		}
 	}
-	session, err := newToken()
-	if err != nil {
-		return schemas.Enrollment{}, err
-	}
+	session := newToken()
 	duplicate := known && req.Generation == rec.Generation
 	price := req.PricePerHour
 	if req.RentalID != "" && cp.cfg.Capacity != nil {
@@ -278,13 +272,8 @@ func refusalOf(err error, what string) *schemas.Refusal {
 	return schemas.AsRefusal(err)
 }
 
-func newToken() (string, error) {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("mint token: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
-}
+// newToken mints an invitation or session token (tokenWellFormed's shape).
+func newToken() string { return randid.Token(32) }
 
 func tokenWellFormed(t string) bool {
 	b, err := base64.RawURLEncoding.DecodeString(t)

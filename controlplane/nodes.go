@@ -12,6 +12,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -27,11 +28,11 @@ const enrollWorkers = 32
 // (no queue group), so each one's in-memory lease table is complete.
 // Enrollments are handed to a pool of workers that wg owns and ctx stops.
 func (cp *ControlPlane) serveNodes(ctx context.Context, wg *sync.WaitGroup) (func(), error) {
-	enrollPool := newKeyedPool(ctx, wg, enrollWorkers, 4, cp.handleEnroll)
+	enrollPool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: enrollWorkers, Queue: enrollWorkers * 4}, cp.handleEnroll)
 	enroll, err := cp.conn.NC.QueueSubscribe(bus.SubjectEnroll, "warmfleet-cp", func(m *nats.Msg) {
 		// Keyed by the reply inbox only to spread the load: the per-node
 		// lock in enroll orders one node's enrollments.
-		enrollPool.submit(m.Reply, m)
+		enrollPool.Submit(m.Reply, m)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: subscribe %s: %w", bus.SubjectEnroll, err)

@@ -32,10 +32,7 @@ func TestAuthCallout_ResumedRentalSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	session, err := newToken()
-	if err != nil {
-		t.Fatal(err)
-	}
+	session := newToken()
 	nodes, _ := conn.JS.KeyValue(ctx, bus.BucketNodes)
 	rentals, _ := conn.JS.KeyValue(ctx, bus.BucketRentals)
 	rec := schemas.NodeRecord{NodeID: "rt-1", RentalID: "rt-1", Generation: 1, FencingToken: 1, SessionTokenHash: hashToken(session),

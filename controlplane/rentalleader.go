@@ -2,8 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/internal/randid"
 )
 
 // RentalLeaderKey is the wf_leases key of the rental loop's leader lease.
@@ -28,6 +27,10 @@ type leaderRecord struct {
 	Term      uint64    `json:"term"`
 	ExpiresAt time.Time `json:"expires_at"`
 }
+
+// LeaseEpoch and LeaseExpiresAt make leaderRecord a bus.LeaseRecord.
+func (r leaderRecord) LeaseEpoch() uint64        { return r.Term }
+func (r leaderRecord) LeaseExpiresAt() time.Time { return r.ExpiresAt }
 
 // leaderLease elects one control-plane replica to run the rental loop (the
 // janitor, retirement, every provider call and every decision to rent): the
@@ -49,12 +52,15 @@ type leaderLease struct {
 	until time.Time // leading until (local clock, margin taken off)
 }
 
-func newLeaderLease(kv jetstream.KeyValue, ttl time.Duration, log *zap.Logger) (*leaderLease, error) {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
-		return nil, err
-	}
-	return &leaderLease{kv: kv, holder: "cp-" + hex.EncodeToString(b), ttl: ttl, log: log}, nil
+func newLeaderLease(kv jetstream.KeyValue, ttl time.Duration, log *zap.Logger) *leaderLease {
+	return &leaderLease{kv: kv, holder: randid.Hex("cp-", 8), ttl: ttl, log: log}
+}
+
+// lease is the rental loop's record in wf_leases, decoded strictly.
+func (l *leaderLease) lease() bus.Lease[leaderRecord] {
+	return bus.Lease[leaderRecord]{KV: l.kv, Key: RentalLeaderKey, Decode: func(b []byte, v any) error {
+		return codec.Decode(codec.JSON, b, v)
+	}}
 }
 
 // leading reports whether this replica holds the lease now.
@@ -88,30 +94,27 @@ func (l *leaderLease) run(ctx context.Context) {
 // replica holds it, and otherwise notes who does.
 func (l *leaderLease) step(ctx context.Context) error {
 	start := time.Now()
-	entry, err := l.kv.Get(ctx, RentalLeaderKey)
-	var cur leaderRecord
+	cur, rev, err := l.lease().Read(ctx)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return l.write(ctx, start, 0, 1)
+	case errors.Is(err, codec.ErrMalformed):
+		return fmt.Errorf("decode leader lease: %w", err)
 	case err != nil:
 		l.lose("lease unreadable: " + err.Error())
 		return err
 	}
-	if err := codec.Decode(codec.JSON, entry.Value(), &cur); err != nil {
-		return fmt.Errorf("decode leader lease: %w", err)
-	}
 	l.mu.Lock()
-	mine := l.rev != 0 && entry.Revision() == l.rev && cur.Holder == l.holder
+	mine := l.rev != 0 && rev == l.rev && cur.Holder == l.holder
 	l.mu.Unlock()
 	switch {
 	case mine:
-		return l.write(ctx, start, entry.Revision(), cur.Term)
+		return l.write(ctx, start, rev, cur.Term)
 	case cur.Holder == l.holder && start.Before(cur.ExpiresAt):
 		// Ours by record but not by the revision we remember (a write
 		// whose answer was lost): renew at the stored revision.
-		return l.write(ctx, start, entry.Revision(), cur.Term)
-	case !start.Before(cur.ExpiresAt):
-		return l.write(ctx, start, entry.Revision(), cur.Term+1)
+		return l.write(ctx, start, rev, cur.Term)
+	}
+	if term, ok := bus.TakeoverEpoch(cur, rev, start); ok {
+		return l.write(ctx, start, rev, term)
 	}
 	l.lose("held by " + cur.Holder)
 	return nil
@@ -119,17 +122,7 @@ func (l *leaderLease) step(ctx context.Context) error {
 
 // write stores this replica as holder at rev (0: create) in term.
 func (l *leaderLease) write(ctx context.Context, start time.Time, rev, term uint64) error {
-	rec := leaderRecord{Holder: l.holder, Term: term, ExpiresAt: start.Add(l.ttl)}
-	b, err := codec.Encode(codec.JSON, rec)
-	if err != nil {
-		return err
-	}
-	var nrev uint64
-	if rev == 0 {
-		nrev, err = l.kv.Create(ctx, RentalLeaderKey, b)
-	} else {
-		nrev, err = l.kv.Update(ctx, RentalLeaderKey, b, rev)
-	}
+	nrev, err := l.lease().Write(ctx, leaderRecord{Holder: l.holder, Term: term, ExpiresAt: start.Add(l.ttl)}, rev)
 	if err != nil {
 		l.lose("lease write refused: " + err.Error())
 		return err
@@ -167,11 +160,7 @@ func (l *leaderLease) release(ctx context.Context) {
 	if rev == 0 {
 		return
 	}
-	b, err := codec.Encode(codec.JSON, leaderRecord{Holder: l.holder, Term: term, ExpiresAt: time.Now()})
-	if err == nil {
-		_, err = l.kv.Update(ctx, RentalLeaderKey, b, rev)
-	}
-	if err != nil {
+	if _, err := l.lease().Write(ctx, leaderRecord{Holder: l.holder, Term: term, ExpiresAt: time.Now()}, rev); err != nil {
 		l.log.Info("leader lease not released; it expires on its own", zap.Error(err))
 		return
 	}
@@ -184,5 +173,5 @@ func openLeaderLease(ctx context.Context, conn *bus.Conn, ttl time.Duration, log
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: open %s: %w", bus.BucketLeases, err)
 	}
-	return newLeaderLease(kv, ttl, log)
+	return newLeaderLease(kv, ttl, log), nil
 }

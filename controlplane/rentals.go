@@ -3,8 +3,6 @@ package controlplane
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -299,10 +298,7 @@ func rentalStage(id string, state schemas.RentalState) string {
 // can be found again by its id and operation key.
 func (cp *ControlPlane) provision(ctx context.Context, r schemas.Run, offer capacity.Offer) (string, error) {
 	cc := cp.cfg.Capacity
-	id, err := rentalID()
-	if err != nil {
-		return "", err
-	}
+	id := randid.Hex("rt-", 6)
 	now := cp.now()
 	rt := schemas.Rental{
 		RentalID: id, ConnectionID: cc.ConnectionID, OfferID: offer.ID, Generation: 1, OwnershipToken: cc.OwnershipToken,
@@ -829,12 +825,4 @@ func (cp *ControlPlane) listRentals(ctx context.Context) ([]schemas.Rental, erro
 		}
 	}
 	return out, nil
-}
-
-func rentalID() (string, error) {
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		return "", err
-	}
-	return "rt-" + hex.EncodeToString(b), nil
 }

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
 // Defaults for Options.
@@ -60,7 +61,7 @@ type Runtime struct {
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
 
-	imageLocks keyedMutex
+	imageLocks keyed.Mutex // by image digest
 
 	// stop ends background work (the OOM watcher); done says it ended.
 	stop      context.CancelFunc
