@@ -14,6 +14,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -87,8 +88,6 @@ type Agent struct {
 	accel   *boundedProbe
 	// factsChanged wakes the facts loop; rt (a changeWatch) signals it.
 	factsChanged chan struct{}
-	// queues applies the commands of one attempt in arrival order.
-	queues *attemptQueues[queuedCmd]
 
 	mu  sync.Mutex
 	enr schemas.Enrollment
@@ -133,7 +132,6 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
 		accel: &boundedProbe{probe: cfg.Accelerator, timeout: probeTimeout, log: log}, factsChanged: changed,
 		watching: map[string]context.CancelFunc{}}
-	a.queues = newAttemptQueues(func(ctx context.Context, q queuedCmd) { a.handle(ctx, q.m, q.c) }, a.wg.Go)
 	return a, nil
 }
 
@@ -173,11 +171,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	// goroutine, a runtime call) after Run has waited for its goroutines.
 	var gate sync.RWMutex
 	stopped := false
+	// The commands of one attempt are applied in arrival order, each
+	// attempt's on a goroutine of its own, so a slow image pull for one Run
+	// never holds up a stop for another. Nothing bounds the queues here:
+	// the command consumer's MaxAckPending does, since a command stays
+	// unacked until it is applied.
+	queues := keyed.NewPool(ctx, &a.wg, keyed.PoolOptions{}, func(ctx context.Context, q queuedCmd) { a.handle(ctx, q.m, q.c) })
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		gate.RLock()
 		defer gate.RUnlock()
 		if !stopped {
-			a.enqueue(ctx, m)
+			a.enqueue(queues, m)
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		a.log.Debug("command consumer", zap.Error(err))

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -23,14 +24,14 @@ type queuedCmd struct {
 }
 
 // enqueue decodes a command and routes it to its attempt's queue.
-func (a *Agent) enqueue(ctx context.Context, m jetstream.Msg) {
+func (a *Agent) enqueue(queues *keyed.Pool[queuedCmd], m jetstream.Msg) {
 	var c schemas.Command
 	if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &c); err != nil {
 		a.log.Warn("malformed command terminated", zap.Error(err))
 		_ = m.Term()
 		return
 	}
-	a.queues.push(ctx, attemptOf(c), queuedCmd{m, c})
+	queues.Submit(attemptOf(c), queuedCmd{m, c}) // false only after ctx ended: m stays unacked
 }
 
 func attemptOf(c schemas.Command) string {

@@ -10,11 +10,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Leases in wf_leases follow one set of CAS rules (DESIGN's KV table):
+// Leases in wf_leases follow one set of CAS rules (docs/sessions.md):
 // absent → Create at epoch 1; expired → Update at the read revision to
-// epoch+1; live → held; renew = Update at the holder's own revision, a
-// conflict loses it; release = Update to a record that expires now and keeps
-// the epoch, never a delete (that would reset the next holder to epoch 1).
+// epoch+1; live → held; renew = Update at the holder's own revision, where
+// a conflict loses it unless the stored record is still the holder's own (a
+// write whose answer was lost); release = Update to a record that expires
+// now and keeps the epoch, never a delete (that would reset the next holder
+// to epoch 1).
 // Lease carries those mechanics; who may hold a key, and what its record
 // says besides epoch and expiry, is its user's policy.
 

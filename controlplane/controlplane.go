@@ -137,7 +137,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 
 	// A Run's submit and cancel go to the same intake worker, by Run id,
 	// and keep their stream order.
-	intakePool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: IntakeWorkers}, cp.intake.Handle)
+	intakePool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: IntakeWorkers, Queue: IntakeWorkers * 8}, cp.intake.Handle)
 	stopIntake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
 		job := intake.Parse(m, redelivered)
 		intakePool.Submit(job.Key, job) // false only when ctx ended: m stays unacked and is redelivered
@@ -149,7 +149,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	// Observations are handled by node: one node's reports (receipts,
 	// workload phases, facts) keep their order, different nodes' run
 	// concurrently.
-	obsPool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: ObsWorkers}, func(ctx context.Context, d delivery) {
+	obsPool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: ObsWorkers, Queue: ObsWorkers * 8}, func(ctx context.Context, d delivery) {
 		cp.ingest.Handle(ctx, d.m, d.redelivered)
 	})
 	stopObs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(m jetstream.Msg, redelivered bool) {

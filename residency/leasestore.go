@@ -2,8 +2,6 @@ package residency
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/randid"
 )
 
 // LeaseRecord is a session lease as stored in wf_leases (JSON, so operators
@@ -30,7 +29,13 @@ type LeaseRecord struct {
 
 // Live reports whether the lease is held at now. Liveness is the record's
 // own expires_at, never a KV TTL (a per-key TTL is dropped by Update).
-func (r LeaseRecord) Live(now time.Time) bool { return now.Before(r.ExpiresAt) }
+func (r LeaseRecord) Live(now time.Time) bool { return bus.LeaseLive(r, now) }
+
+// LeaseEpoch implements bus.LeaseRecord.
+func (r LeaseRecord) LeaseEpoch() uint64 { return uint64(r.Epoch) }
+
+// LeaseExpiresAt implements bus.LeaseRecord.
+func (r LeaseRecord) LeaseExpiresAt() time.Time { return r.ExpiresAt }
 
 // KVLeasesOptions configures KVLeases.
 type KVLeasesOptions struct {
@@ -96,11 +101,7 @@ func (s *KVLeases) Get(ctx context.Context, key Key) (LeaseRecord, uint64, error
 // the session's durable inbox consumer exists; if that fails the grant is
 // released again.
 func (s *KVLeases) AcquireSessionLease(ctx context.Context, key Key, holder string) (LeaseGrant, error) {
-	token, err := newToken()
-	if err != nil {
-		return LeaseGrant{}, err
-	}
-	return s.AcquireSessionLeaseToken(ctx, key, holder, token)
+	return s.AcquireSessionLeaseToken(ctx, key, holder, newToken())
 }
 
 // AcquireSessionLeaseToken is AcquireSessionLease under a token the caller
@@ -134,57 +135,29 @@ func (s *KVLeases) AcquireSessionLeaseToken(ctx context.Context, key Key, holder
 }
 
 func (s *KVLeases) acquire(ctx context.Context, key Key, holder, token string) (LeaseGrant, error) {
-	k := key.String()
-	for range maxCASAttempts {
-		now := s.clock.Now()
-		rec := LeaseRecord{
-			Tenant: key.Tenant, Session: key.Session, Holder: holder, Epoch: 1,
+	mk := func(epoch uint64, now time.Time) LeaseRecord {
+		return LeaseRecord{
+			Tenant: key.Tenant, Session: key.Session, Holder: holder, Epoch: ResidencyEpoch(epoch),
 			GrantedAt: now, ExpiresAt: now.Add(s.ttl), Token: token,
 		}
-		var cur LeaseRecord
-		rev, err := bus.GetJSON(ctx, s.kv, k, &cur)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			nrev, err := bus.CreateJSON(ctx, s.kv, k, rec)
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
-			if err != nil {
-				return s.resolve(ctx, key, token, err)
-			}
-			return s.grant(key, rec, nrev), nil
-		case err != nil:
-			return LeaseGrant{}, fmt.Errorf("residency: read lease %s: %w", key, err)
-		}
-		if cur.Live(now) && cur.Holder == holder && cur.Token == token && !cur.Released {
-			return s.grant(key, cur, rev), nil
-		}
-		if cur.Live(now) {
-			return LeaseGrant{}, fmt.Errorf("%w: %s held by %s at epoch %d until %s",
-				ErrLeaseHeld, key, cur.Holder, cur.Epoch, cur.ExpiresAt.Format(time.RFC3339Nano))
-		}
-		rec.Epoch = cur.Epoch + 1
-		nrev, err := updateJSON(ctx, s.kv, k, rec, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return s.resolve(ctx, key, token, err)
-		}
-		return s.grant(key, rec, nrev), nil
 	}
-	return LeaseGrant{}, fmt.Errorf("residency: acquire lease %s: gave up after %d conflicts", key, maxCASAttempts)
+	// Ours: a live grant to this holder under this token (a repeat of a
+	// request whose answer was lost), or our own write whose answer was lost.
+	own := func(cur LeaseRecord) bool { return cur.Holder == holder && cur.Token == token && !cur.Released }
+	rec, rev, err := s.lease(key).Acquire(ctx, s.clock.Now, mk, own)
+	if errors.Is(err, bus.ErrLeaseHeld) {
+		return LeaseGrant{}, fmt.Errorf("%w: %s held by %s at epoch %d until %s",
+			ErrLeaseHeld, key, rec.Holder, rec.Epoch, rec.ExpiresAt.Format(time.RFC3339Nano))
+	}
+	if err != nil {
+		return LeaseGrant{}, fmt.Errorf("residency: acquire lease %s: %w", key, err)
+	}
+	return s.grant(key, rec, rev), nil
 }
 
-// resolve settles a write whose answer was lost: the grant is ours exactly
-// when the stored record carries our token.
-func (s *KVLeases) resolve(ctx context.Context, key Key, token string, werr error) (LeaseGrant, error) {
-	var cur LeaseRecord
-	rev, err := bus.GetJSON(ctx, s.kv, key.String(), &cur)
-	if err == nil && cur.Token == token {
-		return s.grant(key, cur, rev), nil
-	}
-	return LeaseGrant{}, fmt.Errorf("residency: write lease %s: %w", key, werr)
+// lease is key's record in wf_leases, for bus's CAS lease mechanics.
+func (s *KVLeases) lease(key Key) bus.Lease[LeaseRecord] {
+	return bus.Lease[LeaseRecord]{KV: s.kv, Key: key.String()}
 }
 
 func (s *KVLeases) grant(key Key, rec LeaseRecord, rev uint64) LeaseGrant {
@@ -229,37 +202,25 @@ func (s *KVLeases) ReleaseSessionLease(ctx context.Context, g LeaseGrant) error 
 // at the new revision. Any other holder, epoch, a release or an expiry is
 // ErrLeaseLost.
 func (s *KVLeases) writeOwn(ctx context.Context, op string, g LeaseGrant, rec LeaseRecord, now time.Time) (uint64, error) {
-	k := g.Key.String()
-	rev := g.Revision
-	for range maxCASAttempts {
-		nrev, err := updateJSON(ctx, s.kv, k, rec, rev)
-		if err == nil {
-			return nrev, nil
+	own := func(cur LeaseRecord) bool {
+		if cur.Token != g.Token || cur.Epoch != g.Epoch || cur.Holder != g.Holder || cur.Released {
+			return false
 		}
-		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return 0, fmt.Errorf("residency: %s lease %s: %w", op, k, err)
-		}
-		var cur LeaseRecord
-		crev, gerr := bus.GetJSON(ctx, s.kv, k, &cur)
-		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
-			return 0, fmt.Errorf("residency: %s lease %s: reread after conflict: %w", op, k, gerr)
-		}
-		if gerr != nil || cur.Token != g.Token || cur.Epoch != g.Epoch || cur.Holder != g.Holder || cur.Released || !cur.Live(now) {
-			return 0, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
-		}
-		s.log.Debug("lease write conflicted with a lost write of our own; retrying", zap.String("key", k), zap.Uint64("revision", crev))
-		rev = crev
+		s.log.Debug("lease write conflicted with a lost write of our own; retrying", zap.Stringer("key", g.Key))
+		return true
 	}
-	return 0, fmt.Errorf("residency: %s lease %s: gave up after %d conflicts", op, k, maxCASAttempts)
+	rev, err := s.lease(g.Key).WriteOwn(ctx, rec, g.Revision, now, own)
+	if errors.Is(err, bus.ErrLeaseLost) {
+		return 0, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("residency: %s lease %s: %w", op, g.Key, err)
+	}
+	return rev, nil
 }
 
 // maxCASAttempts bounds a read → write loop under contention.
 const maxCASAttempts = 64
 
-func newToken() (string, error) {
-	var b [12]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("residency: token: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
-}
+// newToken mints a grant's token: 12 random bytes in hex.
+func newToken() string { return randid.Hex("", 12) }

@@ -258,16 +258,13 @@ func (r *Remote) AcquireSessionLease(ctx context.Context, key Key, holder string
 	if holder != r.NodeID {
 		return LeaseGrant{}, notYours(r.NodeID, "a lease", holder)
 	}
-	token, err := newToken()
-	if err != nil {
-		return LeaseGrant{}, err
-	}
+	token := newToken()
 	// A request whose answer was lost may still have granted the lease:
 	// asking again under the same token gets that grant back instead of
 	// ErrLeaseHeld against ourselves until it expires.
 	var g LeaseGrant
 	for attempt := 0; ; attempt++ {
-		err = r.call(ctx, svcLeaseAcquire, keyBody{Key: key, Token: token}, &g)
+		err := r.call(ctx, svcLeaseAcquire, keyBody{Key: key, Token: token}, &g)
 		if attempt >= 1 || !errors.Is(err, ErrServiceUnavailable) || ctx.Err() != nil {
 			return g, err
 		}

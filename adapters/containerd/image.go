@@ -49,7 +49,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 	log := r.log.With(zap.String("image", name))
 
 	// Concurrent Runs of one image import it once; the rest see it present.
-	unlock, err := r.imageLocks.lock(ctx, want.String())
+	unlock, err := r.imageLocks.LockContext(ctx, want.String())
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}

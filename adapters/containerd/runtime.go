@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
@@ -60,7 +61,7 @@ type Runtime struct {
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
 
-	imageLocks keyedMutex
+	imageLocks keyed.Mutex // by image digest
 
 	// stop ends background work (the OOM watcher); done says it ended.
 	stop      context.CancelFunc

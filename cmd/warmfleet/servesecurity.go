@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/internal/randid"
 )
 
 // serveSecurity is `warmfleet serve`'s NATS auth and TLS (docs/security.md).
@@ -108,11 +107,7 @@ func (s *serveSecurity) prepare(embedded bool, dataDir string) error {
 	}
 	if embedded {
 		s.serviceUser = "warmfleet-cp"
-		p := make([]byte, 32)
-		if _, err := rand.Read(p); err != nil {
-			return err
-		}
-		s.servicePass = base64.RawURLEncoding.EncodeToString(p)
+		s.servicePass = randid.Token(32)
 	} else {
 		if s.natsUser == "" || s.natsPassFile == "" {
 			return errors.New("--auth with --nats-url needs --nats-user and --nats-password-file: the control plane's own login, listed in the server's auth_callout.auth_users")
@@ -172,14 +167,10 @@ func ensureTokenFile(path string) (string, error) {
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", err
-	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", err
 	}
-	if err := os.WriteFile(path, []byte(base64.RawURLEncoding.EncodeToString(b)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(randid.Token(32)+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write operator token: %w", err)
 	}
 	return path, nil

@@ -188,7 +188,10 @@ func TestReport(t *testing.T) {
 		want schemas.Code
 	}{
 		{func(w *schemas.WorkloadObservation) { w.StopReason = string(schemas.CodeMaxRuntime) }, schemas.CodeMaxRuntime},
-		{func(w *schemas.WorkloadObservation) { w.Phase = schemas.WorkloadFailed; w.FailureReason = "no such binary" }, schemas.CodeLaunchFailed},
+		{func(w *schemas.WorkloadObservation) {
+			w.Phase = schemas.WorkloadFailed
+			w.FailureReason = "no such binary"
+		}, schemas.CodeLaunchFailed},
 	} {
 		got, _, err := report(schemas.WorkloadExited, c.w).Apply(booked(schemas.PhaseRunning))
 		if err != nil || got.Phase != schemas.PhaseFailed || got.Reason != string(c.want) {

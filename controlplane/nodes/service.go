@@ -99,7 +99,7 @@ const enrollWorkers = 32
 // each one's in-memory lease table is complete. Enrollments are handed to a
 // pool of workers that wg owns and ctx stops.
 func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	enrollPool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: enrollWorkers}, s.handleEnroll)
+	enrollPool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: enrollWorkers, Queue: enrollWorkers * 4}, s.handleEnroll)
 	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
 		// Keyed by the reply inbox only to spread the load: the per-node
 		// lock in enroll orders one node's enrollments.

@@ -16,14 +16,13 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -96,9 +95,7 @@ func New(launch Launcher, offer capacity.Offer, opts ...Option) *Provider {
 		offer.ID = "local"
 	}
 	offer.Provider, offer.Available = "local", true
-	nonce := make([]byte, 3)
-	_, _ = rand.Read(nonce) // crypto/rand.Read never fails
-	p := &Provider{launch: launch, offer: offer, now: time.Now, nonce: hex.EncodeToString(nonce), machines: map[string]*machine{}, byKey: map[string]string{},
+	p := &Provider{launch: launch, offer: offer, now: time.Now, nonce: randid.Hex("", 3), machines: map[string]*machine{}, byKey: map[string]string{},
 		rentalGen: map[string]uint64{}}
 	for _, o := range opts {
 		o(p)

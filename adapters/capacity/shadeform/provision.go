@@ -27,7 +27,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 		return capacity.Receipt{}, &capacity.Error{Code: capacity.CodeInvalid, Provider: Type, Op: op, Ref: cmd.RentalID,
 			Message: "offer_id is not a shadeform offer (cloud/region/instance_type)"}
 	}
-	unlock, err := p.keys.lock(ctx, cmd.OperationKey)
+	unlock, err := p.keys.LockContext(ctx, cmd.OperationKey)
 	if err != nil {
 		return capacity.Receipt{}, fmt.Errorf("shadeform %s %s: %w", op, cmd.RentalID, err)
 	}

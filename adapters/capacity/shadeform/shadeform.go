@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
 // Type is the adapter type string.
@@ -66,7 +67,12 @@ type Provider struct {
 	now    func() time.Time
 	os     string
 	sshKey string
-	keys   keyLock
+	// keys holds an OperationKey across list-then-create: Shadeform has
+	// no idempotency key, so two provisions racing with one key in this
+	// process would both see "not created yet" and both create. (Across
+	// processes the control plane's CAS on the rental keeps one caller per
+	// key.)
+	keys keyed.Mutex
 }
 
 var (
