@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -116,4 +117,40 @@ func UpdateJSONFrom[T any](ctx context.Context, kv jetstream.KeyValue, key strin
 		return v, nrev, b, nil
 	}
 	return zero, 0, nil, fmt.Errorf("bus: update %s/%s: gave up after %d revision conflicts", kv.Bucket(), key, maxCASAttempts)
+}
+
+// Mirror watches every key of kv and hands each update to apply, on a
+// goroutine that wg owns and that stops when ctx ends. It returns once the
+// bucket's current values have been applied, so a caller reading its copy
+// afterwards sees at least what kv held when Mirror was called.
+func Mirror(ctx context.Context, wg *sync.WaitGroup, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry)) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("bus: watch %s: %w", kv.Bucket(), err)
+	}
+	primed := make(chan struct{})
+	wg.Go(func() {
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil { // the end of the current values
+					close(primed)
+					continue
+				}
+				apply(e)
+			}
+		}
+	})
+	select {
+	case <-primed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

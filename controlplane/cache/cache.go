@@ -5,7 +5,6 @@ package cache
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"sync"
 	"time"
 
@@ -63,6 +62,7 @@ type cachedNode struct {
 	rev  uint64
 }
 
+// New returns an empty cache; Start fills it.
 func New() *Cache {
 	return &Cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{}}
 }
@@ -70,42 +70,11 @@ func New() *Cache {
 // Start opens both watches and blocks until their initial values are in.
 // The watch goroutines run until ctx ends; wg tracks them.
 func (c *Cache) Start(ctx context.Context, wg *sync.WaitGroup, runsKV, nodesKV jetstream.KeyValue, log *zap.Logger) error {
-	var primed []chan struct{}
-	for _, w := range []struct {
-		kv    jetstream.KeyValue
-		apply func(jetstream.KeyValueEntry)
-	}{{runsKV, c.applyRun}, {nodesKV, c.applyNode}} {
-		watcher, err := w.kv.WatchAll(ctx)
-		if err != nil {
-			return fmt.Errorf("cache: watch %s: %w", w.kv.Bucket(), err)
-		}
-		done := make(chan struct{})
-		primed = append(primed, done)
-		wg.Go(func() {
-			defer func() { _ = watcher.Stop() }()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case e, ok := <-watcher.Updates():
-					if !ok {
-						return
-					}
-					if e == nil { // end of initial values
-						close(done)
-						continue
-					}
-					w.apply(e)
-				}
-			}
-		})
+	if err := bus.Mirror(ctx, wg, runsKV, c.applyRun); err != nil {
+		return err
 	}
-	for _, done := range primed {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := bus.Mirror(ctx, wg, nodesKV, c.applyNode); err != nil {
+		return err
 	}
 	log.Debug("kv cache primed", zap.Int("runs", c.RunCount()), zap.Int("nodes", c.NodeCount()))
 	return nil

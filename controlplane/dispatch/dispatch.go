@@ -45,11 +45,7 @@ func OpID(attemptID, verb string) string { return attemptID + "." + verb }
 // Launch sends the PrepareImage and LaunchWorkload commands for the Run's
 // current attempt, stamped with the node's current fencing token.
 func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
-	node, ok := d.cache.Node(run.NodeID)
-	if !ok {
-		return fmt.Errorf("dispatch %s: node %s not in registry", run.ID, run.NodeID)
-	}
-	ref, err := schemas.ParseImageRef("image", run.Request.Image)
+	node, ref, err := d.target(run)
 	if err != nil {
 		return err
 	}
@@ -63,7 +59,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 	}
-	if err := d.Prepare(ctx, run); err != nil {
+	if err := d.Send(ctx, d.prepare(node, ref, run)); err != nil {
 		return err
 	}
 	return d.Send(ctx, launch)
@@ -72,17 +68,27 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 // Prepare sends only the PrepareImage command: a queued Run prefetches
 // its image while it waits for room.
 func (d *Dispatcher) Prepare(ctx context.Context, run schemas.Run) error {
-	node, ok := d.cache.Node(run.NodeID)
-	if !ok {
-		return fmt.Errorf("dispatch %s: node %s not in registry", run.ID, run.NodeID)
-	}
-	ref, err := schemas.ParseImageRef("image", run.Request.Image)
+	node, ref, err := d.target(run)
 	if err != nil {
 		return err
 	}
+	return d.Send(ctx, d.prepare(node, ref, run))
+}
+
+// target is the Run's node as cached, and its image.
+func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageRef, error) {
+	node, ok := d.cache.Node(run.NodeID)
+	if !ok {
+		return node, schemas.ImageRef{}, fmt.Errorf("dispatch %s: node %s not in registry", run.ID, run.NodeID)
+	}
+	ref, err := schemas.ParseImageRef("image", run.Request.Image)
+	return node, ref, err
+}
+
+func (d *Dispatcher) prepare(node schemas.NodeRecord, ref schemas.ImageRef, run schemas.Run) schemas.Command {
 	prep := d.command(node, OpID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
 	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
-	return d.Send(ctx, prep)
+	return prep
 }
 
 // Stop asks the Run's node to stop its current attempt.

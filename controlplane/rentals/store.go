@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -39,35 +38,7 @@ func newStore(kv jetstream.KeyValue, now func() time.Time) *store {
 // start opens the watch and returns once its initial values are in; the
 // watch goroutine, which wg owns, runs until ctx ends.
 func (s *store) start(ctx context.Context, wg *sync.WaitGroup) error {
-	w, err := s.kv.WatchAll(ctx)
-	if err != nil {
-		return fmt.Errorf("rentals: watch %s: %w", s.kv.Bucket(), err)
-	}
-	primed := make(chan struct{})
-	wg.Go(func() {
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					close(primed)
-					continue
-				}
-				s.apply(e)
-			}
-		}
-	})
-	select {
-	case <-primed:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return bus.Mirror(ctx, wg, s.kv, s.apply)
 }
 
 func (s *store) apply(e jetstream.KeyValueEntry) {
