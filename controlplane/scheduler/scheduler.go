@@ -136,17 +136,19 @@ func (s *Scheduler) pass(ctx context.Context, memo *decisionMemo) {
 		if ctx.Err() != nil {
 			return
 		}
+		if rp.Phase == schemas.PhaseAccepted && memoOK && memo.fresh(rp, fleetKey, now) {
+			continue
+		}
 		r := *rp
 		var token uint64
-		if n, ok := s.cache.Node(r.NodeID); ok && r.NodeID != "" {
-			token = n.FencingToken
+		if r.NodeID != "" {
+			if n, ok := s.cache.Node(r.NodeID); ok {
+				token = n.FencingToken
+			}
 		}
 		var err error
 		switch step := lifecycle.Due(r, token, now, s.cfg.Timing); step {
 		case lifecycle.StepPlace:
-			if memoOK && memo.fresh(rp, fleetKey, now) {
-				continue
-			}
 			if err = s.place(ctx, r, snapshot(), now); err == nil {
 				memo.decided(r.ID, fleetKey, now)
 			}
