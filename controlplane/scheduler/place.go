@@ -61,14 +61,17 @@ func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDe
 		summary += " " + renting
 		msg += " for capacity: " + renting
 	}
-	var t lifecycle.Transition = lifecycle.Wait{Decision: d, Summary: summary, Code: schemas.CodeNoCapacity, Message: msg}
-	if !s.cfg.WaitForCapacity && !coming && unsatisfiable(d) {
+	var t lifecycle.Transition
+	switch {
+	case !s.cfg.WaitForCapacity && !coming && unsatisfiable(d):
 		t = lifecycle.Unsatisfiable{Decision: d, Summary: summary}
-	} else if r.Waiting == summary {
+	case r.Waiting == summary:
 		// Same answer as last pass, already recorded: no KV read, no
 		// event. r is the cached Run; if it is stale the next pass sees
 		// the newer one.
 		return nil
+	default:
+		t = lifecycle.Wait{Decision: d, Summary: summary, Code: schemas.CodeNoCapacity, Message: msg}
 	}
 	_, err := s.runs.Advance(ctx, r.ID, t, false)
 	return err
