@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -238,6 +239,10 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			LabelMaxRuntime: strconv.FormatInt(l.MaxRuntimeSeconds, 10),
 		},
 	}
+	if len(l.GPUs) > 0 {
+		spec.Labels[LabelGPUs] = strings.Join(l.GPUs, ",")
+	}
+	spec.Devices = l.Devices
 	// Caches become bind mounts, created on first use and marked used now.
 	mounts, err := a.caches().mounts(l.Caches)
 	if err != nil {

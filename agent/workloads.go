@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,6 +19,9 @@ const (
 	LabelRunID      = "warmfleet.run_id"
 	LabelAttemptID  = "warmfleet.attempt_id"
 	LabelMaxRuntime = "warmfleet.max_runtime_seconds"
+	// LabelGPUs lists the UUIDs of the cards the workload was given,
+	// comma-separated, so a restarted agent reports what each one holds.
+	LabelGPUs = "warmfleet.gpus"
 )
 
 // maxRuntimeStop is the journal operation id for a stop the node decided on
@@ -37,6 +41,9 @@ func (a *Agent) report(ctx context.Context, w schemas.WorkloadObservation) {
 // observationOf turns a runtime status into a report.
 func observationOf(st noderuntime.WorkloadStatus) schemas.WorkloadObservation {
 	w := schemas.WorkloadObservation{RunID: st.Labels[LabelRunID], AttemptID: st.Labels[LabelAttemptID], Phase: schemas.WorkloadUnknown}
+	if g := st.Labels[LabelGPUs]; g != "" {
+		w.GPUs = strings.Split(g, ",")
+	}
 	if w.AttemptID == "" {
 		w.AttemptID = st.ID
 	}

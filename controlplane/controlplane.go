@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -16,6 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/intake"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
@@ -30,8 +32,8 @@ type ControlPlane struct {
 	conn  *bus.Conn
 	log   *zap.Logger
 	cache *cache.Cache
-	// kv holds the buckets Run watches.
-	runsKV, nodesKV jetstream.KeyValue
+	// The buckets the cache mirrors.
+	runsKV, nodesKV, residencyKV jetstream.KeyValue
 
 	runs      *runs.Store
 	dispatch  *dispatch.Dispatcher
@@ -57,19 +59,20 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, err
 	}
 	kv := map[string]jetstream.KeyValue{}
-	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals} {
+	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency} {
 		h, err := conn.JS.KeyValue(ctx, b)
 		if err != nil {
 			return nil, fmt.Errorf("controlplane: open %s: %w", b, err)
 		}
 		kv[b] = h
 	}
-	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(), runsKV: kv[bus.BucketRuns], nodesKV: kv[bus.BucketNodes], ready: make(chan struct{})}
+	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(),
+		runsKV: kv[bus.BucketRuns], nodesKV: kv[bus.BucketNodes], residencyKV: kv[bus.BucketResidency], ready: make(chan struct{})}
 	// The scheduler is made last but poked by the parts made before it.
 	poke := func() { cp.scheduler.Poke() }
 	cp.runs = runs.NewStore(cp.runsKV, conn.JS, cp.cache, runs.Config{DecisionCandidates: cfg.DecisionCandidates, MaxAttempts: cfg.MaxAttempts, Poke: poke, Now: cfg.Now}, log)
 	cp.dispatch = dispatch.New(conn.JS, cp.cache, cfg.Now, log)
-	cp.sessions = sessions.New(cfg.Sessions, conn, cp.cache, cp.nodesKV, cfg.Now, log)
+	cp.sessions = sessions.New(cfg.Sessions, conn, cp.cache, cp.nodesKV, func(now time.Time) *placement.Fleet { return cp.scheduler.Fleet(now) }, cfg.Now, log)
 	cp.nodes = nodes.New(nodes.Config{
 		HeartbeatInterval: cfg.HeartbeatInterval, LeaseMultiplier: cfg.LeaseMultiplier, SessionTTL: cfg.SessionTTL,
 		CommandAckWait: cfg.CommandAckWait, OpenEnrollment: cfg.OpenEnrollment, RentedPrices: cfg.Capacity != nil, Now: cfg.Now,
@@ -108,7 +111,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	defer wg.Wait() // runs last: after cancel below
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := cp.cache.Start(ctx, &wg, cp.runsKV, cp.nodesKV, cp.log); err != nil {
+	if err := cp.cache.Start(ctx, &wg, cp.runsKV, cp.nodesKV, cp.residencyKV, cp.log); err != nil {
 		return err
 	}
 	// This replica has heard no heartbeat yet: give every node one lease

@@ -12,6 +12,10 @@ type WorkloadSpec struct {
 	CPUMillis      int64    // 0 = unlimited
 	MemoryBytes    int64    // 0 = unlimited
 	Labels         map[string]string
+	// Devices are fully qualified CDI device names (vendor.com/class=name)
+	// the container is given: their spec edits (device nodes, env, mounts,
+	// hooks) are applied to its OCI spec. An unresolvable one fails Launch.
+	Devices []string
 	// Mounts are host directories bind-mounted into the container.
 	Mounts []Mount
 }

@@ -234,6 +234,7 @@ func (a *attempt) launch(ctx context.Context) error {
 	epoch := s.lease.Epoch()
 	s.mu.Lock()
 	spec := m.o.Target.spec(a.req.Key, m.o.HostID, epoch, s.workspace, s.state.Namespace)
+	spec.Devices = a.req.Devices
 	s.mu.Unlock()
 	release := func(ctx context.Context) error { return releaseRuntime(ctx, m.o.Runtime, spec.ID, m.o.Target.grace()) }
 	if err := launchRuntime(ctx, m.o.Runtime, spec); err != nil {
@@ -245,7 +246,7 @@ func (a *attempt) launch(ctx context.Context) error {
 	s.mu.Lock()
 	s.workload = spec.ID
 	s.mu.Unlock()
-	s.fence.describe(spec.ID, m.o.Target.CompatibilityID, s.state.Namespace)
+	s.fence.describe(spec, m.o.Target.CompatibilityID, s.state.Namespace, a.req.GPUs)
 	return nil
 }
 

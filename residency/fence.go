@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // Guard is what work checks before it acts: the fence of the grant the work
@@ -65,10 +67,12 @@ func (f *fence) Lost() <-chan struct{} { return f.lease.Lost() }
 // supersede records that a later epoch was observed.
 func (f *fence) supersede(err error) { f.lease.markLost(err) }
 
-// describe sets the runtime fields every later publish carries.
-func (f *fence) describe(workload, compat, namespace string) {
+// describe sets the runtime fields every later publish carries: the
+// workload and what it holds.
+func (f *fence) describe(spec noderuntime.WorkloadSpec, compat, namespace string, gpus []string) {
 	f.mu.Lock()
-	f.base.Workload, f.base.CompatibilityID, f.base.Namespace = workload, compat, namespace
+	f.base.Workload, f.base.CompatibilityID, f.base.Namespace = spec.ID, compat, namespace
+	f.base.CPUMillis, f.base.MemoryBytes, f.base.GPUs = spec.CPUMillis, spec.MemoryBytes, gpus
 	f.mu.Unlock()
 }
 

@@ -38,7 +38,19 @@ type Observation struct {
 	Workload        string    `json:"workload,omitempty"`
 	CompatibilityID string    `json:"compatibility_id,omitempty"`
 	Namespace       string    `json:"namespace,omitempty"`
-	ObservedAt      time.Time `json:"observed_at"`
+	// CPUMillis, MemoryBytes and GPUs (card UUIDs) are what the residency's
+	// workload holds on its host: the control plane books them in the same
+	// ledger as Runs.
+	CPUMillis   int64     `json:"cpu_millis,omitempty"`
+	MemoryBytes int64     `json:"memory_bytes,omitempty"`
+	GPUs        []string  `json:"gpus,omitempty"`
+	ObservedAt  time.Time `json:"observed_at"`
+}
+
+// Holds reports whether the residency's workload may be running on its
+// host, holding what it was given.
+func (o Observation) Holds() bool {
+	return o.State == StateAttaching || o.State == StateResident || o.State == StateReleasing
 }
 
 // Key is the observation's session.

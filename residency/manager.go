@@ -34,6 +34,10 @@ type Request struct {
 	// a mis-placed session is refused before a lease is taken.
 	CompatibilityID string
 	Principal       Principal
+	// GPUs are the cards the control plane booked to the session, by UUID,
+	// and Devices their CDI devices, in the same order.
+	GPUs    []string
+	Devices []string
 }
 
 // Residency describes one residency on this host.

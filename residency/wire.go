@@ -99,6 +99,10 @@ type SessionCommand struct {
 	CompatibilityID string `json:"compatibility_id,omitempty"`
 	Actor           string `json:"actor,omitempty"`
 	Trace           string `json:"trace,omitempty"`
+	// GPUs are the cards booked to the session on this host, by UUID, and
+	// Devices their CDI devices, in the same order.
+	GPUs    []string `json:"gpus,omitempty"`
+	Devices []string `json:"devices,omitempty"`
 }
 
 // Key is the command's session.
@@ -178,6 +182,9 @@ type SessionRequest struct {
 	Node            string `json:"node,omitempty"`
 	CompatibilityID string `json:"compatibility_id,omitempty"`
 	Actor           string `json:"actor,omitempty"`
+	// GPUCount is how many cards the session holds while resident (attach
+	// only); the control plane books them on the node it chooses.
+	GPUCount int64 `json:"gpu_count,omitempty"`
 }
 
 // Key is the request's session.

@@ -50,6 +50,11 @@ type LaunchWorkload struct {
 	Resources         Resources    `json:"resources"`
 	MaxRuntimeSeconds int64        `json:"max_runtime_seconds,omitempty"`
 	Caches            []CacheMount `json:"caches,omitempty"`
+	// GPUs are the cards booked to the attempt, by UUID, and Devices the
+	// CDI device names (e.g. nvidia.com/gpu=GPU-<uuid>) that hand them to
+	// the container, in the same order.
+	GPUs    []string `json:"gpus,omitempty"`
+	Devices []string `json:"devices,omitempty"`
 }
 
 // EnvVar is one environment binding.
@@ -111,6 +116,11 @@ func (c *Command) Validate() error {
 		}
 		if _, err := ParseImageRef("launch.reference", c.Launch.Reference); err != nil {
 			return err
+		}
+		// A GPU attempt names a CDI device for every card it holds, or it
+		// would run without them.
+		if int64(len(c.Launch.GPUs)) != c.Launch.Resources.GPUCount || len(c.Launch.Devices) != len(c.Launch.GPUs) {
+			return refuse(CodeMalformed, "launch.devices", "a launch needs one booked GPU and one CDI device per card of resources.gpu_count")
 		}
 	}
 	if c.PrepareImage != nil {

@@ -36,6 +36,9 @@ type RunEvent struct {
 	Message   string    `json:"message,omitempty"`
 	ExitCode  *int      `json:"exit_code,omitempty"`
 	OOMKilled bool      `json:"oom_killed,omitempty"`
+	// GPUs are the cards the attempt holds, by UUID, on the events that
+	// book or start it.
+	GPUs []string `json:"gpus,omitempty"`
 	// At is the control plane's clock when it recorded the event.
 	At time.Time `json:"at"`
 	// ObservedAt is the node's clock for events caused by a node's report.
@@ -52,8 +55,12 @@ type BookingDecision struct {
 	Winner  string `json:"winner,omitempty"`
 	// WinnerQueued means the winner is busy and the Run waits in its queue
 	// (it prefetches its image meanwhile).
-	WinnerQueued bool        `json:"winner_queued,omitempty"`
-	Candidates   []Candidate `json:"candidates"`
+	WinnerQueued bool `json:"winner_queued,omitempty"`
+	// GPUs are the winner's cards booked to the attempt, by UUID; empty
+	// when it asks for none or waits in the winner's queue (its cards are
+	// chosen when it starts).
+	GPUs       []string    `json:"gpus,omitempty"`
+	Candidates []Candidate `json:"candidates"`
 	// Others lists, by reason, the candidates recorded by node id alone. A
 	// decision over a large fleet is compacted before it is stored
 	// (Compact): full entries for the winner, the best losers and a few
@@ -154,14 +161,18 @@ const (
 	ReasonInsufficientDisk   Code = "insufficient_disk"
 	ReasonDiskUnknown        Code = "disk_unknown"
 	ReasonGPUModelMismatch   Code = "gpu_model_mismatch"
-	ReasonDriverMissing      Code = "driver_missing"
-	ReasonDriverTooOld       Code = "driver_too_old"
-	ReasonPlatformMismatch   Code = "platform_mismatch"
-	ReasonLeaseStale         Code = "lease_stale"
-	ReasonFactsStale         Code = "facts_stale"
-	ReasonNodeNotReady       Code = "node_not_ready"
-	ReasonNodeDraining       Code = "node_draining"
-	ReasonAtCapacity         Code = "at_max_workloads"
-	ReasonQueueFull          Code = "queue_full"
-	ReasonOutscored          Code = "outscored"
+	// ReasonGPUNotInjectable: the node's cards have no CDI device the agent
+	// can hand a container (no usable CDI spec, or an agent that does not
+	// report cards by identity), so a GPU Run would run without its GPUs.
+	ReasonGPUNotInjectable Code = "gpu_not_injectable"
+	ReasonDriverMissing    Code = "driver_missing"
+	ReasonDriverTooOld     Code = "driver_too_old"
+	ReasonPlatformMismatch Code = "platform_mismatch"
+	ReasonLeaseStale       Code = "lease_stale"
+	ReasonFactsStale       Code = "facts_stale"
+	ReasonNodeNotReady     Code = "node_not_ready"
+	ReasonNodeDraining     Code = "node_draining"
+	ReasonAtCapacity       Code = "at_max_workloads"
+	ReasonQueueFull        Code = "queue_full"
+	ReasonOutscored        Code = "outscored"
 )

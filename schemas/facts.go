@@ -1,6 +1,9 @@
 package schemas
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // NodeFacts is what a node measured about itself. A measurement a node did
 // not make is absent, never guessed: see the Established and Known flags.
@@ -37,6 +40,37 @@ type AcceleratorFacts struct {
 	DriverVersion    string              `json:"driver_version,omitempty"`
 	DriverCapability string              `json:"driver_capability,omitempty"` // e.g. CUDA "12.4"
 	Devices          []AcceleratorDevice `json:"devices,omitempty"`
+	// Cards lists every card by identity.
+	Cards []GPUCard `json:"cards,omitempty"`
+}
+
+// GPUCard is one card by identity: what a booking holds.
+type GPUCard struct {
+	Index       int    `json:"index"`
+	UUID        string `json:"uuid"`
+	Model       string `json:"model"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	// Health is "ok" or says why the card should take no new work.
+	Health string `json:"health,omitempty"`
+	// CDIDevices are the CDI device names (kind=name) that hand this card
+	// to a container; none means the agent cannot inject it.
+	CDIDevices []string `json:"cdi_devices,omitempty"`
+}
+
+// GPUHealthOK is the health of a card that may take work.
+const GPUHealthOK = "ok"
+
+// CDIDevicesFor returns the CDI device of each card named by uuids, in
+// order; ok is false when a card is unknown or has none.
+func (a AcceleratorFacts) CDIDevicesFor(uuids []string) (devices []string, ok bool) {
+	for _, u := range uuids {
+		i := slices.IndexFunc(a.Cards, func(c GPUCard) bool { return c.UUID == u })
+		if i < 0 || len(a.Cards[i].CDIDevices) == 0 {
+			return nil, false
+		}
+		devices = append(devices, a.Cards[i].CDIDevices[0])
+	}
+	return devices, true
 }
 
 // AcceleratorDevice is a group of identical cards, named without UUIDs so

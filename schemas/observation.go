@@ -82,6 +82,9 @@ type WorkloadObservation struct {
 	// Progress is set on a preparing report sent while an image is still
 	// being fetched or imported.
 	Progress *TransferProgress `json:"progress,omitempty"`
+	// GPUs are the cards the workload holds, by UUID, as the node
+	// recorded them when it launched it.
+	GPUs []string `json:"gpus,omitempty"`
 }
 
 // TransferProgress counts the bytes of an image transfer. TotalBytes is zero

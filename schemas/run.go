@@ -43,6 +43,10 @@ type Run struct {
 	// for the attempt carry it.
 	FencingToken uint64 `json:"fencing_token,omitempty"`
 	Generation   uint64 `json:"generation,omitempty"`
+	// GPUs are the UUIDs of the cards the current attempt holds on its
+	// node; a card belongs to one attempt at a time. A queued attempt holds
+	// none until it leaves the queue.
+	GPUs []string `json:"gpus,omitempty"`
 
 	// Queued means the Run is booked on NodeID but waits in its queue for
 	// room; only its image is prefetched until then.

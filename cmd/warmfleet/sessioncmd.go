@@ -121,6 +121,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 	}
 
 	var mode, pin, compat string
+	var gpus int64
 	attach := &cobra.Command{
 		Use: "attach TENANT.SESSION", Short: "Place a session on a ready node and make it resident there", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -129,7 +130,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 				return err
 			}
 			rep, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionAttach, residency.SessionRequest{
-				Tenant: key.Tenant, Session: key.Session, Mode: residency.Mode(mode), Node: pin, CompatibilityID: compat, Actor: "cli",
+				Tenant: key.Tenant, Session: key.Session, Mode: residency.Mode(mode), Node: pin, CompatibilityID: compat, Actor: "cli", GPUCount: gpus,
 			})
 			if err != nil {
 				return err
@@ -150,6 +151,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 	attach.Flags().StringVar(&mode, "mode", "", "create or resume; resume when the session has durable state, else create")
 	attach.Flags().StringVar(&pin, "node", "", "attach on this node only")
 	attach.Flags().StringVar(&compat, "compatibility-id", "", "refuse a node whose session runtime is another build")
+	attach.Flags().Int64Var(&gpus, "gpus", 0, "GPUs the session holds while resident, booked on its node like a Run's")
 
 	release := &cobra.Command{
 		Use: "release TENANT.SESSION", Short: "Release a resident session gracefully (checkpoint, stop, tombstone, drop lease)", Args: cobra.ExactArgs(1),

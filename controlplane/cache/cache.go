@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -32,6 +33,12 @@ type Cache struct {
 	undecoded map[string]struct{}
 	nodes     map[string]cachedNode
 	leases    map[string]memLease
+	// residencies are wf_residency's observations, by session key: what
+	// resident sessions hold on their hosts.
+	residencies map[string]cachedResidency
+	// pending are holds booked for sessions still attaching, by session
+	// key, until their residency is published (Reserve).
+	pending map[string]residency.Observation
 	// nodeVer counts changes to the node set, so a fleet snapshot can tell
 	// whether it still shows the nodes as they are.
 	nodeVer uint64
@@ -62,18 +69,28 @@ type cachedNode struct {
 	rev  uint64
 }
 
-// New returns an empty cache; Start fills it.
-func New() *Cache {
-	return &Cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{}}
+type cachedResidency struct {
+	obs residency.Observation
+	rev uint64
 }
 
-// Start opens both watches and blocks until their initial values are in.
-// The watch goroutines run until ctx ends; wg tracks them.
-func (c *Cache) Start(ctx context.Context, wg *sync.WaitGroup, runsKV, nodesKV jetstream.KeyValue, log *zap.Logger) error {
+// New returns an empty cache; Start fills it.
+func New() *Cache {
+	return &Cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{},
+		residencies: map[string]cachedResidency{}, pending: map[string]residency.Observation{}}
+}
+
+// Start opens the watches of wf_runs, wf_nodes and wf_residency and
+// blocks until their initial values are in. The watch goroutines run until
+// ctx ends; wg tracks them.
+func (c *Cache) Start(ctx context.Context, wg *sync.WaitGroup, runsKV, nodesKV, residencyKV jetstream.KeyValue, log *zap.Logger) error {
 	if err := bus.Mirror(ctx, wg, runsKV, c.applyRun); err != nil {
 		return err
 	}
 	if err := bus.Mirror(ctx, wg, nodesKV, c.applyNode); err != nil {
+		return err
+	}
+	if err := bus.Mirror(ctx, wg, residencyKV, c.applyResidency); err != nil {
 		return err
 	}
 	log.Debug("kv cache primed", zap.Int("runs", c.RunCount()), zap.Int("nodes", c.NodeCount()))
@@ -172,6 +189,58 @@ func (c *Cache) applyNode(e jetstream.KeyValueEntry) {
 	}
 	c.nodes[e.Key()] = cachedNode{n, e.Revision()}
 	c.nodeVer++
+}
+
+// applyResidency takes a wf_residency update from the watch. Only the
+// residencies that hold something are kept.
+func (c *Cache) applyResidency(e jetstream.KeyValueEntry) {
+	var o residency.Observation
+	put := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &o) == nil && o.Holds()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.residencies[e.Key()]; ok && old.rev >= e.Revision() {
+		return
+	}
+	if !put {
+		delete(c.residencies, e.Key())
+	} else {
+		c.residencies[e.Key()] = cachedResidency{o, e.Revision()}
+	}
+	c.nodeVer++ // what a node holds changed: fleet snapshots are stale
+}
+
+// Residencies returns the resident sessions that hold resources on a host,
+// and the holds reserved for sessions still attaching.
+func (c *Cache) Residencies() []residency.Observation {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]residency.Observation, 0, len(c.residencies)+len(c.pending))
+	for _, r := range c.residencies {
+		out = append(out, r.obs)
+	}
+	for k, p := range c.pending {
+		if _, published := c.residencies[k]; !published {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Reserve books hold (a session's host, resources and cards) while its
+// attach runs, so nothing else is booked on them before its residency is
+// published; release drops it.
+func (c *Cache) Reserve(hold residency.Observation) (release func()) {
+	k := hold.Key().String()
+	c.mu.Lock()
+	c.pending[k] = hold
+	c.nodeVer++
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		delete(c.pending, k)
+		c.nodeVer++
+		c.mu.Unlock()
+	}
 }
 
 // NodeVersion is the node set's change count.

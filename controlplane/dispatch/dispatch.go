@@ -53,11 +53,25 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 	for k, v := range run.Request.Env {
 		env = append(env, schemas.EnvVar{Name: k, Value: v})
 	}
+	var devices []string
+	if len(run.GPUs) > 0 || run.Request.Resources.GPUCount > 0 {
+		var ok bool
+		facts := schemas.AcceleratorFacts{}
+		if node.Facts != nil {
+			facts = node.Facts.Host.Accelerator
+		}
+		if devices, ok = facts.CDIDevicesFor(run.GPUs); !ok || int64(len(run.GPUs)) != run.Request.Resources.GPUCount {
+			// Never a silent CPU run: a GPU attempt goes out with the CDI
+			// device of every card it holds, or not at all.
+			return fmt.Errorf("dispatch %s: GPUs %v booked on node %s have no CDI device in its facts", run.ID, run.GPUs, node.NodeID)
+		}
+	}
 	launch := d.command(node, OpID(run.AttemptID, "launch"), schemas.CmdLaunchWorkload)
 	launch.Launch = &schemas.LaunchWorkload{
 		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
+		GPUs: run.GPUs, Devices: devices,
 	}
 	if err := d.Send(ctx, d.prepare(node, ref, run)); err != nil {
 		return err

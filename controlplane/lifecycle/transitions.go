@@ -1,6 +1,9 @@
 package lifecycle
 
 import (
+	"slices"
+	"strings"
+
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -21,14 +24,16 @@ func phaseEvent(r *schemas.Run, from schemas.Phase, code schemas.Code, msg strin
 	}
 }
 
-// Placement books an accepted Run's next attempt on a node: at once, or in
-// the node's queue behind its running work (only the image is prefetched
-// until the Run heads the queue).
+// Placement books an accepted Run's next attempt on a node: at once, with
+// the cards in GPUs, or in the node's queue behind its running work (only
+// the image is prefetched until the Run heads the queue; its cards are
+// chosen then).
 type Placement struct {
 	NodeID       string
 	FencingToken uint64
 	Generation   uint64
 	Queued       bool
+	GPUs         []string
 	Decision     schemas.BookingDecision
 }
 
@@ -43,14 +48,20 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 	r.Attempt++
 	r.NodeID, r.AttemptID, r.Waiting, r.Queued = p.NodeID, schemas.WorkloadID(r.ID, r.Attempt), "", p.Queued
 	r.FencingToken, r.Generation = p.FencingToken, p.Generation
+	r.GPUs = slices.Clone(p.GPUs)
 	d := p.Decision
 	msg := "booked on " + p.NodeID
+	if len(r.GPUs) > 0 {
+		msg += " with GPUs " + strings.Join(r.GPUs, ",")
+	}
 	if r.Queued {
 		msg += ", queued behind its running work; prefetching the image"
 	}
+	booked := phaseEvent(&r, schemas.PhaseAccepted, "", msg)
+	booked.GPUs = r.GPUs
 	return r, []schemas.RunEvent{
-		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: p.NodeID, Attempt: r.Attempt, Decision: &d},
-		phaseEvent(&r, schemas.PhaseAccepted, "", msg),
+		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: p.NodeID, Attempt: r.Attempt, GPUs: r.GPUs, Decision: &d},
+		booked,
 	}, nil
 }
 
@@ -97,9 +108,12 @@ func (u Unsatisfiable) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, er
 	return r, evs, nil
 }
 
-// QueueStart launches a queued attempt: it heads its node's queue and fits
-// beside what runs there.
-type QueueStart struct{ AttemptID string }
+// QueueStart launches a queued attempt with the cards in GPUs: it heads
+// its node's queue and fits beside what runs there.
+type QueueStart struct {
+	AttemptID string
+	GPUs      []string
+}
 
 // Apply implements Transition.
 func (q QueueStart) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
@@ -107,7 +121,12 @@ func (q QueueStart) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error
 		return r, nil, ErrNoChange
 	}
 	r.Queued = false
-	return r, []schemas.RunEvent{{Type: schemas.EventNote, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt, Message: "left the queue; launching"}}, nil
+	r.GPUs = slices.Clone(q.GPUs)
+	msg := "left the queue; launching"
+	if len(r.GPUs) > 0 {
+		msg += " with GPUs " + strings.Join(r.GPUs, ",")
+	}
+	return r, []schemas.RunEvent{{Type: schemas.EventNote, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt, GPUs: r.GPUs, Message: msg}}, nil
 }
 
 // Restamp records the node session an attempt's commands are sent under
@@ -162,6 +181,14 @@ func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 	}
 	to, code, msg := reportedPhase(r, w)
 	if to == "" || (!to.Terminal() && Rank(to) <= Rank(r.Phase)) {
+		if len(w.GPUs) > 0 && !slices.Equal(w.GPUs, r.GPUs) {
+			// The node's account of what the attempt holds wins: it is
+			// what the container was given (a booking written by a
+			// control plane that then lost its answer may differ).
+			r.GPUs = slices.Clone(w.GPUs)
+			return r, []schemas.RunEvent{{Type: schemas.EventNote, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt, GPUs: r.GPUs,
+				ObservedAt: &observed, Message: "node reports the attempt holds GPUs " + strings.Join(r.GPUs, ",")}}, nil
+		}
 		return r, nil, ErrStaleReport
 	}
 	from := r.Phase
@@ -260,7 +287,7 @@ func (l Loss) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 	r.Reason = string(reason)
 	ev := phaseEvent(&r, from, schemas.CodeNodeLost, l.Why)
 	if r.Phase == schemas.PhaseAccepted {
-		r.NodeID = ""
+		r.NodeID, r.GPUs = "", nil
 	}
 	return r, []schemas.RunEvent{ev}, nil
 }

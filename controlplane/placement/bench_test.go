@@ -39,7 +39,7 @@ func benchFleet(n int) (*Fleet, Request) {
 	for i := range nodes {
 		facts := &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64",
 			Accelerator: schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverCapability: "12.4",
-				Devices: []schemas.AcceleratorDevice{{Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30, Count: 8}}},
+				Devices: []schemas.AcceleratorDevice{{Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30, Count: 8}}, Cards: h100s(i)},
 			Disk: schemas.DiskFacts{Known: true, FreeBytes: 1 << 40}}}
 		for _, k := range rng.Perm(catalogue)[:imagesPerNode] {
 			im := cat[k]
@@ -105,4 +105,14 @@ func BenchmarkPlacementBaselineFit(b *testing.B) {
 			}
 		})
 	}
+}
+
+// h100s are node i's eight cards by identity, each with a CDI device.
+func h100s(i int) []schemas.GPUCard {
+	cards := make([]schemas.GPUCard, 8)
+	for j := range cards {
+		cards[j] = schemas.GPUCard{Index: j, UUID: fmt.Sprintf("GPU-%05d-%d", i, j), Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30,
+			Health: schemas.GPUHealthOK, CDIDevices: []string{fmt.Sprintf("nvidia.com/gpu=%d", j)}}
+	}
+	return cards
 }

@@ -86,6 +86,9 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	if best >= 0 {
 		w := d.Candidates[best]
 		d.Winner, d.WinnerQueued = w.NodeID, w.Components.QueueSeconds > 0
+		if !d.WinnerQueued {
+			d.GPUs, _, _ = fleet.Node(w.NodeID).PickGPUs(req.Run.Resources.GPUCount, req.Run.GPU)
+		}
 		for i := range d.Candidates {
 			if c := &d.Candidates[i]; c.Eligible && i != best {
 				c.Reason = schemas.ReasonOutscored // Cost beside the winner's says by how much
@@ -163,6 +166,9 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 			}
 			return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs; node has %d", need.GPUCount, matching)
 		}
+		if usable := q.usableCards(n); usable < need.GPUCount {
+			return reject(schemas.ReasonGPUNotInjectable, "needs %d GPUs it can hand a container; %d of the node's matching cards have a CDI device and are healthy (see the node's facts)", need.GPUCount, usable)
+		}
 	}
 	if need.DiskBytes > 0 {
 		switch {
@@ -183,6 +189,9 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	}
 	queue := 0.0
 	fitsNow := need.Fits(free) && (rec.MaxWorkloads == 0 || len(n.Running) < rec.MaxWorkloads) && len(n.Queued) == 0
+	if fitsNow && need.GPUCount > 0 {
+		fitsNow = int64(len(n.freeCards(req.Run.GPU, q.model, need.GPUCount))) == need.GPUCount
+	}
 	if !fitsNow {
 		if len(n.Queued) >= MaxQueued {
 			return reject(schemas.ReasonQueueFull, "%d bookings already wait on this node", len(n.Queued))
@@ -223,6 +232,18 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	c.Eligible, c.Components = true, comp
 	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
 	return c
+}
+
+// usableCards counts the node's cards that match the request and can be
+// booked (healthy, with a CDI device), held or not.
+func (q *query) usableCards(n *Node) int64 {
+	var count int64
+	for _, c := range n.cards {
+		if c.usable() && c.matches(q.req.Run.GPU, q.model) {
+			count++
+		}
+	}
+	return count
 }
 
 // waitSeconds estimates when enough running bookings end for need to fit

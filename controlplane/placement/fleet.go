@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +16,10 @@ type Booking struct {
 	// ExpectedEnd is when the booking should free its place: its start plus
 	// its max runtime, or Config.UnknownRuntime when it has none.
 	ExpectedEnd time.Time
+	// GPUs are the cards a running booking holds, by UUID; Want narrows
+	// which cards a queued one can start on.
+	GPUs []string
+	Want *schemas.GPURequirement
 }
 
 // Node is one node as placement sees it: its registry record and what is
@@ -26,17 +31,93 @@ type Node struct {
 
 	// models are the node's GPU models, lowercased once for matching.
 	models []string
+	// cards are the node's cards by identity, in index order.
+	cards []card
+}
+
+// card is one GPU as placement books it.
+type card struct {
+	uuid, model string // model lowercased
+	memoryBytes int64
+	// device is the CDI device that hands the card to a container; ""
+	// when the agent cannot inject it.
+	device  string
+	healthy bool
+}
+
+// usable reports whether the card can be booked to a workload.
+func (c card) usable() bool { return c.healthy && c.device != "" }
+
+// matches reports whether the card satisfies want (nil: any card); model
+// is want.Model lowercased.
+func (c card) matches(want *schemas.GPURequirement, model string) bool {
+	return want == nil || ((model == "" || strings.Contains(c.model, model)) && c.memoryBytes >= want.MinMemoryBytes)
 }
 
 // NewNode wraps a node record for placement.
 func NewNode(rec schemas.NodeRecord) *Node {
 	n := &Node{Record: rec}
 	if rec.Facts != nil {
-		for _, d := range rec.Facts.Host.Accelerator.Devices {
+		acc := rec.Facts.Host.Accelerator
+		for _, d := range acc.Devices {
 			n.models = append(n.models, strings.ToLower(d.Model))
+		}
+		for _, c := range acc.Cards {
+			cd := card{uuid: c.UUID, model: strings.ToLower(c.Model), memoryBytes: c.MemoryBytes,
+				healthy: c.Health == "" || c.Health == schemas.GPUHealthOK}
+			if len(c.CDIDevices) > 0 {
+				cd.device = c.CDIDevices[0]
+			}
+			n.cards = append(n.cards, cd)
 		}
 	}
 	return n
+}
+
+// held reports whether a running booking holds the card.
+func (n *Node) held(uuid string) bool {
+	for _, b := range n.Running {
+		if slices.Contains(b.GPUs, uuid) {
+			return true
+		}
+	}
+	return false
+}
+
+// freeCards returns up to limit of the node's usable cards that match want
+// (model is want.Model lowercased) and that no running booking holds, in
+// index order.
+func (n *Node) freeCards(want *schemas.GPURequirement, model string, limit int64) []card {
+	var free []card
+	for _, c := range n.cards {
+		if int64(len(free)) == limit {
+			break
+		}
+		if c.usable() && c.matches(want, model) && !n.held(c.uuid) {
+			free = append(free, c)
+		}
+	}
+	return free
+}
+
+// PickGPUs chooses count free cards matching want, in index order, and
+// returns their UUIDs and CDI devices; ok is false when too few are free.
+func (n *Node) PickGPUs(count int64, want *schemas.GPURequirement) (uuids, devices []string, ok bool) {
+	if count <= 0 {
+		return nil, nil, true
+	}
+	model := ""
+	if want != nil {
+		model = strings.ToLower(want.Model)
+	}
+	free := n.freeCards(want, model, count)
+	if int64(len(free)) < count {
+		return nil, nil, false
+	}
+	for _, c := range free {
+		uuids, devices = append(uuids, c.uuid), append(devices, c.device)
+	}
+	return uuids, devices, true
 }
 
 func cacheKey(name, compat string) string { return name + "\x00" + compat }
@@ -149,8 +230,8 @@ func (f *Fleet) Node(id string) *Node {
 	return nil
 }
 
-// Book records a booking just made, so later decisions in the same pass
-// see it.
+// Book records a booking just made (with the cards it holds, when it
+// runs), so later decisions in the same pass see it.
 func (f *Fleet) Book(nodeID string, b Booking, queued bool) {
 	n := f.Node(nodeID)
 	if n == nil {
@@ -163,8 +244,8 @@ func (f *Fleet) Book(nodeID string, b Booking, queued bool) {
 	}
 }
 
-// Start moves a queued booking to running.
-func (f *Fleet) Start(nodeID, runID string) {
+// Start moves a queued booking to running, holding gpus.
+func (f *Fleet) Start(nodeID, runID string, gpus []string) {
 	n := f.Node(nodeID)
 	if n == nil {
 		return
@@ -172,6 +253,7 @@ func (f *Fleet) Start(nodeID, runID string) {
 	for i, q := range n.Queued {
 		if q.RunID == runID {
 			n.Queued = append(n.Queued[:i:i], n.Queued[i+1:]...)
+			q.GPUs = gpus
 			n.Running = append(n.Running, q)
 			return
 		}
@@ -188,7 +270,12 @@ func (n *Node) CanStart(runID string) bool {
 	for _, b := range n.Running {
 		free = free.Sub(b.Resources)
 	}
-	return n.Queued[0].Resources.Fits(free) && (n.Record.MaxWorkloads == 0 || len(n.Running) < n.Record.MaxWorkloads)
+	q := n.Queued[0]
+	if !q.Resources.Fits(free) || (n.Record.MaxWorkloads > 0 && len(n.Running) >= n.Record.MaxWorkloads) {
+		return false
+	}
+	_, _, ok := n.PickGPUs(q.Resources.GPUCount, q.Want)
+	return ok
 }
 
 // MayWin reports whether any node is ready, leased at now, and large

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,9 @@ type scenario struct {
 		Winner  string                  `json:"winner"`
 		Queued  bool                    `json:"queued"`
 		Reasons map[string]schemas.Code `json:"reasons"`
+		// GPUs are the winner's cards the decision books, by UUID
+		// ("<node>-gpu<index>"); checked when the scenario names them.
+		GPUs []string `json:"gpus"`
 	} `json:"expect"`
 }
 
@@ -47,12 +52,14 @@ type scenarioNode struct {
 	LayersOf     []string                    `json:"partial_images"` // first layer only
 	Caches       []schemas.CacheFact         `json:"caches"`
 	GPUs         []schemas.AcceleratorDevice `json:"gpus"`
-	Driver       string                      `json:"driver_capability"`
-	DiskFree     int64                       `json:"disk_free"`
-	LeaseIn      int                         `json:"lease_expires_in_seconds"`
-	FactsAge     int                         `json:"facts_age_seconds"`
-	Running      []scenarioBooking           `json:"running"`
-	Queued       []scenarioBooking           `json:"queued"`
+	// NoCDI: the node's cards have no CDI device (no usable CDI spec).
+	NoCDI    bool              `json:"no_cdi"`
+	Driver   string            `json:"driver_capability"`
+	DiskFree int64             `json:"disk_free"`
+	LeaseIn  int               `json:"lease_expires_in_seconds"`
+	FactsAge int               `json:"facts_age_seconds"`
+	Running  []scenarioBooking `json:"running"`
+	Queued   []scenarioBooking `json:"queued"`
 }
 
 type scenarioBooking struct {
@@ -81,7 +88,8 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 			facts.Host.Disk.FreeBytes = sn.DiskFree
 		}
 		if len(sn.GPUs) > 0 {
-			facts.Host.Accelerator = schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverVersion: "550.54", DriverCapability: sn.Driver, Devices: sn.GPUs}
+			facts.Host.Accelerator = schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverVersion: "550.54", DriverCapability: sn.Driver, Devices: sn.GPUs,
+				Cards: cardsOf(sn.ID, sn.GPUs, !sn.NoCDI)}
 		}
 		for _, key := range sn.Images {
 			facts.Images = append(facts.Images, locality(t, s.Images, key, schemas.LocalityHot, 0))
@@ -94,7 +102,10 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 			FactsReceivedAt: scenarioNow.Add(-time.Duration(sn.FactsAge) * time.Second), FencingToken: 1, Generation: 1}
 		n := NewNode(rec)
 		for i, b := range sn.Running {
-			n.Running = append(n.Running, Booking{RunID: sn.ID + "-r" + string(rune('0'+i)), Resources: b.Resources, ExpectedEnd: scenarioNow.Add(time.Duration(b.EndsIn) * time.Second)})
+			// A running booking holds the first free cards it asks for.
+			gpus, _, _ := n.PickGPUs(b.Resources.GPUCount, nil)
+			n.Running = append(n.Running, Booking{RunID: sn.ID + "-r" + string(rune('0'+i)), Resources: b.Resources,
+				ExpectedEnd: scenarioNow.Add(time.Duration(b.EndsIn) * time.Second), GPUs: gpus})
 		}
 		for i, b := range sn.Queued {
 			n.Queued = append(n.Queued, Booking{RunID: sn.ID + "-q" + string(rune('0'+i)), Resources: b.Resources})
@@ -110,6 +121,23 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 	}
 	ref, _ := schemas.ParseImageRef("image", run.Image)
 	return NewFleet(nodes), Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest}
+}
+
+// cardsOf lists the cards of grouped devices by identity, UUIDs
+// "<node>-gpu<index>", each with a CDI device when cdi holds.
+func cardsOf(node string, groups []schemas.AcceleratorDevice, cdi bool) []schemas.GPUCard {
+	var cards []schemas.GPUCard
+	for _, g := range groups {
+		for range g.Count {
+			i := len(cards)
+			c := schemas.GPUCard{Index: i, UUID: node + "-gpu" + strconv.Itoa(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Health: schemas.GPUHealthOK}
+			if cdi {
+				c.CDIDevices = []string{"nvidia.com/gpu=" + strconv.Itoa(i)}
+			}
+			cards = append(cards, c)
+		}
+	}
+	return cards
 }
 
 // locality renders an image as a node reports it; a partial image holds
@@ -158,6 +186,9 @@ func TestAcceptance_PlacementScenarios(t *testing.T) {
 			d := Decide(req, fleet, scenarioNow, DefaultConfig())
 			if d.Winner != s.Expect.Winner || d.WinnerQueued != s.Expect.Queued {
 				t.Errorf("%s: winner %q queued %v, want %q queued %v", s.Name, d.Winner, d.WinnerQueued, s.Expect.Winner, s.Expect.Queued)
+			}
+			if s.Expect.GPUs != nil && !slices.Equal(d.GPUs, s.Expect.GPUs) {
+				t.Errorf("%s: booked GPUs %v, want %v", s.Name, d.GPUs, s.Expect.GPUs)
 			}
 			if len(d.Candidates) != len(s.Nodes) {
 				t.Errorf("decision lists %d candidates for %d nodes", len(d.Candidates), len(s.Nodes))

@@ -10,9 +10,21 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// snapshot builds the fleet as placement sees it: every node with the Runs
-// booked on it, running ones and queued ones in booking order. Indexing is
-// placement.NewFleet's job; this only groups bookings by node.
+// sessionHold is how long placement assumes a resident session keeps what
+// it holds: sessions have no max runtime, so a Run queues behind one only
+// when no node could start it sooner.
+const sessionHold = 24 * time.Hour
+
+// Fleet is the fleet as placement sees it now, for parts that book outside
+// a pass (session attach).
+func (s *Scheduler) Fleet(now time.Time) *placement.Fleet {
+	return s.snapshot(s.cache.ActiveRuns(), now)
+}
+
+// snapshot builds the fleet as placement sees it: every node with what is
+// booked on it, running Runs and resident sessions (one ledger: they hold
+// CPU, memory and cards alike), then queued Runs in booking order.
+// Indexing is placement.NewFleet's job; this only groups bookings by node.
 func (s *Scheduler) snapshot(runs []*schemas.Run, now time.Time) *placement.Fleet {
 	booked := map[string][]*schemas.Run{}
 	for _, r := range runs {
@@ -20,14 +32,23 @@ func (s *Scheduler) snapshot(runs []*schemas.Run, now time.Time) *placement.Flee
 			booked[r.NodeID] = append(booked[r.NodeID], r)
 		}
 	}
+	sessions := map[string][]placement.Booking{}
+	for _, o := range s.cache.Residencies() {
+		sessions[o.Host] = append(sessions[o.Host], placement.Booking{
+			RunID:     "session " + o.Key().String(),
+			Resources: schemas.Resources{CPUMillis: o.CPUMillis, MemoryBytes: o.MemoryBytes, GPUCount: int64(len(o.GPUs))},
+			GPUs:      o.GPUs, ExpectedEnd: now.Add(sessionHold),
+		})
+	}
 	recs := s.cache.Nodes()
 	nodes := make([]*placement.Node, 0, len(recs))
 	for _, rec := range recs {
 		n := placement.NewNode(rec)
+		n.Running = append(n.Running, sessions[rec.NodeID]...)
 		rs := booked[rec.NodeID]
 		slices.SortFunc(rs, func(a, b *schemas.Run) int { return cmp.Compare(a.PhaseSince.UnixNano(), b.PhaseSince.UnixNano()) })
 		for _, r := range rs {
-			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(*r, now)}
+			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(*r, now), GPUs: r.GPUs, Want: r.Request.GPU}
 			if r.Queued {
 				n.Queued = append(n.Queued, b)
 			} else {

@@ -32,12 +32,12 @@ func (s *Scheduler) place(ctx context.Context, r schemas.Run, fleet *placement.F
 	}
 	winner := fleet.Node(d.Winner).Record
 	run, err := s.runs.Advance(ctx, r.ID, lifecycle.Placement{
-		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.WinnerQueued, Decision: d,
+		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.WinnerQueued, GPUs: d.GPUs, Decision: d,
 	}, false)
 	if err != nil {
 		return err
 	}
-	fleet.Book(winner.NodeID, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(run, now)}, run.Queued)
+	fleet.Book(winner.NodeID, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(run, now), GPUs: run.GPUs, Want: r.Request.GPU}, run.Queued)
 	s.log.Info("run placed", zap.String("run_id", r.ID), zap.String("node_id", winner.NodeID), zap.Int("attempt", run.Attempt), zap.Bool("queued", run.Queued))
 	if run.Queued {
 		return s.dispatch.Prepare(ctx, run)
@@ -84,11 +84,15 @@ func (s *Scheduler) startQueued(ctx context.Context, r schemas.Run, fleet *place
 	if n == nil || !n.CanStart(r.ID) {
 		return nil
 	}
-	run, err := s.runs.Advance(ctx, r.ID, lifecycle.QueueStart{AttemptID: r.AttemptID}, false)
+	gpus, _, ok := n.PickGPUs(r.Request.Resources.GPUCount, r.Request.GPU)
+	if !ok {
+		return nil
+	}
+	run, err := s.runs.Advance(ctx, r.ID, lifecycle.QueueStart{AttemptID: r.AttemptID, GPUs: gpus}, false)
 	if err != nil {
 		return err
 	}
-	fleet.Start(r.NodeID, r.ID)
+	fleet.Start(r.NodeID, r.ID, run.GPUs)
 	return s.dispatch.Launch(ctx, run)
 }
 

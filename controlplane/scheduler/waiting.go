@@ -14,7 +14,7 @@ import (
 func permanent(code schemas.Code) bool {
 	switch code {
 	case schemas.ReasonInsufficientCPU, schemas.ReasonInsufficientMemory, schemas.ReasonInsufficientGPU,
-		schemas.ReasonInsufficientDisk, schemas.ReasonGPUModelMismatch, schemas.ReasonDriverMissing,
+		schemas.ReasonInsufficientDisk, schemas.ReasonGPUModelMismatch, schemas.ReasonGPUNotInjectable, schemas.ReasonDriverMissing,
 		schemas.ReasonDriverTooOld, schemas.ReasonPlatformMismatch:
 		return true
 	}

@@ -94,9 +94,15 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 	}
 	var last *residency.WireError
 	for _, n := range cands {
-		rep, err := s.askNode(ctx, n, residency.OpAttach, residency.SessionCommand{
-			Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor,
-		}, s.cfg.AttachTimeout)
+		cmd := residency.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor}
+		release, err := s.bookGPUs(key, n.NodeID, req.GPUCount, &cmd)
+		if err != nil {
+			last = residency.ToWire(err)
+			s.log.Info("node cannot take session", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.Error(err))
+			continue
+		}
+		rep, err := s.askNode(ctx, n, residency.OpAttach, cmd, s.cfg.AttachTimeout)
+		release()
 		if err == nil && rep.Error == nil {
 			s.log.Info("session attached", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.String("mode", string(req.Mode)))
 			s.reply(m, rep)
@@ -115,6 +121,30 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		last = &residency.WireError{Code: residency.CodeCapacity, Message: "no ready node to place session " + key.String() + " on"}
 	}
 	s.reply(m, residency.SessionReply{Error: last})
+}
+
+// bookGPUs books count free cards of node for the session into cmd and
+// holds them (cache.Reserve) until release is called: by then the attach
+// has published its residency, which holds them from there on, or failed.
+func (s *Service) bookGPUs(key residency.Key, node string, count int64, cmd *residency.SessionCommand) (release func(), err error) {
+	if count <= 0 {
+		return func() {}, nil
+	}
+	if s.fleet == nil {
+		return nil, fmt.Errorf("%w: this control plane books no GPUs for sessions", residency.ErrCapacity)
+	}
+	s.booking.Lock()
+	defer s.booking.Unlock()
+	n := s.fleet(s.now()).Node(node)
+	if n == nil {
+		return nil, fmt.Errorf("%w: node %s is not in the fleet", residency.ErrCapacity, node)
+	}
+	gpus, devices, ok := n.PickGPUs(count, nil)
+	if !ok {
+		return nil, fmt.Errorf("%w: node %s has fewer than %d free GPUs it can hand a container", residency.ErrCapacity, node, count)
+	}
+	cmd.GPUs, cmd.Devices = gpus, devices
+	return s.cache.Reserve(residency.Observation{Tenant: key.Tenant, Session: key.Session, Host: node, State: residency.StateAttaching, GPUs: gpus}), nil
 }
 
 // nodeSpecific reports whether an attach refusal is the node's, so another

@@ -19,6 +19,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/residency"
 )
 
@@ -63,6 +64,10 @@ type Service struct {
 	nodesKV jetstream.KeyValue
 	now     func() time.Time
 	log     *zap.Logger
+	// fleet is what is booked on each node (Runs and sessions), from which
+	// an attach books a session's cards; booking serialises that choice.
+	fleet   func(time.Time) *placement.Fleet
+	booking sync.Mutex
 
 	// serving holds the residency stores while Serve runs; nil otherwise.
 	serving atomic.Pointer[stores]
@@ -78,14 +83,17 @@ type stores struct {
 // an operator pins an attach to and for the host a release goes to; c gives
 // the ready nodes an attach may go to. A nil now is time.Now; a nil log
 // discards.
-func New(cfg Config, conn *bus.Conn, c *cache.Cache, nodesKV jetstream.KeyValue, now func() time.Time, log *zap.Logger) *Service {
+//
+// fleet gives what is booked on each node now; an attach that asks for GPUs
+// books free cards from it (nil: such an attach is refused).
+func New(cfg Config, conn *bus.Conn, c *cache.Cache, nodesKV jetstream.KeyValue, fleet func(time.Time) *placement.Fleet, now func() time.Time, log *zap.Logger) *Service {
 	if now == nil {
 		now = time.Now
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Service{cfg: cfg.withDefaults(), conn: conn, cache: c, nodesKV: nodesKV, now: now, log: log}
+	return &Service{cfg: cfg.withDefaults(), conn: conn, cache: c, nodesKV: nodesKV, fleet: fleet, now: now, log: log}
 }
 
 // Serve starts the residency services and the operator's session subjects

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	c := cache.New()
-	svc := sessions.New(sessions.Config{AttachTimeout: 2 * time.Second, DrainTimeout: 2 * time.Second}, conn, c, nodes, nil, nil)
+	svc := sessions.New(sessions.Config{AttachTimeout: 2 * time.Second, DrainTimeout: 2 * time.Second}, conn, c, nodes, nil, nil, nil)
 	if v := svc.DrainNode(context.Background(), schemas.NodeRecord{NodeID: "n1"}); v != nil {
 		t.Fatalf("DrainNode before Serve = %+v, want nil", v)
 	}
@@ -153,7 +154,7 @@ func TestAttachPassesNodeRefusals(t *testing.T) {
 		t.Fatalf("n2 commands = %+v, want one", got)
 	}
 	want := residency.SessionCommand{FencingToken: 22, Tenant: "t1", Session: "s1", Mode: residency.ModeCreate, Actor: "operator"}
-	if got[0] != want {
+	if !reflect.DeepEqual(got[0], want) {
 		t.Errorf("n2 command = %+v, want %+v", got[0], want)
 	}
 }
@@ -221,7 +222,7 @@ func TestReleaseGoesToRoutedHost(t *testing.T) {
 		t.Fatalf("release = %+v", rep)
 	}
 	want := residency.SessionCommand{FencingToken: 7, Tenant: "t1", Session: "s1"}
-	if got := h.commands(); len(got) != 1 || got[0] != want {
+	if got := h.commands(); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 		t.Errorf("n1 commands = %+v, want [%+v]", got, want)
 	}
 }
