@@ -50,6 +50,10 @@ type LaunchWorkload struct {
 	Resources         Resources    `json:"resources"`
 	MaxRuntimeSeconds int64        `json:"max_runtime_seconds,omitempty"`
 	Caches            []CacheMount `json:"caches,omitempty"`
+	// Network, ShmBytes and Ulimits are the RunRequest's (container.go).
+	Network  string   `json:"network,omitempty"`
+	ShmBytes int64    `json:"shm_bytes,omitempty"`
+	Ulimits  []Ulimit `json:"ulimits,omitempty"`
 }
 
 // EnvVar is one environment binding.
@@ -110,6 +114,10 @@ func (c *Command) Validate() error {
 			return err
 		}
 		if _, err := ParseImageRef("launch.reference", c.Launch.Reference); err != nil {
+			return err
+		}
+		l := c.Launch
+		if err := validateContainer("launch.", l.Network, l.ShmBytes, l.Resources.MemoryBytes, l.Ulimits); err != nil {
 			return err
 		}
 	}

@@ -58,6 +58,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
+		Network: run.Request.Network, ShmBytes: run.Request.ShmBytes, Ulimits: run.Request.Ulimits,
 	}
 	if err := d.Send(ctx, d.prepare(node, ref, run)); err != nil {
 		return err

@@ -51,6 +51,7 @@ type scenarioNode struct {
 	DiskFree     int64                       `json:"disk_free"`
 	LeaseIn      int                         `json:"lease_expires_in_seconds"`
 	FactsAge     int                         `json:"facts_age_seconds"`
+	NetworkModes []string                    `json:"network_modes"` // none listed: an agent that does not say
 	Running      []scenarioBooking           `json:"running"`
 	Queued       []scenarioBooking           `json:"queued"`
 }
@@ -80,6 +81,7 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		if sn.DiskFree != 0 {
 			facts.Host.Disk.FreeBytes = sn.DiskFree
 		}
+		facts.Host.NetworkModes = sn.NetworkModes
 		if len(sn.GPUs) > 0 {
 			facts.Host.Accelerator = schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverVersion: "550.54", DriverCapability: sn.Driver, Devices: sn.GPUs}
 		}
