@@ -18,11 +18,12 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 # deps installs the system packages the agent and the tests use: containerd,
-# runc, and a static busybox to build test images from (no registry is
-# reachable from CI, so images are built locally).
+# runc, a static busybox to build test images from (no registry is
+# reachable from CI, so images are built locally), and the CNI plugins and
+# iptables that give Runs their bridge network (its masquerade rules).
 deps:
 	@missing=""; \
-	for p in containerd runc busybox-static; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in containerd runc busybox-static containernetworking-plugins iptables; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -56,6 +56,10 @@ type Config struct {
 	Faults *Faults
 	// Sessions hosts resident sessions (residency/nodehost); nil hosts none.
 	Sessions noderuntime.SessionHost
+	// NetworkModes are the network modes this node gives Runs (values of
+	// noderuntime.NetworkMode), reported in facts; a launch asking for
+	// another is refused. Nil offers every mode.
+	NetworkModes []string
 	// Credentials, when set, are what the agent's NATS connection logs in
 	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
 	// puts its saved session token, or else its bootstrap token, in them

@@ -224,6 +224,14 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			FailureReason: "stopped before launch", StopReason: stop.StopReason})
 		return
 	}
+	if !a.offersNetwork(l.Network) {
+		// Placement does not book such a Run here; this is the defence
+		// against a booking made on older facts.
+		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeNetworkUnavailable
+		rc.Message = "network " + schemas.NetworkModeOf(l.Network) + " is not offered on this node"
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: rc.Message})
+		return
+	}
 	// The workload learns who it is from the environment, after the
 	// request's own variables so they cannot be spoofed by it.
 	env := make([]string, 0, len(l.Env)+3)
@@ -254,6 +262,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		return
 	}
 	spec.Mounts = mounts
+	withContainer(&spec, l)
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.

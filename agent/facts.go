@@ -36,6 +36,7 @@ func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
 		CPUMillis: int64(runtime.NumCPU()) * 1000, MemoryBytes: memTotal(),
 		AcceleratorToolkit: acceleratorToolkit(),
 		Disk:               diskFacts(a.cfg.ContentRoot, a.log),
+		NetworkModes:       a.networkModes(),
 	}
 	var (
 		wg     sync.WaitGroup

@@ -56,6 +56,10 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		{"future version", "bad-17", []byte(`{"version":9,"request_id":"bad-17","image":"` + img + `"}`), schemas.CodeUnsupportedVersion, "version"},
 		{"oversize payload", "", []byte(`{"request_id":"bad-18","image":"` + img + `","args":["` + strings.Repeat("x", schemas.MaxRunRequestBytes) + `"]}`), schemas.CodePayloadTooLarge, ""},
 		{"bad label", "bad-19", []byte(`{"request_id":"bad-19","image":"` + img + `","labels":{"-x":"y"}}`), schemas.CodeInvalidLabel, "labels"},
+		{"unknown network", "bad-20", []byte(`{"request_id":"bad-20","image":"` + img + `","network":"overlay"}`), schemas.CodeInvalidNetwork, "network"},
+		{"unknown ulimit", "bad-21", []byte(`{"request_id":"bad-21","image":"` + img + `","ulimits":[{"name":"files","soft":1,"hard":1}]}`), schemas.CodeInvalidUlimit, "ulimits[0].name"},
+		{"ulimit soft above hard", "bad-22", []byte(`{"request_id":"bad-22","image":"` + img + `","ulimits":[{"name":"nofile","soft":4096,"hard":1024}]}`), schemas.CodeInvalidUlimit, "ulimits[0].soft"},
+		{"negative shm", "bad-23", []byte(`{"request_id":"bad-23","image":"` + img + `","shm_bytes":-1}`), schemas.CodeInvalidShm, "shm_bytes"},
 		{"empty body", "", []byte(` `), schemas.CodeMalformed, ""},
 	}
 	before := f.rejectedCount()

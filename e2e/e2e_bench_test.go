@@ -173,8 +173,10 @@ func BenchmarkSubmitToRunningContainerd(b *testing.B) {
 	ctrd := testenv.StartContainerd(b)
 	dir := b.TempDir()
 	img := testenv.BuildBusyboxImage(b, dir, "busybox")
+	bridge := testenv.NewBridge(b)
 	rt, err := containerd.New(context.Background(), containerd.Options{Address: ctrd.Address, Namespace: ctrd.Namespace, ImageDir: dir,
-		LogDir: filepath.Join(dir, "logs"), Logger: zap.NewNop()})
+		LogDir: filepath.Join(dir, "logs"), StateDir: filepath.Join(dir, "runtime"),
+		Network: containerd.NetworkOptions{Bridge: bridge.Name, Subnet: bridge.Subnet}, Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -80,8 +80,7 @@ func TestAcceptance_FactsWithoutGPU_Reported(t *testing.T) {
 func (f *fleet) startConfiguredAgent(id string, w world, dataDir string, configure func(*agent.Config)) *agent.Agent {
 	f.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	rt, err := containerd.New(ctx, containerd.Options{Address: w.ctrd.Address, Namespace: w.ctrd.Namespace,
-		ImageDir: w.imageDir, LogDir: filepath.Join(dataDir, "logs"), Logger: f.log.Named(id)})
+	rt, err := containerd.New(ctx, w.runtimeOptions(dataDir, f.log.Named(id)))
 	if err != nil {
 		cancel()
 		f.t.Fatal(err)

@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -154,8 +158,7 @@ func (f *fleet) startAgent(spec agentSpec) *node {
 		spec.counts = &counts{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rt, err := containerd.New(ctx, containerd.Options{Address: spec.world.ctrd.Address, Namespace: spec.world.ctrd.Namespace,
-		ImageDir: spec.world.imageDir, LogDir: spec.dataDir + "/logs", Logger: f.log.Named(spec.id)})
+	rt, err := containerd.New(ctx, spec.world.runtimeOptions(spec.dataDir, f.log.Named(spec.id)))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -260,7 +263,11 @@ func (f *fleet) waitPhase(id string, phase schemas.Phase, within time.Duration) 
 
 func (f *fleet) failNow(r schemas.Run, want schemas.Phase) bool {
 	f.t.Helper()
-	f.t.Fatalf("run %s ended %s (reason %q) while waiting for %s", r.ID, r.Phase, r.Reason, want)
+	exit := "none"
+	if r.ExitCode != nil {
+		exit = strconv.Itoa(*r.ExitCode)
+	}
+	f.t.Fatalf("run %s (request %s) ended %s (reason %q, exit code %s) while waiting for %s", r.ID, r.Request.RequestID, r.Phase, r.Reason, exit, want)
 	return false
 }
 
@@ -300,11 +307,23 @@ func (f *fleet) events(runID string) []schemas.RunEvent {
 	return out
 }
 
-// world is a containerd plus an image dir holding one busybox image.
+// world is a containerd plus an image dir holding one busybox image, and
+// a bridge network of its own that its agents' Runs join.
 type world struct {
 	ctrd     *testenv.Containerd
 	imageDir string
 	image    testenv.Image
+	bridge   testenv.Bridge
+	// ipamDir holds the bridge's address leases, shared by the world's
+	// agents as agents sharing a bridge must.
+	ipamDir string
+	// stateRoot holds the runtime state of the world's agents, one dir per
+	// agent data dir. It outlives the agents' data dirs, so the sweep at the
+	// world's end still finds what the runtimes recorded.
+	stateRoot string
+	// resolvConf, when set, is the file the agents' runtimes copy into
+	// Runs as /etc/resolv.conf.
+	resolvConf string
 }
 
 var imageOnce sync.Mutex
@@ -312,11 +331,59 @@ var imageOnce sync.Mutex
 func newWorld(t *testing.T) world {
 	t.Helper()
 	ctrd := testenv.StartContainerd(t)
+	bridge := testenv.NewBridge(t)
 	dir := t.TempDir()
 	imageOnce.Lock()
 	defer imageOnce.Unlock()
 	img := testenv.BuildBusyboxImage(t, dir, "busybox")
-	return world{ctrd: ctrd, imageDir: dir, image: img}
+	w := world{ctrd: ctrd, imageDir: dir, image: img, bridge: bridge, ipamDir: tempDir(t), stateRoot: tempDir(t)}
+	// After the agents (their cleanups run first), before containerd stops.
+	t.Cleanup(func() { w.sweep(t) })
+	return w
+}
+
+// sweep removes every workload the world's agents left, through a runtime
+// over each agent's state, so no namespace, veth, lease or masquerade rule
+// outlives the test: the runtime's start releases what belongs to
+// workloads already gone, and Remove the rest.
+func (w world) sweep(t *testing.T) {
+	dirs, err := os.ReadDir(w.stateRoot)
+	if err != nil {
+		t.Logf("sweep: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, d := range dirs {
+		dir := filepath.Join(w.stateRoot, d.Name())
+		opts := w.runtimeOptions("", zap.NewNop())
+		opts.LogDir, opts.StateDir = filepath.Join(dir, "sweep-logs"), dir
+		rt, err := containerd.New(ctx, opts)
+		if err != nil {
+			t.Logf("sweep %s: %v", dir, err)
+			continue
+		}
+		list, err := rt.List(ctx)
+		if err != nil {
+			t.Logf("sweep %s: %v", dir, err)
+		}
+		for _, st := range list {
+			if err := rt.Remove(ctx, st.ID); err != nil {
+				t.Logf("sweep %s: %v", dir, err)
+			}
+		}
+		_ = rt.Close()
+	}
+}
+
+// runtimeOptions are the containerd runtime options of an agent of w whose
+// files live in dataDir: logs in it, runtime state of its own (the same
+// for every start with that data dir), w's bridge.
+func (w world) runtimeOptions(dataDir string, log *zap.Logger) containerd.Options {
+	sum := sha256.Sum256([]byte(dataDir))
+	return containerd.Options{Address: w.ctrd.Address, Namespace: w.ctrd.Namespace, ImageDir: w.imageDir,
+		LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(w.stateRoot, hex.EncodeToString(sum[:8])),
+		Network: containerd.NetworkOptions{Bridge: w.bridge.Name, Subnet: w.bridge.Subnet, IPAMDir: w.ipamDir, ResolvConf: w.resolvConf}, Logger: log}
 }
 
 func tempDir(t *testing.T) string {

@@ -44,8 +44,7 @@ func (m *suspendableMachine) start() error {
 		return errors.New("machine terminated")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rt, err := containerd.New(ctx, containerd.Options{Address: m.w.ctrd.Address, Namespace: m.w.ctrd.Namespace, ImageDir: m.w.imageDir,
-		LogDir: m.dir + "/logs", Logger: m.f.log.Named(m.name)})
+	rt, err := containerd.New(ctx, m.w.runtimeOptions(m.dir, m.f.log.Named(m.name)))
 	if err != nil {
 		cancel()
 		return err

@@ -38,7 +38,7 @@ func (f *fleet) localLauncher(t *testing.T) local.Launcher {
 		dir := tempDir(t)
 		mu.Unlock()
 		ctx, cancel := context.WithCancel(context.Background())
-		rt, err := containerd.New(ctx, containerd.Options{Address: w.ctrd.Address, Namespace: w.ctrd.Namespace, ImageDir: w.imageDir, LogDir: dir + "/logs", Logger: f.log.Named(name)})
+		rt, err := containerd.New(ctx, w.runtimeOptions(dir, f.log.Named(name)))
 		if err != nil {
 			cancel()
 			return nil, err

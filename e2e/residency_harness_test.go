@@ -181,8 +181,7 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 // containerdRuntime is a real containerd runtime in w for node id.
 func (f *fleet) containerdRuntime(w world, id string) *containerd.Runtime {
 	f.t.Helper()
-	rt, err := containerd.New(context.Background(), containerd.Options{Address: w.ctrd.Address, Namespace: w.ctrd.Namespace,
-		ImageDir: w.imageDir, LogDir: filepath.Join(tempDir(f.t), "logs"), Logger: f.log.Named(id + "-ctrd")})
+	rt, err := containerd.New(context.Background(), w.runtimeOptions(tempDir(f.t), f.log.Named(id+"-ctrd")))
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -18,6 +18,15 @@ type WorkloadSpec struct {
 	Devices []string
 	// Mounts are host directories bind-mounted into the container.
 	Mounts []Mount
+	// Network is the workload's network (network.go); empty is NetworkNone.
+	Network NetworkMode
+	// ShmBytes sizes /dev/shm; 0 is DefaultShmBytes(MemoryBytes).
+	ShmBytes int64
+	// MemlockUnlimited lifts RLIMIT_MEMLOCK, which pinned device memory
+	// (CUDA, RDMA) needs. Ulimits may still name memlock and win.
+	MemlockUnlimited bool
+	// Ulimits are the workload's resource limits by name (limits.go).
+	Ulimits []Ulimit
 }
 
 // Mount is a bind mount of a host directory.

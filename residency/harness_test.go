@@ -100,14 +100,27 @@ func newContainerd(t testing.TB) *ctrdEnv {
 	env := testenv.StartContainerd(t)
 	imgDir := t.TempDir()
 	img := testenv.BuildBusyboxImage(t, imgDir, "busybox")
+	bridge := testenv.NewBridge(t) // sessions get the bridge network
 	rt, err := ctrdrt.New(testCtx(t), ctrdrt.Options{
 		Address: env.Address, Namespace: env.Namespace, ImageDir: imgDir,
-		LogDir: filepath.Join(env.Dir, "logs"), Logger: zap.NewNop(),
+		LogDir: filepath.Join(env.Dir, "logs"), StateDir: filepath.Join(env.Dir, "runtime"),
+		Network: ctrdrt.NetworkOptions{Bridge: bridge.Name, Subnet: bridge.Subnet}, Logger: zap.NewNop(),
 	})
 	if err != nil {
 		t.Fatalf("containerd runtime: %v", err)
 	}
-	t.Cleanup(func() { _ = rt.Close() })
+	t.Cleanup(func() {
+		// Whatever a test left is removed with its network before
+		// containerd stops.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if ws, err := rt.List(ctx); err == nil {
+			for _, w := range ws {
+				_ = rt.Remove(ctx, w.ID)
+			}
+		}
+		_ = rt.Close()
+	})
 	return &ctrdEnv{rt: rt, target: RuntimeTarget{
 		Image: img.Reference, ManifestDigest: img.ManifestDigest, Command: []string{"sleep", "3600"},
 		CompatibilityID: compatA, StopGrace: 50 * time.Millisecond,

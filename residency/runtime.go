@@ -105,6 +105,8 @@ func (t RuntimeTarget) spec(key Key, host string, epoch ResidencyEpoch, workspac
 			LabelEpoch: strconv.FormatUint(uint64(epoch), 10), LabelHost: host,
 		},
 		Mounts: []noderuntime.Mount{{Source: workspace, Target: mount}},
+		// A session gets a Run's default network.
+		Network: noderuntime.NetworkBridge,
 	}
 }
 

@@ -55,6 +55,10 @@ type LaunchWorkload struct {
 	// the container, in the same order.
 	GPUs    []string `json:"gpus,omitempty"`
 	Devices []string `json:"devices,omitempty"`
+	// Network, ShmBytes and Ulimits are the RunRequest's (container.go).
+	Network  string   `json:"network,omitempty"`
+	ShmBytes int64    `json:"shm_bytes,omitempty"`
+	Ulimits  []Ulimit `json:"ulimits,omitempty"`
 }
 
 // EnvVar is one environment binding.
@@ -117,9 +121,13 @@ func (c *Command) Validate() error {
 		if _, err := ParseImageRef("launch.reference", c.Launch.Reference); err != nil {
 			return err
 		}
+		l := c.Launch
+		if err := validateContainer("launch.", l.Network, l.ShmBytes, l.Resources.MemoryBytes, l.Ulimits); err != nil {
+			return err
+		}
 		// A GPU attempt names a CDI device for every card it holds, or it
 		// would run without them.
-		if int64(len(c.Launch.GPUs)) != c.Launch.Resources.GPUCount || len(c.Launch.Devices) != len(c.Launch.GPUs) {
+		if int64(len(l.GPUs)) != l.Resources.GPUCount || len(l.Devices) != len(l.GPUs) {
 			return refuse(CodeMalformed, "launch.devices", "a launch needs one booked GPU and one CDI device per card of resources.gpu_count")
 		}
 	}

@@ -175,4 +175,7 @@ const (
 	ReasonAtCapacity       Code = "at_max_workloads"
 	ReasonQueueFull        Code = "queue_full"
 	ReasonOutscored        Code = "outscored"
+	// ReasonNetworkUnavailable: the node does not offer the Run's network
+	// mode (HostFacts.NetworkModes), e.g. host networking is forbidden there.
+	ReasonNetworkUnavailable Code = "network_unavailable"
 )

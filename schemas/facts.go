@@ -28,6 +28,10 @@ type HostFacts struct {
 	CPUMillis          int64            `json:"cpu_millis"`
 	MemoryBytes        int64            `json:"memory_bytes"`
 	Disk               DiskFacts        `json:"disk"`
+	// NetworkModes are the network modes this node gives Runs (bridge,
+	// host, none). Empty means the node did not say (an older agent); a
+	// node that lists them takes no Run whose mode is missing.
+	NetworkModes []string `json:"network_modes,omitempty"`
 }
 
 // AcceleratorFacts: Established says the node looked. A node that looked

@@ -49,6 +49,9 @@ var runRequestCodes = map[schemas.Code]bool{
 	schemas.CodeInvalidPlatform:    true,
 	schemas.CodeInvalidGPU:         true,
 	schemas.CodeInvalidCache:       true,
+	schemas.CodeInvalidNetwork:     true,
+	schemas.CodeInvalidShm:         true,
+	schemas.CodeInvalidUlimit:      true,
 }
 
 func fuzzHeader(contentType string) nats.Header {
@@ -313,6 +316,11 @@ func FuzzCommandDecode(f *testing.F) {
 		if c.Launch != nil {
 			if _, err := schemas.ParseImageRef("r", c.Launch.Reference); err != nil {
 				t.Fatalf("valid launch with bad reference: %v", err)
+			}
+			switch schemas.NetworkModeOf(c.Launch.Network) {
+			case schemas.NetworkBridge, schemas.NetworkHost, schemas.NetworkNone:
+			default:
+				t.Fatalf("valid launch with network %q", c.Launch.Network)
 			}
 		}
 		if c.PrepareImage != nil {

@@ -137,6 +137,13 @@ func TestCommandValidate(t *testing.T) {
 		{name: "launch bad attempt id", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) { l := *launch; l.AttemptID = "../x"; c.Launch = &l }, code: schemas.CodeMalformed, field: "launch.attempt_id"},
 		{name: "launch by tag", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) { l := *launch; l.Reference = "busybox:latest"; c.Launch = &l }, code: schemas.CodeImageNotPinned, field: "launch.reference"},
 		{name: "launch bad digest", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) { l := *launch; l.Reference = "busybox@sha256:00"; c.Launch = &l }, code: schemas.CodeInvalidDigest, field: "launch.reference"},
+		{name: "launch unknown network", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) { l := *launch; l.Network = "overlay"; c.Launch = &l }, code: schemas.CodeInvalidNetwork, field: "launch.network"},
+		{name: "launch bad ulimit", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) {
+			l := *launch
+			l.Ulimits = []schemas.Ulimit{{Name: "nofile", Soft: 9, Hard: 8}}
+			c.Launch = &l
+		}, code: schemas.CodeInvalidUlimit, field: "launch.ulimits[0].soft"},
+		{name: "launch negative shm", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) { l := *launch; l.ShmBytes = -1; c.Launch = &l }, code: schemas.CodeInvalidShm, field: "launch.shm_bytes"},
 		{name: "prepare missing reference", kind: schemas.CmdPrepareImage, mod: func(c *schemas.Command) { p := *prep; p.Reference = ""; c.PrepareImage = &p }, code: schemas.CodeMissingField, field: "prepare_image.reference"},
 		{name: "prepare bad repository", kind: schemas.CmdPrepareImage, mod: func(c *schemas.Command) { p := *prep; p.Reference = "UPPER@" + testDigest; c.PrepareImage = &p }, code: schemas.CodeInvalidImage, field: "prepare_image.reference"},
 		{name: "stop missing attempt id", kind: schemas.CmdStopWorkload, mod: func(c *schemas.Command) { s := *stop; s.AttemptID = ""; c.Stop = &s }, code: schemas.CodeMissingField, field: "stop.attempt_id"},

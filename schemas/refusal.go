@@ -44,6 +44,12 @@ const (
 	CodeLaunchFailed       Code = "launch_failed"
 	CodeNodeLost           Code = "node_lost"
 	CodeAttemptsExhausted  Code = "attempts_exhausted"
+	CodeInvalidNetwork     Code = "invalid_network"
+	CodeInvalidShm         Code = "invalid_shm_bytes"
+	CodeInvalidUlimit      Code = "invalid_ulimit"
+	// CodeNetworkUnavailable refuses a launch whose network mode the node
+	// does not offer (ReasonNetworkUnavailable, placement's twin).
+	CodeNetworkUnavailable Code = "network_unavailable"
 
 	// Node-facing codes.
 	CodeStaleFencingToken Code = "stale_fencing_token"

@@ -52,6 +52,14 @@ type RunRequest struct {
 	// Caches are named directories that outlive the Run on its node; a node
 	// that already holds one is warmer for the next Run that asks for it.
 	Caches []CacheMount `json:"caches,omitempty"`
+	// Network is the Run's network: "bridge" (the default when empty),
+	// "host" or "none" (container.go).
+	Network string `json:"network,omitempty"`
+	// ShmBytes sizes /dev/shm; 0 means half of resources.memory_bytes, or
+	// 1 GiB without a memory limit.
+	ShmBytes int64 `json:"shm_bytes,omitempty"`
+	// Ulimits are process resource limits, e.g. {"name":"nofile",...}.
+	Ulimits []Ulimit `json:"ulimits,omitempty"`
 }
 
 // GPURequirement constrains the cards a Run gets.
@@ -185,6 +193,9 @@ func (r *RunRequest) Validate() error {
 		return refuse(CodeInvalidMaxRuntime, "max_runtime_seconds", "must be between 0 (no limit) and %d", MaxRuntimeSeconds)
 	}
 	if err := r.validatePlacement(); err != nil {
+		return err
+	}
+	if err := validateContainer("", r.Network, r.ShmBytes, r.Resources.MemoryBytes, r.Ulimits); err != nil {
 		return err
 	}
 	if len(r.Labels) > MaxLabelItems {

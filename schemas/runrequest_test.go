@@ -114,6 +114,14 @@ func cachesOf(n int) []any {
 	return out
 }
 
+func strsUlimits(n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = map[string]any{"name": "nofile", "soft": 1, "hard": 1}
+	}
+	return out
+}
+
 func labelsOf(n int) map[string]any {
 	m := make(map[string]any, n)
 	for i := range n {
@@ -200,6 +208,17 @@ func runRequestCases(t testing.TB) []decodeCase {
 		}))},
 		{name: "valid caches at item limit", body: J(req("caches", cachesOf(schemas.MaxCaches)))},
 		{name: "valid disk at limit", body: J(req("resources.disk_bytes", schemas.MaxMemoryBytes))},
+		{name: "valid network bridge", body: J(req("network", "bridge"))},
+		{name: "valid network host", body: J(req("network", "host"))},
+		{name: "valid network none msgpack", body: M(req("network", "none"))},
+		{name: "valid shm at memory limit", body: J(req("shm_bytes", 1<<30))},
+		{name: "valid shm without memory limit", body: J(req("shm_bytes", 8<<30, "resources.memory_bytes", 0))},
+		{name: "valid ulimits", body: J(req("ulimits", []any{
+			map[string]any{"name": "nofile", "soft": 65536, "hard": 65536},
+			map[string]any{"name": "memlock", "soft": -1, "hard": -1},
+			map[string]any{"name": "core", "soft": 0, "hard": -1},
+		}))},
+		{name: "valid ulimits msgpack", body: M(req("ulimits", []any{map[string]any{"name": "stack", "soft": 8 << 20, "hard": 16 << 20}}))},
 
 		// malformed_payload
 		{name: "empty body", body: nil, code: schemas.CodeMalformed},
@@ -347,6 +366,28 @@ func runRequestCases(t testing.TB) []decodeCase {
 		{name: "cache at root", body: J(req("caches", []any{map[string]any{"name": "pip", "path": "/"}})), code: schemas.CodeInvalidCache, field: "caches[0].path"},
 		{name: "two caches at one path", body: J(req("caches", []any{map[string]any{"name": "a", "path": "/c"}, map[string]any{"name": "b", "path": "/c"}})), code: schemas.CodeInvalidCache, field: "caches[1].path"},
 		{name: "too many caches", body: J(req("caches", cachesOf(schemas.MaxCaches+1))), code: schemas.CodeTooManyItems, field: "caches"},
+
+		// invalid_network
+		{name: "network unknown", body: J(req("network", "overlay")), code: schemas.CodeInvalidNetwork, field: "network"},
+		{name: "network uppercase", body: J(req("network", "HOST")), code: schemas.CodeInvalidNetwork, field: "network"},
+		{name: "network msgpack unknown", body: M(req("network", "container:x")), code: schemas.CodeInvalidNetwork, field: "network"},
+		{name: "network not a string", body: J(req("network", 1)), code: schemas.CodeMalformed},
+
+		// invalid_shm_bytes, resource_too_large for shm
+		{name: "shm negative", body: J(req("shm_bytes", -1)), code: schemas.CodeInvalidShm, field: "shm_bytes"},
+		{name: "shm above memory limit", body: J(req("shm_bytes", 2<<30)), code: schemas.CodeInvalidShm, field: "shm_bytes"},
+		{name: "shm too large", body: J(req("shm_bytes", schemas.MaxMemoryBytes+1, "resources.memory_bytes", 0)), code: schemas.CodeResourceTooLarge, field: "shm_bytes"},
+
+		// invalid_ulimit, too_many_items for ulimits
+		{name: "ulimit unknown name", body: J(req("ulimits", []any{map[string]any{"name": "files", "soft": 1, "hard": 1}})), code: schemas.CodeInvalidUlimit, field: "ulimits[0].name"},
+		{name: "ulimit rlimit spelling", body: J(req("ulimits", []any{map[string]any{"name": "RLIMIT_NOFILE", "soft": 1, "hard": 1}})), code: schemas.CodeInvalidUlimit, field: "ulimits[0].name"},
+		{name: "ulimit twice", body: J(req("ulimits", []any{map[string]any{"name": "nofile", "soft": 1, "hard": 1}, map[string]any{"name": "nofile", "soft": 2, "hard": 2}})), code: schemas.CodeInvalidUlimit, field: "ulimits[1].name"},
+		{name: "ulimit soft above hard", body: J(req("ulimits", []any{map[string]any{"name": "nofile", "soft": 2048, "hard": 1024}})), code: schemas.CodeInvalidUlimit, field: "ulimits[0].soft"},
+		{name: "ulimit unlimited soft under a hard limit", body: J(req("ulimits", []any{map[string]any{"name": "nofile", "soft": -1, "hard": 1024}})), code: schemas.CodeInvalidUlimit, field: "ulimits[0].soft"},
+		{name: "ulimit soft below -1", body: M(req("ulimits", []any{map[string]any{"name": "core", "soft": -2, "hard": 0}})), code: schemas.CodeInvalidUlimit, field: "ulimits[0].soft"},
+		{name: "ulimit hard below -1", body: J(req("ulimits", []any{map[string]any{"name": "core", "soft": 0, "hard": -5}})), code: schemas.CodeInvalidUlimit, field: "ulimits[0].hard"},
+		{name: "ulimit unknown field", body: J(req("ulimits", []any{map[string]any{"name": "core", "soft": 0, "hard": 0, "type": "x"}})), code: schemas.CodeUnknownField, field: "type"},
+		{name: "too many ulimits", body: J(req("ulimits", strsUlimits(schemas.MaxUlimits+1))), code: schemas.CodeTooManyItems, field: "ulimits"},
 
 		// invalid_label
 		{name: "label key leading dash", body: J(req("labels", map[string]any{"-x": "v"})), code: schemas.CodeInvalidLabel, field: "labels"},

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	ctrd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap"
@@ -46,6 +47,13 @@ type Options struct {
 	// LogDir receives each workload's stdout+stderr as <id>.log. Empty
 	// means a directory under os.TempDir named for the namespace.
 	LogDir string
+	// StateDir holds what the runtime keeps per workload beside containerd:
+	// network records, resolv.conf copies, network namespaces and (by
+	// default) the IPAM leases. Empty means a directory under os.TempDir
+	// named for the namespace. Give each runtime its own.
+	StateDir string
+	// Network configures the bridge network and workloads' DNS (network.go).
+	Network NetworkOptions
 	// Logger gets the adapter's logs; zap.NewNop when nil.
 	Logger *zap.Logger
 }
@@ -61,7 +69,10 @@ type Runtime struct {
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
 
-	imageLocks keyed.Mutex // by image digest
+	imageLocks    keyed.Mutex // by image digest
+	workloadLocks keyed.Mutex // by workload id: a launch and a remove of one id never overlap
+	net           *network
+	memlockMax    uint64 // what MemlockUnlimited gives (limits.go)
 
 	// stop ends background work (the OOM watcher); done says it ended.
 	stop      context.CancelFunc
@@ -84,6 +95,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if opts.LogDir == "" {
 		opts.LogDir = filepath.Join(os.TempDir(), "warmfleet-"+opts.Namespace+"-logs")
 	}
+	if opts.StateDir == "" {
+		opts.StateDir = filepath.Join(os.TempDir(), "warmfleet-"+opts.Namespace+"-state")
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -98,6 +112,20 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if err := os.MkdirAll(opts.LogDir, 0o700); err != nil {
 		return nil, fmt.Errorf("containerd runtime: create log dir: %w", err)
 	}
+	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
+		return nil, fmt.Errorf("containerd runtime: state dir: %w", err)
+	}
+	netw, err := newNetwork(opts.Network, opts.StateDir, log)
+	if err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
+	memlockMax, err := memlockCeiling()
+	if err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
+	if memlockMax != noderuntime.Unlimited {
+		log.Warn("without CAP_SYS_RESOURCE, workloads that need unlimited memlock get this process's own hard limit", zap.Uint64("memlock_bytes", memlockMax))
+	}
 	timeout := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		if timeout = time.Until(dl); timeout <= 0 {
@@ -109,12 +137,14 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd runtime: connect to %s: %w", opts.Address, err)
 	}
 	r := &Runtime{
-		client:    client,
-		namespace: opts.Namespace,
-		imageDir:  opts.ImageDir,
-		logDir:    opts.LogDir,
-		log:       log,
-		clientLog: newClientLog(log),
+		client:     client,
+		namespace:  opts.Namespace,
+		imageDir:   opts.ImageDir,
+		logDir:     opts.LogDir,
+		net:        netw,
+		memlockMax: memlockMax,
+		log:        log,
+		clientLog:  newClientLog(log),
 	}
 	nsctx := r.ctx(ctx)
 	if _, err := client.Version(nsctx); err != nil {
@@ -127,6 +157,11 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
 	log.Info("connected", zap.String("address", opts.Address), zap.String("snapshotter", r.snapshotter))
+	// What a crashed predecessor attached to workloads that are gone is
+	// released before anything new is attached.
+	if err := r.net.reconcile(nsctx, r.containerExists); err != nil {
+		log.Warn("network reconcile left some state behind; it is retried at the next start", zap.Error(err))
+	}
 
 	// The watcher must not die with New's ctx, only with Close.
 	watchCtx, stop := context.WithCancel(context.WithoutCancel(nsctx))
@@ -158,6 +193,22 @@ func (r *Runtime) Snapshotter() string { return r.snapshotter }
 // deletes it, so read it before removing the workload.
 func (r *Runtime) LogPath(id string) string {
 	return filepath.Join(r.logDir, id+".log")
+}
+
+// NetworkModes are the network modes this runtime gives workloads:
+// bridge only when its CNI plugins were found.
+func (r *Runtime) NetworkModes() []noderuntime.NetworkMode { return r.net.Modes() }
+
+// containerExists reports whether containerd holds container id.
+func (r *Runtime) containerExists(ctx context.Context, id string) (bool, error) {
+	_, err := r.client.LoadContainer(r.ctx(ctx), id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errdefs.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("look up container %s: %w", id, err)
 }
 
 // Info names containerd and its version.

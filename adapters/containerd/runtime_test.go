@@ -44,6 +44,8 @@ func TestRuntime(t *testing.T) {
 	t.Run("Stop", f.testStop)
 	t.Run("OOM", f.testOOM)
 	t.Run("Restart", f.testRestart)
+	t.Run("Network", f.testNetwork)
+	t.Run("Limits", f.testLimits)
 }
 
 // newRuntime connects a fresh Runtime, closed when t ends; a second one
@@ -55,6 +57,7 @@ func (f *fixture) newRuntime(t *testing.T) *Runtime {
 		Namespace: f.env.Namespace,
 		ImageDir:  f.imageDir,
 		LogDir:    f.env.Dir + "/logs",
+		StateDir:  f.env.Dir + "/state",
 		Logger:    zaptest.NewLogger(t),
 	})
 	if err != nil {
@@ -92,7 +95,7 @@ func (f *fixture) testInfo(t *testing.T) {
 
 func (f *fixture) testSnapshotterOption(t *testing.T) {
 	t.Parallel()
-	opts := Options{Address: f.env.Address, Namespace: f.env.Namespace, LogDir: t.TempDir(), Logger: zaptest.NewLogger(t)}
+	opts := Options{Address: f.env.Address, Namespace: f.env.Namespace, LogDir: t.TempDir(), StateDir: t.TempDir(), Logger: zaptest.NewLogger(t)}
 	opts.Snapshotter = "native"
 	rt, err := New(testCtx(t), opts)
 	if err != nil {

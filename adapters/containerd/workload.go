@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -38,6 +39,8 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 			return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: label %q uses the reserved prefix %q", spec.ID, k, labelPrefix)
 		}
 	}
+	unlock := r.workloadLocks.Lock(spec.ID)
+	defer unlock()
 	if _, err := r.client.LoadContainer(ctx, spec.ID); err == nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, noderuntime.ErrWorkloadExists)
 	} else if !errdefs.IsNotFound(err) {
@@ -48,7 +51,17 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
+	limits, err := limitOpts(spec, r.memlockMax)
+	if err != nil {
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
 	img, err := r.imageForLaunch(ctx, spec)
+	if err != nil {
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	// The network comes last before the container: everything that can be
+	// refused cheaply has been, and undoLaunch releases it.
+	netOpts, err := r.net.attach(ctx, spec.ID, spec.Network)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
@@ -63,10 +76,11 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		ctrd.WithSnapshotter(r.snapshotter),
 		ctrd.WithNewSnapshot(spec.ID, img),
 		ctrd.WithRuntime(runcRuntime, nil),
-		ctrd.WithNewSpec(append(specOpts(img, spec), mounts)...),
+		ctrd.WithNewSpec(slices.Concat(specOpts(img, spec), []oci.SpecOpts{mounts}, limits, netOpts)...),
 		ctrd.WithContainerLabels(labels),
 	)
 	if err != nil {
+		r.releaseNetwork(ctx, spec.ID)
 		if errdefs.IsAlreadyExists(err) {
 			// Only a container makes the workload exist; a stray snapshot
 			// of the same key is a different failure.
@@ -171,6 +185,15 @@ func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task
 		r.log.Warn("undo launch: delete container", zap.String("workload", container.ID()), zap.Error(err))
 	}
 	_ = os.Remove(r.LogPath(container.ID()))
+	r.releaseNetwork(ctx, container.ID())
+}
+
+// releaseNetwork undoes a launch's network, logging what it could not
+// release: the record stays, and Remove or the next start retries.
+func (r *Runtime) releaseNetwork(ctx context.Context, id string) {
+	if err := r.net.detach(ctx, id); err != nil {
+		r.log.Warn("undo launch: release network", zap.String("workload", id), zap.Error(err))
+	}
 }
 
 // Inspect reports the workload's current status.
@@ -206,11 +229,18 @@ func (r *Runtime) List(ctx context.Context) ([]noderuntime.WorkloadStatus, error
 }
 
 // Remove deletes the workload's task (killing it if it still runs), its
-// container, snapshot and log. A missing workload is not an error.
+// container, snapshot and log, and releases its network. A missing
+// workload is not an error; its network, if a failed Remove left it, is
+// released all the same.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	ctx = r.ctx(ctx)
+	unlock := r.workloadLocks.Lock(id)
+	defer unlock()
 	container, err := r.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
+		if err := r.net.detach(ctx, id); err != nil {
+			return fmt.Errorf("remove %s: %w", id, err)
+		}
 		return nil
 	}
 	if err != nil {
@@ -230,6 +260,9 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	}
 	if err := os.Remove(r.LogPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		r.log.Warn("remove log", zap.String("workload", id), zap.Error(err))
+	}
+	if err := r.net.detach(ctx, id); err != nil {
+		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	r.log.Info("removed workload", zap.String("workload", id))
 	return nil

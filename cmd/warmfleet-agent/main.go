@@ -22,6 +22,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/logging"
 	"github.com/warmfleet/warmfleet/internal/metrics"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -42,7 +43,8 @@ func newRoot() *cobra.Command {
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
 		maxWorkloads                                                                        int
-		natsAuth                                                                            bool
+		natsAuth, allowHostNetwork                                                          bool
+		netOpts                                                                             containerd.NetworkOptions
 		natsTLS                                                                             bus.TLSFiles
 		sessFlags                                                                           *sessionFlags
 	)
@@ -77,7 +79,7 @@ func newRoot() *cobra.Command {
 				dataDir = filepath.Join("/var/lib/warmfleet-agent", nodeID)
 			}
 			rt, err := containerd.New(cmd.Context(), containerd.Options{Address: ctrdAddr, Namespace: ctrdNS, ImageDir: imageDir,
-				LogDir: filepath.Join(dataDir, "logs"), Logger: log})
+				LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Network: netOpts, Logger: log})
 			if err != nil {
 				return fmt.Errorf("containerd at %s: %w (is containerd running? `containerd --version`; set --containerd-address)", ctrdAddr, err)
 			}
@@ -104,7 +106,8 @@ func newRoot() *cobra.Command {
 			}
 			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
-				Accelerator: nvml.New(log), Credentials: creds, Sessions: sessions}, conn, rt, log)
+				Accelerator: nvml.New(log), Credentials: creds, Sessions: sessions,
+				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {
 				return err
 			}
@@ -137,6 +140,12 @@ func newRoot() *cobra.Command {
 	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on")
 	f.StringVar(&natsTLS.CertFile, "tls-cert", os.Getenv("WARMFLEET_NATS_CERT"), "client certificate (PEM) for a NATS server that verifies clients")
 	f.StringVar(&natsTLS.KeyFile, "tls-key", os.Getenv("WARMFLEET_NATS_KEY"), "client key (PEM)")
+	f.BoolVar(&allowHostNetwork, "allow-host-network", true, `let Runs share this host's network namespace ("network": "host"); false refuses them, and facts say so`)
+	f.StringVar(&netOpts.Bridge, "network-bridge", containerd.DefaultBridge, "Linux bridge that bridged Runs join (created by the CNI bridge plugin)")
+	f.StringVar(&netOpts.Subnet, "network-subnet", containerd.DefaultSubnet, "IPv4 subnet of the bridge network; its first address is the bridge's")
+	f.StringVar(&netOpts.IPAMDir, "network-ipam-dir", "", "host-local IPAM's data dir (default <data-dir>/runtime/ipam); agents sharing one bridge must share it")
+	f.StringSliceVar(&netOpts.PluginDirs, "cni-plugin-dir", containerd.DefaultCNIPluginDirs(), "directories holding the CNI plugins bridge, host-local and loopback")
+	f.StringVar(&netOpts.ResolvConf, "resolv-conf", "", "file copied into Runs as /etc/resolv.conf (default /etc/resolv.conf, or /run/systemd/resolve/resolv.conf behind systemd-resolved's stub)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&metricsAddr, "metrics-addr", os.Getenv("WARMFLEET_METRICS_ADDR"), "serve Prometheus /metrics, /healthz and /readyz (ready once enrolled) on this host:port (default: off)")
 	return cmd
@@ -170,6 +179,18 @@ func runWithMetrics(ctx context.Context, addr, nodeID string, a *agent.Agent, lo
 		return err
 	}
 	return runErr
+}
+
+// networkModes are the modes the agent offers Runs: what the runtime can
+// give, less host networking when the operator forbade it.
+func networkModes(rt []noderuntime.NetworkMode, allowHost bool) []string {
+	out := []string{}
+	for _, m := range rt {
+		if m != noderuntime.NetworkHost || allowHost {
+			out = append(out, string(m))
+		}
+	}
+	return out
 }
 
 func envOr(k, def string) string {

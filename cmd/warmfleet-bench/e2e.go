@@ -130,7 +130,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 
 	// Baseline: the adapter called directly, in its own namespace.
 	direct, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace + "-direct", ImageDir: imgDir,
-		LogDir: filepath.Join(cd.Dir, "direct-logs"), Logger: zap.NewNop()})
+		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +269,7 @@ func startContainerdAgent(e *env, cd *benchContainerd, imgDir, nodeID string) (f
 	dataDir := filepath.Join(e.dir, "agent-"+nodeID)
 	ctx, cancel := context.WithCancel(context.Background())
 	rt, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace, ImageDir: imgDir,
-		LogDir: filepath.Join(dataDir, "logs"), Logger: e.log.Named("containerd")})
+		LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Logger: e.log.Named("containerd")})
 	if err != nil {
 		cancel()
 		return nil, err

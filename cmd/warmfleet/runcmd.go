@@ -28,9 +28,9 @@ func newRunCmd(g *globals) *cobra.Command {
 }
 
 func newRunSubmit(g *globals) *cobra.Command {
-	var file, requestID, image string
+	var file, requestID, image, network string
 	var env []string
-	var cpu, mem, gpus, maxRuntime int64
+	var cpu, mem, gpus, maxRuntime, shm int64
 	var wait bool
 	cmd := &cobra.Command{
 		Use:   "submit [flags] [-- command args...]",
@@ -47,7 +47,8 @@ func newRunSubmit(g *globals) *cobra.Command {
 				}
 			} else {
 				req = schemas.RunRequest{RequestID: requestID, Image: image, Command: args,
-					Resources: schemas.Resources{CPUMillis: cpu, MemoryBytes: mem, GPUCount: gpus}, MaxRuntimeSeconds: maxRuntime}
+					Resources: schemas.Resources{CPUMillis: cpu, MemoryBytes: mem, GPUCount: gpus}, MaxRuntimeSeconds: maxRuntime,
+					Network: network, ShmBytes: shm}
 				if req.RequestID == "" {
 					req.RequestID = fmt.Sprintf("cli-%d", time.Now().UnixNano())
 				}
@@ -90,6 +91,8 @@ func newRunSubmit(g *globals) *cobra.Command {
 	f.Int64Var(&mem, "memory-bytes", 0, "memory to reserve and limit, in bytes")
 	f.Int64Var(&gpus, "gpus", 0, "GPUs to reserve")
 	f.Int64Var(&maxRuntime, "max-runtime", 0, "seconds before the Run is stopped (0: no limit)")
+	f.StringVar(&network, "network", "", "bridge (default), host or none")
+	f.Int64Var(&shm, "shm-bytes", 0, "size of /dev/shm (default: half the memory limit, or 1 GiB); ulimits need -f")
 	f.BoolVarP(&wait, "wait", "w", false, "follow the Run's events until it ends")
 	return cmd
 }

@@ -72,6 +72,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 		GPUs: run.GPUs, Devices: devices,
+		Network: run.Request.Network, ShmBytes: run.Request.ShmBytes, Ulimits: run.Request.Ulimits,
 	}
 	if err := d.Send(ctx, d.prepare(node, ref, run)); err != nil {
 		return err

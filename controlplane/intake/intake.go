@@ -174,6 +174,10 @@ func normalise(r schemas.RunRequest) schemas.RunRequest {
 	if len(r.Labels) == 0 {
 		r.Labels = nil
 	}
+	if len(r.Ulimits) == 0 {
+		r.Ulimits = nil
+	}
+	r.Network = schemas.NetworkModeOf(r.Network)
 	r.Version = 0
 	return r
 }

@@ -150,6 +150,9 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	if p := wantPlatform(req, ref, refKnown); p != nil && (p.OS != host.OS || p.Architecture != host.Architecture) {
 		return reject(schemas.ReasonPlatformMismatch, "needs %s/%s, node is %s/%s", p.OS, p.Architecture, host.OS, host.Architecture)
 	}
+	if mode := schemas.NetworkModeOf(req.Run.Network); len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
+		return reject(schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
+	}
 	if need.GPUCount > 0 {
 		acc := host.Accelerator
 		if req.Run.GPU != nil && req.Run.GPU.MinDriverCapability != "" {

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -154,16 +155,29 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.KillWithParent {
 		d.cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
-	if err := d.cmd.Start(); err != nil {
-		_ = logf.Close()
-		return fail(err)
-	}
+	started := make(chan error, 1)
 	go func() {
+		// The daemon is started and reaped on one locked thread. With
+		// KillWithParent the kernel kills it when the thread that started it
+		// exits, and Go ends a thread whose goroutine returns still locked
+		// (containerd's pkg/netns does, making network namespaces); this
+		// thread lives until the daemon does.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := d.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		// Reaps the daemon; ends when it does, which Stop ensures.
 		_ = d.cmd.Wait()
 		_ = logf.Close()
 		close(d.exited)
 	}()
+	if err := <-started; err != nil {
+		_ = logf.Close()
+		return fail(err)
+	}
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel()
 	if err := d.waitReady(rctx); err != nil {

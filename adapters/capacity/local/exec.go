@@ -85,8 +85,11 @@ func ExecLauncher(cfg ExecConfig) Launcher {
 			return nil, fmt.Errorf("local: write bootstrap: %w", err)
 		}
 		ns := "wf-" + name
+		// The machines share this host's bridge, so they share its address
+		// leases too (Args may name another dir; the last flag wins).
 		m := &process{cfg: cfg, name: name, dir: dir,
-			args: []string{"--bootstrap", bootPath, "--data-dir", filepath.Join(dir, "agent"), "--containerd-namespace", ns}}
+			args: []string{"--bootstrap", bootPath, "--data-dir", filepath.Join(dir, "agent"), "--containerd-namespace", ns,
+				"--network-ipam-dir", filepath.Join(cfg.Dir, "ipam")}}
 		if cfg.ContainerdPerMachine {
 			m.ctrd = &ctrdproc.Config{Dir: filepath.Join(dir, "containerd"), Binary: cfg.ContainerdBinary, Namespaces: []string{ns},
 				Log: cfg.Log.With(zap.String("machine", name))}

@@ -294,7 +294,8 @@ func daemonPids(mdir string) []int {
 
 func connect(t *testing.T, ctx context.Context, addr, ns, imageDir string) *ctrdrt.Runtime {
 	t.Helper()
-	rt, err := ctrdrt.New(ctx, ctrdrt.Options{Address: addr, Namespace: ns, ImageDir: imageDir, LogDir: t.TempDir(), Logger: zaptest.NewLogger(t)})
+	rt, err := ctrdrt.New(ctx, ctrdrt.Options{Address: addr, Namespace: ns, ImageDir: imageDir, LogDir: t.TempDir(), StateDir: t.TempDir(),
+		Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,105 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// ErrInvalidUlimit reports a WorkloadSpec ulimit runc would not set: an
+// unknown name, or a soft limit above the hard one.
+var ErrInvalidUlimit = errors.New("invalid ulimit")
+
+// limitOpts sizes /dev/shm and sets the process limits: memlock as high as
+// memlockMax when asked for unlimited or when the workload is given
+// devices (GPU work pins memory), then each of spec.Ulimits over
+// containerd's defaults.
+func limitOpts(spec noderuntime.WorkloadSpec, memlockMax uint64) ([]oci.SpecOpts, error) {
+	shm := spec.ShmBytes
+	if shm <= 0 {
+		shm = noderuntime.DefaultShmBytes(spec.MemoryBytes)
+	}
+	opts := []oci.SpecOpts{oci.WithDevShmSize((shm + 1023) / 1024)}
+	var rl []specs.POSIXRlimit
+	if spec.MemlockUnlimited || len(spec.Devices) > 0 {
+		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_MEMLOCK", Soft: memlockMax, Hard: memlockMax})
+	}
+	for _, u := range spec.Ulimits {
+		if !slices.Contains(schemas.UlimitNames(), u.Name) {
+			return nil, fmt.Errorf("%w: unknown limit %q", ErrInvalidUlimit, u.Name)
+		}
+		if u.Soft > u.Hard {
+			return nil, fmt.Errorf("%w: %s soft %d above hard %d", ErrInvalidUlimit, u.Name, u.Soft, u.Hard)
+		}
+		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_" + strings.ToUpper(u.Name), Soft: u.Soft, Hard: u.Hard})
+	}
+	if len(rl) > 0 {
+		opts = append(opts, withRlimits(rl))
+	}
+	return opts, nil
+}
+
+// withRlimits sets each limit, replacing one of the same type; a later
+// entry wins over an earlier one.
+func withRlimits(rl []specs.POSIXRlimit) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil {
+			s.Process = &specs.Process{}
+		}
+		for _, r := range rl {
+			i := slices.IndexFunc(s.Process.Rlimits, func(x specs.POSIXRlimit) bool { return x.Type == r.Type })
+			if i < 0 {
+				s.Process.Rlimits = append(s.Process.Rlimits, r)
+				continue
+			}
+			s.Process.Rlimits[i] = r
+		}
+		return nil
+	}
+}
+
+// memlockCeiling is the most RLIMIT_MEMLOCK this host lets a container
+// have: unlimited where this process holds CAP_SYS_RESOURCE, else its own
+// hard limit, which runc (started below containerd, as privileged as this
+// process on one host) cannot raise either. Asking runc for more fails the
+// launch with EPERM.
+func memlockCeiling() (uint64, error) {
+	if hasCapability(capSysResource) {
+		return noderuntime.Unlimited, nil
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		return 0, fmt.Errorf("memlock limit: %w", err)
+	}
+	return rl.Max, nil
+}
+
+// capSysResource is CAP_SYS_RESOURCE's bit in a capability set.
+const capSysResource = 24
+
+// hasCapability reports whether this process's effective set holds cap.
+func hasCapability(capability uint) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && set&(1<<capability) != 0
+		}
+	}
+	return false
+}

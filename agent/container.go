@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"slices"
+
+	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// networkModes are the network modes this node gives Runs, as facts report
+// them: Config.NetworkModes, or every mode when it is nil.
+func (a *Agent) networkModes() []string {
+	if a.cfg.NetworkModes != nil {
+		return slices.Clone(a.cfg.NetworkModes)
+	}
+	var all []string
+	for _, m := range noderuntime.AllNetworkModes() {
+		all = append(all, string(m))
+	}
+	return all
+}
+
+// offersNetwork reports whether this node gives a Run the network it asks
+// for (empty is the default, bridge).
+func (a *Agent) offersNetwork(network string) bool {
+	return slices.Contains(a.networkModes(), schemas.NetworkModeOf(network))
+}
+
+// withContainer fills spec's network, /dev/shm and limits from l. A Run
+// with GPUs gets memlock unlimited: CUDA and RDMA pin host memory.
+func withContainer(spec *noderuntime.WorkloadSpec, l *schemas.LaunchWorkload) {
+	spec.Network = noderuntime.NetworkMode(schemas.NetworkModeOf(l.Network))
+	spec.ShmBytes = l.ShmBytes
+	spec.MemlockUnlimited = l.Resources.GPUCount > 0
+	for _, u := range l.Ulimits {
+		spec.Ulimits = append(spec.Ulimits, noderuntime.Ulimit{Name: u.Name, Soft: rlimit(u.Soft), Hard: rlimit(u.Hard)})
+	}
+}
+
+// rlimit converts a wire limit (-1 is unlimited) to the runtime's.
+func rlimit(v int64) uint64 {
+	if v == schemas.UlimitUnlimited {
+		return noderuntime.Unlimited
+	}
+	return uint64(v)
+}
