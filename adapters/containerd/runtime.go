@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/adapters/cdispec"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
@@ -48,6 +49,11 @@ type Options struct {
 	LogDir string
 	// Logger gets the adapter's logs; zap.NewNop when nil.
 	Logger *zap.Logger
+	// CDISpecDirs are the directories of the CDI specs a workload's
+	// Devices are resolved against, lowest priority first;
+	// cdispec.DefaultDirs (/etc/cdi, /var/run/cdi) when empty. They are
+	// reread at every Launch that names devices.
+	CDISpecDirs []string
 }
 
 // Runtime runs workloads through containerd. It implements noderuntime.Runtime
@@ -60,6 +66,7 @@ type Runtime struct {
 	logDir      string
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
+	cdi         *cdispec.Registry
 
 	imageLocks keyed.Mutex // by image digest
 
@@ -115,6 +122,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		logDir:    opts.LogDir,
 		log:       log,
 		clientLog: newClientLog(log),
+		cdi:       cdispec.New(opts.CDISpecDirs, log),
 	}
 	nsctx := r.ctx(ctx)
 	if _, err := client.Version(nsctx); err != nil {

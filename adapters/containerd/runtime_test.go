@@ -44,6 +44,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Stop", f.testStop)
 	t.Run("OOM", f.testOOM)
 	t.Run("Restart", f.testRestart)
+	t.Run("Devices", f.testDevices)
 }
 
 // newRuntime connects a fresh Runtime, closed when t ends; a second one
