@@ -10,9 +10,10 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// AcceleratorProbe measures the host's accelerators (adapters/nvml holds the
-// NVIDIA one and a fake for tests). It states what it established and never
-// fails: a probe that could not look returns Established false.
+// AcceleratorProbe measures the host's accelerators (adapters/gpuprobe holds
+// the NVIDIA one, which runs cmd/warmfleet-gpu-probe, and a fake for tests).
+// It states what it established and never fails: a probe that could not look
+// returns Established false.
 type AcceleratorProbe interface {
 	Probe(ctx context.Context) schemas.AcceleratorFacts
 }
@@ -23,8 +24,9 @@ type AcceleratorProbeFunc func(ctx context.Context) schemas.AcceleratorFacts
 // Probe calls f.
 func (f AcceleratorProbeFunc) Probe(ctx context.Context) schemas.AcceleratorFacts { return f(ctx) }
 
-// probeTimeout bounds one accelerator probe: facts wait no longer for it.
-const probeTimeout = 2 * time.Second
+// DefaultAcceleratorTimeout bounds one accelerator probe unless
+// Config.AcceleratorTimeout says otherwise: facts wait no longer for it.
+const DefaultAcceleratorTimeout = 2 * time.Second
 
 // boundedProbe keeps a slow or hung probe from holding up facts: past its
 // timeout the agent states Established false and moves on. Reports measured

@@ -42,9 +42,12 @@ type Config struct {
 	ContentRoot string
 	// CacheDir holds the caches Runs mount; <DataDir>/caches when empty.
 	CacheDir string
-	// Accelerator measures the host's cards (adapters/nvml); nil states
-	// nothing established.
+	// Accelerator measures the host's cards (adapters/gpuprobe runs
+	// cmd/warmfleet-gpu-probe); nil states nothing established.
 	Accelerator AcceleratorProbe
+	// AcceleratorTimeout bounds one accelerator probe in a facts report;
+	// DefaultAcceleratorTimeout when zero.
+	AcceleratorTimeout time.Duration
 	// FactsInterval is how often facts are reported; DefaultFactsInterval
 	// when zero. Changes (an image ensured, a workload exited) report sooner.
 	FactsInterval time.Duration
@@ -124,6 +127,9 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if cfg.FactsInterval <= 0 {
 		cfg.FactsInterval = DefaultFactsInterval
 	}
+	if cfg.AcceleratorTimeout <= 0 {
+		cfg.AcceleratorTimeout = DefaultAcceleratorTimeout
+	}
 	if cfg.ProgressInterval <= 0 {
 		cfg.ProgressInterval = DefaultProgressInterval
 	}
@@ -134,7 +140,7 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	log = log.With(zap.String("node_id", cfg.NodeID))
 	changed := make(chan struct{}, 1)
 	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
-		accel: &boundedProbe{probe: cfg.Accelerator, timeout: probeTimeout, log: log}, factsChanged: changed,
+		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed,
 		watching: map[string]context.CancelFunc{}}
 	return a, nil
 }

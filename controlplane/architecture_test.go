@@ -38,6 +38,11 @@ func TestImportRules(t *testing.T) {
 		{pkgs: []string{"residency/..."}, never: []string{"agent", "controlplane/..."}},
 		{pkgs: []string{"internal/..."}, except: []string{"internal/testenv"}, never: []string{"controlplane/...", "agent", "residency/..."}},
 		{pkgs: []string{"noderuntime", "adapters/containerd"}, never: []string{"agent", "residency/...", "controlplane/..."}},
+		// go-nvml and containerd's client must never share a binary
+		// (adapters/nvml/doc.go); cmd/warmfleet-gpu-probe's tests check
+		// the binaries themselves.
+		{pkgs: []string{"adapters/nvml", "adapters/cdispec"}, never: []string{"agent", "adapters/containerd", "adapters/gpuprobe", "controlplane/...", "residency/..."}},
+		{pkgs: []string{"adapters/gpuprobe", "adapters/containerd", "agent", "cmd/warmfleet-agent", "cmd/warmfleet"}, never: []string{"adapters/nvml"}},
 		{pkgs: []string{"controlplane/lifecycle", "controlplane/placement"}, never: []string{"bus", "controlplane/..."}},
 		{pkgs: []string{"controlplane/..."}, except: []string{"controlplane"}, never: []string{"controlplane", "agent"}},
 		{pkgs: []string{"controlplane/scheduler"}, never: []string{"controlplane/rentals", "controlplane/nodes", "controlplane/sessions", "controlplane/intake", "controlplane/ingest"}},

@@ -8,14 +8,15 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
-	"github.com/warmfleet/warmfleet/adapters/nvml"
+	"github.com/warmfleet/warmfleet/adapters/gpuprobe"
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // TestAcceptance_FactsWithoutGPU_Reported: an agent on this GPU-less
-// machine, probing with the real NVML binding, states that it looked and
+// machine, probing with the real GPU probe binary, states that it looked and
 // found no driver; it measures the disk under containerd's root; and after a
 // Run its facts list the image it ran as hot and the cache the Run wrote.
 // The periodic report is set to an hour, so only the change-triggered
@@ -24,9 +25,11 @@ func TestAcceptance_FactsWithoutGPU_Reported(t *testing.T) {
 	w := newWorld(t)
 	f := newFleet(t)
 	dataDir := tempDir(t)
+	probe := testenv.BuildGPUProbe(t)
 	f.startConfiguredAgent("facts-node", w, dataDir, func(c *agent.Config) {
 		c.ContentRoot = w.ctrd.Root
-		c.Accelerator = nvml.New(f.log.Named("nvml"))
+		c.Accelerator = gpuprobe.NewExec(gpuprobe.ExecConfig{Path: probe, Log: f.log.Named("gpu")})
+		c.AcceleratorTimeout = gpuprobe.DefaultTimeout
 		c.FactsInterval = time.Hour
 	})
 

@@ -48,6 +48,10 @@ var (
 	ErrWorkloadExists   = errors.New("workload already exists")
 	ErrWorkloadNotFound = errors.New("workload not found")
 	ErrImageNotFound    = errors.New("image not found in any source")
+	// ErrDeviceUnavailable: a WorkloadSpec device the host cannot give
+	// (not a valid CDI name, declared by no usable CDI spec, or its edits
+	// cannot be applied).
+	ErrDeviceUnavailable = errors.New("device unavailable")
 )
 
 // RuntimeInfo identifies the container runtime for host facts.

@@ -12,9 +12,13 @@ type WorkloadSpec struct {
 	CPUMillis      int64    // 0 = unlimited
 	MemoryBytes    int64    // 0 = unlimited
 	Labels         map[string]string
-	// Devices are fully qualified CDI device names (vendor.com/class=name)
-	// the container is given: their spec edits (device nodes, env, mounts,
-	// hooks) are applied to its OCI spec. An unresolvable one fails Launch.
+	// Devices are fully qualified CDI device names (vendor.com/class=name,
+	// e.g. "nvidia.com/gpu=GPU-<uuid>") the container is given: they are
+	// resolved against the host's CDI specs, reread at each Launch, and
+	// their spec edits (device nodes, env, mounts, hooks) are applied to
+	// its OCI spec. One that cannot be given fails Launch with an error
+	// matching ErrDeviceUnavailable, and nothing runs: a workload never
+	// starts without the devices it was booked. Empty gives none.
 	Devices []string
 	// Mounts are host directories bind-mounted into the container.
 	Mounts []Mount
@@ -56,4 +60,8 @@ type WorkloadStatus struct {
 	FinishedAt time.Time // zero until exited
 	ExitCode   int
 	OOMKilled  bool
+	// Devices are the CDI devices the workload was launched with, as the
+	// runtime recorded them, so a restarted agent can tell what each
+	// workload holds.
+	Devices []string
 }

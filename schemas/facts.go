@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -44,25 +45,63 @@ type AcceleratorFacts struct {
 	DriverVersion    string              `json:"driver_version,omitempty"`
 	DriverCapability string              `json:"driver_capability,omitempty"` // e.g. CUDA "12.4"
 	Devices          []AcceleratorDevice `json:"devices,omitempty"`
-	// Cards lists every card by identity.
+	// Cards names each card the driver lists, by index: the identity a
+	// booking holds (UUID) and the CDI devices a workload is given it by.
+	// Devices above groups the same readable cards without identities.
 	Cards []GPUCard `json:"cards,omitempty"`
+	// CDI is what the host's CDI spec directories offer. A card with no
+	// CDIDevices has no CDI spec here: no container can be given it.
+	CDI CDIFacts `json:"cdi,omitzero"`
+}
+
+// AcceleratorDevice is a group of identical cards, named without UUIDs so
+// that facts compare across machines.
+type AcceleratorDevice struct {
+	Model       string `json:"model"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	Count       int64  `json:"count"`
 }
 
 // GPUCard is one card by identity: what a booking holds.
 type GPUCard struct {
-	Index       int    `json:"index"`
+	// Index is the driver's enumeration index (nvidia-smi's "GPU 0").
+	Index int `json:"index"`
+	// UUID is the card's stable identity, e.g. "GPU-8a3f…"; empty only for
+	// a card the driver lists but cannot read, which is then unhealthy.
 	UUID        string `json:"uuid"`
 	Model       string `json:"model"`
 	MemoryBytes int64  `json:"memory_bytes"`
-	// Health is "ok" or says why the card should take no new work.
+	// Health is "ok" or says why the card should take no new work (e.g.
+	// "remapped rows pending: the card needs a reset; XID 79 critical
+	// error").
 	Health string `json:"health,omitempty"`
 	// CDIDevices are the CDI device names (kind=name) that hand this card
-	// to a container; none means the agent cannot inject it.
+	// to a container, the UUID's first (e.g. "nvidia.com/gpu=GPU-8a3f…",
+	// then "nvidia.com/gpu=0"); none means the agent cannot inject it.
 	CDIDevices []string `json:"cdi_devices,omitempty"`
+	// MIGMode is the card's Multi-Instance GPU mode now; empty when the
+	// card has no MIG. A MIG-enabled card is handed out by its instances
+	// (MIGDevices), never whole.
+	MIGMode MIGMode `json:"mig_mode,omitempty"`
+	// MIGDevices are the MIG instances carved out of the card when MIGMode
+	// is enabled.
+	MIGDevices []MIGDevice `json:"mig_devices,omitempty"`
 }
 
 // GPUHealthOK is the health of a card that may take work.
 const GPUHealthOK = "ok"
+
+// Healthy says the card may take work (an empty Health, from a report
+// that names none, counts as healthy, as placement reads it).
+func (c GPUCard) Healthy() bool { return c.Health == "" || c.Health == GPUHealthOK }
+
+// Injectable says a container can be given the whole card: it is healthy,
+// has a UUID to book it by, is not split into MIG instances, and the host's
+// CDI specs name it. A GPU host whose cards are not injectable takes no GPU
+// Run.
+func (c GPUCard) Injectable() bool {
+	return c.Healthy() && c.UUID != "" && c.MIGMode != MIGEnabled && len(c.CDIDevices) > 0
+}
 
 // CDIDevicesFor returns the CDI device of each card named by uuids, in
 // order; ok is false when a card is unknown or has none.
@@ -77,12 +116,78 @@ func (a AcceleratorFacts) CDIDevicesFor(uuids []string) (devices []string, ok bo
 	return devices, true
 }
 
-// AcceleratorDevice is a group of identical cards, named without UUIDs so
-// that facts compare across machines.
-type AcceleratorDevice struct {
-	Model       string `json:"model"`
-	MemoryBytes int64  `json:"memory_bytes"`
-	Count       int64  `json:"count"`
+// MIGMode is a card's Multi-Instance GPU mode as the driver reports it now
+// (a pending change takes effect at the next reset). Empty: no MIG.
+type MIGMode string
+
+// MIG modes.
+const (
+	MIGDisabled MIGMode = "disabled"
+	MIGEnabled  MIGMode = "enabled"
+)
+
+// MIGDevice is one MIG instance (a GPU instance with one compute instance).
+type MIGDevice struct {
+	// Index is the driver's MIG device index within its card.
+	Index             int    `json:"index"`
+	UUID              string `json:"uuid,omitempty"`    // "MIG-…"
+	Profile           string `json:"profile,omitempty"` // e.g. "1g.5gb", "1c.2g.10gb"
+	MemoryBytes       int64  `json:"memory_bytes,omitempty"`
+	GPUInstanceID     int    `json:"gpu_instance_id"`
+	ComputeInstanceID int    `json:"compute_instance_id"`
+	// CDIDevices are the CDI names offered for this instance, the UUID's
+	// first (e.g. "nvidia.com/gpu=MIG-…", then "nvidia.com/gpu=0:1").
+	CDIDevices []string `json:"cdi_devices,omitempty"`
+}
+
+// CDIFacts describes the host's Container Device Interface specs: what the
+// node's runtime can hand a container.
+type CDIFacts struct {
+	// Scanned says the node read its spec directories (a directory that
+	// does not exist reads as empty).
+	Scanned bool `json:"scanned"`
+	// SpecDirs are the directories read, lowest priority first.
+	SpecDirs []string `json:"spec_dirs,omitempty"`
+	// Devices is every fully qualified device name the valid specs
+	// declare, sorted.
+	Devices []string `json:"devices,omitempty"`
+	// Errors are the spec files (or directories) that could not be used,
+	// each with a short reason; the rest still count.
+	Errors []CDISpecError `json:"errors,omitempty"`
+}
+
+// CDISpecError is a spec file or directory the node could not use.
+type CDISpecError struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// GroupCards counts identical readable cards into Devices' form, sorted by
+// model then memory, so two hosts holding the same cards state the same
+// list. A card without a UUID (one the driver could not read) is not
+// counted: leaving it out undercounts, never overcounts.
+func GroupCards(cards []GPUCard) []AcceleratorDevice {
+	type key struct {
+		model  string
+		memory int64
+	}
+	counts := map[key]int64{}
+	for _, c := range cards {
+		if c.UUID != "" {
+			counts[key{c.Model, c.MemoryBytes}]++
+		}
+	}
+	if len(counts) == 0 {
+		return nil
+	}
+	out := make([]AcceleratorDevice, 0, len(counts))
+	for k, n := range counts {
+		out = append(out, AcceleratorDevice{Model: k.model, MemoryBytes: k.memory, Count: n})
+	}
+	slices.SortFunc(out, func(a, b AcceleratorDevice) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.MemoryBytes, b.MemoryBytes))
+	})
+	return out
 }
 
 // GPUCount is how many cards the facts establish.
@@ -154,6 +259,21 @@ func (f *NodeFacts) Normalize() {
 	a := &f.Host.Accelerator
 	if !a.Established {
 		*a = AcceleratorFacts{}
+	}
+	if a.Vendor == "" {
+		// Looked and found no driver: no driver, no cards. CDI specs may
+		// still be on the host and are kept.
+		a.DriverVersion, a.DriverCapability, a.Devices, a.Cards = "", "", nil, nil
+	}
+	if !a.CDI.Scanned {
+		// Unscanned specs name nothing, for the host or for a card.
+		a.CDI = CDIFacts{}
+		for i := range a.Cards {
+			a.Cards[i].CDIDevices = nil
+			for j := range a.Cards[i].MIGDevices {
+				a.Cards[i].MIGDevices[j].CDIDevices = nil
+			}
+		}
 	}
 	if !f.Host.Disk.Known {
 		f.Host.Disk = DiskFacts{}

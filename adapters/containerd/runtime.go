@@ -19,6 +19,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/adapters/cdispec"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
@@ -56,6 +57,11 @@ type Options struct {
 	Network NetworkOptions
 	// Logger gets the adapter's logs; zap.NewNop when nil.
 	Logger *zap.Logger
+	// CDISpecDirs are the directories of the CDI specs a workload's
+	// Devices are resolved against, lowest priority first;
+	// cdispec.DefaultDirs (/etc/cdi, /var/run/cdi) when empty. They are
+	// reread at every Launch that names devices.
+	CDISpecDirs []string
 }
 
 // Runtime runs workloads through containerd. It implements noderuntime.Runtime
@@ -68,6 +74,7 @@ type Runtime struct {
 	logDir      string
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
+	cdi         *cdispec.Registry
 
 	imageLocks    keyed.Mutex // by image digest
 	workloadLocks keyed.Mutex // by workload id: a launch and a remove of one id never overlap
@@ -145,6 +152,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		memlockMax: memlockMax,
 		log:        log,
 		clientLog:  newClientLog(log),
+		cdi:        cdispec.New(opts.CDISpecDirs, log),
 	}
 	nsctx := r.ctx(ctx)
 	if _, err := client.Version(nsctx); err != nil {

@@ -46,6 +46,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Restart", f.testRestart)
 	t.Run("Network", f.testNetwork)
 	t.Run("Limits", f.testLimits)
+	t.Run("Devices", f.testDevices)
 }
 
 // newRuntime connects a fresh Runtime, closed when t ends; a second one

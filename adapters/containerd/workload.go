@@ -55,6 +55,9 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
+	if err := r.checkDevices(spec.Devices); err != nil {
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
 	img, err := r.imageForLaunch(ctx, spec)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
@@ -71,12 +74,17 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		labels[k] = v
 	}
 	labels[labelManaged] = "true"
+	opts := slices.Concat(specOpts(img, spec), []oci.SpecOpts{mounts}, limits, netOpts)
+	if len(spec.Devices) > 0 {
+		labels[labelDevices] = deviceLabel(spec.Devices)
+		opts = append(opts, r.withDevices(spec.Devices))
+	}
 	container, err := r.client.NewContainer(ctx, spec.ID,
 		ctrd.WithImage(img),
 		ctrd.WithSnapshotter(r.snapshotter),
 		ctrd.WithNewSnapshot(spec.ID, img),
 		ctrd.WithRuntime(runcRuntime, nil),
-		ctrd.WithNewSpec(slices.Concat(specOpts(img, spec), []oci.SpecOpts{mounts}, limits, netOpts)...),
+		ctrd.WithNewSpec(opts...),
 		ctrd.WithContainerLabels(labels),
 	)
 	if err != nil {
@@ -87,6 +95,10 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 			if _, lerr := r.client.LoadContainer(ctx, spec.ID); lerr == nil {
 				return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, noderuntime.ErrWorkloadExists)
 			}
+		} else {
+			// The snapshot is made before the spec; a spec that fails
+			// (a CDI spec changed since checkDevices) must not leave it.
+			r.removeSnapshot(ctx, spec.ID)
 		}
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create container: %w", spec.ID, err)
 	}
@@ -114,12 +126,13 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		// readers fall back to the container's creation time.
 		r.log.Warn("record start time", zap.String("workload", spec.ID), zap.Error(err))
 	}
-	r.log.Info("launched workload", zap.String("workload", spec.ID), zap.Uint32("pid", task.Pid()))
+	r.log.Info("launched workload", zap.String("workload", spec.ID), zap.Uint32("pid", task.Pid()), zap.Strings("devices", spec.Devices))
 	return noderuntime.WorkloadStatus{
 		ID:        spec.ID,
 		State:     noderuntime.WorkloadRunning,
 		Labels:    userLabels(labels),
 		StartedAt: started,
+		Devices:   labelledDevices(labels),
 	}, nil
 }
 
@@ -295,6 +308,7 @@ func (r *Runtime) status(ctx context.Context, container ctrd.Container) (noderun
 		Labels:    userLabels(info.Labels),
 		StartedAt: parseTime(info.Labels[labelStartedAt]),
 		OOMKilled: info.Labels[labelOOMKilled] == "true",
+		Devices:   labelledDevices(info.Labels),
 	}
 	task, err := container.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {

@@ -15,8 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/adapters/cdispec"
 	"github.com/warmfleet/warmfleet/adapters/containerd"
-	"github.com/warmfleet/warmfleet/adapters/nvml"
+	"github.com/warmfleet/warmfleet/adapters/gpuprobe"
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
@@ -38,8 +39,9 @@ func main() {
 func newRoot() *cobra.Command {
 	var (
 		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel, bootstrap string
-		contentRoot, cacheDir, metricsAddr                                                  string
-		factsInterval                                                                       time.Duration
+		contentRoot, cacheDir, metricsAddr, gpuProbe, nvmlLibrary                           string
+		cdiDirs                                                                             []string
+		factsInterval, gpuProbeTimeout                                                      time.Duration
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
 		maxWorkloads                                                                        int
@@ -79,7 +81,7 @@ func newRoot() *cobra.Command {
 				dataDir = filepath.Join("/var/lib/warmfleet-agent", nodeID)
 			}
 			rt, err := containerd.New(cmd.Context(), containerd.Options{Address: ctrdAddr, Namespace: ctrdNS, ImageDir: imageDir,
-				LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Network: netOpts, Logger: log})
+				LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Network: netOpts, Logger: log, CDISpecDirs: cdiDirs})
 			if err != nil {
 				return fmt.Errorf("containerd at %s: %w (is containerd running? `containerd --version`; set --containerd-address)", ctrdAddr, err)
 			}
@@ -106,7 +108,8 @@ func newRoot() *cobra.Command {
 			}
 			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
-				Accelerator: nvml.New(log), Credentials: creds, Sessions: sessions,
+				Accelerator: gpuProbeFor(gpuProbe, nvmlLibrary, gpuProbeTimeout, cdiDirs, log), AcceleratorTimeout: gpuProbeTimeout,
+				Credentials: creds, Sessions: sessions,
 				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {
 				return err
@@ -136,6 +139,10 @@ func newRoot() *cobra.Command {
 	f.StringVar(&contentRoot, "content-root", "/var/lib/containerd", "containerd's root directory; its filesystem's size and free space are reported as disk facts")
 	f.StringVar(&cacheDir, "cache-dir", "", "directory holding the caches Runs mount (default <data-dir>/caches)")
 	f.DurationVar(&factsInterval, "facts-interval", agent.DefaultFactsInterval, "how often node facts are reported (changes are reported sooner)")
+	f.StringVar(&gpuProbe, "gpu-probe", os.Getenv("WARMFLEET_GPU_PROBE"), "the "+gpuprobe.BinaryName+" binary that reports the host's GPUs (default: next to this executable, else on PATH)")
+	f.DurationVar(&gpuProbeTimeout, "gpu-probe-timeout", gpuprobe.DefaultTimeout, "how long one GPU probe may take before the GPUs are reported unknown")
+	f.StringVar(&nvmlLibrary, "nvml-library", os.Getenv("WARMFLEET_NVML_LIBRARY"), "NVML library the GPU probe loads (default: libnvidia-ml.so.1 from the loader's search path)")
+	f.StringSliceVar(&cdiDirs, "cdi-spec-dir", cdispec.DefaultDirs(), "CDI spec directory, lowest priority first; repeat for several. GPUs are given to containers through the devices these specs declare")
 	f.BoolVar(&natsAuth, "nats-auth", os.Getenv("WARMFLEET_NATS_AUTH") == "1", "log in to NATS as this node with the bootstrap's token, then the session's (for warmfleet serve --auth; docs/security.md)")
 	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on")
 	f.StringVar(&natsTLS.CertFile, "tls-cert", os.Getenv("WARMFLEET_NATS_CERT"), "client certificate (PEM) for a NATS server that verifies clients")
@@ -149,6 +156,21 @@ func newRoot() *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&metricsAddr, "metrics-addr", os.Getenv("WARMFLEET_METRICS_ADDR"), "serve Prometheus /metrics, /healthz and /readyz (ready once enrolled) on this host:port (default: off)")
 	return cmd
+}
+
+// gpuProbeFor is the accelerator probe: the GPU probe binary, its CDI
+// names from the specs in cdiDirs. A binary that cannot be found is logged
+// here and at each report, which then states nothing established.
+func gpuProbeFor(path, nvmlLibrary string, timeout time.Duration, cdiDirs []string, log *zap.Logger) *gpuprobe.Exec {
+	bin, err := gpuprobe.Locate(path)
+	if err != nil {
+		log.Warn("GPU probe binary not found; GPUs will be reported unknown", zap.Error(err))
+	}
+	var args []string
+	if nvmlLibrary != "" {
+		args = append(args, "--nvml-library="+nvmlLibrary)
+	}
+	return gpuprobe.NewExec(gpuprobe.ExecConfig{Path: bin, Args: args, Timeout: timeout, CDI: cdispec.New(cdiDirs, log), Log: log})
 }
 
 // runWithMetrics runs the agent with its metrics server beside it: the

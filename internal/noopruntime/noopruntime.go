@@ -7,6 +7,7 @@ package noopruntime
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -116,7 +117,8 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		labels[k] = v
 	}
 	w := &workload{
-		st:   noderuntime.WorkloadStatus{ID: spec.ID, State: noderuntime.WorkloadRunning, Labels: labels, StartedAt: r.opts.Now()},
+		st: noderuntime.WorkloadStatus{ID: spec.ID, State: noderuntime.WorkloadRunning, Labels: labels, StartedAt: r.opts.Now(),
+			Devices: slices.Clone(spec.Devices)},
 		done: make(chan struct{}),
 	}
 	r.workloads[spec.ID] = w
@@ -236,6 +238,7 @@ func copyStatus(st noderuntime.WorkloadStatus) noderuntime.WorkloadStatus {
 		labels[k] = v
 	}
 	st.Labels = labels
+	st.Devices = slices.Clone(st.Devices)
 	return st
 }
 

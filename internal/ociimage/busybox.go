@@ -92,6 +92,12 @@ func buildBusyboxImage(dir, name string, cfg imageConfig) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
+	return buildImage(dir, name, layerTar)
+}
+
+// buildImage writes the one-layer image of layerTar as an OCI image-layout
+// archive into dir.
+func buildImage(dir, name string, layerTar []byte) (Image, error) {
 	layerGz, err := gzipBytes(layerTar)
 	if err != nil {
 		return Image{}, err

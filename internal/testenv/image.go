@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/warmfleet/warmfleet/internal/ociimage"
@@ -34,6 +35,26 @@ func BuildBusyboxImage(t testing.TB, dir, name string, opts ...ImageOption) Imag
 	img, err := ociimage.BuildBusybox(dir, name, files)
 	if err != nil {
 		t.Fatalf("testenv: build busybox image: %v", err)
+	}
+	return img
+}
+
+// BuildHostImage builds an image of host programs with every library they
+// load (ociimage.BuildFromHost, ociimage.WithLibraries): /bin/sh, and the
+// extra programs given, with the host's glibc. It skips t (fails under CI)
+// when ldd is missing.
+func BuildHostImage(t testing.TB, dir, name string, programs ...string) Image {
+	t.Helper()
+	if _, err := exec.LookPath("ldd"); err != nil {
+		unavailable(t, "ldd not found: cannot list a program's libraries")
+	}
+	files, err := ociimage.WithLibraries(append([]string{"/bin/sh"}, programs...)...)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	img, err := ociimage.BuildFromHost(dir, name, files)
+	if err != nil {
+		t.Fatalf("testenv: build host image: %v", err)
 	}
 	return img
 }

@@ -52,6 +52,21 @@ chmod 0755 "$agent_tmp"
 mv -f "$agent_tmp" "$bin/warmfleet-agent"
 `
 
+// generateCDI writes the CDI spec for this host's NVIDIA cards when the
+// NVIDIA container toolkit is installed: the agent gives containers their
+// GPUs through it (adapters/cdispec reads /var/run/cdi). A failure is said
+// and does not stop the agent: its facts then list cards without CDI names,
+// and the host takes no GPU Run. The agent's unit regenerates it at each
+// start (deploy/systemd/warmfleet-agent.service), since /var/run is emptied
+// by a reboot.
+const generateCDI = `if command -v nvidia-ctk >/dev/null 2>&1; then
+  install -d -m 0755 "$root/var/run/cdi"
+  if ! nvidia-ctk cdi generate --output="$root/var/run/cdi/nvidia.yaml"; then
+    echo "warmfleet: nvidia-ctk cdi generate failed; this host's GPUs cannot be given to Runs" >&2
+  fi
+fi
+`
+
 // startAgent starts the agent: through its systemd unit when there is one,
 // else straight from PATH.
 const startAgent = `[ -z "$root" ] || exit 0
@@ -81,6 +96,7 @@ func agentSteps(o Options) string {
 		s.WriteString("agent_sha256=" + strings.ToLower(o.AgentSHA256) + "\n")
 		s.WriteString(fetchAgent)
 	}
+	s.WriteString(generateCDI)
 	s.WriteString(startAgent)
 	return s.String()
 }
