@@ -239,6 +239,11 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		env = append(env, e.Name+"="+e.Value)
 	}
 	env = append(env, "WARMFLEET_RUN_ID="+l.RunID, "WARMFLEET_ATTEMPT_ID="+l.AttemptID, "WARMFLEET_NODE_ID="+a.cfg.NodeID)
+	if len(l.GPUs) > 0 {
+		// The cards' UUIDs, as placement booked them: inside the
+		// container CUDA numbers its cards from 0 whatever they are.
+		env = append(env, "WARMFLEET_GPUS="+strings.Join(l.GPUs, ","))
+	}
 	spec := noderuntime.WorkloadSpec{
 		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
 		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,

@@ -137,6 +137,10 @@ type agentSpec struct {
 	noWait     bool    // do not wait for enrollment (it is expected to fail)
 	// progressInterval overrides how often an image transfer is reported.
 	progressInterval time.Duration
+	// accelerator states the node's cards; cdiDirs are the CDI spec
+	// directories its runtime resolves devices from.
+	accelerator agent.AcceleratorProbe
+	cdiDirs     []string
 }
 
 // node is one running agent process.
@@ -158,7 +162,9 @@ func (f *fleet) startAgent(spec agentSpec) *node {
 		spec.counts = &counts{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rt, err := containerd.New(ctx, spec.world.runtimeOptions(spec.dataDir, f.log.Named(spec.id)))
+	opts := spec.world.runtimeOptions(spec.dataDir, f.log.Named(spec.id))
+	opts.CDISpecDirs = spec.cdiDirs
+	rt, err := containerd.New(ctx, opts)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -167,7 +173,8 @@ func (f *fleet) startAgent(spec agentSpec) *node {
 		f.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: spec.generation, EnrollmentToken: spec.token, DataDir: spec.dataDir,
-		StopGrace: 2 * time.Second, Faults: spec.faults, ProgressInterval: spec.progressInterval}, conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
+		StopGrace: 2 * time.Second, Faults: spec.faults, ProgressInterval: spec.progressInterval, Accelerator: spec.accelerator},
+		conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)
 	}

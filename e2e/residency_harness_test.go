@@ -129,6 +129,8 @@ type sessionNodeSpec struct {
 	// url is the NATS URL the agent dials; the fleet's server when empty
 	// (a partition test puts a cuttable proxy in between).
 	url string
+	// accelerator states the node's cards.
+	accelerator agent.AcceleratorProbe
 }
 
 func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
@@ -156,7 +158,7 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: 1, DataDir: dataDir, StopGrace: 2 * time.Second, Sessions: host},
+	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: 1, DataDir: dataDir, StopGrace: 2 * time.Second, Sessions: host, Accelerator: spec.accelerator},
 		conn, spec.rt, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)

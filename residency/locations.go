@@ -34,10 +34,10 @@ type Observation struct {
 	State      ObservedState `json:"state"`
 	// Accepting is false while the host drains and in every state but
 	// resident: a router must not send new sessions' work here.
-	Accepting       bool      `json:"accepting"`
-	Workload        string    `json:"workload,omitempty"`
-	CompatibilityID string    `json:"compatibility_id,omitempty"`
-	Namespace       string    `json:"namespace,omitempty"`
+	Accepting       bool   `json:"accepting"`
+	Workload        string `json:"workload,omitempty"`
+	CompatibilityID string `json:"compatibility_id,omitempty"`
+	Namespace       string `json:"namespace,omitempty"`
 	// CPUMillis, MemoryBytes and GPUs (card UUIDs) are what the residency's
 	// workload holds on its host: the control plane books them in the same
 	// ledger as Runs.
