@@ -245,7 +245,8 @@ pass "facts: card 0 $UUID offered as nvidia.com/gpu=$UUID and nvidia.com/gpu=0"
 
 # ---- 8. a Run booked one GPU. The agent removes a workload and its log
 # once it has reported the exit, so the Run writes what nvidia-smi says into
-# a cache directory, which the node keeps (<agent data dir>/caches).
+# a cache directory, which the node keeps (<agent data dir>/caches). It asks
+# for no network: the lent VM has no CNI plugins, so its node offers none.
 smi=$(grep -A1 "hostPath: .*/nvidia-smi$" "$CDI_DIR/nvidia.yaml" | grep -o 'containerPath: .*' | awk '{print $2}' | head -n 1)
 smi=${smi:-nvidia-smi}
 cat >"$WORK/run.json" <<JSON
@@ -255,6 +256,7 @@ cat >"$WORK/run.json" <<JSON
   "command": ["/bin/sh", "-c", "$smi -L >/out/nvidia-smi.txt 2>&1; code=\$?; cat /out/nvidia-smi.txt; exit \$code"],
   "env": {"PATH": "/usr/local/nvidia/bin:/usr/local/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu"},
   "resources": {"gpu_count": 1},
+  "network": "none",
   "caches": [{"name": "gpu-smoke", "compatibility_key": "v1", "path": "/out"}],
   "max_runtime_seconds": 120
 }

@@ -27,10 +27,10 @@ func TestMayWinIsNecessary(t *testing.T) {
 		for i := range nodes {
 			state := rapid.SampledFrom([]schemas.NodeState{schemas.NodeReady, schemas.NodeDraining, schemas.NodeLost}).Draw(t, "state")
 			lease := now.Add(time.Duration(rapid.IntRange(-5, 5).Draw(t, "lease")) * time.Second)
-			gpus := rapid.Int64Range(0, 4).Draw(t, "devices")
+			gpus := []schemas.AcceleratorDevice{{Model: "NVIDIA L4", MemoryBytes: 24 << 30, Count: rapid.Int64Range(0, 4).Draw(t, "devices")}}
 			facts := &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64",
 				Accelerator: schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverCapability: "12.4",
-					Devices: []schemas.AcceleratorDevice{{Model: "NVIDIA L4", MemoryBytes: 24 << 30, Count: gpus}}},
+					Devices: gpus, Cards: cardsOf(string(rune('a'+i)), gpus, true)},
 				Disk: schemas.DiskFacts{Known: true, FreeBytes: 1 << 40}}}
 			n := NewNode(schemas.NodeRecord{NodeID: string(rune('a' + i)), State: state, LeaseExpires: lease,
 				Capacity: res("cap"), Facts: facts, FactsReceivedAt: now})
