@@ -83,6 +83,9 @@ type Registry struct {
 
 	mu    sync.Mutex // serialises a refresh with the reads after it
 	cache *cdi.Cache
+	// logged is the spec errors last logged at warn: the same ones are
+	// not repeated at every report and launch.
+	logged string
 }
 
 // New reads specs from dirs (DefaultDirs when empty), lowest priority
@@ -130,8 +133,16 @@ func (r *Registry) refresh() []schemas.CDISpecError {
 		}
 		return strings.Compare(a.Reason, b.Reason)
 	})
+	var key strings.Builder
 	for _, e := range out {
-		r.log.Warn("CDI spec not usable; its devices are not offered", zap.String("path", e.Path), zap.String("reason", e.Reason))
+		key.WriteString(e.Path + "\x00" + e.Reason + "\x00")
+	}
+	level := zap.DebugLevel
+	if key.String() != r.logged {
+		level, r.logged = zap.WarnLevel, key.String()
+	}
+	for _, e := range out {
+		r.log.Log(level, "CDI spec not usable; its devices are not offered", zap.String("path", e.Path), zap.String("reason", e.Reason))
 	}
 	return out
 }

@@ -10,7 +10,9 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
 )
@@ -148,5 +150,25 @@ func TestInject_RefusesWhatItCannotResolve(t *testing.T) {
 	}
 	if err := r.Inject(baseSpec(), nil); err != nil {
 		t.Errorf("Inject of nothing: %v", err)
+	}
+}
+
+func TestScan_WarnsOnceForTheSameBrokenSpec(t *testing.T) {
+	dir := t.TempDir()
+	testenv.WriteMalformedCDISpec(t, dir)
+	core, logs := observer.New(zap.DebugLevel)
+	r := New([]string{dir}, zap.New(core))
+	for range 3 {
+		r.Scan()
+	}
+	if n := logs.FilterLevelExact(zap.WarnLevel).Len(); n != 1 {
+		t.Fatalf("%d warnings for one broken spec scanned three times, want 1", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "other.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.Scan()
+	if n := logs.FilterLevelExact(zap.WarnLevel).Len(); n != 3 {
+		t.Fatalf("%d warnings after a second broken spec appeared, want 3 (both, once more)", n)
 	}
 }

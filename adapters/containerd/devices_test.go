@@ -23,8 +23,14 @@ const listDevices = `for d in /dev/nvidia*; do [ -e "$d" ] || continue; echo "no
 // testDevices gives workloads CDI devices from a spec in a temp dir: two
 // fake GPUs backed by character devices with /dev/null's numbers, and a
 // malformed spec beside them that must not get in the way.
+//
+// It is not parallel on purpose: run beside the Workload subtests, the
+// HostGlibcImage step (building and importing an image) made
+// Workload/ExitCodeTimesLogsLimits find its stderr line missing from the
+// shim-written log about one run in three on a loaded 2-core machine. The
+// cause is not found yet; run alone, before the parallel subtests resume,
+// neither fails.
 func (f *fixture) testDevices(t *testing.T) {
-	t.Parallel()
 	gpus := testenv.WriteCDIGPUs(t)
 	testenv.WriteMalformedCDISpec(t, gpus.Dir)
 	rt, err := New(testCtx(t), Options{Address: f.env.Address, Namespace: f.env.Namespace, ImageDir: f.imageDir,
