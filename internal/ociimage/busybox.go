@@ -168,6 +168,28 @@ func jsonBlob(mediaType string, v any) (blob, error) {
 // rootfsTar is the layer: /bin/busybox, its applet symlinks, the usual
 // top-level directories and any extra files.
 func rootfsTar(busybox []byte, files map[string]string) ([]byte, error) {
+	entries := make(map[string]layerFile, len(files)+1)
+	entries["bin/busybox"] = layerFile{data: busybox, mode: 0o755}
+	for name, content := range files {
+		entries[name] = layerFile{data: []byte(content), mode: 0o644}
+	}
+	links := make(map[string]string, len(applets))
+	for _, a := range applets {
+		links["bin/"+a] = "busybox"
+	}
+	return layerTar(entries, links)
+}
+
+// layerFile is one regular file of a layer.
+type layerFile struct {
+	data []byte
+	mode int64
+}
+
+// layerTar is a layer of the usual top-level directories, every parent
+// directory of the files, the files and the symlinks (name → target), in
+// name order with fixed times, so equal input gives equal bytes.
+func layerTar(files map[string]layerFile, links map[string]string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dirs := map[string]int64{"bin": 0o755, "dev": 0o755, "etc": 0o755, "proc": 0o755, "sys": 0o755, "tmp": 0o1777}
@@ -178,16 +200,18 @@ func rootfsTar(busybox []byte, files map[string]string) ([]byte, error) {
 			}
 		}
 	}
-	entries := make([]*tar.Header, 0, len(dirs)+len(applets)+len(files)+1)
+	entries := make([]*tar.Header, 0, len(dirs)+len(links)+len(files))
 	for d, mode := range dirs {
 		entries = append(entries, &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: mode})
 	}
-	entries = append(entries, &tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755, Size: int64(len(busybox))})
-	for _, a := range applets {
-		entries = append(entries, &tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777})
+	for name, target := range links {
+		entries = append(entries, &tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777})
 	}
-	for name, content := range files {
-		entries = append(entries, &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(content))})
+	for name, f := range files {
+		if _, isDir := dirs[name]; isDir {
+			return nil, fmt.Errorf("ociimage: %s is both a file and a directory", name)
+		}
+		entries = append(entries, &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: f.mode, Size: int64(len(f.data))})
 	}
 	// Parents sort before children, and map order must not leak into bytes.
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
@@ -197,15 +221,10 @@ func rootfsTar(busybox []byte, files map[string]string) ([]byte, error) {
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, err
 		}
-		var body []byte
-		switch {
-		case h.Name == "bin/busybox":
-			body = busybox
-		case h.Typeflag == tar.TypeReg:
-			body = []byte(files[h.Name])
-		}
-		if _, err := tw.Write(body); err != nil {
-			return nil, err
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(files[h.Name].data); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tw.Close(); err != nil {

@@ -1,8 +1,6 @@
 package ociimage
 
 import (
-	"archive/tar"
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -49,45 +47,13 @@ func BuildFromHost(dir, name string, paths []string) (Image, error) {
 }
 
 // hostTar is the layer: the usual top-level directories, every parent
-// directory of the files, and the files.
+// directory of the files, and the files with their modes.
 func hostTar(files map[string][]byte, modes map[string]int64) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dirs := map[string]int64{"bin": 0o755, "dev": 0o755, "etc": 0o755, "proc": 0o755, "sys": 0o755, "tmp": 0o1777}
-	for name := range files {
-		for d := path.Dir(name); d != "."; d = path.Dir(d) {
-			if _, ok := dirs[d]; !ok {
-				dirs[d] = 0o755
-			}
-		}
-	}
-	entries := make([]*tar.Header, 0, len(dirs)+len(files))
-	for d, mode := range dirs {
-		entries = append(entries, &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: mode})
-	}
+	entries := make(map[string]layerFile, len(files))
 	for name, data := range files {
-		if _, isDir := dirs[name]; isDir {
-			return nil, fmt.Errorf("ociimage: %s is both a file and a directory", name)
-		}
-		entries = append(entries, &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: modes[name], Size: int64(len(data))})
+		entries[name] = layerFile{data: data, mode: modes[name]}
 	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
-	for _, h := range entries {
-		h.ModTime = fixedTime
-		h.Format = tar.FormatPAX
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, err
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := tw.Write(files[h.Name]); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return layerTar(entries, nil)
 }
 
 // WithLibraries is paths and every shared library ldd says they load,
