@@ -338,3 +338,26 @@ func TestDue(t *testing.T) {
 		}
 	}
 }
+
+// TestReportedGPUsWin: after a restart, a node's account of the cards an
+// attempt holds replaces the booking's when they differ, even in a report
+// of a phase the Run has passed; an equal or empty account changes nothing.
+func TestReportedGPUsWin(t *testing.T) {
+	r := booked(schemas.PhaseRunning)
+	r.GPUs = []string{"GPU-a"}
+	held := report(schemas.WorkloadRunning, func(w *schemas.WorkloadObservation) { w.GPUs = []string{"GPU-b"} })
+	got, evs, err := held.Apply(r)
+	if err != nil || len(got.GPUs) != 1 || got.GPUs[0] != "GPU-b" || got.Phase != schemas.PhaseRunning || len(evs) != 1 || evs[0].GPUs[0] != "GPU-b" {
+		t.Fatalf("node reports GPU-b for a booking of GPU-a: %+v %+v %v", got.GPUs, evs, err)
+	}
+	if _, _, err := held.Apply(got); !errors.Is(err, ErrStaleReport) {
+		t.Errorf("the same account again: %v, want a stale report", err)
+	}
+	if _, _, err := report(schemas.WorkloadRunning, nil).Apply(got); !errors.Is(err, ErrStaleReport) {
+		t.Errorf("a report naming no cards: %v, want a stale report", err)
+	}
+	lost, _, err := Loss{AttemptID: got.AttemptID, MaxAttempts: 3}.Apply(got)
+	if err != nil || lost.GPUs != nil {
+		t.Errorf("a lost attempt still holds %v (%v): its cards are free for the next one", lost.GPUs, err)
+	}
+}
