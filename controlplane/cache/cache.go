@@ -5,6 +5,7 @@ package cache
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
 	"time"
 
@@ -198,7 +199,8 @@ func (c *Cache) applyResidency(e jetstream.KeyValueEntry) {
 	put := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &o) == nil && o.Holds()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old, ok := c.residencies[e.Key()]; ok && old.rev >= e.Revision() {
+	old, had := c.residencies[e.Key()]
+	if had && old.rev >= e.Revision() {
 		return
 	}
 	if !put {
@@ -206,7 +208,16 @@ func (c *Cache) applyResidency(e jetstream.KeyValueEntry) {
 	} else {
 		c.residencies[e.Key()] = cachedResidency{o, e.Revision()}
 	}
-	c.nodeVer++ // what a node holds changed: fleet snapshots are stale
+	// A host's heartbeat republishes its residencies; only a change of
+	// what a node holds makes fleet snapshots (and decisions) stale.
+	if had != put || (put && !sameHold(old.obs, o)) {
+		c.nodeVer++
+	}
+}
+
+// sameHold reports whether two observations hold the same on the same host.
+func sameHold(a, b residency.Observation) bool {
+	return a.Host == b.Host && a.CPUMillis == b.CPUMillis && a.MemoryBytes == b.MemoryBytes && slices.Equal(a.GPUs, b.GPUs)
 }
 
 // Residencies returns the resident sessions that hold resources on a host,
