@@ -47,6 +47,10 @@ type Topology struct {
 	Replicas int
 	// EventsMaxAge bounds the audit log; 0 keeps it forever.
 	EventsMaxAge time.Duration
+	// LogsMaxAge and LogsMaxBytes bound WF_LOGS; 0 is DefaultLogsMaxAge,
+	// DefaultLogsMaxBytes.
+	LogsMaxAge   time.Duration
+	LogsMaxBytes int64
 }
 
 // StreamConfigs returns the stream definitions.
@@ -95,6 +99,7 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 			Replicas:    r,
 		},
 		inboxStreamConfig(r),
+		t.logsStreamConfig(r),
 	}
 }
 

@@ -1,0 +1,86 @@
+package bus
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Run and session output. A node ships each workload's stdout and stderr
+// to WF_LOGS in chunks of whole lines (at most MaxLogChunk bytes), one
+// message per chunk, the bytes as they were written (no encoding), so
+// `nats sub` and `nats stream view` show them as text. The headers say
+// whose bytes they are and where they sit in their stream; Nats-Msg-Id is
+// LogMsgID, so a chunk sent again after an agent restart is stored once.
+// After a stream's last byte the node sends one empty message with
+// HeaderLogEnd set to the stream's length.
+const (
+	StreamLogs = "WF_LOGS"
+	// SubjectLogsAll is WF_LOGS's subjects.
+	SubjectLogsAll     = "wf.logs.>"
+	subjectRunLogs     = "wf.logs.run."
+	subjectSessionLogs = "wf.logs.session."
+
+	// MaxLogChunk bounds one chunk's body; a longer line is split.
+	MaxLogChunk = 64 << 10
+
+	HeaderLogAttempt = "Wf-Attempt" // the attempt (workload) id
+	HeaderLogStream  = "Wf-Stream"  // LogStdout or LogStderr
+	HeaderLogOffset  = "Wf-Offset"  // decimal offset of the chunk's first byte in its stream
+	HeaderLogTime    = "Wf-Time"    // RFC 3339 (nanoseconds): when the node's log writer received the first byte
+	HeaderLogNode    = "Wf-Node"    // the node that ran the attempt
+	HeaderLogEnd     = "Wf-End"     // on the empty closing message: the stream's length in bytes
+
+	LogStdout = "stdout"
+	LogStderr = "stderr"
+)
+
+// Defaults for Topology's WF_LOGS limits (warmfleet serve --logs-max-age,
+// --logs-max-bytes): the oldest chunks are dropped first.
+const (
+	DefaultLogsMaxAge   = 7 * 24 * time.Hour
+	DefaultLogsMaxBytes = 10 << 30
+)
+
+// RunLogs is the subject of one Run's output, every attempt's.
+func RunLogs(runID string) string { return subjectRunLogs + runID }
+
+// SessionLogs is the subject of one resident session's output.
+func SessionLogs(tenant, session string) string {
+	return subjectSessionLogs + tenant + "." + session
+}
+
+// LogMsgID is the Nats-Msg-Id of the chunk of attempt's stream that starts
+// at offset: the same bytes sent again are the same message.
+func LogMsgID(attempt, stream string, offset int64) string {
+	return attempt + "." + stream + "." + strconv.FormatInt(offset, 10)
+}
+
+// LogEndMsgID is the Nats-Msg-Id of a stream's closing message.
+func LogEndMsgID(attempt, stream string) string { return attempt + "." + stream + ".end" }
+
+// logsStreamConfig keeps output by age and size (limits retention): logs
+// outlive their Run and its node, and the oldest go first.
+func (t Topology) logsStreamConfig(r int) jetstream.StreamConfig {
+	age, size := t.LogsMaxAge, t.LogsMaxBytes
+	if age == 0 {
+		age = DefaultLogsMaxAge
+	}
+	if size == 0 {
+		size = DefaultLogsMaxBytes
+	}
+	return jetstream.StreamConfig{
+		Name:        StreamLogs,
+		Description: "Run and session output, in chunks of whole lines",
+		Subjects:    []string{SubjectLogsAll},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      age,
+		MaxBytes:    size,
+		MaxMsgSize:  MaxLogChunk + 4<<10, // the body and its headers
+		Duplicates:  DedupeWindow,
+		Replicas:    r,
+	}
+}
