@@ -63,6 +63,23 @@ type Config struct {
 	// noderuntime.NetworkMode), reported in facts; a launch asking for
 	// another is refused. Nil offers every mode.
 	NetworkModes []string
+	// LogRate and LogBurst bound how fast one Run's output is kept, both
+	// streams together (bytes per second, bytes); past them output is
+	// dropped and a marker line says how much. DefaultLogRate and
+	// DefaultLogBurst when zero; a negative LogRate keeps everything.
+	LogRate, LogBurst int64
+	// LogPoll is how often a running attempt's output is read for new
+	// lines; DefaultLogPoll when zero.
+	LogPoll time.Duration
+	// LogShipTimeout bounds how long an exit report waits for the attempt's
+	// output to be stored; DefaultLogShipTimeout when zero. Shipping goes
+	// on after it.
+	LogShipTimeout time.Duration
+	// LogDialer opens each Run's log connection; nil ships on the agent's
+	// own connection (output.go).
+	LogDialer LogDialer
+	// LogMetrics, when set, receives the shipping figures.
+	LogMetrics LogMetrics
 	// Credentials, when set, are what the agent's NATS connection logs in
 	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
 	// puts its saved session token, or else its bootstrap token, in them
@@ -100,6 +117,9 @@ type Agent struct {
 	enr schemas.Enrollment
 	// watching holds the workloads this process waits on, by workload id.
 	watching map[string]context.CancelFunc
+	// shipments are the output directories being shipped, by attempt id.
+	shipments map[string]*shipment
+	behind    *backlog
 	// cancel stops Run; stopErr is what Run then returns.
 	cancel  context.CancelFunc
 	stopErr error
@@ -133,6 +153,18 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if cfg.ProgressInterval <= 0 {
 		cfg.ProgressInterval = DefaultProgressInterval
 	}
+	if cfg.LogRate == 0 {
+		cfg.LogRate = DefaultLogRate
+	}
+	if cfg.LogBurst <= 0 {
+		cfg.LogBurst = DefaultLogBurst
+	}
+	if cfg.LogPoll <= 0 {
+		cfg.LogPoll = DefaultLogPoll
+	}
+	if cfg.LogShipTimeout <= 0 {
+		cfg.LogShipTimeout = DefaultLogShipTimeout
+	}
 	j, err := OpenJournal(cfg.DataDir, 0)
 	if err != nil {
 		return nil, err
@@ -141,7 +173,8 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	changed := make(chan struct{}, 1)
 	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
 		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed,
-		watching: map[string]context.CancelFunc{}}
+		watching: map[string]context.CancelFunc{}, shipments: map[string]*shipment{},
+		behind: &backlog{metrics: cfg.LogMetrics, bytes: map[string][2]int64{}}}
 	return a, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -276,6 +277,12 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
 	}
+	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+		return
+	}
+	spec.Output.BytesPerSecond, spec.Output.Burst = max(a.cfg.LogRate, 0), a.cfg.LogBurst
 	a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadStarting})
 	st, err := a.rt.Launch(ctx, spec)
 	switch {
@@ -286,6 +293,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	case err != nil:
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+		_ = os.RemoveAll(spec.Output.Dir) // nothing ran, nothing was written
 	default:
 		rc.Outcome = schemas.OutcomeApplied
 		a.log.Info("workload started", zap.String("run_id", l.RunID), zap.String("workload", l.AttemptID))

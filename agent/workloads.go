@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +82,12 @@ func (a *Agent) watch(ctx context.Context, id string) {
 	a.watching[id] = cancel
 	a.mu.Unlock()
 
+	// The output is shipped from now on, under the agent's context: it
+	// outlives this watch when the exit report gives up waiting for it.
+	sh, err := a.shipOutput(ctx, id)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Warn("workload output cannot be shipped", zap.String("workload", id), zap.Error(err))
+	}
 	a.wg.Go(func() {
 		defer func() {
 			a.mu.Lock()
@@ -106,7 +113,7 @@ func (a *Agent) watch(ctx context.Context, id string) {
 		if final.Labels == nil {
 			final.Labels = st.Labels
 		}
-		a.reportExit(wctx, final)
+		a.reportExit(wctx, final, sh)
 	})
 }
 
@@ -138,8 +145,25 @@ func (a *Agent) enforceMaxRuntime(ctx context.Context, st noderuntime.WorkloadSt
 	})
 }
 
-// reportExit publishes a workload's end, then removes it.
-func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus) {
+// reportExit stores the workload's output, publishes its end, then removes
+// it: so a Run whose phase says it ended already has every line stored.
+func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus, sh *shipment) {
+	if err := a.rt.Finish(ctx, st.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
+		a.log.Warn("finish workload output", zap.String("workload", st.ID), zap.Error(err))
+	}
+	if sh != nil {
+		sh.finish()
+		t := time.NewTimer(a.cfg.LogShipTimeout)
+		select {
+		case <-sh.done:
+		case <-t.C:
+			a.log.Warn("reporting the exit before the workload's output is stored; shipping goes on", zap.String("workload", st.ID), zap.Duration("waited", a.cfg.LogShipTimeout))
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
 	w := observationOf(st)
 	if e, ok := a.journal.Stopped(st.ID); ok {
 		w.StopReason = e.StopReason
@@ -164,6 +188,10 @@ func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus) {
 	a.log.Info("workload exited", zap.String("run_id", w.RunID), zap.String("workload", st.ID), zap.Int("exit_code", st.ExitCode), zap.Bool("oom_killed", st.OOMKilled))
 	if err := a.rt.Remove(ctx, st.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		a.log.Warn("remove exited workload", zap.String("workload", st.ID), zap.Error(err))
+		return
+	}
+	if sh != nil {
+		sh.reportedDone()
 	}
 }
 
@@ -201,5 +229,10 @@ func (a *Agent) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
 	for _, st := range list {
 		a.watch(ctx, st.ID) // an exited one is reported and removed at once
 	}
+	held := make(map[string]bool, len(all))
+	for _, st := range all {
+		held[st.ID] = true
+	}
+	a.shipLeftovers(ctx, held)
 	return nil
 }

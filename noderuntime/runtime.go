@@ -34,6 +34,12 @@ type Runtime interface {
 	// Stop signals SIGTERM, waits up to grace, then SIGKILLs. Stopping an
 	// exited workload is not an error.
 	Stop(ctx context.Context, id string, grace time.Duration) error
+	// Finish makes an exited workload's output complete: once it returns,
+	// every byte the workload wrote is in its output directory and the log
+	// writer has marked it done. The workload stays (Inspect and Wait
+	// report its exit) until Remove. A running workload is an error;
+	// finishing one already finished is not.
+	Finish(ctx context.Context, id string) error
 	// Remove deletes the workload's task, container and snapshot.
 	Remove(ctx context.Context, id string) error
 	// List returns every workload this agent's runtime namespace holds.
@@ -47,6 +53,9 @@ type Runtime interface {
 var (
 	ErrWorkloadExists   = errors.New("workload already exists")
 	ErrWorkloadNotFound = errors.New("workload not found")
+	// ErrWorkloadRunning: an operation that needs the workload to have
+	// exited (Finish) found it running.
+	ErrWorkloadRunning = errors.New("workload still running")
 	ErrImageNotFound    = errors.New("image not found in any source")
 	// ErrDeviceUnavailable: a WorkloadSpec device the host cannot give
 	// (not a valid CDI name, declared by no usable CDI spec, or its edits

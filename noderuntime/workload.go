@@ -31,6 +31,23 @@ type WorkloadSpec struct {
 	MemlockUnlimited bool
 	// Ulimits are the workload's resource limits by name (limits.go).
 	Ulimits []Ulimit
+	// Output says where the workload's stdout and stderr are kept on the
+	// node and how fast (package nodelog's layout).
+	Output Output
+}
+
+// Output is where a workload's output goes. The runtime's log writer keeps
+// it in Dir (a directory of package nodelog's layout) while the workload
+// runs, whether or not the agent is up; Finish makes it complete. The
+// directory is the caller's: Remove leaves it. An empty Dir is the
+// runtime's own choice, which Remove deletes.
+type Output struct {
+	Dir string
+	// BytesPerSecond and Burst bound how fast output is kept, both streams
+	// together; what exceeds them is dropped and a marker line says how
+	// much. Zero keeps everything.
+	BytesPerSecond int64
+	Burst          int64
 }
 
 // Mount is a bind mount of a host directory.

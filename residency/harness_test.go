@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/nodelog"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -28,6 +30,9 @@ import (
 // property test's default run short (override with -rapid.checks or
 // RAPID_CHECKS).
 func TestMain(m *testing.M) {
+	if code, ok := nodelog.WriterMain(os.Args); ok {
+		os.Exit(code) // the workloads' log writer
+	}
 	flag.Parse()
 	checksSet := false
 	flag.Visit(func(f *flag.Flag) { checksSet = checksSet || f.Name == "rapid.checks" })

@@ -49,7 +49,7 @@ func (f *fixture) testDevices(t *testing.T) {
 		if st.ExitCode != 0 {
 			t.Fatalf("%s exited %d", id, st.ExitCode)
 		}
-		log, err := os.ReadFile(rt.LogPath(id))
+		log, err := finishedOutput(t, rt, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,10 +110,10 @@ func (f *fixture) testDevices(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = rt.Remove(context.Background(), "gpu-hostlibc") })
 		if st := wait(t, rt, "gpu-hostlibc"); st.ExitCode != 0 {
-			log, _ := os.ReadFile(rt.LogPath("gpu-hostlibc"))
+			log, _ := finishedOutput(t, rt, "gpu-hostlibc")
 			t.Fatalf("exit %d: %s", st.ExitCode, log)
 		}
-		if log, _ := os.ReadFile(rt.LogPath("gpu-hostlibc")); string(log) != "card 0\n" {
+		if log, _ := finishedOutput(t, rt, "gpu-hostlibc"); string(log) != "card 0\n" {
 			t.Fatalf("the host-glibc workload said %q", log)
 		}
 	})

@@ -57,7 +57,7 @@ func TestRealGPU_NvidiaSmiSeesTheInjectedCard(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = rt.Remove(context.Background(), id) })
 		st := wait(t, rt, id)
-		log, _ := os.ReadFile(rt.LogPath(id))
+		log, _ := finishedOutput(t, rt, id)
 		t.Logf("%s (devices %v) exit %d:\n%s", id, devices, st.ExitCode, log)
 		return st.ExitCode, string(log)
 	}

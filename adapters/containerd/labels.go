@@ -21,6 +21,9 @@ const (
 	labelFinishedAt = labelPrefix + "finished-at"
 	labelExitCode   = labelPrefix + "exit-code"
 	labelOOMKilled  = labelPrefix + "oom-killed"
+	// labelOwnOutput marks a workload whose output directory is the
+	// runtime's own choice, which Remove deletes.
+	labelOwnOutput = labelPrefix + "own-output"
 )
 
 // managedFilter selects this adapter's containers in a containerd list.

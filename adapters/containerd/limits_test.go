@@ -3,7 +3,6 @@ package containerd
 import (
 	"context"
 	"errors"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -116,7 +115,7 @@ func (f *fixture) testLimits(t *testing.T) {
 			Ulimits: []noderuntime.Ulimit{{Name: "nofile", Soft: 2048, Hard: 4096}},
 			Command: []string{"sh", "-c", `grep ' /dev/shm ' /proc/mounts; echo "nofile $(ulimit -n) $(ulimit -Hn)"; echo "memlock $(ulimit -l)"`}})
 		st := wait(t, f.rt, "limits")
-		log, _ := os.ReadFile(f.rt.LogPath("limits"))
+		log, _ := finishedOutput(t, f.rt, "limits")
 		memlock := "memlock unlimited"
 		if f.rt.memlockMax != noderuntime.Unlimited { // a host that withholds CAP_SYS_RESOURCE
 			memlock = "memlock " + strconv.FormatUint(f.rt.memlockMax/1024, 10)

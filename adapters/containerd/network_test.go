@@ -102,7 +102,7 @@ func (f *fixture) testNetwork(t *testing.T) {
 		f.launchOn(t, nr.Runtime, noderuntime.WorkloadSpec{ID: "net-bridge", Network: noderuntime.NetworkBridge, Command: []string{"sh", "-c",
 			"busybox ip -4 addr show eth0 && busybox ip route && cat /etc/resolv.conf && busybox ip link show lo && busybox ping -c 1 -W 5 " + gw}})
 		st := wait(t, nr.Runtime, "net-bridge")
-		log, _ := os.ReadFile(nr.LogPath("net-bridge"))
+		log, _ := finishedOutput(t, nr.Runtime, "net-bridge")
 		if st.ExitCode != 0 {
 			t.Fatalf("workload exited %d:\n%s", st.ExitCode, log)
 		}
@@ -193,7 +193,7 @@ func (f *fixture) testNetwork(t *testing.T) {
 		f.launchOn(t, nr.Runtime, noderuntime.WorkloadSpec{ID: "net-host", Network: noderuntime.NetworkHost,
 			Command: []string{"sh", "-c", "cat /proc/net/dev /etc/resolv.conf"}})
 		st := wait(t, nr.Runtime, "net-host")
-		log, _ := os.ReadFile(nr.LogPath("net-host"))
+		log, _ := finishedOutput(t, nr.Runtime, "net-host")
 		if st.ExitCode != 0 || !strings.Contains(string(log), nr.bridge.Name+":") || !strings.Contains(string(log), "nameserver 192.0.2.53") {
 			t.Fatalf("exit %d; want the host's %s and the resolv.conf in:\n%s", st.ExitCode, nr.bridge.Name, log)
 		}
@@ -209,7 +209,7 @@ func (f *fixture) testNetwork(t *testing.T) {
 			id := "net-none" + string(mode)
 			f.launch(t, f.rt, noderuntime.WorkloadSpec{ID: id, Network: mode, Command: []string{"cat", "/proc/net/dev"}})
 			st := wait(t, f.rt, id)
-			log, _ := os.ReadFile(f.rt.LogPath(id))
+			log, _ := finishedOutput(t, f.rt, id)
 			var ifaces []string
 			for _, line := range strings.Split(string(log), "\n") {
 				if name, _, ok := strings.Cut(line, ":"); ok {

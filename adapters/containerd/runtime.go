@@ -21,6 +21,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/cdispec"
 	"github.com/warmfleet/warmfleet/internal/keyed"
+	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
@@ -45,9 +46,15 @@ type Options struct {
 	// Snapshotter is the containerd snapshotter for rootfs. Empty means
 	// "overlayfs", falling back to "native" when overlayfs did not load.
 	Snapshotter string
-	// LogDir receives each workload's stdout+stderr as <id>.log. Empty
-	// means a directory under os.TempDir named for the namespace.
+	// LogDir holds the output directories of workloads whose spec names
+	// none, as <LogDir>/<id>. Empty means a directory under os.TempDir
+	// named for the namespace.
 	LogDir string
+	// LogWriter is the binary containerd's shim runs beside each workload
+	// to keep its output (package nodelog's writer: any binary that calls
+	// nodelog.WriterMain first, warmfleet-agent among them). Empty means
+	// this process's own executable. New checks that it answers.
+	LogWriter string
 	// StateDir holds what the runtime keeps per workload beside containerd:
 	// network records, resolv.conf copies, network namespaces and (by
 	// default) the IPAM leases. Empty means a directory under os.TempDir
@@ -72,6 +79,7 @@ type Runtime struct {
 	imageDir    string
 	snapshotter string
 	logDir      string
+	logWriter   string
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
 	cdi         *cdispec.Registry
@@ -107,6 +115,16 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.LogWriter == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("containerd runtime: find this executable for the log writer: %w", err)
+		}
+		opts.LogWriter = self
+	}
+	if err := nodelog.Probe(ctx, opts.LogWriter); err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
 	log := opts.Logger.With(zap.String("runtime", "containerd"), zap.String("namespace", opts.Namespace))
 
@@ -148,6 +166,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		namespace:  opts.Namespace,
 		imageDir:   opts.ImageDir,
 		logDir:     opts.LogDir,
+		logWriter:  opts.LogWriter,
 		net:        netw,
 		memlockMax: memlockMax,
 		log:        log,
@@ -197,10 +216,10 @@ func (r *Runtime) Close() error {
 // Snapshotter reports the snapshotter in use (after any fallback).
 func (r *Runtime) Snapshotter() string { return r.snapshotter }
 
-// LogPath is where the workload's stdout and stderr are written. Remove
-// deletes it, so read it before removing the workload.
-func (r *Runtime) LogPath(id string) string {
-	return filepath.Join(r.logDir, id+".log")
+// OutputDir is the output directory of a workload whose spec names none.
+// Remove deletes it, so read it before removing the workload.
+func (r *Runtime) OutputDir(id string) string {
+	return filepath.Join(r.logDir, id)
 }
 
 // NetworkModes are the network modes this runtime gives workloads:

@@ -41,6 +41,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Images", f.testImages)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)
+	t.Run("Output", f.testOutput)
 	t.Run("Stop", f.testStop)
 	t.Run("OOM", f.testOOM)
 	t.Run("Restart", f.testRestart)

@@ -138,3 +138,36 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 	return nil
 }
+
+// Finish deletes an exited workload's task (its exit is recorded in the
+// container's labels first), which closes the workload's output pipes; the
+// shim then waits for the log writer to read them to their end and exit.
+// The container stays for Inspect, Wait and Remove.
+func (r *Runtime) Finish(ctx context.Context, id string) error {
+	ctx = r.ctx(ctx)
+	container, err := r.load(ctx, id)
+	if err != nil {
+		return err
+	}
+	st, err := r.status(ctx, container)
+	if err != nil {
+		return fmt.Errorf("finish %s: %w", id, err)
+	}
+	if st.State != noderuntime.WorkloadExited {
+		if st.State == noderuntime.WorkloadUnknown {
+			return nil // no task: nothing holds the output open
+		}
+		return fmt.Errorf("finish %s: %w", id, noderuntime.ErrWorkloadRunning)
+	}
+	task, err := container.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("finish %s: load task: %w", id, err)
+	}
+	if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("finish %s: delete task: %w", id, err)
+	}
+	return nil
+}

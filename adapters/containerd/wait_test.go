@@ -1,7 +1,6 @@
 package containerd
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +98,7 @@ func (f *fixture) testOOM(t *testing.T) {
 func (f *fixture) testRestart(t *testing.T) {
 	t.Parallel()
 	first := f.newRuntime(t)
-	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Command: []string{"sh", "-c", "sleep 1; exit 5"}})
+	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Command: []string{"sh", "-c", "sleep 4; exit 5"}})
 	if err := first.Close(); err != nil { // the agent goes away
 		t.Fatal(err)
 	}
@@ -126,7 +125,7 @@ func waitForLog(t *testing.T, rt *Runtime, id, s string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(rt.LogPath(id))
+		b, _ := outputSoFar(rt, id)
 		if strings.Contains(string(b), s) {
 			return
 		}

@@ -19,6 +19,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
@@ -74,6 +75,9 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		labels[k] = v
 	}
 	labels[labelManaged] = "true"
+	if spec.Output.Dir == "" {
+		labels[labelOwnOutput] = "true"
+	}
 	opts := slices.Concat(specOpts(img, spec), []oci.SpecOpts{mounts}, limits, netOpts)
 	if len(spec.Devices) > 0 {
 		labels[labelDevices] = deviceLabel(spec.Devices)
@@ -103,15 +107,16 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create container: %w", spec.ID, err)
 	}
 
-	logPath := r.LogPath(spec.ID)
-	// A reused id must not inherit an earlier workload's output.
-	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		r.undoLaunch(ctx, container, nil)
-		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: clear old log: %w", spec.ID, err)
+	if spec.Output.Dir == "" {
+		// A reused id must not inherit an earlier workload's output.
+		if err := os.RemoveAll(r.OutputDir(spec.ID)); err != nil {
+			r.undoLaunch(ctx, container, nil)
+			return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: clear old output: %w", spec.ID, err)
+		}
 	}
-	// The shim writes the log file itself, so output keeps flowing while
-	// the agent is down and never reaches the agent's own stdio.
-	task, err := container.NewTask(ctx, cio.LogFile(logPath))
+	// The shim runs the log writer, so output keeps reaching disk while
+	// the agent is down and never passes through the agent's own stdio.
+	task, err := container.NewTask(ctx, cio.BinaryIO(r.logWriter, map[string]string{nodelog.WriterFlag: r.writerSpec(spec).Encode()}))
 	if err != nil {
 		r.undoLaunch(ctx, container, nil)
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create task: %w", spec.ID, err)
@@ -134,6 +139,15 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		StartedAt: started,
 		Devices:   labelledDevices(labels),
 	}, nil
+}
+
+// writerSpec is what the log writer of spec's workload is told.
+func (r *Runtime) writerSpec(spec noderuntime.WorkloadSpec) nodelog.WriterSpec {
+	dir := spec.Output.Dir
+	if dir == "" {
+		dir = r.OutputDir(spec.ID)
+	}
+	return nodelog.WriterSpec{Dir: dir, Limit: nodelog.Limit{BytesPerSecond: spec.Output.BytesPerSecond, Burst: spec.Output.Burst}}
 }
 
 // imageForLaunch finds the pinned image in containerd and makes sure it is
@@ -197,7 +211,6 @@ func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task
 	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		r.log.Warn("undo launch: delete container", zap.String("workload", container.ID()), zap.Error(err))
 	}
-	_ = os.Remove(r.LogPath(container.ID()))
 	r.releaseNetwork(ctx, container.ID())
 }
 
@@ -259,6 +272,11 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
+	info, err := container.Info(ctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove %s: container info: %w", id, err)
+	}
+	ownOutput := info.Labels[labelOwnOutput] == "true"
 	task, err := container.Task(ctx, nil)
 	switch {
 	case err == nil:
@@ -271,8 +289,10 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("remove %s: delete container: %w", id, err)
 	}
-	if err := os.Remove(r.LogPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		r.log.Warn("remove log", zap.String("workload", id), zap.Error(err))
+	if ownOutput {
+		if err := os.RemoveAll(r.OutputDir(id)); err != nil {
+			r.log.Warn("remove output", zap.String("workload", id), zap.Error(err))
+		}
 	}
 	if err := r.net.detach(ctx, id); err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 
+	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
@@ -44,9 +45,14 @@ func (f *fixture) testWorkload(t *testing.T) {
 		if len(st.Labels) != 1 || st.Labels["run"] != "r1" {
 			t.Errorf("Labels %v, want only the caller's", st.Labels)
 		}
-		log, err := os.ReadFile(f.rt.LogPath("exit3"))
-		if err != nil || !strings.Contains(string(log), "out hello") || !strings.Contains(string(log), "err") {
-			t.Errorf("log %q (err %v), want stdout and stderr", log, err)
+		if err := f.rt.Finish(testCtx(t), "exit3"); err != nil {
+			t.Fatal(err)
+		}
+		dir := f.rt.OutputDir("exit3")
+		stdout, _ := os.ReadFile(nodelog.DataPath(dir, nodelog.Stdout))
+		stderr, _ := os.ReadFile(nodelog.DataPath(dir, nodelog.Stderr))
+		if string(stdout) != "out hello\n" || string(stderr) != "err\n" || !nodelog.Done(dir) {
+			t.Errorf("stdout %q, stderr %q, done %v: want each stream in its own file, complete", stdout, stderr, nodelog.Done(dir))
 		}
 		ctx := f.rt.ctx(testCtx(t))
 		c, err := f.rt.client.LoadContainer(ctx, "exit3")
@@ -159,7 +165,7 @@ func (f *fixture) testWorkload(t *testing.T) {
 		if _, err := f.rt.client.SnapshotService(f.rt.Snapshotter()).Stat(ctx, "removed"); !errdefs.IsNotFound(err) {
 			t.Errorf("snapshot survived Remove (err %v)", err)
 		}
-		if _, err := os.Stat(f.rt.LogPath("removed")); !os.IsNotExist(err) {
+		if _, err := os.Stat(f.rt.OutputDir("removed")); !os.IsNotExist(err) {
 			t.Errorf("log survived Remove (err %v)", err)
 		}
 		list, err := f.rt.List(ctx)

@@ -23,11 +23,16 @@ import (
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/logging"
 	"github.com/warmfleet/warmfleet/internal/metrics"
+	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
 func main() {
+	// containerd's shim runs this binary as each workload's log writer.
+	if code, ok := nodelog.WriterMain(os.Args); ok {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {

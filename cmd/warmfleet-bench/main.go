@@ -17,10 +17,16 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/warmfleet/warmfleet/nodelog"
+
 	"github.com/spf13/cobra"
 )
 
 func main() {
+	// containerd's shim runs this binary as each workload's log writer.
+	if code, ok := nodelog.WriterMain(os.Args); ok {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {

@@ -186,6 +186,20 @@ func (r *Runtime) Stop(_ context.Context, id string, _ time.Duration) error {
 	return nil
 }
 
+// Finish has nothing to complete: a workload here writes no output.
+func (r *Runtime) Finish(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.workloads[id]
+	switch {
+	case !ok:
+		return noderuntime.ErrWorkloadNotFound
+	case w.st.State != noderuntime.WorkloadExited:
+		return noderuntime.ErrWorkloadRunning
+	}
+	return nil
+}
+
 // Remove forgets the workload.
 func (r *Runtime) Remove(_ context.Context, id string) error {
 	r.mu.Lock()
