@@ -141,6 +141,9 @@ type agentSpec struct {
 	// directories its runtime resolves devices from.
 	accelerator agent.AcceleratorProbe
 	cdiDirs     []string
+	// logRate and logBurst set the per-Run output limit (agent defaults
+	// when zero).
+	logRate, logBurst int64
 }
 
 // node is one running agent process.
@@ -173,7 +176,8 @@ func (f *fleet) startAgent(spec agentSpec) *node {
 		f.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: spec.generation, EnrollmentToken: spec.token, DataDir: spec.dataDir,
-		StopGrace: 2 * time.Second, Faults: spec.faults, ProgressInterval: spec.progressInterval, Accelerator: spec.accelerator},
+		StopGrace: 2 * time.Second, Faults: spec.faults, ProgressInterval: spec.progressInterval, Accelerator: spec.accelerator,
+		LogRate: spec.logRate, LogBurst: spec.logBurst},
 		conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
@@ -53,6 +54,7 @@ func newRoot() *cobra.Command {
 		natsAuth, allowHostNetwork                                                          bool
 		netOpts                                                                             containerd.NetworkOptions
 		natsTLS                                                                             bus.TLSFiles
+		logRate, logBurst                                                                   int64
 		sessFlags                                                                           *sessionFlags
 	)
 	cmd := &cobra.Command{
@@ -111,10 +113,24 @@ func newRoot() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			a, err := agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
+			// The registry exists before the agent so shipping can count into
+			// it; the session collector reads the agent once it exists.
+			var a *agent.Agent
+			var reg *prometheus.Registry
+			var logMetrics agent.LogMetrics
+			if metricsAddr != "" {
+				reg = metrics.NewAgentRegistry(nodeID, func() schemas.Enrollment {
+					if a == nil {
+						return schemas.Enrollment{}
+					}
+					return a.Enrollment()
+				})
+				logMetrics = metrics.NewAgentLogs(reg, nodeID)
+			}
+			a, err = agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
 				Accelerator: gpuProbeFor(gpuProbe, nvmlLibrary, gpuProbeTimeout, cdiDirs, log), AcceleratorTimeout: gpuProbeTimeout,
-				Credentials: creds, Sessions: sessions,
+				Credentials: creds, Sessions: sessions, LogRate: logRate, LogBurst: logBurst, LogMetrics: logMetrics,
 				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {
 				return err
@@ -123,7 +139,7 @@ func newRoot() *cobra.Command {
 			if metricsAddr == "" {
 				return a.Run(cmd.Context())
 			}
-			return runWithMetrics(cmd.Context(), metricsAddr, nodeID, a, log)
+			return runWithMetrics(cmd.Context(), metricsAddr, reg, a, log)
 		},
 	}
 	f := cmd.Flags()
@@ -158,6 +174,8 @@ func newRoot() *cobra.Command {
 	f.StringVar(&netOpts.IPAMDir, "network-ipam-dir", "", "host-local IPAM's data dir (default <data-dir>/runtime/ipam); agents sharing one bridge must share it")
 	f.StringSliceVar(&netOpts.PluginDirs, "cni-plugin-dir", containerd.DefaultCNIPluginDirs(), "directories holding the CNI plugins bridge, host-local and loopback")
 	f.StringVar(&netOpts.ResolvConf, "resolv-conf", "", "file copied into Runs as /etc/resolv.conf (default /etc/resolv.conf, or /run/systemd/resolve/resolv.conf behind systemd-resolved's stub)")
+	f.Int64Var(&logRate, "log-rate", agent.DefaultLogRate, "bytes per second of one Run's output kept (stdout and stderr together); past it output is dropped and a marker line says how much; -1: no limit")
+	f.Int64Var(&logBurst, "log-burst", agent.DefaultLogBurst, "bytes of one Run's output kept at once above --log-rate")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&metricsAddr, "metrics-addr", os.Getenv("WARMFLEET_METRICS_ADDR"), "serve Prometheus /metrics, /healthz and /readyz (ready once enrolled) on this host:port (default: off)")
 	return cmd
@@ -182,7 +200,7 @@ func gpuProbeFor(path, nvmlLibrary string, timeout time.Duration, cdiDirs []stri
 // process and Go collectors plus its session (enrolled, fencing token).
 // A metrics server that fails stops the agent too, and its error is
 // returned.
-func runWithMetrics(ctx context.Context, addr, nodeID string, a *agent.Agent, log *zap.Logger) error {
+func runWithMetrics(ctx context.Context, addr string, reg *prometheus.Registry, a *agent.Agent, log *zap.Logger) error {
 	ln, err := metrics.Listen(addr)
 	if err != nil {
 		return err
@@ -190,7 +208,6 @@ func runWithMetrics(ctx context.Context, addr, nodeID string, a *agent.Agent, lo
 	log.Info("metrics listening", zap.String("addr", ln.Addr().String()))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	reg := metrics.NewAgentRegistry(nodeID, a.Enrollment)
 	done := make(chan error, 1)
 	go func() {
 		err := metrics.ServeListener(ctx, ln, reg, func() bool { return metrics.Enrolled(a.Enrollment()) })
