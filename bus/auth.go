@@ -16,6 +16,7 @@ import (
 //
 //	agent, first boot: node id + the invitation's enrollment token
 //	agent, enrolled:   node id + its session token
+//	agent, one Run's output: NodeLogUser(node id, run id) + its session token
 //	producer:          producer name + its producer token
 //	operator:          "operator" + the operator token
 //
@@ -38,6 +39,35 @@ const inboxRoot = "_WF_INBOX."
 
 // NodeInboxPrefix is the reply-inbox prefix of a node agent's connection.
 func NodeInboxPrefix(nodeID string) string { return inboxRoot + "node." + nodeID }
+
+// NodeLogInboxPrefix is the reply-inbox prefix of an agent's log
+// connection for one Run: inside the node's branch, apart from its main
+// connection's inboxes.
+func NodeLogInboxPrefix(nodeID, runID string) string {
+	return NodeInboxPrefix(nodeID) + ".logs." + runID
+}
+
+// nodeLogSep joins a node id and a Run id in a log login's user name; no
+// id or subject token of warmfleet's holds it.
+const nodeLogSep = "/"
+
+// NodeLogUser is the user an agent logs in as to ship one Run's output
+// (PermsNodeLogs), with its session token as the secret.
+func NodeLogUser(nodeID, runID string) string { return nodeID + nodeLogSep + runID }
+
+// ParseNodeLogUser splits a NodeLogUser. ok is false unless the user holds
+// one separator and both ids are one subject token.
+func ParseNodeLogUser(user string) (nodeID, runID string, ok bool) {
+	nodeID, runID, found := strings.Cut(user, nodeLogSep)
+	if !found || strings.Contains(runID, nodeLogSep) || !SubjectToken(nodeID) || !SubjectToken(runID) {
+		return "", "", false
+	}
+	return nodeID, runID, true
+}
+
+// IsNodeLogUser reports whether user has a log login's form, valid or not
+// (it holds the separator, which no other identity's name may).
+func IsNodeLogUser(user string) bool { return strings.Contains(user, nodeLogSep) }
 
 // ProducerInboxPrefix is the reply-inbox prefix of a producer's connection.
 // With the nats CLI: `nats --inbox-prefix _WF_INBOX.producer.<name> ...`.
@@ -99,11 +129,22 @@ func PermsNode(nodeID string) Permissions {
 	}
 }
 
+// PermsNodeLogs is what an agent's log connection for one Run may do:
+// publish that Run's output to WF_LOGS (RunLogs) and read the stream's
+// acks on its own inbox. Nothing else: no other Run's subject, no node
+// subject, no JetStream API.
+func PermsNodeLogs(nodeID, runID string) Permissions {
+	return Permissions{
+		Publish:   []string{RunLogs(runID)},
+		Subscribe: []string{NodeLogInboxPrefix(nodeID, runID) + ".>"},
+	}
+}
+
 // PermsProducer is what a producer may do: submit and cancel Runs, publish
 // work to its own tenant's session inboxes, follow events, and read (never write) Runs and the event log by direct or
 // message get (`nats kv get wf_runs <id>`). It may not create consumers: a
 // push consumer's deliver subject is published by the server, past the
-// creator's own publish permissions.
+// creator's own publish permissions. It reads no output (WF_LOGS) yet.
 func PermsProducer(name string) Permissions {
 	// A producer's name is its tenant for resident sessions: it may feed
 	// the inboxes of its own tenant's sessions only.
@@ -130,6 +171,9 @@ type Credentials struct {
 	user   string
 	secret string
 	inbox  string
+	// abortOnRefusal: a refused reconnect closes the connection rather
+	// than retrying with the same secret.
+	abortOnRefusal bool
 }
 
 // NodeCredentials are an agent's: its node id and its invitation or
@@ -141,6 +185,15 @@ func NodeCredentials(nodeID, secret string) *Credentials {
 // ProducerCredentials are a producer's: its name and its producer token.
 func ProducerCredentials(name, secret string) *Credentials {
 	return &Credentials{user: name, secret: secret, inbox: ProducerInboxPrefix(name)}
+}
+
+// NodeLogCredentials are an agent's log connection for one Run: user
+// NodeLogUser(nodeID, runID), the node's session token, NodeLogInboxPrefix.
+// A refused reconnect (the Run was booked elsewhere, the session ended)
+// closes the connection; the agent dials again with its current token.
+func NodeLogCredentials(nodeID, runID, sessionToken string) *Credentials {
+	return &Credentials{user: NodeLogUser(nodeID, runID), secret: sessionToken,
+		inbox: NodeLogInboxPrefix(nodeID, runID), abortOnRefusal: true}
 }
 
 // OperatorCredentials are an operator's: full permissions, the ordinary
@@ -168,8 +221,8 @@ func (c *Credentials) User() string { return c.user }
 
 // Options are the nats.Options that present these credentials on every
 // connect, keep reconnecting after a refusal (the secret may change, or
-// the callout service may not be up yet), and use the identity's own
-// reply-inbox prefix.
+// the callout service may not be up yet; not for NodeLogCredentials), and
+// use the identity's own reply-inbox prefix.
 func (c *Credentials) Options() []nats.Option {
 	opts := []nats.Option{
 		nats.UserInfoHandler(func() (string, string) {
@@ -177,7 +230,9 @@ func (c *Credentials) Options() []nats.Option {
 			defer c.mu.Unlock()
 			return c.user, c.secret
 		}),
-		nats.IgnoreAuthErrorAbort(),
+	}
+	if !c.abortOnRefusal {
+		opts = append(opts, nats.IgnoreAuthErrorAbort())
 	}
 	if c.inbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(c.inbox))

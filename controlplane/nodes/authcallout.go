@@ -37,8 +37,8 @@ type AuthConfig struct {
 
 // authGrant is what one login is allowed, and until when.
 type authGrant struct {
-	kind    string // enrolling, node, producer, operator
-	name    string // node id, producer name, "operator"
+	kind    string // enrolling, node, node-logs, producer, operator
+	name    string // node id, NodeLogUser, producer name, "operator"
 	perms   *bus.Permissions
 	expires time.Time // zero: no expiry
 }
@@ -60,8 +60,8 @@ func (e *AuthRefusal) Error() string {
 // AuthCallout answers nats-server's authorization requests: it turns a
 // warmfleet secret (invitation, session, producer or operator token) into a
 // NATS user with exactly that identity's permissions (bus.Perms*). It reads
-// wf_enroll and wf_nodes and writes nothing: an invitation is checked, not
-// redeemed, at login; enrollment redeems it.
+// wf_enroll, wf_nodes, wf_rentals and wf_runs and writes nothing: an
+// invitation is checked, not redeemed, at login; enrollment redeems it.
 type AuthCallout struct {
 	conn      *bus.Conn
 	log       *zap.Logger
@@ -69,6 +69,7 @@ type AuthCallout struct {
 	nodesKV   jetstream.KeyValue
 	enrollKV  jetstream.KeyValue
 	rentalsKV jetstream.KeyValue
+	runsKV    jetstream.KeyValue
 	producers map[string]string // name -> token hash
 	operator  string            // token hash
 	now       func() time.Time
@@ -91,8 +92,8 @@ func NewAuthCallout(ctx context.Context, conn *bus.Conn, cfg AuthConfig, log *za
 		a.now = time.Now
 	}
 	for name, tok := range cfg.Producers {
-		if !bus.SubjectToken(name) || name == bus.OperatorUser {
-			return nil, fmt.Errorf("auth callout: producer name %q must be one subject token (no dots, spaces or wildcards) and not %q", name, bus.OperatorUser)
+		if !bus.SubjectToken(name) || bus.IsNodeLogUser(name) || name == bus.OperatorUser {
+			return nil, fmt.Errorf("auth callout: producer name %q must be one subject token (no dots, slashes, spaces or wildcards) and not %q", name, bus.OperatorUser)
 		}
 		if len(tok) < 16 {
 			return nil, fmt.Errorf("auth callout: producer %q: its token is shorter than 16 characters; use `openssl rand -base64 32`", name)
@@ -113,6 +114,9 @@ func NewAuthCallout(ctx context.Context, conn *bus.Conn, cfg AuthConfig, log *za
 	}
 	if a.rentalsKV, err = conn.JS.KeyValue(ctx, bus.BucketRentals); err != nil {
 		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketRentals, err)
+	}
+	if a.runsKV, err = conn.JS.KeyValue(ctx, bus.BucketRuns); err != nil {
+		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketRuns, err)
 	}
 	return a, nil
 }
@@ -220,6 +224,9 @@ func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (auth
 			return authGrant{}, &AuthRefusal{User: user, Reason: "not the operator token set with `warmfleet serve --operator-token-file`"}
 		}
 	}
+	if bus.IsNodeLogUser(user) {
+		return a.authorizeRunLogs(ctx, user, secret, h)
+	}
 	if want, ok := a.producers[user]; ok {
 		if subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1 {
 			p := bus.PermsProducer(user)
@@ -232,10 +239,11 @@ func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (auth
 	}
 	// An agent that enrolled logs in with its session token.
 	if user != "" {
-		var rec schemas.NodeRecord
-		_, err := bus.GetJSON(ctx, a.nodesKV, user, &rec)
-		switch {
-		case err == nil && rec.SessionTokenHash != "" && subtle.ConstantTimeCompare([]byte(rec.SessionTokenHash), []byte(h)) == 1:
+		rec, ok, err := a.nodeSession(ctx, user, h)
+		if err != nil {
+			return authGrant{}, err
+		}
+		if ok {
 			if !a.now().Before(rec.SessionExpires) && bus.SubjectToken(user) && resumeUnderWay(ctx, a.rentalsKV, rec) > 0 {
 				// Its stopped rental is being resumed: the machine may
 				// enroll again with this session (controlplane/rentals), then log in
@@ -243,17 +251,11 @@ func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (auth
 				p := bus.PermsEnrolling(user)
 				return authGrant{kind: "enrolling", name: user, perms: &p, expires: a.now().Add(DefaultInviteTTL)}, nil
 			}
-			if !a.now().Before(rec.SessionExpires) {
-				return authGrant{}, &AuthRefusal{User: user, Reason: "this node's session expired at " + rec.SessionExpires.UTC().Format(time.RFC3339) +
-					"; re-invite the node (`warmfleet node invite`) and restart the agent with the new bootstrap"}
-			}
-			if !bus.SubjectToken(user) {
-				return authGrant{}, &AuthRefusal{User: user, Reason: "a node id used with NATS auth must not contain dots or wildcards; re-invite the node under another id"}
+			if err := a.sessionRefusal(user, user, rec); err != nil {
+				return authGrant{}, err
 			}
 			p := bus.PermsNode(user)
 			return authGrant{kind: "node", name: user, perms: &p, expires: rec.SessionExpires}, nil
-		case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound):
-			return authGrant{}, fmt.Errorf("read node %s: %w", user, err)
 		}
 	}
 	// An agent on first boot logs in with its invitation, which is checked
@@ -277,6 +279,73 @@ func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (auth
 	return authGrant{kind: "enrolling", name: inv.NodeID, perms: &p, expires: inv.ExpiresAt}, nil
 }
 
+// nodeSession reads nodeID's wf_nodes record and reports whether h is the
+// hash of its session token, expired or not. No record is not an error.
+func (a *AuthCallout) nodeSession(ctx context.Context, nodeID, h string) (schemas.NodeRecord, bool, error) {
+	var rec schemas.NodeRecord
+	_, err := bus.GetJSON(ctx, a.nodesKV, nodeID, &rec)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey):
+		return rec, false, nil
+	case err != nil:
+		return rec, false, fmt.Errorf("read node %s: %w", nodeID, err)
+	}
+	return rec, rec.SessionTokenHash != "" && subtle.ConstantTimeCompare([]byte(rec.SessionTokenHash), []byte(h)) == 1, nil
+}
+
+// sessionRefusal says why node nodeID's matching session cannot log in
+// (as user) now: it expired, or the id cannot be a subject token. Nil when
+// it can.
+func (a *AuthCallout) sessionRefusal(user, nodeID string, rec schemas.NodeRecord) error {
+	if !a.now().Before(rec.SessionExpires) {
+		return &AuthRefusal{User: user, Reason: "this node's session expired at " + rec.SessionExpires.UTC().Format(time.RFC3339) +
+			"; re-invite the node (`warmfleet node invite`) and restart the agent with the new bootstrap"}
+	}
+	if !bus.SubjectToken(nodeID) {
+		return &AuthRefusal{User: user, Reason: "a node id used with NATS auth must not contain dots or wildcards; re-invite the node under another id"}
+	}
+	return nil
+}
+
+// authorizeRunLogs admits an agent's log connection for one Run
+// (bus.NodeLogUser): the node's live session token, and the Run's current
+// attempt booked on that node, in any phase (the tail of a finished attempt
+// may still be on its way).
+func (a *AuthCallout) authorizeRunLogs(ctx context.Context, user, secret, h string) (authGrant, error) {
+	nodeID, runID, ok := bus.ParseNodeLogUser(user)
+	if !ok {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "a log login's user is <node id>/<run id>, each without dots, slashes or wildcards (bus.NodeLogUser)"}
+	}
+	if !tokenWellFormed(secret) {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "not a warmfleet token; a log login presents the node's session token (the one the agent logs in with)"}
+	}
+	rec, ok, err := a.nodeSession(ctx, nodeID, h)
+	if err != nil {
+		return authGrant{}, err
+	}
+	if !ok {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "not the current session token of node " + nodeID +
+			"; a log login presents the session token the agent logs in with (not its invitation), so it works only once the node has enrolled"}
+	}
+	if err := a.sessionRefusal(user, nodeID, rec); err != nil {
+		return authGrant{}, err
+	}
+	var run schemas.Run
+	_, err = bus.GetJSON(ctx, a.runsKV, runID, &run)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "no Run " + runID + " in " + bus.BucketRuns + "; an agent ships output only for Runs booked on it (`warmfleet run get " + runID + "`)"}
+	case err != nil:
+		return authGrant{}, fmt.Errorf("read run %s: %w", runID, err)
+	case run.NodeID == "":
+		return authGrant{}, &AuthRefusal{User: user, Reason: fmt.Sprintf("Run %s's current attempt (%d) is booked on no node; an agent ships output only for the attempt booked on it", runID, run.Attempt)}
+	case run.NodeID != nodeID:
+		return authGrant{}, &AuthRefusal{User: user, Reason: fmt.Sprintf("Run %s's current attempt (%d) is booked on node %s, not %s; an agent ships output only for the attempt booked on it", runID, run.Attempt, run.NodeID, nodeID)}
+	}
+	p := bus.PermsNodeLogs(nodeID, runID)
+	return authGrant{kind: "node-logs", name: user, perms: &p, expires: rec.SessionExpires}, nil
+}
+
 // ParseProducerTokens reads `name token` lines (blank lines and lines
 // starting with # are skipped), as in the file given to
 // `warmfleet serve --producer-tokens-file`.
@@ -291,9 +360,10 @@ func ParseProducerTokens(text string) (map[string]string, error) {
 		if len(f) != 2 {
 			return nil, fmt.Errorf("producer tokens: line %d: want `<name> <token>`", i+1)
 		}
-		if !bus.SubjectToken(f[0]) || f[0] == bus.OperatorUser {
-			// The name becomes part of the producer's permission subjects.
-			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
+		if !bus.SubjectToken(f[0]) || bus.IsNodeLogUser(f[0]) || f[0] == bus.OperatorUser {
+			// The name becomes part of the producer's permission subjects,
+			// and a slash marks an agent's log login.
+			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, slashes, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
 		}
 		if _, dup := out[f[0]]; dup {
 			return nil, fmt.Errorf("producer tokens: line %d: producer %q is listed twice", i+1, f[0])

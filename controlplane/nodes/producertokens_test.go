@@ -14,7 +14,7 @@ func TestParseProducerTokens(t *testing.T) {
 		t.Fatalf("ParseProducerTokens = %v, %v", got, err)
 	}
 	const secret = "Zq9-planted-secret"
-	for _, bad := range []string{"acme", "acme a " + secret, "acme x\nacme " + secret, "a.b " + secret, "> " + secret, "* " + secret, "operator " + secret} {
+	for _, bad := range []string{"acme", "acme a " + secret, "acme x\nacme " + secret, "a.b " + secret, "> " + secret, "* " + secret, "operator " + secret, "a/b " + secret} {
 		_, err := nodes.ParseProducerTokens(bad)
 		if err == nil {
 			t.Errorf("%q accepted", bad)

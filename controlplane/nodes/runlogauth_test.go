@@ -1,0 +1,230 @@
+package nodes
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// securedBus is an embedded nats-server with auth callout on, provisioned,
+// with the real callout serving it.
+type securedBus struct {
+	url     string
+	cp      *bus.Conn // the control plane's own login
+	callout *AuthCallout
+}
+
+func startSecuredBus(t *testing.T) *securedBus {
+	t.Helper()
+	issuer, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := issuer.Seed()
+	pub, _ := issuer.PublicKey()
+	password := newToken()
+	srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir(), Port: -1,
+		Auth: &bus.EmbeddedAuth{ServiceUser: "warmfleet-cp", ServicePassword: password, Issuer: pub}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	log := zaptest.NewLogger(t)
+	cp, err := bus.Connect(srv.URL(), "warmfleet-cp", log, nats.UserInfo("warmfleet-cp", password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cp.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.Provision(ctx, cp.JS, bus.Topology{}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAuthCallout(ctx, cp, AuthConfig{IssuerSeed: seed}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("callout: %v", err)
+		}
+	})
+	for srv.Server().GlobalAccount().Interest(bus.AuthCalloutSubject) == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the auth callout did not subscribe in 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &securedBus{url: srv.URL(), cp: cp, callout: a}
+}
+
+// logLogin dials as the log connection of node for run. Async errors
+// (permission violations) arrive on the channel.
+func (sb *securedBus) logLogin(t *testing.T, node, run, secret string) (*bus.Conn, <-chan error, error) {
+	t.Helper()
+	errs := make(chan error, 16)
+	opts := append(bus.NodeLogCredentials(node, run, secret).Options(),
+		nats.RetryOnFailedConnect(false),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		}))
+	c, err := bus.Connect(sb.url, "log test", zaptest.NewLogger(t), opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Cleanup(c.Close)
+	return c, errs, nil
+}
+
+// wantViolation waits for the permissions violation naming subject.
+func wantViolation(t *testing.T, errs <-chan error, subject string) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			if bus.IsAuthError(err) && strings.Contains(err.Error(), `"`+subject+`"`) {
+				return
+			}
+			t.Logf("other async error: %v", err)
+		case <-deadline:
+			t.Fatalf("no permissions violation for %s", subject)
+		}
+	}
+}
+
+// TestAuthCallout_RunLogLogin: an agent's log login for a Run is admitted
+// only with the node's live session token and only while the Run's current
+// attempt is booked on that node; it may publish that Run's output to
+// WF_LOGS and nothing else.
+func TestAuthCallout_RunLogLogin(t *testing.T) {
+	sb := startSecuredBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nodesKV, _ := sb.cp.JS.KeyValue(ctx, bus.BucketNodes)
+	runsKV, _ := sb.cp.JS.KeyValue(ctx, bus.BucketRuns)
+	session, otherSession, expiredSession := newToken(), newToken(), newToken()
+	for _, rec := range []schemas.NodeRecord{
+		{NodeID: "n1", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: hashToken(session), SessionExpires: time.Now().Add(time.Hour)},
+		{NodeID: "n2", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: hashToken(otherSession), SessionExpires: time.Now().Add(time.Hour)},
+		{NodeID: "n3", Generation: 1, FencingToken: 1, State: schemas.NodeLost, SessionTokenHash: hashToken(expiredSession), SessionExpires: time.Now().Add(-time.Minute)},
+	} {
+		if _, err := bus.CreateJSON(ctx, nodesKV, rec.NodeID, &rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, run := range []schemas.Run{
+		{ID: "r1", Phase: schemas.PhaseRunning, Attempt: 1, NodeID: "n1", AttemptID: schemas.WorkloadID("r1", 1)},
+		{ID: "r2", Phase: schemas.PhaseRunning, Attempt: 2, NodeID: "n2", AttemptID: schemas.WorkloadID("r2", 2)},
+		{ID: "r3", Phase: schemas.PhaseSucceeded, Attempt: 1, NodeID: "n1", AttemptID: schemas.WorkloadID("r3", 1)},
+		{ID: "r4", Phase: schemas.PhaseAccepted, Attempt: 2},
+		{ID: "r5", Phase: schemas.PhaseRunning, Attempt: 1, NodeID: "n3"},
+	} {
+		if _, err := bus.CreateJSON(ctx, runsKV, run.ID, &run); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	c, errs, err := sb.logLogin(t, "n1", "r1", session)
+	if err != nil {
+		t.Fatalf("log login of n1 for its Run r1: %v", err)
+	}
+	ack, err := c.JS.Publish(ctx, bus.RunLogs("r1"), []byte("hello\n"), jetstream.WithMsgID(bus.LogMsgID("r1-a1", bus.LogStdout, 0)))
+	if err != nil || ack.Stream != bus.StreamLogs {
+		t.Fatalf("publish r1's output: %+v %v", ack, err)
+	}
+	// Another Run's output, the node's own observations: dropped.
+	for _, subj := range []string{bus.RunLogs("r2"), bus.NodeObs("n1")} {
+		if err := c.NC.Publish(subj, []byte("forged\n")); err != nil {
+			t.Fatal(err)
+		}
+		wantViolation(t, errs, subj)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if _, err := c.JS.Publish(pctx, bus.RunLogs("r2"), []byte("forged\n")); err == nil {
+		t.Fatal("JetStream publish to r2's output acked")
+	}
+	pcancel()
+	wantViolation(t, errs, bus.RunLogs("r2"))
+	if _, err := c.NC.SubscribeSync(bus.SubjectLogsAll); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, errs, bus.SubjectLogsAll)
+	logs, err := sb.cp.JS.Stream(ctx, bus.StreamLogs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := logs.GetLastMsgForSubject(ctx, bus.RunLogs("r2")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("r2's output holds %v (%v)", m, err)
+	}
+	if m, err := logs.GetLastMsgForSubject(ctx, bus.RunLogs("r1")); err != nil || string(m.Data) != "hello\n" {
+		t.Fatalf("r1's output: %v %v", m, err)
+	}
+
+	// A finished attempt's tail may still be shipped.
+	c3, _, err := sb.logLogin(t, "n1", "r3", session)
+	if err != nil {
+		t.Fatalf("log login of n1 for its finished Run r3: %v", err)
+	}
+	if _, err := c3.JS.Publish(ctx, bus.RunLogs("r3"), []byte("tail\n")); err != nil {
+		t.Fatalf("publish r3's tail: %v", err)
+	}
+
+	for _, tc := range []struct {
+		name, node, run, secret, reason string
+	}{
+		{"run booked on another node", "n1", "r2", session, "booked on node n2, not n1"},
+		{"run booked on no node", "n1", "r4", session, "booked on no node"},
+		{"unknown run", "n1", "r-none", session, "no Run r-none"},
+		{"wrong token", "n1", "r1", newToken(), "not the current session token of node n1"},
+		{"another node's token", "n1", "r1", otherSession, "not the current session token of node n1"},
+		{"expired session", "n3", "r5", expiredSession, "session expired"},
+		{"not a token", "n1", "r1", "guessed-password", "not a warmfleet token"},
+		{"dotted run id", "n1", "r1.>", session, "<node id>/<run id>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if bus.SubjectToken(tc.run) {
+				_, _, err = sb.logLogin(t, tc.node, tc.run, tc.secret)
+			} else {
+				// No inbox prefix: nats.go refuses one with a wildcard.
+				var nc *nats.Conn
+				if nc, err = nats.Connect(sb.url, nats.UserInfo(bus.NodeLogUser(tc.node, tc.run), tc.secret)); err == nil {
+					nc.Close()
+				}
+			}
+			if !bus.IsAuthError(err) {
+				t.Fatalf("login: %v, want a refusal", err)
+			}
+			_, err = sb.callout.authorize(ctx, jwt.ConnectOptions{Username: bus.NodeLogUser(tc.node, tc.run), Password: tc.secret})
+			var ref *AuthRefusal
+			if !errors.As(err, &ref) || !strings.Contains(ref.Reason, tc.reason) {
+				t.Fatalf("refusal %v, want one saying %q", err, tc.reason)
+			}
+			if strings.Contains(err.Error(), tc.secret) {
+				t.Fatalf("the refusal echoes the secret: %v", err)
+			}
+		})
+	}
+}
