@@ -131,7 +131,7 @@ func newRoot() *cobra.Command {
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
 				Accelerator: gpuProbeFor(gpuProbe, nvmlLibrary, gpuProbeTimeout, cdiDirs, log), AcceleratorTimeout: gpuProbeTimeout,
 				Credentials: creds, Sessions: sessions, LogRate: logRate, LogBurst: logBurst, LogMetrics: logMetrics,
-				LogDialer: newLogDialer(natsURL, nodeID, natsTLS, creds, log),
+				LogDialer:    newLogDialer(natsURL, nodeID, natsTLS, creds, log),
 				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {
 				return err
