@@ -188,7 +188,8 @@ func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderu
 	}
 	rt := noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
 	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
-		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30}}, conn, rt, log)
+		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30},
+		LogDialer: bus.RunLogDialer(sf.url, id, sf.tls, creds, log)}, conn, rt, log)
 	if err != nil {
 		sf.t.Fatal(err)
 	}
@@ -306,6 +307,13 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	if _, err := runsKV.Get(context.Background(), runID); err != nil {
 		t.Fatalf("producer reads its Run: %v", err)
 	}
+	// Its output was shipped on the node's log login for that Run (the
+	// node's own login may not publish logs): both streams are closed.
+	sf.eventually(10*time.Second, "the run's output streams closed in WF_LOGS", func() bool {
+		out, errOut := getLogEnd(sf.conn.JS, runID, bus.LogStdout)
+		stderr, errErr := getLogEnd(sf.conn.JS, runID, bus.LogStderr)
+		return out && stderr && errOut == nil && errErr == nil
+	})
 
 	// A producer cannot publish commands, observations, or write KV.
 	jsPublishFails(t, pjs, bus.NodeCmd(a.id), []byte(`{"kind":"stop_workload"}`))
@@ -323,6 +331,8 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 
 	// node-a's own credentials (its session token), on a second connection.
 	anc, ajs, aerrs := sf.dial("as node-a", bus.NodeCredentials(a.id, a.agent.Enrollment().SessionToken))
+	jsPublishFails(t, ajs, bus.RunLogs(runID), []byte("forged line\n"))
+	aerrs.denied(t, "publish", bus.RunLogs(runID))
 	// Its own subjects work.
 	if _, err := ajs.Consumer(context.Background(), bus.StreamCmds, bus.NodeConsumer(a.id)); err != nil {
 		t.Fatalf("node-a reads its own consumer: %v", err)
@@ -677,4 +687,30 @@ func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
 			t.Errorf("the session host hit its permissions: %s", e.Message)
 		}
 	}
+}
+
+// getLogEnd reports whether WF_LOGS holds the closing message of the first
+// attempt's stream of runID.
+func getLogEnd(js jetstream.JetStream, runID, stream string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunLogs(runID)}})
+	if err != nil {
+		return false, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	for left := info.NumPending; left > 0; left-- {
+		m, err := c.Next(jetstream.FetchMaxWait(2 * time.Second))
+		if err != nil {
+			return false, err
+		}
+		h := m.Headers()
+		if h.Get(bus.HeaderLogStream) == stream && h.Get(bus.HeaderLogEnd) != "" && h.Get(bus.HeaderLogAttempt) == schemas.WorkloadID(runID, 1) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

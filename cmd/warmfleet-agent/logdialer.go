@@ -2,68 +2,24 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"sync"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 )
 
-// logDrainTimeout bounds closing a log connection: acks still due, then
-// the socket.
-const logDrainTimeout = 10 * time.Second
-
-// newLogDialer is, for an agent started with --nats-auth, how it opens the
-// connection it ships one Run's output on: same URL and TLS files, user
-// bus.NodeLogUser(node, run), the node's session token as read from creds
-// at dial time. The callout admits it only while the Run's current attempt
-// is booked on this node, and only to publish bus.RunLogs(run). A refused
-// login fails the dial at once (no retrying); the returned func drains and
-// closes the connection. Without --nats-auth (creds nil) it is nil: the
-// agent ships on its own connection.
+// newLogDialer is bus.RunLogDialer with the agent's TLS files; nil without
+// --nats-auth (creds nil), so the agent ships on its own connection.
 func newLogDialer(natsURL, nodeID string, natsTLS bus.TLSFiles, creds *bus.Credentials, log *zap.Logger) func(ctx context.Context, runID string) (jetstream.JetStream, func(), error) {
 	if creds == nil {
 		return nil
 	}
-	return func(ctx context.Context, runID string) (jetstream.JetStream, func(), error) {
-		if err := ctx.Err(); err != nil {
-			return nil, nil, fmt.Errorf("log connection for run %s: %w", runID, err)
-		}
-		opts, err := natsTLS.ClientOptions()
-		if err != nil {
-			return nil, nil, fmt.Errorf("log connection for run %s: %w", runID, err)
-		}
-		closed := make(chan struct{})
-		opts = append(opts, bus.NodeLogCredentials(nodeID, runID, creds.Secret()).Options()...)
-		opts = append(opts,
-			nats.RetryOnFailedConnect(false),
-			nats.DrainTimeout(logDrainTimeout),
-			nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-		conn, err := bus.Connect(natsURL, "warmfleet-agent "+nodeID+" logs "+runID, log.With(zap.String("run_id", runID)), opts...)
-		if err != nil {
-			return nil, nil, fmt.Errorf("log connection for run %s: %w", runID, err)
-		}
-		var once sync.Once
-		closeConn := func() {
-			once.Do(func() {
-				if err := conn.NC.Drain(); err != nil {
-					conn.NC.Close()
-				}
-				select {
-				case <-closed:
-				case <-time.After(logDrainTimeout + time.Second):
-					conn.NC.Close()
-				}
-			})
-		}
-		if err := ctx.Err(); err != nil {
-			closeConn()
-			return nil, nil, fmt.Errorf("log connection for run %s: %w", runID, err)
-		}
-		return conn.JS, closeConn, nil
+	opts, err := natsTLS.ClientOptions()
+	if err != nil {
+		// The agent's own connection was built from the same files, so this
+		// cannot fail here after it succeeded there; say so if it does.
+		return func(context.Context, string) (jetstream.JetStream, func(), error) { return nil, nil, err }
 	}
+	return bus.RunLogDialer(natsURL, nodeID, opts, creds, log)
 }
