@@ -132,6 +132,10 @@ func (a *Agent) shipOutput(ctx context.Context, attemptID string) (*shipment, er
 		switch {
 		case sh.err == nil:
 			sh.settle(func() { sh.stored = true })
+		case errors.Is(sh.err, errLogRefused):
+			// Kept, this output could never leave the node.
+			a.log.Error("attempt output dropped: this node may not ship it", zap.String("workload", attemptID), zap.Error(sh.err))
+			sh.settle(func() { sh.stored = true })
 		case ctx.Err() == nil:
 			a.log.Warn("attempt output not shipped; kept for the next start", zap.String("workload", attemptID), zap.Error(sh.err))
 		}
@@ -316,16 +320,30 @@ func (sh *shipment) closed() bool {
 	}
 }
 
+// errLogRefused: NATS keeps refusing the Run's log login, so this node may
+// not ship its output (the Run's attempt is booked elsewhere now).
+var errLogRefused = errors.New("the Run's log login is refused")
+
+// logLoginTries is how many refused log logins in a row mean "for good":
+// one refusal may be the control plane failing to check the login.
+const logLoginTries = 6
+
 // dial opens the log connection, retrying until it is granted or ctx ends.
 func (sh *shipment) dial(ctx context.Context) (jetstream.JetStream, func(), error) {
 	a := sh.a
 	if a.cfg.LogDialer == nil {
 		return a.conn.JS, func() {}, nil
 	}
+	refused := 0
 	for wait := 250 * time.Millisecond; ; wait = min(wait*2, 10*time.Second) {
 		js, closeJS, err := a.cfg.LogDialer(ctx, sh.meta.RunID)
 		if err == nil {
 			return js, closeJS, nil
+		}
+		if bus.IsAuthError(err) {
+			if refused++; refused >= logLoginTries {
+				return nil, nil, fmt.Errorf("%w: %w", errLogRefused, err)
+			}
 		}
 		a.log.Warn("log connection not open; retrying", zap.String("run_id", sh.meta.RunID), zap.Error(err))
 		if !sleepCtx(ctx, wait) {

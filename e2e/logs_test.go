@@ -4,14 +4,20 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -121,5 +127,159 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	if !got.nodes["node-a"] || len(got.nodes) != 1 {
 		t.Errorf("chunks name nodes %v, want node-a", got.nodes)
 	}
-	_ = bytes.Equal
+}
+
+// TestAcceptance_LogsSurviveAgentKill: the agent process is killed with
+// SIGKILL while a Run prints; the shim's log writer keeps the output, and
+// the restarted agent ships the rest from its journal: every line is
+// stored exactly once.
+func TestAcceptance_LogsSurviveAgentKill(t *testing.T) {
+	w := newWorld(t)
+	f := newFleet(t)
+	bin := testenv.BuildCommand(t, "github.com/warmfleet/warmfleet/cmd/warmfleet-agent")
+	dataDir := tempDir(t)
+	start := func(name string) *exec.Cmd {
+		out, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "--node-id", "node-k", "--nats-url", f.nats.URL(), "--data-dir", dataDir,
+			"--containerd-address", w.ctrd.Address, "--containerd-namespace", w.ctrd.Namespace, "--image-dir", w.imageDir,
+			"--network-bridge", w.bridge.Name, "--network-subnet", w.bridge.Subnet, "--network-ipam-dir", w.ipamDir, "--log-level", "debug")
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				_ = cmd.Wait()
+			}
+			if t.Failed() {
+				b, _ := os.ReadFile(out.Name())
+				t.Logf("%s:\n%s", name, b[max(0, len(b)-20000):])
+			}
+		})
+		return cmd
+	}
+	first := start("agent-1")
+	const n = 20_000
+	// Two seconds of printing, a pause, then the rest.
+	id := f.submit(schemas.RunRequest{RequestID: "logs-kill", Image: w.image.Reference, Network: schemas.NetworkHost,
+		Command: []string{"sh", "-c", fmt.Sprintf(`seq 1 %d | while read i; do echo "out $i"; echo "err $i" >&2; [ $((i %% 2000)) = 0 ] && sleep 1; done`, n)}})
+	f.waitPhase(id, schemas.PhaseRunning, 60*time.Second)
+	f.eventually(30*time.Second, "some output stored", func() bool {
+		return len(f.stored(id).bytes[[2]string{schemas.WorkloadID(id, 1), bus.LogStdout}]) > 0
+	})
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	time.Sleep(3 * time.Second) // the Run prints on while no agent runs
+	start("agent-2")
+	f.waitPhase(id, schemas.PhaseSucceeded, 120*time.Second)
+
+	got := f.stored(id)
+	if got.duplicates != 0 || got.gaps != 0 {
+		t.Fatalf("%d duplicate and %d gapped chunks stored across the kill", got.duplicates, got.gaps)
+	}
+	for stream, prefix := range map[string]string{bus.LogStdout: "out", bus.LogStderr: "err"} {
+		key := [2]string{schemas.WorkloadID(id, 1), stream}
+		if err := numbered(got.bytes[key], prefix, n); err != nil {
+			t.Errorf("%s: %v", stream, err)
+		}
+		if end, ok := got.ended[key]; !ok || end != int64(len(got.bytes[key])) {
+			t.Errorf("%s closed at %d (%v), holds %d bytes", stream, end, ok, len(got.bytes[key]))
+		}
+	}
+}
+
+// TestAcceptance_LogsAfterNodeLoss: a node prints part of a Run and is
+// lost; the Run is retried and finishes elsewhere. The lost attempt's
+// output stays readable after its node and its files are gone, beside the
+// second attempt's.
+func TestAcceptance_LogsAfterNodeLoss(t *testing.T) {
+	wa, wb := newWorld(t), newWorld(t)
+	f := newFleet(t, func(c *controlplane.Config) { c.MaxAttempts = 2 })
+	dirA := tempDir(t)
+	a := f.startAgent(agentSpec{id: "node-a", world: wa, dataDir: dirA})
+	id := f.submit(schemas.RunRequest{RequestID: "logs-lost", Image: wa.image.Reference, Command: []string{"sh", "-c",
+		`seq 1 500 | sed "s/^/$WARMFLEET_NODE_ID /"; if [ "$WARMFLEET_NODE_ID" = node-a ]; then sleep 120; fi`}})
+	f.waitPhase(id, schemas.PhaseRunning, 60*time.Second)
+	first := [2]string{schemas.WorkloadID(id, 1), bus.LogStdout}
+	f.eventually(30*time.Second, "node-a's lines stored", func() bool { return numbered(f.stored(id).bytes[first], "node-a", 500) == nil })
+	f.startAgent(agentSpec{id: "node-b", world: wb})
+	a.part.stop(t) // node-a goes silent, then its machine goes away
+	if err := os.RemoveAll(dirA); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(id, schemas.PhaseSucceeded, 90*time.Second)
+
+	got := f.stored(id)
+	if err := numbered(got.bytes[first], "node-a", 500); err != nil {
+		t.Errorf("the lost attempt's output: %v", err)
+	}
+	second := [2]string{schemas.WorkloadID(id, 2), bus.LogStdout}
+	if err := numbered(got.bytes[second], "node-b", 500); err != nil {
+		t.Errorf("the second attempt's output: %v", err)
+	}
+	if _, ok := got.ended[second]; !ok {
+		t.Error("the second attempt's stdout was not closed")
+	}
+	if !got.nodes["node-a"] || !got.nodes["node-b"] {
+		t.Errorf("chunks name nodes %v, want both", got.nodes)
+	}
+}
+
+// TestAcceptance_LogFloodIsolated: one Run writes as fast as it can; what
+// exceeds its rate limit is dropped at the node, its markers account for
+// every byte dropped, and another Run on the same node starts and ends
+// normally with all its lines stored.
+func TestAcceptance_LogFloodIsolated(t *testing.T) {
+	w := newWorld(t)
+	f := newFleet(t)
+	const rate, burst = 1 << 20, 1 << 20
+	f.startAgent(agentSpec{id: "node-a", world: w, logRate: rate, logBurst: burst})
+	// 10 MiB of x's (no newline) per round, for about five seconds.
+	flood := f.submit(schemas.RunRequest{RequestID: "flood", Image: w.image.Reference, Command: []string{"sh", "-c",
+		`end=$(($(date +%s)+5)); k=0; while [ $(date +%s) -lt $end ]; do head -c 10485760 /dev/zero | tr '\0' x; k=$((k+1)); done; echo "rounds $k" >&2`}})
+	f.waitPhase(flood, schemas.PhaseRunning, 60*time.Second)
+	quiet := f.submit(schemas.RunRequest{RequestID: "quiet", Image: w.image.Reference, Command: printer(1000, "")})
+	q := f.waitPhase(quiet, schemas.PhaseSucceeded, 60*time.Second)
+	if fl, _ := f.run(flood); fl.Phase.Terminal() {
+		t.Fatalf("the flood ended (%s) before the quiet Run did: no overlap to test", fl.Phase)
+	}
+	qs := f.stored(quiet)
+	if err := numbered(qs.bytes[[2]string{q.AttemptID, bus.LogStdout}], "out", 1000); err != nil {
+		t.Errorf("the quiet Run's stdout: %v", err)
+	}
+
+	fl := f.waitPhase(flood, schemas.PhaseSucceeded, 60*time.Second)
+	got := f.stored(flood)
+	out := got.bytes[[2]string{fl.AttemptID, bus.LogStdout}]
+	var rounds int64
+	if _, err := fmt.Sscanf(string(got.bytes[[2]string{fl.AttemptID, bus.LogStderr}]), "rounds %d", &rounds); err != nil || rounds == 0 {
+		t.Fatalf("the flood's stderr %q: %v", got.bytes[[2]string{fl.AttemptID, bus.LogStderr}], err)
+	}
+	kept := int64(bytes.Count(out, []byte("x")))
+	var dropped int64
+	markers := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		var d int64
+		if _, err := fmt.Sscanf(line, "[warmfleet: %d bytes of stdout dropped", &d); err == nil {
+			dropped += d
+			markers++
+		}
+	}
+	if markers == 0 {
+		t.Fatal("no drop marker in the flood's output")
+	}
+	if kept+dropped != rounds*10<<20 {
+		t.Fatalf("kept %d + dropped %d = %d bytes, the Run wrote %d", kept, dropped, kept+dropped, rounds*10<<20)
+	}
+	took := fl.FinishedAt.Sub(*fl.StartedAt)
+	if limit := burst + int64(took.Seconds()+1)*rate; kept > limit {
+		t.Fatalf("kept %d bytes over %s, past the limit's %d", kept, took, limit)
+	}
+	t.Logf("flood: wrote %d MiB in %s, kept %d bytes, dropped %d in %d markers", rounds*10, took, kept, dropped, markers)
 }
