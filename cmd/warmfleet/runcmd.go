@@ -18,12 +18,13 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/runlog"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
 func newRunCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "run", Short: "Submit, inspect and cancel Runs"}
-	cmd.AddCommand(newRunSubmit(g), newRunGet(g), newRunList(g), newRunEvents(g), newRunCancel(g), newRunDecision(g))
+	cmd.AddCommand(newRunSubmit(g), newRunGet(g), newRunList(g), newRunEvents(g), newRunLogs(g), newRunCancel(g), newRunDecision(g))
 	return cmd
 }
 
@@ -164,7 +165,13 @@ func newRunGet(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
+			// A failed or lost Run shows its last lines.
+			last, lastErr := lastLines(cmd.Context(), conn.JS, r)
+			v := struct {
+				schemas.Run
+				LastLines []runlog.Line `json:"last_lines,omitempty"`
+			}{r, last}
+			err = g.render(cmd.OutOrStdout(), v, func(tw *tabwriter.Writer) {
 				exit := "-"
 				if r.ExitCode != nil {
 					exit = fmt.Sprint(*r.ExitCode)
@@ -179,6 +186,13 @@ func newRunGet(g *globals) *cobra.Command {
 					fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
 				}
 			})
+			if err == nil && g.output == "json" && lastErr != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: %v\n", lastErr)
+			}
+			if err != nil || g.output == "json" {
+				return err
+			}
+			return printLastLines(cmd.OutOrStdout(), last, lastErr)
 		},
 	}
 }

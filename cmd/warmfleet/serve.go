@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -17,6 +18,8 @@ import (
 func newServe(g *globals) *cobra.Command {
 	var dataDir, listen, metricsAddr string
 	var port, replicas int
+	var logsMaxAge time.Duration
+	var logsMaxBytes int64
 	var openEnrollment, waitForCapacity bool
 	var sec serveSecurity
 	var capf serveCapacity
@@ -24,6 +27,12 @@ func newServe(g *globals) *cobra.Command {
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if logsMaxAge <= 0 {
+				return fmt.Errorf("--logs-max-age %s: pass a positive duration such as 168h", logsMaxAge)
+			}
+			if logsMaxBytes <= 0 {
+				return fmt.Errorf("--logs-max-bytes %d: pass a positive number of bytes", logsMaxBytes)
+			}
 			log, err := logging.New(g.logLevel)
 			if err != nil {
 				return err
@@ -62,7 +71,7 @@ func newServe(g *globals) *cobra.Command {
 			}
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
-				Topology: bus.Topology{Replicas: replicas}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
+				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
 				Capacity: capCfg,
 			}, log)
 			if err != nil {
@@ -100,6 +109,8 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1", "address the embedded NATS listens on")
 	cmd.Flags().IntVar(&port, "port", 4222, "port the embedded NATS listens on (-1 for a random one)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas for every stream and bucket (3 on a JetStream cluster)")
+	cmd.Flags().DurationVar(&logsMaxAge, "logs-max-age", bus.DefaultLogsMaxAge, "how long WF_LOGS keeps Run and session output")
+	cmd.Flags().Int64Var(&logsMaxBytes, "logs-max-bytes", bus.DefaultLogsMaxBytes, "how many bytes of output WF_LOGS keeps; the oldest go first")
 	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
 	sec.register(cmd)

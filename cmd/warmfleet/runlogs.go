@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/runlog"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+func newRunLogs(g *globals) *cobra.Command {
+	var f logFlags
+	cmd := &cobra.Command{
+		Use:   "logs RUN_ID",
+		Short: "Print a Run's output: its stdout to stdout, its stderr to stderr",
+		Long: `Print a Run's output from WF_LOGS: its stdout to stdout, its stderr to stderr,
+each byte once and in order. Without --attempt, when the Run has had more
+than one attempt, each attempt's lines start with a line
+"==> attempt N on NODE <==" (on stdout; on stderr with --stream stderr), as
+do a retry's lines that -f sees start. With -o json each line is one JSON
+object on stdout.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.check(cmd); err != nil {
+				return err
+			}
+			if g.output != "table" && g.output != "json" {
+				return fmt.Errorf("-o %q: use table or json", g.output)
+			}
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			r, err := getRun(cmd.Context(), conn, args[0])
+			if err != nil {
+				return err
+			}
+			opts, err := f.options(cmd, r)
+			if err != nil {
+				return err
+			}
+			p := &logPrinter{out: cmd.OutOrStdout(), errw: cmd.ErrOrStderr(), runID: r.ID, timestamps: f.timestamps,
+				json: g.output == "json", headers: opts.Attempt == "" && r.Attempt > 1}
+			if f.stream == bus.LogStderr {
+				p.headerTo = p.errw
+			} else {
+				p.headerTo = p.out
+			}
+			opts.Invalid = func(seq uint64, err error) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: skipped %s message %d: %v\n", bus.StreamLogs, seq, err)
+			}
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			if f.follow {
+				if opts.Done, err = runEnded(ctx, conn.JS, r); err != nil {
+					return err
+				}
+			}
+			return runlog.Read(ctx, conn.JS, bus.RunLogs(r.ID), opts, p.line)
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVarP(&f.follow, "follow", "f", false, "keep printing new output until the Run ends")
+	fl.IntVar(&f.attempt, "attempt", 0, "only this attempt's output, by number from 1 (default: every attempt)")
+	fl.IntVar(&f.tail, "tail", 0, "only the last N lines (after the other filters; default: all)")
+	fl.DurationVar(&f.since, "since", 0, "only lines from this long ago on, e.g. 10m or 2h (default: all)")
+	fl.StringVar(&f.stream, "stream", "", "only stdout or stderr (default: both)")
+	fl.BoolVar(&f.timestamps, "timestamps", false, "prefix each line with when the node received it (RFC 3339)")
+	return cmd
+}
+
+type logFlags struct {
+	follow, timestamps bool
+	attempt, tail      int
+	since              time.Duration
+	stream             string
+}
+
+// check refuses bad flag values before anything is asked of NATS.
+func (f logFlags) check(cmd *cobra.Command) error {
+	if cmd.Flags().Changed("attempt") && f.attempt < 1 {
+		return fmt.Errorf("--attempt %d: pass an attempt number from 1 (`warmfleet run get` shows the latest)", f.attempt)
+	}
+	if f.tail < 0 {
+		return fmt.Errorf("--tail %d: pass a number of lines from 1 (leave it out for all)", f.tail)
+	}
+	if cmd.Flags().Changed("since") && f.since <= 0 {
+		return fmt.Errorf("--since %s: pass a positive duration such as 10m or 2h", f.since)
+	}
+	if f.stream != "" && f.stream != bus.LogStdout && f.stream != bus.LogStderr {
+		return fmt.Errorf("--stream %q: pass %s or %s (leave it out for both)", f.stream, bus.LogStdout, bus.LogStderr)
+	}
+	return nil
+}
+
+// options turns the flags into runlog options for Run r.
+func (f logFlags) options(cmd *cobra.Command, r schemas.Run) (runlog.Options, error) {
+	o := runlog.Options{Stream: f.stream, Tail: f.tail, Follow: f.follow}
+	if cmd.Flags().Changed("attempt") {
+		switch {
+		case r.Attempt < 1 && f.attempt > 1:
+			return o, fmt.Errorf("--attempt %d: pass 1; run %s has not been placed yet", f.attempt, r.ID)
+		case r.Attempt >= 1 && f.attempt > r.Attempt:
+			return o, fmt.Errorf("--attempt %d: pass 1 to %d; run %s has had %d attempt(s)", f.attempt, r.Attempt, r.ID, r.Attempt)
+		}
+		o.Attempt = schemas.WorkloadID(r.ID, f.attempt)
+	}
+	if f.since > 0 {
+		o.Since = time.Now().Add(-f.since)
+	}
+	return o, nil
+}
+
+// runEnded returns a channel closed once Run r is in a terminal phase (or
+// gone), watching wf_runs until ctx ends.
+func runEnded(ctx context.Context, js jetstream.JetStream, r schemas.Run) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	if r.Phase.Terminal() {
+		close(done)
+		return done, nil
+	}
+	kv, err := js.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		return nil, fmt.Errorf("watch run %s: %w", r.ID, err)
+	}
+	w, err := kv.Watch(ctx, r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("watch run %s: %w", r.ID, err)
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e := <-w.Updates():
+				if e == nil {
+					continue // the end of the current value
+				}
+				var cur schemas.Run
+				if e.Operation() != jetstream.KeyValuePut || (json.Unmarshal(e.Value(), &cur) == nil && cur.Phase.Terminal()) {
+					close(done)
+					return
+				}
+			}
+		}
+	}()
+	return done, nil
+}
+
+// logPrinter writes a Run's lines to stdout and stderr.
+type logPrinter struct {
+	out, errw, headerTo io.Writer
+	runID               string
+	timestamps, json    bool
+	headers             bool   // begin each attempt's lines with a header
+	last                string // the attempt of the line printed last
+}
+
+func (p *logPrinter) line(l runlog.Line) error {
+	if p.json {
+		b, _ := json.Marshal(l)
+		_, err := fmt.Fprintf(p.out, "%s\n", b)
+		return err
+	}
+	if l.Attempt != p.last && (p.headers || p.last != "") {
+		n := strings.TrimPrefix(l.Attempt, p.runID+"-a")
+		if _, err := fmt.Fprintf(p.headerTo, "==> attempt %s on %s <==\n", n, or(l.Node, "?")); err != nil {
+			return err
+		}
+	}
+	p.last = l.Attempt
+	w := p.out
+	if l.Stream == bus.LogStderr {
+		w = p.errw
+	}
+	var err error
+	if p.timestamps {
+		_, err = fmt.Fprintf(w, "%s %s\n", l.Time.UTC().Format(time.RFC3339Nano), l.Text)
+	} else {
+		_, err = fmt.Fprintf(w, "%s\n", l.Text)
+	}
+	return err
+}
+
+// lastLinesShown is how many lines `run get` shows of a failed or lost Run.
+const lastLinesShown = 10
+
+// lastLines returns the last lines of r's latest attempt, both streams in
+// time order, when r failed or was lost; nil otherwise or when WF_LOGS
+// holds none (or does not exist). Each stream is in time order by itself,
+// so the last lines of both are among the last of each.
+func lastLines(ctx context.Context, js jetstream.JetStream, r schemas.Run) ([]runlog.Line, error) {
+	if (r.Phase != schemas.PhaseFailed && r.Phase != schemas.PhaseLost) || r.Attempt < 1 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var lines []runlog.Line
+	for _, stream := range []string{bus.LogStdout, bus.LogStderr} {
+		err := runlog.Read(ctx, js, bus.RunLogs(r.ID), runlog.Options{Attempt: schemas.WorkloadID(r.ID, r.Attempt), Stream: stream, Tail: lastLinesShown},
+			func(l runlog.Line) error {
+				lines = append(lines, l)
+				return nil
+			})
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("last lines of %s: %w", r.ID, err)
+		}
+	}
+	slices.SortStableFunc(lines, func(a, b runlog.Line) int { return a.Time.Compare(b.Time) })
+	return lines[max(len(lines)-lastLinesShown, 0):], nil
+}
+
+// printLastLines writes `run get`'s "Last lines:" section, outside the
+// table so that output with tabs keeps its shape.
+func printLastLines(w io.Writer, lines []runlog.Line, err error) error {
+	if err != nil {
+		_, err = fmt.Fprintf(w, "Last lines:\n  (not available: %v)\n", err)
+		return err
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "Last lines:"); err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if _, err := fmt.Fprintf(w, "  %s %s  %s\n", l.Time.UTC().Format("15:04:05.000"), l.Stream, l.Text); err != nil {
+			return err
+		}
+	}
+	return nil
+}
