@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -126,6 +127,72 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	}
 	if !got.nodes["node-a"] || len(got.nodes) != 1 {
 		t.Errorf("chunks name nodes %v, want node-a", got.nodes)
+	}
+
+	// What a user types: `warmfleet run logs` gives every line, once, in
+	// order, stdout to stdout and stderr to stderr.
+	cli := testenv.BuildCommand(t, "github.com/warmfleet/warmfleet/cmd/warmfleet")
+	wf := func(args ...string) *exec.Cmd {
+		return exec.Command(cli, append([]string{"--nats-url", f.nats.URL()}, args...)...)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := wf("run", "logs", id)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("warmfleet run logs: %v\n%s", err, stderr.Bytes()[:min(stderr.Len(), 2000)])
+	}
+	if err := numbered(stdout.Bytes(), "out", n); err != nil {
+		t.Errorf("run logs stdout: %v", err)
+	}
+	if err := numbered(stderr.Bytes(), "err", n); err != nil {
+		t.Errorf("run logs stderr: %v", err)
+	}
+	if out, err := wf("run", "logs", id, "--stream", "stderr", "--tail", "3").CombinedOutput(); err != nil || string(out) != "err 99998\nerr 99999\nerr 100000\n" {
+		t.Errorf("run logs --stream stderr --tail 3: %q %v", out, err)
+	}
+
+	// -f on a running Run prints lines as they come and exits when the Run
+	// ends.
+	live := f.submit(schemas.RunRequest{RequestID: "logs-follow", Image: w.image.Reference, Command: []string{"sh", "-c",
+		`for i in 1 2 3 4 5; do echo "tick $i"; sleep 1; done`}})
+	f.waitPhase(live, schemas.PhaseRunning, 60*time.Second)
+	follow := wf("run", "logs", "-f", live)
+	pipe, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	var firstAt time.Time
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		if firstAt.IsZero() {
+			firstAt = time.Now()
+		}
+		lines = append(lines, sc.Text())
+	}
+	exited := time.Now()
+	if err := follow.Wait(); err != nil {
+		t.Fatalf("run logs -f: %v", err)
+	}
+	r, _ := f.run(live)
+	if want := "tick 1,tick 2,tick 3,tick 4,tick 5"; strings.Join(lines, ",") != want {
+		t.Fatalf("run logs -f printed %q, want %q", lines, want)
+	}
+	if r.Phase != schemas.PhaseSucceeded || r.FinishedAt == nil || !firstAt.Before(*r.FinishedAt) {
+		t.Fatalf("the first line came at %v, the Run (%s) finished at %v: -f did not stream live", firstAt, r.Phase, r.FinishedAt)
+	}
+	if exited.Sub(*r.FinishedAt) > 15*time.Second {
+		t.Fatalf("-f exited %s after the Run finished", exited.Sub(*r.FinishedAt))
+	}
+
+	// A failed Run's last lines are in `run get`.
+	failed := f.submit(schemas.RunRequest{RequestID: "logs-failed", Image: w.image.Reference, Command: []string{"sh", "-c", "echo hello from warmfleet; exit 3"}})
+	f.waitPhase(failed, schemas.PhaseFailed, 60*time.Second)
+	if out, err := wf("run", "get", failed).CombinedOutput(); err != nil || !strings.Contains(string(out), "hello from warmfleet") {
+		t.Fatalf("run get of a failed Run shows no last lines:\n%s (%v)", out, err)
 	}
 }
 
