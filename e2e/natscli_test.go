@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -50,6 +51,9 @@ func TestAcceptance_NatsCLIExamples(t *testing.T) {
 		return strings.Contains(line, `"run_id":"`+runID+`"`) && strings.Contains(line, `"phase":"succeeded"`)
 	})
 	cli.waitSubscribed(sub, "wf.events.run.>", 10*time.Second)
+	// The Run's output, live: its one line arrives as a message.
+	logSub := cli.follow(subCtx, steps["logsub"], []string{"--count", "1"}, func(line string) bool { return strings.TrimSpace(line) == "hi" })
+	cli.waitSubscribed(logSub, "wf.logs.run."+runID, 10*time.Second)
 
 	// 2. Submit.
 	out := cli.run(30*time.Second, steps["pub"])
@@ -82,6 +86,9 @@ func TestAcceptance_NatsCLIExamples(t *testing.T) {
 		t.Fatalf("nats sub: phases %v (decided on local-1: %v), want %v; output:\n%s", phases, decided, want, out)
 	}
 	t.Logf("nats sub: %d events, %d repeated deliveries of an event already shown", len(evs), dups)
+	if out := logSub.wait(t, 30*time.Second); !strings.Contains(out, "Wf-Stream: stdout") {
+		t.Fatalf("nats sub %s: no stdout chunk with its headers:\n%s", "wf.logs.run."+runID, out)
+	}
 
 	// 4. The Run record.
 	out = cli.run(30*time.Second, steps["get"])
@@ -126,6 +133,11 @@ func TestAcceptance_NatsCLIExamples(t *testing.T) {
 		if len(viewed) != len(evs) || dups != 0 || !strings.Contains(out, "Reached apparent end of data") {
 			t.Fatalf("nats stream view: %d events (%d repeated), want the %d events once; output:\n%s", len(viewed), dups, len(evs), out)
 		}
+		// 7. The Run's stored output: its line, then each stream's close.
+		out = cli.runInTerminal(30*time.Second, steps["logview"])
+		if !regexp.MustCompile(`(?m)^hi\r?$`).MatchString(out) || strings.Count(out, bus.HeaderLogEnd+":") != 2 {
+			t.Fatalf("nats stream view WF_LOGS: want the line hi and two stream ends; output:\n%s", out)
+		}
 	}
 	cli.saveTranscript()
 }
@@ -145,6 +157,9 @@ func natsCLISteps(image string) (map[string][]string, string) {
 		"get":   {"kv", "get", "wf_runs", runID, "--raw"},
 		"watch": {"kv", "watch", "wf_nodes"},
 		"view":  {"stream", "view", "WF_EVENTS", "--subject", "wf.events.run." + runID},
+		// The Run's output, live and stored.
+		"logsub":  {"sub", "wf.logs.run." + runID},
+		"logview": {"stream", "view", "WF_LOGS", "--subject", "wf.logs.run." + runID},
 	}, runID
 }
 
@@ -153,7 +168,7 @@ func natsCLISteps(image string) (map[string][]string, string) {
 // from what is tested. It needs neither the CLI nor containerd.
 func TestNatsCLIExamplesInREADME(t *testing.T) {
 	steps, _ := natsCLISteps("localhost/busybox@sha256:" + strings.Repeat("0", 64))
-	checkREADMEShows(t, steps["sub"], steps["pub"], steps["get"], steps["watch"], steps["view"])
+	checkREADMEShows(t, steps["sub"], steps["pub"], steps["get"], steps["watch"], steps["view"], steps["logsub"], steps["logview"])
 }
 
 // findNatsCLI returns the nats CLI from PATH, or from where `go install`
