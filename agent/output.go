@@ -55,13 +55,22 @@ type outputMeta struct {
 
 const outputMetaFile = "meta.json"
 
-func (a *Agent) outputRoot() string { return filepath.Join(a.cfg.DataDir, "output") }
+func (a *Agent) outputRoot() string { return outputRoot(a.cfg.DataDir) }
+
+func outputRoot(dataDir string) string { return filepath.Join(dataDir, "output") }
 
 func (a *Agent) outputDir(attemptID string) string { return filepath.Join(a.outputRoot(), attemptID) }
 
-// prepareOutput creates an attempt's output directory and its meta.
 func (a *Agent) prepareOutput(runID, attemptID string) (string, error) {
-	dir := a.outputDir(attemptID)
+	return PrepareOutput(a.cfg.DataDir, runID, attemptID)
+}
+
+// PrepareOutput creates the output directory of a Run's attempt under an
+// agent's data dir, with what it needs to be shipped, and returns it. An
+// agent starting on dataDir ships every such directory its runtime holds
+// no workload for (the benchmark uses this to feed it output).
+func PrepareOutput(dataDir, runID, attemptID string) (string, error) {
+	dir := filepath.Join(outputRoot(dataDir), attemptID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("agent: output dir: %w", err)
 	}
