@@ -48,7 +48,9 @@ type LogDialer func(ctx context.Context, runID string) (jetstream.JetStream, fun
 // outputMeta names whose output a directory holds; it is written before the
 // workload is launched, so a directory always says where it ships.
 type outputMeta struct {
-	RunID     string `json:"run_id"`
+	// RunID is the Run of an attempt's output; empty for a session's.
+	RunID string `json:"run_id,omitempty"`
+	// AttemptID is the workload id (the Wf-Attempt header).
 	AttemptID string `json:"attempt_id"`
 	Subject   string `json:"subject"`
 }
@@ -70,11 +72,15 @@ func (a *Agent) prepareOutput(runID, attemptID string) (string, error) {
 // agent starting on dataDir ships every such directory its runtime holds
 // no workload for (the benchmark uses this to feed it output).
 func PrepareOutput(dataDir, runID, attemptID string) (string, error) {
-	dir := filepath.Join(outputRoot(dataDir), attemptID)
+	return prepareOutput(dataDir, outputMeta{RunID: runID, AttemptID: attemptID, Subject: bus.RunLogs(runID)})
+}
+
+func prepareOutput(dataDir string, meta outputMeta) (string, error) {
+	dir := filepath.Join(outputRoot(dataDir), meta.AttemptID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("agent: output dir: %w", err)
 	}
-	b, _ := json.Marshal(outputMeta{RunID: runID, AttemptID: attemptID, Subject: bus.RunLogs(runID)})
+	b, _ := json.Marshal(meta)
 	tmp := filepath.Join(dir, outputMetaFile+".tmp")
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return "", fmt.Errorf("agent: output meta: %w", err)
@@ -340,7 +346,10 @@ const logLoginTries = 6
 // dial opens the log connection, retrying until it is granted or ctx ends.
 func (sh *shipment) dial(ctx context.Context) (jetstream.JetStream, func(), error) {
 	a := sh.a
-	if a.cfg.LogDialer == nil {
+	if a.cfg.LogDialer == nil || sh.meta.RunID == "" {
+		// A session's output goes on the node's own login, which may
+		// publish every session's log subject, as it reads every
+		// session's inbox (bus.PermsNode).
 		return a.conn.JS, func() {}, nil
 	}
 	refused := 0

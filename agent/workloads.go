@@ -232,6 +232,12 @@ func (a *Agent) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
 	held := make(map[string]bool, len(all))
 	for _, st := range all {
 		held[st.ID] = true
+		if noderuntime.IsSessionWorkload(st) {
+			// A session's output ships while it runs (sessionRuntime).
+			if _, err := a.shipOutput(ctx, st.ID); err != nil && !errors.Is(err, os.ErrNotExist) {
+				a.log.Warn("session output cannot be shipped", zap.String("workload", st.ID), zap.Error(err))
+			}
+		}
 	}
 	a.shipLeftovers(ctx, held)
 	return nil

@@ -106,7 +106,9 @@ func PermsEnrolling(nodeID string) Permissions {
 // residency service on wf.node.<id>.residency.*, and reads and acks
 // session inbox consumers on WF_INBOX, which the control plane creates with
 // each lease. Inbox consumers are named by session, not node, so that last
-// right covers every session's inbox. No other JetStream API, no KV, no
+// right covers every session's inbox, and, alike, it may publish every
+// session's output (wf.logs.session.>). A Run's output goes on a log
+// login of its own (PermsNodeLogs). No other JetStream API, no KV, no
 // other node's subjects.
 func PermsNode(nodeID string) Permissions {
 	cons := NodeConsumer(nodeID)
@@ -123,6 +125,7 @@ func PermsNode(nodeID string) Permissions {
 			"$JS.API.CONSUMER.INFO." + StreamInbox + ".*",
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamInbox + ".*",
 			"$JS.ACK." + StreamInbox + ".>",
+			subjectSessionLogs + ">",
 		},
 		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", NodeSessions(nodeID, "*")},
 		Responses: true,

@@ -40,10 +40,16 @@ type storedOutput struct {
 // readers would skip it.
 func (f *fleet) stored(runID string) storedOutput {
 	f.t.Helper()
+	return f.storedOn(bus.RunLogs(runID))
+}
+
+// storedOn reads every chunk WF_LOGS holds on subject.
+func (f *fleet) storedOn(subject string) storedOutput {
+	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out := storedOutput{bytes: map[[2]string][]byte{}, ended: map[[2]string]int64{}, nodes: map[string]bool{}}
-	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunLogs(runID)}})
+	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -54,7 +60,7 @@ func (f *fleet) stored(runID string) storedOutput {
 	for left := info.NumPending; left > 0; left-- {
 		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
 		if err != nil {
-			f.t.Fatalf("read logs of %s: %v", runID, err)
+			f.t.Fatalf("read %s: %v", subject, err)
 		}
 		h := m.Headers()
 		key := [2]string{h.Get(bus.HeaderLogAttempt), h.Get(bus.HeaderLogStream)}

@@ -142,7 +142,8 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	w := newWorld(t)
 	f := sessionFleet(t)
 	l := newLedger(t)
-	target := residency.RuntimeTarget{Image: w.image.Reference, ManifestDigest: w.image.ManifestDigest, Command: []string{"sleep", "3600"},
+	target := residency.RuntimeTarget{Image: w.image.Reference, ManifestDigest: w.image.ManifestDigest,
+		Command:         []string{"sh", "-c", `echo "session $WF_SESSION up at epoch $WF_LEASE_EPOCH"; exec sleep 3600`},
 		CompatibilityID: sessCompat, StopGrace: 100 * time.Millisecond}
 	rtA := f.containerdRuntime(w, "node-a")
 	a := f.startSessionNode(sessionNodeSpec{id: "node-a", rt: rtA, target: target, warmTTL: 2 * time.Second, ledger: l})
@@ -227,6 +228,22 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 		t.Errorf("durable state after release: %+v, want checkpoint 2 at epoch 2", st)
 	}
 	l.checkNoOverlap()
+
+	// Each epoch's runtime printed its line; the session's output, on its
+	// own subject, holds both, each stream closed once its workload went.
+	f.eventually(15*time.Second, "both epochs' output stored and closed", func() bool {
+		got := f.storedOn(bus.SessionLogs(key.Tenant, key.Session))
+		for epoch := 1; epoch <= 2; epoch++ {
+			k := [2]string{residency.WorkloadID(key, residency.ResidencyEpoch(epoch)), bus.LogStdout}
+			if string(got.bytes[k]) != fmt.Sprintf("session %s up at epoch %d\n", key.Session, epoch) {
+				return false
+			}
+			if _, ok := got.ended[k]; !ok {
+				return false
+			}
+		}
+		return got.duplicates == 0 && got.gaps == 0
+	})
 }
 
 // stuckRuntime refuses to stop one session's workloads, so its release

@@ -24,7 +24,10 @@ type SessionHostEnv struct {
 	// wf.node.<id>.> and pulls its sessions' inbox consumers.
 	Conn *bus.Conn
 	// Runtime is the agent's node runtime; a session's runtime is a
-	// workload in it, so facts and reconciliation see it.
+	// workload in it, so facts and reconciliation see it. A workload
+	// launched with LabelResidencySession and LabelResidencyTenant keeps
+	// its output where the agent ships it to its session's log subject,
+	// until it is removed.
 	Runtime Runtime
 	Log     *zap.Logger
 	// FencingToken is the current enrollment's token. A session command
@@ -37,6 +40,10 @@ type SessionHostEnv struct {
 // workload. Such workloads belong to the SessionHost: the agent's own
 // reconciliation does not report them as Run workloads.
 const LabelResidencySession = "warmfleet.residency/session"
+
+// LabelResidencyTenant is a session workload's tenant; with
+// LabelResidencySession it names the subject its output is shipped on.
+const LabelResidencyTenant = "warmfleet.residency/tenant"
 
 // IsSessionWorkload reports whether st is a resident session's runtime.
 func IsSessionWorkload(st WorkloadStatus) bool { return st.Labels[LabelResidencySession] != "" }

@@ -63,7 +63,7 @@ func (t RuntimeTarget) grace() time.Duration {
 
 // Labels on every residency workload.
 const (
-	LabelTenant  = "warmfleet.residency/tenant"
+	LabelTenant  = noderuntime.LabelResidencyTenant
 	LabelSession = noderuntime.LabelResidencySession
 	LabelEpoch   = "warmfleet.residency/epoch"
 	LabelHost    = "warmfleet.residency/host"
