@@ -36,6 +36,8 @@ func TestImportRules(t *testing.T) {
 		never  []string
 	}{
 		{pkgs: []string{"residency/..."}, never: []string{"agent", "controlplane/..."}},
+		{pkgs: []string{"nodelog"}, never: []string{"bus", "schemas", "noderuntime", "agent", "controlplane/...", "residency/...", "adapters/..."}},
+		{pkgs: []string{"runlog"}, never: []string{"agent", "controlplane/...", "residency/...", "noderuntime", "nodelog"}},
 		{pkgs: []string{"internal/..."}, except: []string{"internal/testenv"}, never: []string{"controlplane/...", "agent", "residency/..."}},
 		{pkgs: []string{"noderuntime", "adapters/containerd"}, never: []string{"agent", "residency/...", "controlplane/..."}},
 		// go-nvml and containerd's client must never share a binary
