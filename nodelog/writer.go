@@ -54,6 +54,8 @@ func (s WriterSpec) Encode() string {
 	v := url.Values{"dir": {s.Dir}}
 	if s.Limit.BytesPerSecond > 0 {
 		v.Set("rate", strconv.FormatInt(s.Limit.BytesPerSecond, 10))
+	}
+	if s.Limit.Burst > 0 {
 		v.Set("burst", strconv.FormatInt(s.Limit.Burst, 10))
 	}
 	return v.Encode()
