@@ -243,9 +243,9 @@ has_cdi_names() { node_json | grep -q "\"cdi_devices\":\[\"nvidia.com/gpu=$UUID\
 TRIES=100 wait_for has_cdi_names || fail "facts do not give card $UUID its CDI names: $(node_json)"
 pass "facts: card 0 $UUID offered as nvidia.com/gpu=$UUID and nvidia.com/gpu=0"
 
-# ---- 8. a Run booked one GPU. The agent removes a workload and its log
-# once it has reported the exit, so the Run writes what nvidia-smi says into
-# a cache directory, which the node keeps (<agent data dir>/caches). It asks
+# ---- 8. a Run booked one GPU. It writes what nvidia-smi says into a cache
+# directory, which the node keeps (<agent data dir>/caches), and prints it,
+# which run logs reads back (step 10). It asks
 # for no network: the lent VM has no CNI plugins, so its node offers none.
 smi=$(grep -A1 "hostPath: .*/nvidia-smi$" "$CDI_DIR/nvidia.yaml" | grep -o 'containerPath: .*' | awk '{print $2}' | head -n 1)
 smi=${smi:-nvidia-smi}
@@ -292,4 +292,10 @@ lines=$(grep -c '^GPU [0-9]*:' <<<"$out" || true)
 [ "$lines" = 1 ] || fail "nvidia-smi -L listed $lines cards, want exactly 1"
 grep -q "(UUID: $want)" <<<"$out" || fail "nvidia-smi -L did not list $want"
 pass "nvidia-smi -L in the Run's container lists exactly $want"
+
+# ---- 10. the Run's output, kept by the shim's log writer (the agent's
+# binary) and shipped to WF_LOGS before the exit was reported
+logs=$(wf run logs "$RUN") || fail "run logs $RUN"
+[ "$logs" = "$out" ] || fail "run logs printed '$logs', the container wrote '$out'"
+pass "run logs $RUN prints what the container wrote"
 echo "GPU SMOKE: PASS"
