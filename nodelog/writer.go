@@ -161,15 +161,15 @@ const readSize = 64 << 10
 
 // sink keeps one stream: its data file and times index.
 type sink struct {
-	stream         Stream
-	data, times    *os.File
-	off            int64
-	endsLine       bool
-	dropped        int64 // since the last marker
-	lim            *rate.Limiter
-	limit          Limit
-	now            func() time.Time
-	scratch        []byte
+	stream      Stream
+	data, times *os.File
+	off         int64
+	endsLine    bool
+	dropped     int64 // since the last marker
+	lim         *rate.Limiter
+	limit       Limit
+	now         func() time.Time
+	scratch     []byte
 }
 
 func openSink(spec WriterSpec, s Stream, lim *rate.Limiter, now func() time.Time) (*sink, error) {

@@ -56,7 +56,7 @@ var (
 	// ErrWorkloadRunning: an operation that needs the workload to have
 	// exited (Finish) found it running.
 	ErrWorkloadRunning = errors.New("workload still running")
-	ErrImageNotFound    = errors.New("image not found in any source")
+	ErrImageNotFound   = errors.New("image not found in any source")
 	// ErrDeviceUnavailable: a WorkloadSpec device the host cannot give
 	// (not a valid CDI name, declared by no usable CDI spec, or its edits
 	// cannot be applied).
