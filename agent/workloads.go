@@ -148,11 +148,16 @@ func (a *Agent) enforceMaxRuntime(ctx context.Context, st noderuntime.WorkloadSt
 // reportExit stores the workload's output, publishes its end, then removes
 // it: so a Run whose phase says it ended already has every line stored.
 func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus, sh *shipment) {
-	if err := a.rt.Finish(ctx, st.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
+	// Finish makes the output whole; until it has, the shipment waits for
+	// the writer's own done mark (Remove, below, gives it one at the latest).
+	err := a.rt.Finish(ctx, st.ID)
+	if err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		a.log.Warn("finish workload output", zap.String("workload", st.ID), zap.Error(err))
 	}
 	if sh != nil {
-		sh.finish()
+		if err == nil || errors.Is(err, noderuntime.ErrWorkloadNotFound) {
+			sh.finish()
+		}
 		t := time.NewTimer(a.cfg.LogShipTimeout)
 		select {
 		case <-sh.done:
