@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -100,6 +101,9 @@ type floodCase struct {
 	FloodMachineCores float64 `json:"flood_machine_cores"`
 	IdleProcCores     float64 `json:"idle_process_cores"`
 	FloodProcCores    float64 `json:"flood_process_cores"`
+	// WriterCores is the Run's log writer process's CPU over the flood
+	// window (containerd; with --flood writer it is in this process).
+	WriterCores float64 `json:"log_writer_cores"`
 	// Control: the same workload writing to /dev/null in its container.
 	Control *floodControl `json:"control,omitempty"`
 }
@@ -112,6 +116,7 @@ type floodControl struct {
 	TimedS       float64   `json:"timed_s"`
 	MachineCores float64   `json:"machine_cores"`
 	ProcCores    float64   `json:"process_cores"`
+	WriterCores  float64   `json:"log_writer_cores"`
 }
 
 type floodResult struct{ cases []floodCase }
@@ -286,7 +291,7 @@ func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *ben
 		floodLine, floodSecs, (capMiB+15)/16)
 	// loaded runs one Run of script and times round trips from o.settle
 	// after it is running until it ends.
-	loaded := func(rid, script string, prof *profiler, writer bool) (rr, cmd Latencies, secs, machine, proc float64, ph map[schemas.Phase]time.Time, err error) {
+	loaded := func(rid, script string, prof *profiler, benchWrites bool) (rr, cmd Latencies, secs, machine, proc, writer float64, ph map[schemas.Phase]time.Time, err error) {
 		var rrs, cmds []time.Duration
 		req := runRequest(rid, image)
 		req.Resources.MemoryBytes = 64 << 20
@@ -298,7 +303,7 @@ func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *ben
 		if err != nil {
 			return
 		}
-		if writer {
+		if benchWrites {
 			// The bench is the Run's log writer, as the shim's would be.
 			dir := filepath.Join(cfg.DataDir, "output", schemas.WorkloadID(runID, 1))
 			if err = waitFile(ctx, filepath.Join(dir, "meta.json"), 60*time.Second); err != nil {
@@ -325,7 +330,10 @@ func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *ben
 				return
 			}
 		}
+		// The Run's log writer: a process of its own on containerd.
+		writers := watchProcs(50*time.Millisecond, nodelog.WriterFlag, filepath.Base(e.dir))
 		rrs, cmds, secs, machine, proc, err = window(4*o.samples, func() bool { return !w.terminal(runID) })
+		writer = writers.cores()
 		rr, cmd = summarise(rrs), summarise(cmds)
 		if prof != nil {
 			prof.stop()
@@ -344,7 +352,7 @@ func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *ben
 
 	// The flood.
 	var ph map[schemas.Phase]time.Time
-	fc.FloodRR, fc.FloodCmd, fc.TimedS, fc.FloodMachineCores, fc.FloodProcCores, ph, err = loaded("logs-flood-"+nonce, script, prof, mode == "writer")
+	fc.FloodRR, fc.FloodCmd, fc.TimedS, fc.FloodMachineCores, fc.FloodProcCores, fc.WriterCores, ph, err = loaded("logs-flood-"+nonce, script, prof, mode == "writer")
 	if err != nil {
 		return fc, err
 	}
@@ -361,7 +369,7 @@ func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *ben
 		// The same workload with its output thrown away in the container:
 		// the CPU it burns, without a byte for the writer or the agent.
 		c := &floodControl{}
-		if c.RR, c.Cmd, c.TimedS, c.MachineCores, c.ProcCores, _, err = loaded("logs-control-"+nonce, "exec >/dev/null 2>&1; "+script, nil, false); err != nil {
+		if c.RR, c.Cmd, c.TimedS, c.MachineCores, c.ProcCores, c.WriterCores, _, err = loaded("logs-control-"+nonce, "exec >/dev/null 2>&1; "+script, nil, false); err != nil {
 			return fc, fmt.Errorf("control: %w", err)
 		}
 		fc.Control = c
@@ -507,6 +515,90 @@ func (f *floodReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// procCPU follows the CPU of the processes whose command line holds every
+// one of match, polling /proc, over a window: those already running count
+// from the start, those started later from zero, and one that exits counts
+// to its last poll.
+type procCPU struct {
+	match      []string
+	mu         sync.Mutex
+	base, last map[int]float64
+	stop, done chan struct{}
+	start, end time.Time
+}
+
+func watchProcs(every time.Duration, match ...string) *procCPU {
+	p := &procCPU{match: match, base: map[int]float64{}, last: map[int]float64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	p.poll(true)
+	p.start = time.Now()
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+				p.poll(false)
+			}
+		}
+	}()
+	return p
+}
+
+func (p *procCPU) poll(first bool) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		p.mu.Lock()
+		_, known := p.last[pid]
+		p.mu.Unlock()
+		if !known {
+			b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err != nil || !containsAll(string(b), p.match) {
+				continue
+			}
+		}
+		c, err := cpuSeconds(pid)
+		if err != nil {
+			continue // gone: it keeps its last value
+		}
+		p.mu.Lock()
+		if !known && first {
+			p.base[pid] = c
+		}
+		p.last[pid] = c
+		p.mu.Unlock()
+	}
+}
+
+// cores ends the window: the processes' CPU seconds per wall second.
+func (p *procCPU) cores() float64 {
+	p.poll(false)
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sum float64
+	for pid, c := range p.last {
+		sum += c - p.base[pid]
+	}
+	return sum / time.Since(p.start).Seconds()
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}
+
 // machineBusy is the CPU seconds all processes on the machine have used
 // so far: the "cpu" line of /proc/stat less idle, iowait and steal.
 func machineBusy() (float64, error) {
@@ -550,10 +642,14 @@ func (r *floodResult) report(rep *Report, o logsOpts, mode string) {
 		rep.add("core request/reply p99, flood vs idle, "+c.Name, c.FloodRR.P99, "ms", c.IdleRR.P99, "idle p99")
 		rep.add("busy cores, all processes on the machine, flood vs idle, "+c.Name, c.FloodMachineCores, "cores", c.IdleMachineCores, "idle")
 		rep.add("  of which this process (NATS, control plane, agent), "+c.Name, c.FloodProcCores, "cores", c.IdleProcCores, "idle")
+		if mode == "containerd" {
+			rep.add("  of which the Run's log writer process, "+c.Name, c.WriterCores, "cores", 0, "")
+		}
 		if ct := c.Control; ct != nil {
 			rep.add("command round trip p99, same workload to /dev/null vs idle", ct.Cmd.P99, "ms", c.IdleCmd.P99, "idle p99")
 			rep.add("core request/reply p99, same workload to /dev/null vs idle", ct.RR.P99, "ms", c.IdleRR.P99, "idle p99")
 			rep.add("busy cores, all processes, same workload to /dev/null vs idle", ct.MachineCores, "cores", c.IdleMachineCores, "idle")
+			rep.add("  of which its log writer process (reading nothing)", ct.WriterCores, "cores", 0, "")
 		}
 		mib := func(b int64) float64 { return float64(b) / (1 << 20) }
 		rep.add("flood written (kept + dropped), "+c.Name, mib(c.Kept+c.Dropped), "MiB", 0, "")
