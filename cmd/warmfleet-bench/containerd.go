@@ -20,16 +20,22 @@ type benchContainerd struct {
 	Namespace string
 }
 
-func startContainerd() (*benchContainerd, error) {
+// startContainerd starts the daemon; its namespaces are Namespace,
+// Namespace-direct and Namespace-<x> for each extra x.
+func startContainerd(extra ...string) (*benchContainerd, error) {
 	if err := ctrdproc.Check(); err != nil {
-		return nil, fmt.Errorf("e2e: %w", err)
+		return nil, fmt.Errorf("containerd: %w", err)
 	}
 	dir, err := os.MkdirTemp("/tmp", "wfbc")
 	if err != nil {
 		return nil, err
 	}
 	ns := filepath.Base(dir)
-	d, err := ctrdproc.Start(context.Background(), ctrdproc.Config{Dir: dir, Namespaces: []string{ns, ns + "-direct"}, Log: zap.NewNop()})
+	nss := []string{ns, ns + "-direct"}
+	for _, x := range extra {
+		nss = append(nss, ns+"-"+x)
+	}
+	d, err := ctrdproc.Start(context.Background(), ctrdproc.Config{Dir: dir, Namespaces: nss, Log: zap.NewNop()})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

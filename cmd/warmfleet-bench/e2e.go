@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/agent"
-	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/ociimage"
@@ -115,7 +113,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	if err := e.startCP(controlplane.Config{OpenEnrollment: true}); err != nil {
 		return nil, err
 	}
-	stopAgent, err := startContainerdAgent(e, cd, imgDir, "bench-ctrd-1")
+	_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agent.Config{NodeID: "bench-ctrd-1"}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -264,57 +262,35 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Imag
 }
 
 // startContainerdAgent runs a real agent on the containerd runtime and waits
-// until the registry holds its session.
-func startContainerdAgent(e *env, cd *benchContainerd, imgDir, nodeID string) (func(), error) {
-	dataDir := filepath.Join(e.dir, "agent-"+nodeID)
-	ctx, cancel := context.WithCancel(context.Background())
-	rt, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace, ImageDir: imgDir,
-		LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Logger: e.log.Named("containerd")})
+// until the registry holds its session, in containerd namespace ns (the
+// daemon's Namespace when empty; another must be one startContainerd was
+// given). cfg's NodeID is required; its DataDir, ContentRoot, StopGrace and
+// Generation are filled in when unset. wrap, when given, wraps the runtime
+// the agent sees.
+func startContainerdAgent(e *env, cd *benchContainerd, imgDir, ns string, cfg agent.Config, wrap func(noderuntime.Runtime) noderuntime.Runtime) (*agent.Agent, func(), error) {
+	if cfg.DataDir == "" {
+		cfg.DataDir = filepath.Join(e.dir, "agent-"+cfg.NodeID)
+	}
+	if cfg.ContentRoot == "" {
+		cfg.ContentRoot = cd.Root
+	}
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = 2 * time.Second
+	}
+	if cfg.Generation == 0 {
+		cfg.Generation = 1
+	}
+	if ns == "" {
+		ns = cd.Namespace
+	}
+	rt, err := containerd.New(context.Background(), containerd.Options{Address: cd.Address, Namespace: ns, ImageDir: imgDir,
+		LogDir: filepath.Join(cfg.DataDir, "logs"), StateDir: filepath.Join(cfg.DataDir, "runtime"), Logger: e.log.Named("containerd")})
 	if err != nil {
-		cancel()
-		return nil, err
+		return nil, nil, err
 	}
-	conn, err := e.connect("agent-" + nodeID)
-	if err != nil {
-		cancel()
-		return nil, err
+	var seen noderuntime.Runtime = rt
+	if wrap != nil {
+		seen = wrap(rt)
 	}
-	a, err := agent.New(agent.Config{NodeID: nodeID, Generation: 1, DataDir: dataDir, ContentRoot: cd.Root, StopGrace: 2 * time.Second},
-		conn, rt, e.log.Named(nodeID))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	stop := func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-		}
-		_ = rt.Close()
-	}
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var rec schemas.NodeRecord
-		if _, err := bus.GetJSON(ctx, kv, nodeID, &rec); err == nil && rec.FencingToken != 0 && rec.FencingToken == a.Enrollment().FencingToken {
-			return stop, nil
-		}
-		select {
-		case err := <-done:
-			stop()
-			return nil, fmt.Errorf("agent stopped: %w", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return nil, errors.New("agent did not enroll in 30s")
-		}
-	}
+	return startAgent(e, cfg, seen, func() { _ = rt.Close() })
 }

@@ -1,8 +1,10 @@
 // Command warmfleet-bench measures warmfleet against baselines taken in the
 // same run, on the same NATS server: intake throughput against raw
 // JetStream publish, the command round trip against core request/reply, a
-// simulated fleet's cost against a control plane that does nothing, and
-// submit → running on real containerd against calling containerd directly.
+// simulated fleet's cost against a control plane that does nothing,
+// submit → running on real containerd against calling containerd directly,
+// and a node's output shipping against raw JetStream publish of the same
+// chunks, with the command round trip during a log flood.
 //
 // Every figure is reported with its baseline and their ratio, because a
 // shared, noisy machine makes absolute numbers move from run to run while
@@ -48,7 +50,7 @@ func newRoot() *cobra.Command {
 	g := &globals{}
 	root := &cobra.Command{
 		Use:   "warmfleet-bench",
-		Short: "Measure warmfleet against same-run baselines (intake, rtt, fleet, e2e)",
+		Short: "Measure warmfleet against same-run baselines (intake, rtt, fleet, e2e, logs)",
 		Long: `warmfleet-bench measures warmfleet on this machine. Each figure comes with a
 baseline measured in the same run on the same NATS server, and the ratio of
 the two: on a shared machine the absolute numbers drift, the ratios hold.
@@ -56,7 +58,9 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
   intake  Runs accepted and recorded per second vs raw JetStream publish-with-ack
   rtt     command → agent → receipt latency vs core NATS request/reply
   fleet   control-plane CPU and memory with N simulated agents vs a null control plane
-  e2e     submit → container running on real containerd vs calling containerd directly`,
+  e2e     submit → container running on real containerd vs calling containerd directly
+  logs    output shipped per second and CPU per MiB vs raw JetStream publish of the
+          same chunks; command round trip while a Run floods its output vs idle`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -66,6 +70,6 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
 	pf.StringVar(&g.cpLogLevel, "cp-log-level", "info", "control-plane log level (logs go to a file in the bench dir, as warmfleet serve logs to stderr); none to disable")
 	pf.BoolVar(&g.keep, "keep", false, "keep the bench dir (NATS store, logs) instead of removing it")
 	pf.StringVar(&g.storeDir, "store-dir", "", "keep the embedded NATS server's JetStream store under this dir instead of the bench dir, e.g. on another filesystem than agents' journals, as when they are separate machines")
-	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newCPServeCmd(), newFleetSimCmd())
+	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newLogsCmd(g), newCPServeCmd(), newFleetSimCmd())
 	return root
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -236,12 +237,20 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 // startNoopAgent runs a real agent over the no-op runtime and waits until
 // the control plane's registry holds its session.
 func startNoopAgent(e *env, nodeID string, ro noopruntime.Options) (*agent.Agent, func(), error) {
+	return startAgent(e, agent.Config{NodeID: nodeID, Generation: 1, DataDir: filepath.Join(e.dir, "agent-"+nodeID),
+		Capacity: schemas.Resources{CPUMillis: 64_000, MemoryBytes: 256 << 30}}, noopruntime.New(ro), nil)
+}
+
+// startAgent runs a real agent with cfg on rt (closeRT, when given, closes
+// rt after the agent stops) and waits until the control plane's registry
+// holds its session.
+func startAgent(e *env, cfg agent.Config, rt noderuntime.Runtime, closeRT func()) (*agent.Agent, func(), error) {
+	nodeID := cfg.NodeID
 	conn, err := e.connect("agent-" + nodeID)
 	if err != nil {
 		return nil, nil, err
 	}
-	a, err := agent.New(agent.Config{NodeID: nodeID, Generation: 1, DataDir: filepath.Join(e.dir, "agent-"+nodeID),
-		Capacity: schemas.Resources{CPUMillis: 64_000, MemoryBytes: 256 << 30}}, conn, noopruntime.New(ro), e.log.Named(nodeID))
+	a, err := agent.New(cfg, conn, rt, e.log.Named(nodeID))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -253,6 +262,9 @@ func startNoopAgent(e *env, nodeID string, ro noopruntime.Options) (*agent.Agent
 		select {
 		case <-done:
 		case <-time.After(20 * time.Second):
+		}
+		if closeRT != nil {
+			closeRT()
 		}
 	}
 	kv, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
@@ -268,6 +280,7 @@ func startNoopAgent(e *env, nodeID string, ro noopruntime.Options) (*agent.Agent
 		}
 		select {
 		case err := <-done:
+			stop()
 			return nil, nil, fmt.Errorf("agent stopped: %w", err)
 		case <-time.After(20 * time.Millisecond):
 		}
