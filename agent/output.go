@@ -246,6 +246,8 @@ func (sh *shipment) run(ctx context.Context) error {
 				queue = append(queue, inflight{span: nodelog.Span{Start: c.Offset, End: c.End()}, stream: s, at: c.At, dropped: c.Dropped, ack: f})
 			}
 		}
+		// A full window means more may be ready: read again at once.
+		busy := len(queue) == logWindow
 		// Acknowledgements, in the order sent.
 		failed := false
 		for len(queue) > 0 {
@@ -312,6 +314,9 @@ func (sh *shipment) run(ctx context.Context) error {
 		}
 		if ended == len(nodelog.Streams) {
 			return nil
+		}
+		if busy {
+			continue
 		}
 		wake := sh.final
 		if final {

@@ -103,6 +103,7 @@ func (t *Tail) At(sp Span, data []byte) (Chunk, error) {
 
 // Close releases the data file.
 func (t *Tail) Close() error {
+	t.times.close()
 	if t.f == nil {
 		return nil
 	}

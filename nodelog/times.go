@@ -46,21 +46,24 @@ func decodeMarks(b []byte) (marks []mark, used int) {
 // after the reader's position (and the one before it, which dates it).
 type timesReader struct {
 	path  string
-	off   int64 // bytes of the index consumed
+	f     *os.File // opened once the index exists
+	off   int64    // bytes of the index consumed
 	marks []mark
 }
 
 // refresh reads the records appended since the last call.
 func (t *timesReader) refresh() error {
-	f, err := os.Open(t.path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+	if t.f == nil {
+		f, err := os.Open(t.path)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("nodelog: open times index: %w", err)
+		}
+		t.f = f
 	}
-	if err != nil {
-		return fmt.Errorf("nodelog: open times index: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.NewSectionReader(f, t.off, 1<<40))
+	b, err := io.ReadAll(io.NewSectionReader(t.f, t.off, 1<<40))
 	if err != nil {
 		return fmt.Errorf("nodelog: read times index: %w", err)
 	}
@@ -68,6 +71,12 @@ func (t *timesReader) refresh() error {
 	t.off += int64(used)
 	t.marks = append(t.marks, marks...)
 	return nil
+}
+
+func (t *timesReader) close() {
+	if t.f != nil {
+		t.f.Close()
+	}
 }
 
 // span dates the bytes [start, end): when the write holding start arrived,
