@@ -89,7 +89,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
-	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, 0, cfg.Now, log.Named("prefetch"))
+	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"))
 	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
 	return cp, nil
 }
