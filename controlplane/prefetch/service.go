@@ -378,14 +378,24 @@ func (s *Service) Progress(nodeID string, p schemas.ImageProgress) {
 	}
 }
 
+// pruneEvery is how often the copy drops prefetches past their deadline:
+// the bucket's age limit removes records without a mark the watch sees,
+// and a timed-out prefetch wants nothing and takes no more reports.
+const pruneEvery = time.Minute
+
 func (s *Service) flushLoop(ctx context.Context) {
 	t := time.NewTicker(s.flush)
 	defer t.Stop()
+	pruned := s.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if now := s.now(); now.Sub(pruned) >= pruneEvery {
+			s.prune(now)
+			pruned = now
 		}
 		s.mu.Lock()
 		pending := s.pending
@@ -395,6 +405,18 @@ func (s *Service) flushLoop(ctx context.Context) {
 			if err := s.writeProgress(ctx, id, byNode); err != nil && ctx.Err() == nil {
 				s.log.Warn("prefetch progress not written; the next report will be", zap.String("prefetch_id", id), zap.Error(err))
 			}
+		}
+	}
+}
+
+// prune drops timed-out prefetches from this replica's copy.
+func (s *Service) prune(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, m := range s.records {
+		if m.p.TimedOut(now) {
+			s.unindexLocked(m.p)
+			delete(s.records, id)
 		}
 	}
 }
