@@ -179,6 +179,36 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 		n := pl.prefetchRecord(t, q.ID).Node("node-a")
 		return n.State == schemas.PrefetchFailed && n.Code == schemas.CodeLaunchFailed && strings.Contains(n.Reason, "pull: not found")
 	})
+
+	// A command refused for a superseded session is sent again under the
+	// node's current one, and the entry stays open.
+	rep = pl.askPrefetch(t, schemas.PrefetchRequest{RequestID: "warm-3", Image: image, Nodes: "node-a"})
+	if rep.OK == nil {
+		t.Fatalf("third prefetch: %+v", rep.Refusal)
+	}
+	r := rep.OK
+	op := r.Node("node-a").OperationID
+	again := pl.enroll(t, "node-a")
+	if again.FencingToken <= enrA.FencingToken {
+		t.Fatalf("re-enrollment kept fencing token %d", again.FencingToken)
+	}
+	enrA = again
+	eventually(t, 5*time.Second, "the control plane to see node-a's new session", func() bool {
+		n, _ := pl.node(t, "node-a")
+		return n.FencingToken == again.FencingToken
+	})
+	receipt("rc-3", schemas.OperationReceipt{OperationID: op, PrefetchID: r.ID, Outcome: schemas.OutcomeRefused, Code: schemas.CodeStaleFencingToken})
+	eventually(t, 10*time.Second, "the prefetch sent again under the new session", func() bool {
+		for _, c := range pl.prepareCommands(t, "node-a") {
+			if c.OperationID == op && c.FencingToken == again.FencingToken {
+				return true
+			}
+		}
+		return false
+	})
+	if n := pl.prefetchRecord(t, r.ID).Node("node-a"); n.State != schemas.PrefetchSent || !wants("node-a", digest) {
+		t.Fatalf("a refusal for a superseded session closed the entry: %+v", n)
+	}
 }
 
 // TestPrefetchRefusals: bad input is refused with its code and the field
