@@ -14,6 +14,9 @@ import (
 type Plan struct {
 	Targets []string
 	Skipped []schemas.PrefetchNode
+	// Hot are the matching live nodes a count left out because they
+	// already hold the image hot.
+	Hot []string
 }
 
 // Choose picks a prefetch's nodes from a fleet snapshot: every live node
@@ -52,7 +55,13 @@ func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, 
 		}
 	}
 	if count > 0 {
-		eligible = slices.DeleteFunc(eligible, func(n schemas.NodeRecord) bool { return localityOf(n, digest) == schemas.LocalityHot })
+		eligible = slices.DeleteFunc(eligible, func(n schemas.NodeRecord) bool {
+			hot := localityOf(n, digest) == schemas.LocalityHot
+			if hot {
+				plan.Hot = append(plan.Hot, n.NodeID)
+			}
+			return hot
+		})
 		slices.SortFunc(eligible, func(a, b schemas.NodeRecord) int {
 			return cmp.Or(
 				cmp.Compare(warmthRank(localityOf(a, digest)), warmthRank(localityOf(b, digest))),
@@ -65,6 +74,7 @@ func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, 
 		plan.Targets = append(plan.Targets, n.NodeID)
 	}
 	slices.Sort(plan.Targets)
+	slices.Sort(plan.Hot)
 	slices.SortFunc(plan.Skipped, func(a, b schemas.PrefetchNode) int { return strings.Compare(a.NodeID, b.NodeID) })
 	return plan, nil
 }

@@ -231,8 +231,8 @@ func (s *Service) create(ctx context.Context, id string, req schemas.PrefetchReq
 	}
 	if len(plan.Targets) == 0 {
 		why := "no live node matches; `warmfleet node list` shows each node's state"
-		if req.Count > 0 {
-			why = "no live node that matches lacks the image: every one already holds it hot"
+		if len(plan.Hot) > 0 {
+			why = fmt.Sprintf("every matching live node (%d) already holds the image hot", len(plan.Hot))
 		}
 		return schemas.Prefetch{}, &schemas.Refusal{Code: schemas.CodeNoPrefetchTarget, Field: "nodes", Reason: why}
 	}
