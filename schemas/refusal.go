@@ -50,6 +50,13 @@ const (
 	// CodeNetworkUnavailable refuses a launch whose network mode the node
 	// does not offer (ReasonNetworkUnavailable, placement's twin).
 	CodeNetworkUnavailable Code = "network_unavailable"
+	// CodeInvalidSelector refuses a prefetch's node selector.
+	CodeInvalidSelector Code = "invalid_node_selector"
+	// CodeNoPrefetchTarget refuses a prefetch no live node matches.
+	CodeNoPrefetchTarget Code = "no_prefetch_target"
+	// CodePrefetchTimedOut fails a node's prefetch entry that had no
+	// answer by the prefetch's deadline.
+	CodePrefetchTimedOut Code = "prefetch_timed_out"
 
 	// Node-facing codes.
 	CodeStaleFencingToken Code = "stale_fencing_token"
