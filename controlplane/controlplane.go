@@ -18,6 +18,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
@@ -43,6 +44,8 @@ type ControlPlane struct {
 	nodes     *nodes.Service
 	sessions  *sessions.Service
 	rentals   *rentals.Manager // nil without Capacity
+	// registryAuth gives nodes registry credentials at pull time.
+	registryAuth *registryauth.Service
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -88,6 +91,10 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
 	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cfg.Now, log)
+	// A node may have a credential for an image it has a live booking for;
+	// prefetches are the other reason, added beside it.
+	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache)}
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cfg.RegistryAuth, wanted, cfg.Now, log)
 	return cp, nil
 }
 
@@ -130,6 +137,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopSessions()
+	stopRegistryAuth, err := cp.registryAuth.Serve(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopRegistryAuth()
 	if cp.rentals != nil {
 		stopRentals, err := cp.rentals.Serve(ctx)
 		if err != nil {
