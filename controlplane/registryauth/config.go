@@ -120,8 +120,8 @@ func ParseConfig(data []byte) (*DockerConfig, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if _, err := p.dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, p.errAt(p.next(), "", "unexpected data after the top-level object")
+	if at := p.next(); at < len(p.data) {
+		return nil, p.errAt(at, "", "unexpected data after the top-level object")
 	}
 	return cfg, nil
 }
@@ -257,7 +257,12 @@ func (p *parser) token() (json.Token, int, error) {
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &se):
-		// The offset is past the offending byte.
+		// A Decoder's offsets are not always absolute; a whole-document
+		// check's are (one past the offending byte).
+		var whole *json.SyntaxError
+		if errors.As(json.Unmarshal(p.data, new(any)), &whole) {
+			se = whole
+		}
 		return nil, at, p.errAt(int(se.Offset)-1, "", "not valid JSON: %s", se.Error())
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return nil, at, p.errAt(len(p.data), "", "the file ends inside a value; it is cut short")

@@ -66,7 +66,7 @@ func (h HelperRunner) Get(ctx context.Context, name, registry string) (StaticCre
 	bin := HelperBinary(name)
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return StaticCredential{}, fmt.Errorf("%w: %s is not on the control plane's PATH; install it or drop it from the configuration", ErrHelperFailed, bin)
+		return StaticCredential{}, fmt.Errorf("%w: %s (for %s) is not on the control plane's PATH; install it or drop it from the configuration", ErrHelperFailed, bin, registry)
 	}
 	timeout := h.Timeout
 	if timeout <= 0 {
@@ -87,12 +87,12 @@ func (h HelperRunner) Get(ctx context.Context, name, registry string) (StaticCre
 	switch {
 	case ctx.Err() != nil:
 		return StaticCredential{}, fmt.Errorf("credential helper %s for %s: %w", bin, registry, ctx.Err())
-	case rctx.Err() != nil:
-		return StaticCredential{}, fmt.Errorf("%w: %s gave no answer for %s within %s and was killed", ErrHelperTimedOut, bin, registry, timeout)
 	case out.over:
 		return StaticCredential{}, fmt.Errorf("%w: %s printed more than %d bytes for %s", ErrHelperOutput, bin, MaxHelperOutput, registry)
+	case rctx.Err() != nil:
+		return StaticCredential{}, fmt.Errorf("%w: %s gave no answer for %s within %s and was killed", ErrHelperTimedOut, bin, registry, timeout)
 	case err != nil:
-		if strings.TrimSpace(out.String()) == helperNotFound {
+		if strings.TrimSpace(out.buf.String()) == helperNotFound {
 			return StaticCredential{}, errNotFound
 		}
 		var exit *exec.ExitError
@@ -103,7 +103,7 @@ func (h HelperRunner) Get(ctx context.Context, name, registry string) (StaticCre
 		return StaticCredential{}, fmt.Errorf("%w: run %s: %w", ErrHelperFailed, bin, err)
 	}
 	var a helperAnswer
-	if err := json.Unmarshal(out.Bytes(), &a); err != nil {
+	if err := json.Unmarshal(out.buf.Bytes(), &a); err != nil {
 		return StaticCredential{}, fmt.Errorf("%w: %s answered for %s with something other than the helper protocol's JSON", ErrHelperOutput, bin, registry)
 	}
 	if a.Secret == "" {
@@ -124,18 +124,23 @@ func serverURL(registry string) string {
 	return registry
 }
 
-// cappedBuffer keeps up to max bytes and notes that more came.
+// cappedBuffer keeps up to max bytes. Past them it notes the overflow and
+// fails the write, which closes the helper's stdout: a helper that goes on
+// writing dies of SIGPIPE, or at its timeout.
+// It holds its buffer in a field, not embedded: an embedded bytes.Buffer's
+// ReadFrom would let io.Copy bypass the cap.
 type cappedBuffer struct {
-	bytes.Buffer
+	buf  bytes.Buffer
 	max  int
 	over bool
 }
 
+var errOutputTooLarge = errors.New("output too large")
+
 func (c *cappedBuffer) Write(b []byte) (int, error) {
-	if room := c.max - c.Len(); len(b) > room {
+	if len(b) > c.max-c.buf.Len() {
 		c.over = true
-		c.Buffer.Write(b[:max(room, 0)])
-		return len(b), nil
+		return 0, errOutputTooLarge
 	}
-	return c.Buffer.Write(b)
+	return c.buf.Write(b)
 }
