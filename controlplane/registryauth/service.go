@@ -98,6 +98,9 @@ func (s *Service) handle(ctx context.Context, m *nats.Msg) {
 	var rep schemas.Reply[schemas.RegistryCredential]
 	if err != nil {
 		rep.Refusal = schemas.RefusalOfInput(err, "body is not a RegistryCredentialRequest")
+		s.refused.Add(1)
+		s.log.Info("registry credential refused", zap.String("subject", m.Subject), zap.String("code", string(rep.Refusal.Code)),
+			zap.String("reason", rep.Refusal.Reason))
 	} else {
 		rep = s.Answer(ctx, m.Subject, req)
 	}
