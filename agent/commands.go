@@ -198,7 +198,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 		}
 	})
 	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack,
-		Credentials: a.registryCredentials(p.Reference)}
+		Credentials: a.registryCredentials(p.Reference, p.RunID)}
 	stopProgress := func() {}
 	if p.RunID != "" {
 		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
@@ -274,7 +274,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
 	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true,
-		Credentials: a.registryCredentials(l.Reference)}); err != nil {
+		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
 			FailureReason: err.Error(), FailureCode: rc.Code})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -17,16 +18,32 @@ import (
 // plane may run a credential helper (10s by default) to answer.
 const CredentialTimeout = 20 * time.Second
 
-// registryCredentials is the ImageSpec.Credentials of a pull of reference:
-// the runtime calls it only when a registry demands a credential, and the
-// agent asks the control plane for it then, under its current session
-// (core request/reply; the answer is never journaled or logged).
-func (a *Agent) registryCredentials(reference string) func(ctx context.Context, host string) (noderuntime.RegistryCredential, error) {
+// credentialTries is how often an ask that got no answer (no replica
+// listening, a timeout) is made before the pull fails.
+const credentialTries = 3
+
+// registryCredentials is the ImageSpec.Credentials of a pull of reference
+// (for runID's attempt, or a prefetch when empty): the runtime calls it
+// only when a registry demands a credential, and the agent asks the
+// control plane for it then, under its current session (core
+// request/reply; the answer is never journaled or logged).
+func (a *Agent) registryCredentials(reference, runID string) func(ctx context.Context, host string) (noderuntime.RegistryCredential, error) {
 	return func(ctx context.Context, host string) (noderuntime.RegistryCredential, error) {
 		start := time.Now()
-		req := schemas.RegistryCredentialRequest{NodeID: a.cfg.NodeID, FencingToken: a.Enrollment().FencingToken, Reference: reference}
+		req := schemas.RegistryCredentialRequest{NodeID: a.cfg.NodeID, FencingToken: a.Enrollment().FencingToken, Reference: reference, RunID: runID}
 		var rep schemas.Reply[schemas.RegistryCredential]
-		err := a.requestWithin(ctx, CredentialTimeout, bus.NodeRegistryCredentials(a.cfg.NodeID), req, &rep)
+		var err error
+		for try := 1; ; try++ {
+			err = a.requestWithin(ctx, CredentialTimeout, bus.NodeRegistryCredentials(a.cfg.NodeID), req, &rep)
+			if try == credentialTries || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+				break
+			}
+			a.log.Info("registry credential not answered; asking again", zap.String("host", host), zap.Int("try", try), zap.Error(err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 		switch {
 		case err != nil:
 			return noderuntime.RegistryCredential{}, fmt.Errorf("ask the control plane for the credential of %s: %w", host, err)

@@ -94,7 +94,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	// A node may have a credential for an image it has a live booking for;
 	// prefetches are the other reason, added beside it.
 	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache)}
-	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cfg.RegistryAuth, wanted, cfg.Now, log)
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.Now, log)
 	return cp, nil
 }
 

@@ -53,6 +53,9 @@ type RegistryCredentialRequest struct {
 	// Reference is the image being pulled, name@sha256:<hex>; the
 	// credential is for its registry (ImageRef.Registry).
 	Reference string `json:"reference"`
+	// RunID, when the pull is for a Run's attempt, names that Run, so a
+	// replica whose cache has not seen the booking yet can read it.
+	RunID string `json:"run_id,omitempty"`
 }
 
 // Validate checks a RegistryCredentialRequest.
@@ -65,6 +68,11 @@ func (r *RegistryCredentialRequest) Validate() error {
 	}
 	if r.FencingToken == 0 {
 		return refuse(CodeMissingField, "fencing_token", "the node's current fencing token is required")
+	}
+	if r.RunID != "" {
+		if err := ValidateID("run_id", r.RunID, CodeInvalidRunID); err != nil {
+			return err
+		}
 	}
 	_, err := ParseImageRef("reference", r.Reference)
 	return err

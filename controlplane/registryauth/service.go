@@ -29,20 +29,27 @@ type ImageWanted func(nodeID string, ref schemas.ImageRef) bool
 func BookedImages(c *cache.Cache) ImageWanted {
 	return func(nodeID string, ref schemas.ImageRef) bool {
 		for _, r := range c.ActiveRuns() {
-			if r.NodeID != nodeID {
-				continue
-			}
-			switch r.Phase {
-			case schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning:
-			default:
-				continue
-			}
-			if booked, err := schemas.ParseImageRef("image", r.Request.Image); err == nil && booked == ref {
+			if bookedOn(r, nodeID, ref) {
 				return true
 			}
 		}
 		return false
 	}
+}
+
+// bookedOn says whether r is booked on nodeID, pinned to ref, in a phase
+// from placed to running.
+func bookedOn(r *schemas.Run, nodeID string, ref schemas.ImageRef) bool {
+	if r.NodeID != nodeID {
+		return false
+	}
+	switch r.Phase {
+	case schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning:
+	default:
+		return false
+	}
+	booked, err := schemas.ParseImageRef("image", r.Request.Image)
+	return err == nil && booked == ref
 }
 
 // Workers bounds how many credential requests one replica answers at once
@@ -51,13 +58,13 @@ const Workers = 16
 
 // Service answers wf.node.<id>.credentials.registry.
 type Service struct {
-	conn    *bus.Conn
-	cache   *cache.Cache
-	nodesKV jetstream.KeyValue
-	source  *Source
-	wanted  []ImageWanted
-	now     func() time.Time
-	log     *zap.Logger
+	conn            *bus.Conn
+	cache           *cache.Cache
+	nodesKV, runsKV jetstream.KeyValue
+	source          *Source
+	wanted          []ImageWanted
+	now             func() time.Time
+	log             *zap.Logger
 
 	given, refused atomic.Int64
 }
@@ -65,8 +72,8 @@ type Service struct {
 // NewService returns the credential service. source may be nil (every
 // registry anonymous); wanted are the reasons a node may have to pull an
 // image (BookedImages, and prefetches).
-func NewService(conn *bus.Conn, c *cache.Cache, nodesKV jetstream.KeyValue, source *Source, wanted []ImageWanted, now func() time.Time, log *zap.Logger) *Service {
-	return &Service{conn: conn, cache: c, nodesKV: nodesKV, source: source, wanted: wanted, now: now, log: log.Named("registryauth")}
+func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, source *Source, wanted []ImageWanted, now func() time.Time, log *zap.Logger) *Service {
+	return &Service{conn: conn, cache: c, nodesKV: nodesKV, runsKV: runsKV, source: source, wanted: wanted, now: now, log: log.Named("registryauth")}
 }
 
 // Given counts credentials (anonymous answers included) handed out;
@@ -138,7 +145,7 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Regist
 	case !node.Live(s.now()):
 		return refuse(schemas.CodeSessionExpired, "", "node %s's lease has lapsed; it gets credentials again once it heartbeats", req.NodeID)
 	}
-	if !s.wants(req.NodeID, ref) {
+	if !s.wants(ctx, req, ref) {
 		return refuse(schemas.CodeImageNotWanted, "reference", "node %s has no live booking or prefetch for this image; credentials are given only for the Runs booked on a node", req.NodeID)
 	}
 	c, err := s.source.Lookup(ctx, NoTenant, registry)
@@ -152,13 +159,23 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Regist
 	return schemas.Reply[schemas.RegistryCredential]{OK: &c}
 }
 
-func (s *Service) wants(nodeID string, ref schemas.ImageRef) bool {
+// wants says whether the node has a live reason to pull ref. When the
+// cache says no and the request names its Run, the Run is read from
+// wf_runs: this replica's watch may not have seen the booking yet.
+func (s *Service) wants(ctx context.Context, req schemas.RegistryCredentialRequest, ref schemas.ImageRef) bool {
 	for _, w := range s.wanted {
-		if w(nodeID, ref) {
+		if w(req.NodeID, ref) {
 			return true
 		}
 	}
-	return false
+	if req.RunID == "" {
+		return false
+	}
+	var r schemas.Run
+	if _, err := bus.GetJSON(ctx, s.runsKV, req.RunID, &r); err != nil {
+		return false
+	}
+	return bookedOn(&r, req.NodeID, ref)
 }
 
 // node returns the node's record from the cache, or from wf_nodes when the

@@ -96,7 +96,7 @@ func TestServiceAuthorization(t *testing.T) {
 	prefetch := func(nodeID string, ref schemas.ImageRef) bool {
 		return nodeID == "node-b" && ref.String() == prefetched
 	}
-	svc := registryauth.NewService(conn, c, nodes, src,
+	svc := registryauth.NewService(conn, c, nodes, runsBucket, src,
 		[]registryauth.ImageWanted{registryauth.BookedImages(c), prefetch}, time.Now, log)
 	stop, err := svc.Serve(ctx, &wg)
 	if err != nil {
@@ -179,6 +179,23 @@ func TestServiceAuthorization(t *testing.T) {
 	}
 	if logs.FilterMessage("registry credential refused").Len() < 11 || logs.FilterMessage("registry credential source failed").Len() != 1 {
 		t.Errorf("refusals and the helper failure are not all logged")
+	}
+	// A replica whose cache has seen none of it yet (never started here):
+	// the node is read from wf_nodes, and the booking from wf_runs when the
+	// request names its Run.
+	cold := registryauth.NewService(conn, cache.New(), nodes, runsBucket, src, []registryauth.ImageWanted{registryauth.BookedImages(cache.New())}, time.Now, log)
+	withRun := req("node-a", 5, private)
+	withRun.RunID = "run-1"
+	if rep := cold.Answer(ctx, bus.NodeRegistryCredentials("node-a"), withRun); rep.OK == nil || rep.OK.Secret != servicePassword {
+		t.Errorf("cold replica, Run named: %+v %+v", rep.OK, rep.Refusal)
+	}
+	if rep := cold.Answer(ctx, bus.NodeRegistryCredentials("node-a"), req("node-a", 5, private)); rep.Refusal == nil || rep.Refusal.Code != schemas.CodeImageNotWanted {
+		t.Errorf("cold replica, no Run named: %+v %+v", rep.OK, rep.Refusal)
+	}
+	otherRun := req("node-b", 2, private)
+	otherRun.RunID = "run-1" // node-a's
+	if rep := cold.Answer(ctx, bus.NodeRegistryCredentials("node-b"), otherRun); rep.Refusal == nil || rep.Refusal.Code != schemas.CodeImageNotWanted {
+		t.Errorf("cold replica, another node's Run named: %+v %+v", rep.OK, rep.Refusal)
 	}
 	for _, e := range logs.All() {
 		if strings.Contains(e.Message, servicePassword) || strings.Contains(fieldsText(e), servicePassword) {
