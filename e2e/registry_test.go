@@ -28,8 +28,9 @@ import (
 // registryAuthFile writes a Docker config.json giving each registry host
 // its user and password (in the "auth" form docker login writes) and
 // returns the control plane's source read from it, as `warmfleet serve
-// --registry-auth` reads it.
-func registryAuthFile(t *testing.T, creds map[string][2]string) *registryauth.Source {
+// --registry-auth` reads it, with helpers as --registry-credential-helper
+// gives them.
+func registryAuthFile(t *testing.T, creds map[string][2]string, helpers map[string]string) *registryauth.Source {
 	t.Helper()
 	var entries []string
 	for host, c := range creds {
@@ -43,7 +44,7 @@ func registryAuthFile(t *testing.T, creds map[string][2]string) *registryauth.So
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := registryauth.NewSource(file, nil, registryauth.HelperRunner{})
+	src, err := registryauth.NewSource(file, helpers, registryauth.HelperRunner{Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,24 +79,33 @@ func (f *fleet) authFailure(id, host string) {
 	f.t.Fatalf("run %s: no failure event", id)
 }
 
-// TestAcceptance_PrivateRegistryPull: three registries that demand a
+// TestAcceptance_PrivateRegistryPull: four registries that demand a
 // login. The control plane holds the right credential for the first, a
-// wrong one for the second and none for the third. A Run from the first
-// pulls and succeeds; Runs from the others fail, once, with
-// registry_auth_failed naming their registry and what to do.
+// wrong one for the second, none for the third, and for the fourth a
+// credential helper that hangs. A Run from the first pulls and succeeds;
+// Runs from the others fail, once, with registry_auth_failed naming their
+// registry and what to do; the hung helper is timed out and what it
+// printed is nowhere in the Run's events.
 func TestAcceptance_PrivateRegistryPull(t *testing.T) {
 	w := newWorld(t)
-	good, wrong, none := testenv.StartRegistry(t), testenv.StartRegistry(t), testenv.StartRegistry(t)
+	good, wrong, none, hung := testenv.StartRegistry(t), testenv.StartRegistry(t), testenv.StartRegistry(t), testenv.StartRegistry(t)
+	helperDir := t.TempDir()
+	helperSays := "helper-output-" + randomSecret(t)
+	if err := os.WriteFile(filepath.Join(helperDir, registryauth.HelperBinary("hangs")), []byte("#!/bin/sh\necho "+helperSays+"\nsleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", helperDir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	src := registryAuthFile(t, map[string][2]string{
 		good.Host:  {good.User, good.Password},
 		wrong.Host: {wrong.User, "not-" + wrong.Password},
-	})
+	}, map[string]string{hung.Host: "hangs"})
 	f := newFleet(t, func(c *controlplane.Config) { c.RegistryAuth = src })
 	f.startAgent(agentSpec{id: "node-a", world: w})
 
 	okID := f.submit(schemas.RunRequest{RequestID: "private-ok", Image: pushPrivate(t, good, "ok"), Command: []string{"grep", "-qx", "ok", "/etc/variant"}})
 	wrongID := f.submit(schemas.RunRequest{RequestID: "private-wrong", Image: pushPrivate(t, wrong, "wrong"), Command: []string{"true"}})
 	noneID := f.submit(schemas.RunRequest{RequestID: "private-none", Image: pushPrivate(t, none, "none"), Command: []string{"true"}})
+	hungID := f.submit(schemas.RunRequest{RequestID: "private-hung", Image: pushPrivate(t, hung, "hung"), Command: []string{"true"}})
 
 	r := f.waitPhase(okID, schemas.PhaseSucceeded, 90*time.Second)
 	if r.ExitCode == nil || *r.ExitCode != 0 {
@@ -103,6 +113,17 @@ func TestAcceptance_PrivateRegistryPull(t *testing.T) {
 	}
 	f.authFailure(wrongID, wrong.Host)
 	f.authFailure(noneID, none.Host)
+	f.authFailure(hungID, hung.Host)
+	timedOut := false
+	for _, ev := range f.events(hungID) {
+		if strings.Contains(ev.Message, helperSays) {
+			t.Fatalf("an event holds the helper's output: %q", ev.Message)
+		}
+		timedOut = timedOut || (ev.Code == schemas.CodeRegistryAuthFailed && strings.Contains(ev.Message, "docker-credential-hangs gave no answer"))
+	}
+	if !timedOut {
+		t.Fatalf("the failure of %s does not say its helper timed out: %+v", hungID, f.events(hungID))
+	}
 }
 
 // startContainerdAgent starts an agent that logs in with NATS auth (as
@@ -151,7 +172,7 @@ func TestAcceptance_CredentialsNeverAtRest(t *testing.T) {
 	w := newWorld(t)
 	reg, other := testenv.StartRegistry(t), testenv.StartRegistry(t)
 	wrongPassword := "wrong-" + randomSecret(t)
-	src := registryAuthFile(t, map[string][2]string{reg.Host: {reg.User, reg.Password}, other.Host: {other.User, wrongPassword}})
+	src := registryAuthFile(t, map[string][2]string{reg.Host: {reg.User, reg.Password}, other.Host: {other.User, wrongPassword}}, nil)
 	sf := newSecureFleet(t, func(c *controlplane.Config) { c.RegistryAuth = src })
 	for name, secret := range map[string]string{"registry password": reg.Password, "wrong registry password": wrongPassword} {
 		sf.plant(name, secret)
