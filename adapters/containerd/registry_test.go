@@ -9,6 +9,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // testRegistryAuth pulls from a registry that demands a login (htpasswd
@@ -85,5 +86,22 @@ func (f *fixture) testRegistryAuth(t *testing.T) {
 	}
 	if n := asked.Load(); n != 0 {
 		t.Fatalf("asked %d times for an image that needed no pull", n)
+	}
+}
+
+// TestPlainHTTP: loopback registries and those named insecure are spoken
+// to over plain HTTP, any spelling of the name alike; others over HTTPS.
+func TestPlainHTTP(t *testing.T) {
+	r := &Runtime{insecure: map[string]bool{}}
+	for _, h := range []string{"Registry.Internal:5000", "http://10.0.0.5:5000/v2/"} {
+		r.insecure[schemas.CanonicalRegistry(h)] = true
+	}
+	for host, want := range map[string]bool{
+		"registry.internal:5000": true, "10.0.0.5:5000": true, "127.0.0.1:5000": true, "localhost:5000": true,
+		"registry.internal": false, "registry.internal:5001": false, "ghcr.io": false,
+	} {
+		if got, err := r.plainHTTP(host); err != nil || got != want {
+			t.Errorf("plainHTTP(%s) = %v %v, want %v", host, got, err, want)
+		}
 	}
 }
