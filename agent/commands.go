@@ -200,7 +200,8 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 			}
 		}
 	})
-	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack}
+	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack,
+		Credentials: a.registryCredentials(p.Reference, p.RunID)}
 	stopProgress := func() {}
 	switch {
 	case p.RunID != "":
@@ -212,7 +213,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
-		rc.Code = schemas.CodeLaunchFailed
+		rc.Code = failureCode(err)
 		return
 	}
 	a.log.Info("image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
@@ -278,9 +279,11 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true,
+		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
+			FailureReason: err.Error(), FailureCode: rc.Code})
 		return
 	}
 	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {

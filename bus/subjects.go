@@ -14,6 +14,10 @@ const (
 	SubjectNodeObsAll  = "wf.node.*.obs"
 	SubjectHeartbeats  = "wf.node.*.heartbeat"
 	SubjectRenewals    = "wf.node.*.renew"
+	// SubjectRegistryCredentials is where agents ask for a registry
+	// credential at pull time (core request/reply: a credential is never
+	// at rest).
+	SubjectRegistryCredentials = "wf.node.*.credentials.registry"
 	// SubjectInvite is the operator's request to mint a node bootstrap.
 	SubjectInvite = "wf.admin.node.invite"
 	// SubjectDrain stops new work going to a node.
@@ -53,6 +57,12 @@ func NodeHeartbeat(nodeID string) string { return subjectNodePrefix + nodeID + "
 
 // NodeRenew is where one node renews its session.
 func NodeRenew(nodeID string) string { return subjectNodePrefix + nodeID + ".renew" }
+
+// NodeRegistryCredentials is where one node asks for a registry
+// credential (SubjectRegistryCredentials).
+func NodeRegistryCredentials(nodeID string) string {
+	return subjectNodePrefix + nodeID + ".credentials.registry"
+}
 
 // NodeConsumer is the durable name of a node's command consumer.
 func NodeConsumer(nodeID string) string { return "node-" + nodeID }

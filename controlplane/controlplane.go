@@ -19,6 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/prefetch"
+	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
@@ -45,6 +46,8 @@ type ControlPlane struct {
 	sessions  *sessions.Service
 	prefetch  *prefetch.Service
 	rentals   *rentals.Manager // nil without Capacity
+	// registryAuth gives nodes registry credentials at pull time.
+	registryAuth *registryauth.Service
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -91,6 +94,10 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"))
 	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
+	// A node may have a credential for an image it has a live booking or
+	// an open prefetch for.
+	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.Now, log)
 	return cp, nil
 }
 
@@ -142,6 +149,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopPrefetch()
+	stopRegistryAuth, err := cp.registryAuth.Serve(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopRegistryAuth()
 	if cp.rentals != nil {
 		stopRentals, err := cp.rentals.Serve(ctx)
 		if err != nil {

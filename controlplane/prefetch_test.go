@@ -134,8 +134,14 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 	if n := len(pl.prepareCommands(t, "node-b")); n != 0 {
 		t.Fatalf("the draining node got %d commands", n)
 	}
-	wants := pl.cp.Prefetches().Wants
-	if !wants("node-a", digest) || wants("node-b", digest) || wants("node-a", "sha256:"+fmt.Sprintf("%064x", 8)) {
+	ref, err := schemas.ParseImageRef("image", image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherDigest := ref
+	otherDigest.Digest = "sha256:" + fmt.Sprintf("%064x", 8)
+	wants := func(node string, r schemas.ImageRef) bool { return pl.cp.Prefetches().Wants(node, r) }
+	if !wants("node-a", ref) || wants("node-b", ref) || wants("node-a", otherDigest) {
 		t.Fatal("Wants does not follow the unfinished entries")
 	}
 
@@ -159,7 +165,7 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 		n := pl.prefetchRecord(t, p.ID).Node("node-a")
 		return n.State == schemas.PrefetchReady && n.Progress.DoneBytes == 100
 	})
-	eventually(t, 5*time.Second, "Wants false once ready", func() bool { return !wants("node-a", digest) })
+	eventually(t, 5*time.Second, "Wants false once ready", func() bool { return !wants("node-a", ref) })
 	// Progress after the receipt changes nothing.
 	progress(enrA.FencingToken, 50, "")
 	time.Sleep(300 * time.Millisecond)
@@ -206,7 +212,7 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 		}
 		return false
 	})
-	if n := pl.prefetchRecord(t, r.ID).Node("node-a"); n.State != schemas.PrefetchSent || !wants("node-a", digest) {
+	if n := pl.prefetchRecord(t, r.ID).Node("node-a"); n.State != schemas.PrefetchSent || !wants("node-a", ref) {
 		t.Fatalf("a refusal for a superseded session closed the entry: %+v", n)
 	}
 }

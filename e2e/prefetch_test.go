@@ -112,9 +112,13 @@ func TestAcceptance_Prefetch(t *testing.T) {
 			t.Fatalf("progress %+v: want growing counts of %d bytes", pulling, big.SizeBytes)
 		}
 	}
+	bigRef, err := schemas.ParseImageRef("image", big.Reference)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The control plane's copy follows its own write a moment after the watch above.
 	f.eventually(5*time.Second, "a finished prefetch to want the image no more", func() bool {
-		return !f.plane.Prefetches().Wants("node-b", big.ManifestDigest)
+		return !f.plane.Prefetches().Wants("node-b", bigRef)
 	})
 	f.eventually(30*time.Second, "node-b's facts to list the image hot", func() bool {
 		rec := f.nodeRecord("node-b")

@@ -433,3 +433,23 @@ func FuzzPrefetchRequestDecode(f *testing.F) {
 		reencode(t, &r)
 	})
 }
+
+// FuzzRegistryCredentialRequestDecode: what a node sends when it asks for
+// a registry credential decodes and validates, or is refused; a valid one
+// names a pinned image whose registry is a canonical host.
+func FuzzRegistryCredentialRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.RegistryCredentialRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		ref, err := schemas.ParseImageRef("reference", r.Reference)
+		if err != nil || r.FencingToken == 0 {
+			t.Fatalf("valid request %+v: %v", r, err)
+		}
+		if reg := ref.Registry(); reg == "" || schemas.CanonicalRegistry(reg) != reg {
+			t.Fatalf("registry %q of %q is not canonical", reg, r.Reference)
+		}
+		reencode(t, &r)
+	})
+}

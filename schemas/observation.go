@@ -78,8 +78,11 @@ type WorkloadObservation struct {
 	ExitCode      *int          `json:"exit_code,omitempty"`
 	OOMKilled     bool          `json:"oom_killed,omitempty"`
 	FailureReason string        `json:"failure_reason,omitempty"`
-	StartedAt     *time.Time    `json:"started_at,omitempty"`
-	FinishedAt    *time.Time    `json:"finished_at,omitempty"`
+	// FailureCode, on a failed report, is the coded reason when it is
+	// more precise than launch_failed (registry_auth_failed).
+	FailureCode Code       `json:"failure_code,omitempty"`
+	StartedAt   *time.Time `json:"started_at,omitempty"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
 	// StopReason is set when the node stopped the workload itself or on
 	// command (e.g. "max_runtime_exceeded", "cancelled").
 	StopReason string `json:"stop_reason,omitempty"`
@@ -202,7 +205,7 @@ func (w *WorkloadObservation) validate(field string) error {
 			return refuse(CodeMalformed, field, "a reported time is outside 2000–9000; check the node's clock")
 		}
 	}
-	if len(w.FailureReason) > MaxStringBytes || len(w.StopReason) > 256 {
+	if len(w.FailureReason) > MaxStringBytes || len(w.StopReason) > 256 || len(w.FailureCode) > 64 {
 		return refuse(CodeValueTooLong, field, "reasons are bounded")
 	}
 	if w.Progress != nil {

@@ -57,6 +57,11 @@ const (
 	// CodePrefetchTimedOut fails a node's prefetch entry that had no
 	// answer by the prefetch's deadline.
 	CodePrefetchTimedOut Code = "prefetch_timed_out"
+	// CodeRegistryAuthFailed fails a Run whose image registry refused the
+	// pull (401/403) with the credential the control plane gave, or with
+	// none, or whose credential the control plane could not get. A
+	// registry that refuses one node refuses every node: terminal.
+	CodeRegistryAuthFailed Code = "registry_auth_failed"
 
 	// Node-facing codes.
 	CodeStaleFencingToken Code = "stale_fencing_token"
@@ -71,7 +76,14 @@ const (
 	CodeSessionExpired    Code = "session_expired"
 	CodeSuperseded        Code = "session_superseded"
 	CodeWrongNode         Code = "wrong_node"
-	CodeInternal          Code = "internal"
+	// CodeImageNotWanted refuses a registry credential for an image the
+	// node has no live booking or prefetch for.
+	CodeImageNotWanted Code = "image_not_wanted"
+	// CodeCredentialUnavailable: the control plane holds a credential
+	// source for the registry, but it failed (a credential helper that
+	// failed, hung or answered garbage).
+	CodeCredentialUnavailable Code = "registry_credential_unavailable"
+	CodeInternal              Code = "internal"
 )
 
 // Refusal is a coded, operator-readable refusal of one input. Field names the

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // ErrDigestMismatch reports content whose digest is not the one a Run is
@@ -197,7 +198,13 @@ func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want dig
 		}
 		return nil, nil
 	})
+	ref, err := schemas.ParseImageRef("reference", spec.Reference)
+	if err != nil {
+		return 0, fmt.Errorf("pull %s: %w", spec.Reference, err)
+	}
+	resolver, auth := r.resolver(ctx, spec, ref)
 	opts := []ctrd.RemoteOpt{
+		ctrd.WithResolver(resolver),
 		ctrd.WithImageHandler(count),
 		ctrd.WithPlatformMatcher(platforms.Default()),
 		ctrd.WithPullSnapshotter(r.snapshotter),
@@ -218,8 +225,11 @@ func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want dig
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("pull %s: %w", spec.Reference, ctx.Err())
 		}
-		// The error carries the registry's answer but no credentials: the
-		// default resolver is anonymous.
+		if err := auth.authFailure(err, spec.Reference); errors.Is(err, noderuntime.ErrRegistryAuth) {
+			return 0, err
+		}
+		// The error carries the registry's answer but never a credential:
+		// the authorizer sends it in a header the client does not log.
 		return 0, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and pulling it failed: %w",
 			noderuntime.ErrImageNotFound, spec.Reference, r.imageDir, err)
 	}

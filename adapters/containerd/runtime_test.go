@@ -38,6 +38,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Info", f.testInfo)
 	t.Run("SnapshotterOption", f.testSnapshotterOption)
 	t.Run("EnsureImage", f.testEnsureImage)
+	t.Run("RegistryAuth", f.testRegistryAuth)
 	t.Run("Images", f.testImages)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)

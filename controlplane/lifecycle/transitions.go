@@ -232,9 +232,21 @@ func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase,
 		if r.CancelRequested {
 			return schemas.PhaseCancelled, schemas.CodeCancelled, "cancelled before start"
 		}
-		return schemas.PhaseFailed, schemas.CodeLaunchFailed, w.FailureReason
+		return schemas.PhaseFailed, failureCode(w.FailureCode), w.FailureReason
 	}
 	return "", "", ""
+}
+
+// failureCode is the reason a Run fails with when its node could not
+// prepare or launch it: launch_failed, or registry_auth_failed when the
+// image's registry refused the pull. That one is terminal like the rest,
+// not retried on another node: every node presents the same credential
+// from the control plane, so every node would be refused.
+func failureCode(reported schemas.Code) schemas.Code {
+	if reported == schemas.CodeRegistryAuthFailed {
+		return reported
+	}
+	return schemas.CodeLaunchFailed
 }
 
 // ReceiptFailure ends an attempt whose node failed or refused one of its
@@ -248,7 +260,7 @@ func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, e
 	if r.AttemptID != rc.AttemptID || r.Phase.Terminal() {
 		return r, nil, ErrNoChange
 	}
-	from, to, reason := r.Phase, schemas.PhaseFailed, schemas.CodeLaunchFailed
+	from, to, reason := r.Phase, schemas.PhaseFailed, failureCode(rc.Code)
 	if r.CancelRequested {
 		to, reason = schemas.PhaseCancelled, schemas.CodeCancelled
 	}

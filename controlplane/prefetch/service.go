@@ -57,7 +57,10 @@ type mirrored struct {
 	seed bus.Seed
 }
 
-type wantKey struct{ node, digest string }
+type wantKey struct {
+	node  string
+	image schemas.ImageRef
+}
 
 // New returns the prefetch service over wf_prefetch (kv). flush is
 // DefaultFlushInterval when zero.
@@ -139,7 +142,7 @@ func (s *Service) noteLocked(p schemas.Prefetch, seed bus.Seed) {
 		if n.State.Finished() {
 			continue
 		}
-		k := wantKey{n.NodeID, p.ManifestDigest}
+		k := wantKey{n.NodeID, imageOf(p)}
 		if s.wanted[k] == nil {
 			s.wanted[k] = map[string]time.Time{}
 		}
@@ -149,7 +152,7 @@ func (s *Service) noteLocked(p schemas.Prefetch, seed bus.Seed) {
 
 func (s *Service) unindexLocked(p schemas.Prefetch) {
 	for _, n := range p.Nodes {
-		k := wantKey{n.NodeID, p.ManifestDigest}
+		k := wantKey{n.NodeID, imageOf(p)}
 		delete(s.wanted[k], p.ID)
 		if len(s.wanted[k]) == 0 {
 			delete(s.wanted, k)
@@ -157,16 +160,27 @@ func (s *Service) unindexLocked(p schemas.Prefetch) {
 	}
 }
 
+// imageOf is the image a prefetch pulls, by repository and digest: a
+// credential is asked for a registry, so the digest alone would let a
+// prefetch from one registry unlock another's.
+func imageOf(p schemas.Prefetch) schemas.ImageRef {
+	ref, err := schemas.ParseImageRef("image", p.Image)
+	if err != nil { // validated at intake; a record that fails wants nothing
+		return schemas.ImageRef{}
+	}
+	return ref
+}
+
 // Wants says whether a live prefetch still waits for node nodeID to hold
-// the image pinned by manifestDigest: its entry is neither ready, failed
+// image ref: its entry is neither ready, failed
 // nor skipped, and the prefetch has not timed out. The registry credential
 // service asks it before it answers a node that has no booking for the
 // image.
-func (s *Service) Wants(nodeID, manifestDigest string) bool {
+func (s *Service) Wants(nodeID string, ref schemas.ImageRef) bool {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, deadline := range s.wanted[wantKey{nodeID, manifestDigest}] {
+	for _, deadline := range s.wanted[wantKey{nodeID, ref}] {
 		if now.Before(deadline) {
 			return true
 		}
