@@ -197,7 +197,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 			}
 		}
 	})
-	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack}
+	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Platform: p.Platform, Unpack: p.Unpack}
 	stopProgress := func() {}
 	if p.RunID != "" {
 		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
@@ -206,7 +206,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
-		rc.Code = schemas.CodeLaunchFailed
+		rc.Code = imageFailureCode(err)
 		return
 	}
 	a.log.Info("image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
@@ -214,6 +214,15 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	if p.RunID != "" {
 		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPrepared})
 	}
+}
+
+// imageFailureCode says why an image could not be made ready, for the
+// receipt: a missing platform build is the image's fault, not the node's.
+func imageFailureCode(err error) schemas.Code {
+	if errors.Is(err, noderuntime.ErrPlatformNotInImage) {
+		return schemas.CodePlatformNotInImage
+	}
+	return schemas.CodeLaunchFailed
 }
 
 func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
@@ -246,7 +255,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		env = append(env, "WARMFLEET_GPUS="+strings.Join(l.GPUs, ","))
 	}
 	spec := noderuntime.WorkloadSpec{
-		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
+		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Command: l.Command, Env: env,
 		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,
 		Labels: map[string]string{
 			LabelRunID: l.RunID, LabelAttemptID: l.AttemptID,
@@ -272,8 +281,8 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
+	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true}); err != nil {
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, imageFailureCode(err), err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
 	}

@@ -361,3 +361,24 @@ func TestReportedGPUsWin(t *testing.T) {
 		t.Errorf("a lost attempt still holds %v (%v): its cards are free for the next one", lost.GPUs, err)
 	}
 }
+
+// TestReceiptFailureReason: a receipt that names a fault of the Run (its
+// image lacks the platform) fails the Run with that code; any other
+// failure is launch_failed.
+func TestReceiptFailureReason(t *testing.T) {
+	r := booked(schemas.PhasePreparing)
+	for _, tc := range []struct {
+		code, want schemas.Code
+	}{
+		{schemas.CodePlatformNotInImage, schemas.CodePlatformNotInImage},
+		{schemas.CodeLaunchFailed, schemas.CodeLaunchFailed},
+		{"", schemas.CodeLaunchFailed},
+		{schemas.CodeInternal, schemas.CodeLaunchFailed},
+	} {
+		rc := schemas.OperationReceipt{AttemptID: r.AttemptID, Kind: schemas.CmdPrepareImage, Outcome: schemas.OutcomeFailed, Code: tc.code, Message: "m"}
+		got, evs, err := ReceiptFailure{rc}.Apply(r)
+		if err != nil || got.Phase != schemas.PhaseFailed || got.Reason != string(tc.want) || len(evs) != 1 || evs[0].Code != tc.want {
+			t.Errorf("receipt code %q: run %s reason %q, events %+v, err %v; want failed with %s", tc.code, got.Phase, got.Reason, evs, err, tc.want)
+		}
+	}
+}

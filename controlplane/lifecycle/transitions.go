@@ -237,6 +237,12 @@ func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase,
 	return "", "", ""
 }
 
+// runFault are the receipt codes that say what the Run itself must change
+// (its image, its request), so the Run fails with them, not launch_failed.
+var runFault = map[schemas.Code]bool{
+	schemas.CodePlatformNotInImage: true,
+}
+
 // ReceiptFailure ends an attempt whose node failed or refused one of its
 // commands (for a reason a resend will not mend): failed, or cancelled when
 // a cancel was pending.
@@ -249,6 +255,9 @@ func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, e
 		return r, nil, ErrNoChange
 	}
 	from, to, reason := r.Phase, schemas.PhaseFailed, schemas.CodeLaunchFailed
+	if runFault[rc.Code] {
+		reason = rc.Code
+	}
 	if r.CancelRequested {
 		to, reason = schemas.PhaseCancelled, schemas.CodeCancelled
 	}
