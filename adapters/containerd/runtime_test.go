@@ -3,6 +3,7 @@ package containerd
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -88,6 +89,10 @@ func (f *fixture) testInfo(t *testing.T) {
 	}
 	if info.Name != "containerd" || info.Version == "" {
 		t.Fatalf("Info = %+v", info)
+	}
+	// The platform pulls and launches pick when a Run names none.
+	if p := info.Platform; p.OS != runtime.GOOS || p.Architecture != runtime.GOARCH {
+		t.Fatalf("Info platform %+v, want %s/%s", p, runtime.GOOS, runtime.GOARCH)
 	}
 	if f.rt.Snapshotter() == "" {
 		t.Fatal("no snapshotter chosen")
