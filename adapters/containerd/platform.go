@@ -24,8 +24,7 @@ import (
 var errNoBuild = errors.New("no build for the platform")
 
 // gcRefContent prefixes the labels by which containerd's garbage collector
-// keeps a blob's children: a pull or import labels an index with the
-// manifests it fetched, and only those.
+// keeps a blob's children.
 const gcRefContent = "containerd.io/gc.ref.content."
 
 // platformMatcher is what a spec's platform selects: exactly that build
@@ -92,11 +91,11 @@ func buildFor(ctx context.Context, cs content.Store, target ocispec.Descriptor, 
 
 // resolveManifest resolves target to one manifest: target itself, or a
 // build listed in an index (nested at most depth deep), the best by m. With
-// held, the builds this node holds come first: those containerd's
-// garbage-collection labels on the index reference, which a pull or import
-// sets for the one build it fetched, whatever the host's own platform is;
-// an index labelled with none falls back to m. An index with no candidate
-// is errNoBuild.
+// held, the builds this node holds come first, whatever the host's own
+// platform is: those whose manifest is here and kept by the index's
+// garbage-collection labels (a pull labels every child and fetches the one
+// it picked; an import labels only the one it keeps). An index holding none
+// falls back to m. An index with no candidate is errNoBuild.
 func resolveManifest(ctx context.Context, cs content.Store, target ocispec.Descriptor, m platforms.MatchComparer, held bool, depth int) (ocispec.Descriptor, error) {
 	switch {
 	case images.IsManifestType(target.MediaType):
@@ -117,7 +116,15 @@ func resolveManifest(ctx context.Context, cs content.Store, target ocispec.Descr
 			return ocispec.Descriptor{}, err
 		}
 		for _, d := range idx.Manifests {
-			if refs[d.Digest] {
+			if !refs[d.Digest] {
+				continue
+			}
+			// A pull labels every child it sees and fetches one.
+			here, err := has(ctx, cs, d.Digest)
+			if err != nil {
+				return ocispec.Descriptor{}, err
+			}
+			if here {
 				fits = append(fits, d)
 			}
 		}

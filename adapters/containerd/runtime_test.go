@@ -40,6 +40,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("SnapshotterOption", f.testSnapshotterOption)
 	t.Run("EnsureImage", f.testEnsureImage)
 	t.Run("Images", f.testImages)
+	t.Run("Platforms", f.testPlatforms)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)
 	t.Run("Output", f.testOutput)
