@@ -123,6 +123,9 @@ func (n *Node) PickGPUs(count int64, want *schemas.GPURequirement) (uuids, devic
 func cacheKey(name, compat string) string { return name + "\x00" + compat }
 
 // imageRef is what the fleet knows of one image: its layers and their sizes.
+// The platform is the image's own only for a single manifest: of an index
+// it is just the build the first reporting node fetched, and says nothing of
+// what the image needs.
 type imageRef struct {
 	platform schemas.Platform
 	layers   []string
@@ -196,7 +199,10 @@ func (f *Fleet) learn(im schemas.ImageLocality) {
 	if _, ok := f.images[im.ManifestDigest]; ok || len(im.LayerSizes) == 0 {
 		return
 	}
-	ref := imageRef{platform: im.Platform, layers: im.LayerDigests, sizes: im.LayerSizes}
+	ref := imageRef{layers: im.LayerDigests, sizes: im.LayerSizes}
+	if !im.Index {
+		ref.platform = im.Platform
+	}
 	for _, s := range im.LayerSizes {
 		ref.total += s
 	}
