@@ -151,7 +151,9 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 		return reject(schemas.ReasonFactsStale, "facts are older than %s", cfg.FactsMaxAge)
 	}
 	if p := wantPlatform(req, ref, refKnown); p != nil && !runsOn(host, *p) {
-		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", p, hostPlatform(host))
+		// Strings, not p itself: p points into this call's image record,
+		// which must not escape to the heap for every node scored.
+		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", p.String(), hostPlatform(host).String())
 	}
 	if mode := schemas.NetworkModeOf(req.Run.Network); len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
 		return reject(schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
