@@ -208,8 +208,10 @@ func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want dig
 	}
 	defer func() { _ = done(context.WithoutCancel(ctx)) }()
 	cs := r.client.ContentStore()
+	// Whether a record already carried this name: only one this pull made
+	// is removed below.
 	_, err = r.client.ImageService().Get(ctx, spec.Reference)
-	named := err == nil
+	named := !errdefs.IsNotFound(err)
 	var fetched atomic.Int64
 	count := images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
 		// Runs before the fetch handler, so absent content is about to be downloaded.
