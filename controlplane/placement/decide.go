@@ -73,6 +73,10 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	if req.Run.GPU != nil {
 		q.model = strings.ToLower(req.Run.GPU.Model)
 	}
+	if p := req.Run.Platform; p != nil && q.refKnown && q.ref.index {
+		q.named = buildKey(*p)
+		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
+	}
 	best := -1
 	for i, n := range fleet.Nodes {
 		c := q.evaluate(i, n)
@@ -114,6 +118,11 @@ type query struct {
 	cacheHolders []bitset
 	cacheSizes   []int64
 	model        string
+	// named is the build of an index the Run names (buildKey), and hotAs
+	// the nodes holding the index hot as that build when it is not their
+	// own; "" when the Run names none or the image is no index.
+	named string
+	hotAs bitset
 }
 
 // evaluate applies the hard constraints in a fixed order (the first that
@@ -209,8 +218,12 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 
 	// Score: seconds until the workload could start, plus price.
 	comp := schemas.ScoreComponents{QueueSeconds: queue, PricePerHour: rec.PricePerHour}
+	hot := q.hot.has(i)
+	if q.named != "" && q.named != n.build {
+		hot = q.hotAs.has(i)
+	}
 	switch {
-	case q.hot.has(i):
+	case hot:
 		comp.ImageState = string(schemas.LocalityHot)
 	case refKnown:
 		for j, holders := range q.layerHolders {
