@@ -55,6 +55,9 @@ func attemptOf(c schemas.Command) string {
 func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) {
 	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
 	rc.RunID, rc.AttemptID = runOf(c)
+	if c.PrepareImage != nil {
+		rc.PrefetchID = c.PrepareImage.PrefetchID
+	}
 	enr := a.Enrollment()
 
 	if err := c.Validate(); err != nil {
@@ -199,8 +202,11 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	})
 	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Platform: p.Platform, Unpack: p.Unpack}
 	stopProgress := func() {}
-	if p.RunID != "" {
-		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
+	switch {
+	case p.RunID != "":
+		spec.Progress, stopProgress = a.trackProgress(ctx, a.runProgress(p.RunID, p.AttemptID))
+	case p.PrefetchID != "":
+		spec.Progress, stopProgress = a.trackProgress(ctx, a.prefetchProgress(c.OperationID, p))
 	}
 	res, err := a.rt.EnsureImage(ctx, spec)
 	stopProgress() // no progress report may follow the prepared one

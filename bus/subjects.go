@@ -22,6 +22,9 @@ const (
 	// heartbeats have earned: wf_nodes holds a node's lease only as of its
 	// last state change, so heartbeats cost no KV write.
 	SubjectNodeLeases = "wf.admin.node.leases"
+	// SubjectPrefetch asks the control plane to warm an image on nodes
+	// (schemas.PrefetchRequest); the reply is the prefetch's record.
+	SubjectPrefetch = "wf.admin.prefetch"
 	// SubjectRetire retires a rental once its node is idle.
 	SubjectRetire = "wf.admin.rental.retire"
 )

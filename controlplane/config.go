@@ -48,6 +48,9 @@ type Config struct {
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
 	Topology       bus.Topology
+	// PrefetchFlushInterval is how often nodes' prefetch progress is written
+	// to wf_prefetch; prefetch.DefaultFlushInterval when zero.
+	PrefetchFlushInterval time.Duration
 	// Sessions tunes session residency (controlplane/sessions).
 	Sessions sessions.Config
 	// Now is the control plane's clock; tests may replace it.

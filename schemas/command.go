@@ -32,7 +32,10 @@ type Command struct {
 
 // PrepareImage asks a node to hold an image's bytes, unpacked.
 type PrepareImage struct {
-	RunID          string `json:"run_id,omitempty"`
+	RunID string `json:"run_id,omitempty"`
+	// PrefetchID is set instead of RunID when an operator's prefetch asks
+	// for the image: the node reports its progress as ImageProgress.
+	PrefetchID     string `json:"prefetch_id,omitempty"`
 	AttemptID      string `json:"attempt_id,omitempty"`
 	Reference      string `json:"reference"`
 	ManifestDigest string `json:"manifest_digest"`
@@ -145,6 +148,11 @@ func (c *Command) Validate() error {
 		}
 		if err := c.PrepareImage.Platform.validate("prepare_image.platform"); err != nil {
 			return err
+		}
+		if id := c.PrepareImage.PrefetchID; id != "" {
+			if err := ValidateID("prepare_image.prefetch_id", id, CodeMalformed); err != nil {
+				return err
+			}
 		}
 	}
 	if c.Stop != nil {

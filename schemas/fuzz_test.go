@@ -360,6 +360,8 @@ func FuzzObservationDecode(f *testing.F) {
 			ok = o.Facts != nil
 		case schemas.ObsReconciliation:
 			ok = o.Reconciliation != nil
+		case schemas.ObsImageProgress:
+			ok = o.ImageProgress != nil && o.ImageProgress.Progress.DoneBytes >= 0
 		}
 		if !ok {
 			t.Fatalf("valid observation of kind %q lacks its payload: %+v", o.Kind, o)
@@ -421,6 +423,24 @@ func FuzzInviteRequestDecode(f *testing.F) {
 		}
 		if err := schemas.ValidateID("node_id", r.NodeID, schemas.CodeMalformed); err != nil {
 			t.Fatalf("valid invite with bad node id: %v", err)
+		}
+		reencode(t, &r)
+	})
+}
+
+// FuzzPrefetchRequestDecode is the operator's wf.admin.prefetch body (the
+// selector's syntax is fuzzed where it is parsed, controlplane/prefetch).
+func FuzzPrefetchRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.PrefetchRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		if _, err := schemas.ParseImageRef("image", r.Image); err != nil {
+			t.Fatalf("valid prefetch with an unpinned image: %v", err)
+		}
+		if r.Count < 0 || r.Count > schemas.MaxPrefetchNodes || r.Timeout() <= 0 || r.Timeout() > schemas.MaxPrefetchTimeout || len(r.Nodes) > schemas.MaxSelectorBytes {
+			t.Fatalf("valid prefetch out of bounds: %+v", r)
 		}
 		reencode(t, &r)
 	})

@@ -10,6 +10,7 @@ const (
 	ObsWorkload       ObservationKind = "workload"
 	ObsFacts          ObservationKind = "facts"
 	ObsReconciliation ObservationKind = "reconciliation"
+	ObsImageProgress  ObservationKind = "image_progress"
 )
 
 // Observation is what a node publishes on wf.node.<id>.obs. The control
@@ -25,6 +26,7 @@ type Observation struct {
 	Workload       *WorkloadObservation `json:"workload,omitempty"`
 	Facts          *NodeFacts           `json:"facts,omitempty"`
 	Reconciliation *Reconciliation      `json:"reconciliation,omitempty"`
+	ImageProgress  *ImageProgress       `json:"image_progress,omitempty"`
 }
 
 // Receipt outcomes.
@@ -40,7 +42,9 @@ type OperationReceipt struct {
 	Kind        CommandKind `json:"kind"`
 	RunID       string      `json:"run_id,omitempty"`
 	AttemptID   string      `json:"attempt_id,omitempty"`
-	AcceptedAt  time.Time   `json:"accepted_at"`
+	// PrefetchID names the prefetch a PrepareImage served.
+	PrefetchID string    `json:"prefetch_id,omitempty"`
+	AcceptedAt time.Time `json:"accepted_at"`
 	// Duplicate means this operation id was already applied; no second
 	// effect happened.
 	Duplicate bool   `json:"duplicate,omitempty"`
@@ -142,6 +146,8 @@ func (o *Observation) Validate() error {
 		ok = o.Facts != nil
 	case ObsReconciliation:
 		ok = o.Reconciliation != nil
+	case ObsImageProgress:
+		ok = o.ImageProgress != nil
 	default:
 		return refuse(CodeMalformed, "kind", "unknown observation kind")
 	}
@@ -149,7 +155,7 @@ func (o *Observation) Validate() error {
 		return refuse(CodeMissingField, string(o.Kind), "the payload named by kind is missing")
 	}
 	set := 0
-	for _, p := range []bool{o.Receipt != nil, o.Workload != nil, o.Facts != nil, o.Reconciliation != nil} {
+	for _, p := range []bool{o.Receipt != nil, o.Workload != nil, o.Facts != nil, o.Reconciliation != nil, o.ImageProgress != nil} {
 		if p {
 			set++
 		}
@@ -159,6 +165,11 @@ func (o *Observation) Validate() error {
 	}
 	if w := o.Workload; w != nil {
 		if err := w.validate("workload"); err != nil {
+			return err
+		}
+	}
+	if p := o.ImageProgress; p != nil {
+		if err := p.validate(); err != nil {
 			return err
 		}
 	}

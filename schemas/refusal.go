@@ -53,6 +53,13 @@ const (
 	// CodePlatformNotInImage fails an attempt whose image (an index, or a
 	// single manifest) has no build for the platform it is to run as.
 	CodePlatformNotInImage Code = "platform_not_in_image"
+	// CodeInvalidSelector refuses a prefetch's node selector.
+	CodeInvalidSelector Code = "invalid_node_selector"
+	// CodeNoPrefetchTarget refuses a prefetch no live node matches.
+	CodeNoPrefetchTarget Code = "no_prefetch_target"
+	// CodePrefetchTimedOut fails a node's prefetch entry that had no
+	// answer by the prefetch's deadline.
+	CodePrefetchTimedOut Code = "prefetch_timed_out"
 
 	// Node-facing codes.
 	CodeStaleFencingToken Code = "stale_fencing_token"

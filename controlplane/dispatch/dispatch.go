@@ -90,6 +90,19 @@ func (d *Dispatcher) Prepare(ctx context.Context, run schemas.Run) error {
 	return d.Send(ctx, d.prepare(node, ref, run))
 }
 
+// Prefetch sends one node a PrepareImage for an operator's prefetch, under
+// opID (derived from the prefetch and the node, so a resend is applied
+// once), stamped with the node's current session.
+func (d *Dispatcher) Prefetch(ctx context.Context, nodeID, opID, prefetchID string, ref schemas.ImageRef) error {
+	node, ok := d.cache.Node(nodeID)
+	if !ok {
+		return fmt.Errorf("prefetch %s: node %s not in registry", prefetchID, nodeID)
+	}
+	prep := d.command(node, opID, schemas.CmdPrepareImage)
+	prep.PrepareImage = &schemas.PrepareImage{PrefetchID: prefetchID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
+	return d.Send(ctx, prep)
+}
+
 // target is the Run's node as cached, and its image.
 func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageRef, error) {
 	node, ok := d.cache.Node(run.NodeID)
