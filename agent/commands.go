@@ -200,7 +200,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 			}
 		}
 	})
-	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack,
+	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Platform: p.Platform, Unpack: p.Unpack,
 		Credentials: a.registryCredentials(p.Reference, p.RunID)}
 	stopProgress := func() {}
 	switch {
@@ -221,6 +221,18 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	if p.RunID != "" {
 		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPrepared})
 	}
+}
+
+// failureCode is the coded reason an image that could not be ensured
+// fails its Run with.
+func failureCode(err error) schemas.Code {
+	switch {
+	case errors.Is(err, noderuntime.ErrRegistryAuth):
+		return schemas.CodeRegistryAuthFailed
+	case errors.Is(err, noderuntime.ErrPlatformNotInImage):
+		return schemas.CodePlatformNotInImage
+	}
+	return schemas.CodeLaunchFailed
 }
 
 func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
@@ -253,7 +265,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		env = append(env, "WARMFLEET_GPUS="+strings.Join(l.GPUs, ","))
 	}
 	spec := noderuntime.WorkloadSpec{
-		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
+		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Command: l.Command, Env: env,
 		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,
 		Labels: map[string]string{
 			LabelRunID: l.RunID, LabelAttemptID: l.AttemptID,
@@ -279,7 +291,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true,
+	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
 		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,

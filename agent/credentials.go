@@ -58,12 +58,3 @@ func (a *Agent) registryCredentials(reference, runID string) func(ctx context.Co
 		return *rep.OK, nil
 	}
 }
-
-// failureCode is the coded reason an image that could not be ensured
-// fails its Run with.
-func failureCode(err error) schemas.Code {
-	if errors.Is(err, noderuntime.ErrRegistryAuth) {
-		return schemas.CodeRegistryAuthFailed
-	}
-	return schemas.CodeLaunchFailed
-}

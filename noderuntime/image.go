@@ -13,7 +13,11 @@ type ImageSpec struct {
 	Reference string
 	// ManifestDigest is "sha256:<hex>", the identity of the image.
 	ManifestDigest string
-	Unpack         bool
+	// Platform is the build of a multi-platform image to fetch and unpack,
+	// and nothing else of the index; nil is the runtime's own platform. An
+	// image without that build fails with ErrPlatformNotInImage.
+	Platform *schemas.Platform
+	Unpack   bool
 	// Progress, when set, is told how many bytes have been fetched or
 	// imported so far, and of how many (0 while unknown). It may be called
 	// from another goroutine, and never after EnsureImage returns.

@@ -61,10 +61,16 @@ var (
 	// (not a valid CDI name, declared by no usable CDI spec, or its edits
 	// cannot be applied).
 	ErrDeviceUnavailable = errors.New("device unavailable")
+	// ErrPlatformNotInImage: the image has no build for the platform asked
+	// for (an index without it, or a single manifest of another platform).
+	ErrPlatformNotInImage = errors.New("image has no build for the platform")
 )
 
 // RuntimeInfo identifies the container runtime for host facts.
 type RuntimeInfo struct {
 	Name    string // e.g. "containerd"
 	Version string // the daemon's own version string
+	// Platform is the build this runtime runs when none is named, variant
+	// included where it knows one; zero when it does not say.
+	Platform schemas.Platform
 }

@@ -328,6 +328,18 @@ func FuzzCommandDecode(f *testing.F) {
 				t.Fatalf("valid prepare with bad reference: %v", err)
 			}
 		}
+		var named *schemas.Platform
+		switch {
+		case c.PrepareImage != nil:
+			named = c.PrepareImage.Platform
+		case c.Launch != nil:
+			named = c.Launch.Platform
+		}
+		// A platform reaches containerd's parser: one word per part, never
+		// a path or a second platform.
+		if named != nil && (named.OS == "" || named.Architecture == "" || strings.ContainsAny(named.String(), " .,\\\x00") || strings.Count(named.String(), "/") > 2) {
+			t.Fatalf("valid command names platform %q", named.String())
+		}
 		reencode(t, &c)
 	})
 }

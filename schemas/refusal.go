@@ -50,6 +50,9 @@ const (
 	// CodeNetworkUnavailable refuses a launch whose network mode the node
 	// does not offer (ReasonNetworkUnavailable, placement's twin).
 	CodeNetworkUnavailable Code = "network_unavailable"
+	// CodePlatformNotInImage fails an attempt whose image (an index, or a
+	// single manifest) has no build for the platform it is to run as.
+	CodePlatformNotInImage Code = "platform_not_in_image"
 	// CodeInvalidSelector refuses a prefetch's node selector.
 	CodeInvalidSelector Code = "invalid_node_selector"
 	// CodeNoPrefetchTarget refuses a prefetch no live node matches.

@@ -68,7 +68,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 	}
 	launch := d.command(node, OpID(run.AttemptID, "launch"), schemas.CmdLaunchWorkload)
 	launch.Launch = &schemas.LaunchWorkload{
-		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
+		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Platform: run.Request.Platform,
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 		GPUs: run.GPUs, Devices: devices,
@@ -115,7 +115,8 @@ func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageR
 
 func (d *Dispatcher) prepare(node schemas.NodeRecord, ref schemas.ImageRef, run schemas.Run) schemas.Command {
 	prep := d.command(node, OpID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
-	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
+	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
+		Platform: run.Request.Platform, Unpack: true}
 	return prep
 }
 

@@ -362,11 +362,11 @@ func TestReportedGPUsWin(t *testing.T) {
 	}
 }
 
-// TestRegistryAuthFailureIsTerminal: a registry that refused the pull ends
-// the Run failed with registry_auth_failed, whether the node said so in a
-// receipt or in a workload report, and the Run is not sent to another
-// node. Other failures keep launch_failed.
-func TestRegistryAuthFailureIsTerminal(t *testing.T) {
+// TestRunFaultIsTerminal: a registry that refused the pull, or an image
+// without the Run's platform, ends the Run failed with that code, whether
+// the node said so in a receipt or in a workload report, and the Run is not
+// sent to another node. Other failures keep launch_failed.
+func TestRunFaultIsTerminal(t *testing.T) {
 	cases := []struct {
 		name string
 		tr   Transition
@@ -377,6 +377,9 @@ func TestRegistryAuthFailureIsTerminal(t *testing.T) {
 		{"report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) {
 			w.FailureCode, w.FailureReason = schemas.CodeRegistryAuthFailed, "registry 127.0.0.1:5000 refused"
 		}), schemas.CodeRegistryAuthFailed},
+		{"platform receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+			Outcome: schemas.OutcomeFailed, Code: schemas.CodePlatformNotInImage, Message: "index has builds for linux/arm64"}}, schemas.CodePlatformNotInImage},
+		{"uncoded receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Outcome: schemas.OutcomeFailed}}, schemas.CodeLaunchFailed},
 		{"other receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Code: schemas.CodeInvalidCache}}, schemas.CodeLaunchFailed},
 		{"other report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) { w.FailureCode = schemas.CodeOOMKilled }), schemas.CodeLaunchFailed},
 	}

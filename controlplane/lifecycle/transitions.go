@@ -237,13 +237,21 @@ func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase,
 	return "", "", ""
 }
 
+// runFault are the codes a node reports (in a receipt or a failed
+// workload's report) that say what the Run itself must change, so the Run
+// fails with them rather than launch_failed: its image lacks the platform,
+// or the image's registry refused the pull. Terminal like every launch
+// failure, and not retried on another node: every node would be refused
+// alike (each presents the same credential from the control plane).
+var runFault = map[schemas.Code]bool{
+	schemas.CodePlatformNotInImage: true,
+	schemas.CodeRegistryAuthFailed: true,
+}
+
 // failureCode is the reason a Run fails with when its node could not
-// prepare or launch it: launch_failed, or registry_auth_failed when the
-// image's registry refused the pull. That one is terminal like the rest,
-// not retried on another node: every node presents the same credential
-// from the control plane, so every node would be refused.
+// prepare or launch it.
 func failureCode(reported schemas.Code) schemas.Code {
-	if reported == schemas.CodeRegistryAuthFailed {
+	if runFault[reported] {
 		return reported
 	}
 	return schemas.CodeLaunchFailed
