@@ -80,6 +80,8 @@ type Config struct {
 	LogDialer LogDialer
 	// LogMetrics, when set, receives the shipping figures.
 	LogMetrics LogMetrics
+	// ImageMetrics, when set, receives image fetch and credential timings.
+	ImageMetrics ImageMetrics
 	// Credentials, when set, are what the agent's NATS connection logs in
 	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
 	// puts its saved session token, or else its bootstrap token, in them

@@ -209,7 +209,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	case p.PrefetchID != "":
 		spec.Progress, stopProgress = a.trackProgress(ctx, a.prefetchProgress(c.OperationID, p))
 	}
-	res, err := a.rt.EnsureImage(ctx, spec)
+	res, err := a.ensureImage(ctx, spec)
 	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
@@ -291,7 +291,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
+	if _, err := a.ensureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
 		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,

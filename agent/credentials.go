@@ -44,6 +44,9 @@ func (a *Agent) registryCredentials(reference, runID string) func(ctx context.Co
 			case <-time.After(time.Second):
 			}
 		}
+		if m := a.cfg.ImageMetrics; m != nil {
+			m.CredentialAsked(time.Since(start), err == nil && rep.OK != nil)
+		}
 		switch {
 		case err != nil:
 			return noderuntime.RegistryCredential{}, fmt.Errorf("ask the control plane for the credential of %s: %w", host, err)

@@ -119,6 +119,7 @@ func newRoot() *cobra.Command {
 			var a *agent.Agent
 			var reg *prometheus.Registry
 			var logMetrics agent.LogMetrics
+			var imageMetrics agent.ImageMetrics
 			if metricsAddr != "" {
 				reg = metrics.NewAgentRegistry(nodeID, func() schemas.Enrollment {
 					if a == nil {
@@ -127,11 +128,12 @@ func newRoot() *cobra.Command {
 					return a.Enrollment()
 				})
 				logMetrics = metrics.NewAgentLogs(reg, nodeID)
+				imageMetrics = metrics.NewAgentImages(reg, nodeID)
 			}
 			a, err = agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
 				Accelerator: gpuProbeFor(gpuProbe, nvmlLibrary, gpuProbeTimeout, cdiDirs, log), AcceleratorTimeout: gpuProbeTimeout,
-				Credentials: creds, Sessions: sessions, LogRate: logRate, LogBurst: logBurst, LogMetrics: logMetrics,
+				Credentials: creds, Sessions: sessions, LogRate: logRate, LogBurst: logBurst, LogMetrics: logMetrics, ImageMetrics: imageMetrics,
 				LogDialer:    newLogDialer(natsURL, nodeID, natsTLS, creds, log),
 				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {

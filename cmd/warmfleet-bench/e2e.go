@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	digest "github.com/opencontainers/go-digest"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
@@ -25,6 +26,9 @@ type e2eOpts struct {
 	runs    int
 	command []string
 	gap     time.Duration
+	// The private-registry case: a large image pulled cold from
+	// docker-registry behind htpasswd, registryRuns times (0: skipped).
+	registryRuns, registryMiB, registryLayers int
 }
 
 func newE2ECmd(g *globals) *cobra.Command {
@@ -44,10 +48,19 @@ Each Run's phases come from its events (accepted, placed, preparing,
 launching, running; the control plane's clock), and submit → running is
 timed on this process's clock from the publish to the running event.
 
+  private  a large image (busybox plus --registry-mib of random layers, as
+        incompressible as model weights) in a private docker-registry on
+        loopback with htpasswd; the control plane holds the account (as
+        serve --registry-auth does) and the agent asks for it at pull time.
+        Before each timed pull the image is deleted and collected, so every
+        pull fetches every byte. The agent's credential asks are timed
+        beside its fetches.
+
 The baseline calls the containerd adapter directly on the same daemon (its
 own namespace): EnsureImage then Launch, until Launch returns a running
-task, with the same warm and cold images and the same command. The ratio is
-what warmfleet's path (NATS, placement, commands, journal, reports) adds.`,
+task, with the same warm and cold images and the same command (for the
+private image, presenting the account itself). The ratio is what warmfleet's
+path (NATS, placement, commands, journal, reports, credentials) adds.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rep, err := runE2E(cmd.Context(), g, o)
 			if err != nil {
@@ -59,6 +72,9 @@ what warmfleet's path (NATS, placement, commands, journal, reports) adds.`,
 	f := cmd.Flags()
 	f.IntVar(&o.runs, "runs", 20, "timed Runs per case (warm, cold), and as many direct launches")
 	f.StringSliceVar(&o.command, "command", []string{"true"}, "the container's command")
+	f.IntVar(&o.registryRuns, "registry-runs", 3, "timed cold pulls of the private image, each side (0 skips the case)")
+	f.IntVar(&o.registryMiB, "registry-mib", 1024, "size of the private image's random layers, in MiB")
+	f.IntVar(&o.registryLayers, "registry-layers", 4, "how many layers the random MiB are split into")
 	f.DurationVar(&o.gap, "gap", 500*time.Millisecond, "pause between one Run's end and the next submit (both sides), so the last container's teardown is not on the next one's clock")
 	return cmd
 }
@@ -105,15 +121,35 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		return nil, err
 	}
 
+	var private *privateImage
+	if o.registryRuns > 0 {
+		if o.registryLayers < 1 || o.registryMiB < o.registryLayers {
+			return nil, fmt.Errorf("--registry-mib %d over --registry-layers %d: give at least one layer of at least 1 MiB", o.registryMiB, o.registryLayers)
+		}
+		dir := filepath.Join(cd.Dir, "registry")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if private, err = newPrivateImage(ctx, dir, warm, o.registryMiB, o.registryLayers); err != nil {
+			return nil, fmt.Errorf("private registry: %w", err)
+		}
+		defer private.stop()
+	}
+
 	e, err := newEnv(g, "e2e")
 	if err != nil {
 		return nil, err
 	}
 	defer e.close()
-	if err := e.startCP(controlplane.Config{OpenEnrollment: true}); err != nil {
+	cpCfg := controlplane.Config{OpenEnrollment: true}
+	if private != nil {
+		cpCfg.RegistryAuth = private.source
+	}
+	if err := e.startCP(cpCfg); err != nil {
 		return nil, err
 	}
-	_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agent.Config{NodeID: "bench-ctrd-1"}, nil)
+	imageTimes := &imageRecorder{}
+	_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agent.Config{NodeID: "bench-ctrd-1", ImageMetrics: imageTimes}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +169,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		return nil, err
 	}
 	defer direct.Close()
-	if _, err := directLaunch(ctx, direct, warm, "direct-warmup", o.command); err != nil {
+	if _, err := directLaunch(ctx, direct, imageSpec(warm), "direct-warmup", o.command); err != nil {
 		return nil, fmt.Errorf("direct warm-up: %w", err)
 	}
 	// warmfleet: one untimed Run imports the warm image.
@@ -143,9 +179,9 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	}
 	defer func() { _ = w.sub.Unsubscribe() }()
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	submit := func(rid string, img ociimage.Image) (*runTimings, error) {
+	submit := func(rid, image string) (*runTimings, error) {
 		t := &runTimings{byStage: map[string][]time.Duration{}}
-		req := runRequest(rid, img.Reference)
+		req := runRequest(rid, image)
 		req.Command = o.command
 		m, err := submitMsg(req, codec.JSON)
 		if err != nil {
@@ -155,7 +191,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		if _, err := client.JS.PublishMsg(ctx, m, jetstream.WithMsgID(rid)); err != nil {
 			return nil, err
 		}
-		ph, seen, acc, err := w.waitTerminal(ctx, schemas.RunIDFor(rid), 120*time.Second)
+		ph, seen, acc, err := w.waitTerminal(ctx, schemas.RunIDFor(rid), 600*time.Second)
 		if err != nil {
 			return nil, err
 		}
@@ -165,7 +201,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		t.add(t0, acc, ph, seen)
 		return t, nil
 	}
-	if _, err := submit("e2e-"+nonce+"-warmup", warm); err != nil {
+	if _, err := submit("e2e-"+nonce+"-warmup", warm.Reference); err != nil {
 		return nil, fmt.Errorf("warm-up run: %w", err)
 	}
 
@@ -176,13 +212,13 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	coldT := &runTimings{byStage: map[string][]time.Duration{}}
 	for i := range o.runs {
 		time.Sleep(o.gap)
-		d, err := directLaunch(ctx, direct, warm, "direct-warm-"+strconv.Itoa(i), o.command)
+		d, err := directLaunch(ctx, direct, imageSpec(warm), "direct-warm-"+strconv.Itoa(i), o.command)
 		if err != nil {
 			return nil, err
 		}
 		directWarm = append(directWarm, d)
 		time.Sleep(o.gap)
-		t, err := submit(fmt.Sprintf("e2e-%s-warm-%03d", nonce, i), warm)
+		t, err := submit(fmt.Sprintf("e2e-%s-warm-%03d", nonce, i), warm.Reference)
 		if err != nil {
 			return nil, err
 		}
@@ -190,17 +226,42 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	}
 	for i := range o.runs {
 		time.Sleep(o.gap)
-		d, err := directLaunch(ctx, direct, coldDirect[i], "direct-cold-"+strconv.Itoa(i), o.command)
+		d, err := directLaunch(ctx, direct, imageSpec(coldDirect[i]), "direct-cold-"+strconv.Itoa(i), o.command)
 		if err != nil {
 			return nil, err
 		}
 		directCold = append(directCold, d)
 		time.Sleep(o.gap)
-		t, err := submit(fmt.Sprintf("e2e-%s-cold-%03d", nonce, i), coldWF[i])
+		t, err := submit(fmt.Sprintf("e2e-%s-cold-%03d", nonce, i), coldWF[i].Reference)
 		if err != nil {
 			return nil, err
 		}
 		coldT.merge(t)
+	}
+	// Private: the same large image, deleted and collected before each
+	// pull on either side.
+	var directPrivate []time.Duration
+	privateT := &runTimings{byStage: map[string][]time.Duration{}}
+	for i := range o.registryRuns {
+		spec := noderuntime.ImageSpec{Reference: private.ref.String(), ManifestDigest: private.ref.Digest, Unpack: true, Credentials: private.credentials}
+		if err := dropImage(ctx, cd.Address, digest.Digest(private.ref.Digest), cd.Namespace, cd.Namespace+"-direct"); err != nil {
+			return nil, err
+		}
+		time.Sleep(o.gap)
+		d, err := directLaunch(ctx, direct, spec, "direct-private-"+strconv.Itoa(i), o.command)
+		if err != nil {
+			return nil, fmt.Errorf("direct private pull: %w", err)
+		}
+		directPrivate = append(directPrivate, d)
+		if err := dropImage(ctx, cd.Address, digest.Digest(private.ref.Digest), cd.Namespace, cd.Namespace+"-direct"); err != nil {
+			return nil, err
+		}
+		time.Sleep(o.gap)
+		t, err := submit(fmt.Sprintf("e2e-%s-private-%03d", nonce, i), private.ref.String())
+		if err != nil {
+			return nil, err
+		}
+		privateT.merge(t)
 	}
 	prof.stop()
 
@@ -217,6 +278,24 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	rep.note("warm stages p50: %s", stageTable(warmT.stages()))
 	rep.note("cold stages p50: %s", stageTable(coldT.stages()))
 	rep.note("%d Runs per case, one at a time, %s apart, alternating direct and warmfleet; command %q; image %d-byte OCI archive of busybox-static", o.runs, o.gap, o.command, warm.SizeBytes)
+	if private != nil {
+		creds, fetches, failed := imageTimes.snapshot()
+		if failed > 0 || len(creds) != o.registryRuns || len(fetches) != o.registryRuns {
+			return nil, fmt.Errorf("private pulls: %d credential asks answered (%d failed) and %d registry fetches for %d Runs, want one each", len(creds), failed, len(fetches), o.registryRuns)
+		}
+		ps, dp := summarise(privateT.submitToRunning), summarise(directPrivate)
+		cs, fs := summarise(creds), summarise(fetches)
+		rep.add("private: submit → running p50", ps.P50, "ms", dp.P50, "containerd adapter direct, same pull p50")
+		rep.add("private: credential ask p50", cs.P50, "ms", fs.P50, "the agent's registry fetch + unpack p50")
+		rep.Details["private_stages"] = privateT.stages()
+		rep.Details["private_direct"] = dp
+		rep.Details["private_credential_asks"] = cs
+		rep.Details["private_fetches"] = fs
+		rep.note("private: a credential ask is %.3f %% of its pull (p50 %.2f ms of %.0f ms)", 100*cs.P50/fs.P50, cs.P50, fs.P50)
+		rep.note("private stages p50: %s", stageTable(privateT.stages()))
+		rep.note("private image: %d MiB in %d random layers + busybox (%d bytes compressed), %d cold pulls per side from docker-registry (htpasswd) on loopback; the agent's fetch + unpack p50 is %.0f MiB/s",
+			o.registryMiB, o.registryLayers, private.bytes, o.registryRuns, float64(private.bytes)/(1<<20)/(fs.P50/1000))
+	}
 	return rep, nil
 }
 
@@ -231,9 +310,9 @@ func (r *runTimings) merge(o *runTimings) {
 // directLaunch is the baseline: EnsureImage then Launch of the same
 // container spec, timed until Launch returns a running task; then the
 // workload is waited for and removed.
-func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Image, id string, command []string) (time.Duration, error) {
+func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string) (time.Duration, error) {
 	t0 := time.Now()
-	if _, err := rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}); err != nil {
+	if _, err := rt.EnsureImage(ctx, img); err != nil {
 		return 0, err
 	}
 	// The spec the agent builds for the same Run (runRequest's env and
@@ -259,6 +338,11 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img ociimage.Imag
 		return 0, err
 	}
 	return d, rt.Remove(ctx, id)
+}
+
+// imageSpec is an OCI archive image as the agent ensures it.
+func imageSpec(img ociimage.Image) noderuntime.ImageSpec {
+	return noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
 }
 
 // startContainerdAgent runs a real agent on the containerd runtime and waits
