@@ -202,7 +202,12 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	if p.RunID != "" {
 		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
 	}
+	a.diskMu.RLock()
 	res, err := a.rt.EnsureImage(ctx, spec)
+	if err == nil && p.AttemptID != "" {
+		a.hold(p.AttemptID, p.ManifestDigest, nil)
+	}
+	a.diskMu.RUnlock()
 	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
@@ -256,7 +261,20 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	if len(l.GPUs) > 0 {
 		spec.Labels[LabelGPUs] = strings.Join(l.GPUs, ",")
 	}
+	if len(l.Caches) > 0 {
+		ids := make([]string, len(l.Caches))
+		for i, c := range l.Caches {
+			ids[i] = schemas.CacheItemID(c.Name, c.CompatibilityKey)
+		}
+		spec.Labels[LabelCaches] = strings.Join(ids, ",")
+	}
 	spec.Devices = l.Devices
+	// From its caches' mount to its start the launch holds the disk for
+	// reading, and what it uses is held for the attempt until its workload
+	// is removed: no disk sweep takes either from under it.
+	a.diskMu.RLock()
+	defer a.diskMu.RUnlock()
+	a.hold(l.AttemptID, l.ManifestDigest, l.Caches)
 	// Caches become bind mounts, created on first use and marked used now.
 	mounts, err := a.caches().mounts(l.Caches)
 	if err != nil {
@@ -264,6 +282,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		if errors.Is(err, ErrInvalidCache) {
 			rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeInvalidCache
 		}
+		a.release(l.AttemptID)
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
 	}
@@ -273,11 +292,13 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
 	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
+		a.release(l.AttemptID)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
 	}
 	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {
+		a.release(l.AttemptID)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
@@ -291,6 +312,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		rc.Duplicate, rc.Outcome = true, schemas.OutcomeApplied
 		a.watch(ctx, l.AttemptID)
 	case err != nil:
+		a.release(l.AttemptID)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		_ = os.RemoveAll(spec.Output.Dir) // nothing ran, nothing was written
@@ -307,8 +329,9 @@ func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.Op
 	err := a.rt.Stop(ctx, s.AttemptID, time.Duration(s.GraceSeconds)*time.Second)
 	if errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		// Never launched here: say so, and the journal entry for this stop
-		// refuses a launch that arrives later.
+		// refuses a launch that arrives later. What its prepare held goes.
 		err = nil
+		a.release(s.AttemptID)
 		a.report(ctx, schemas.WorkloadObservation{RunID: s.RunID, AttemptID: s.AttemptID, Phase: schemas.WorkloadFailed,
 			FailureReason: "stopped before launch", StopReason: s.Reason})
 	}
