@@ -39,6 +39,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("SnapshotterOption", f.testSnapshotterOption)
 	t.Run("EnsureImage", f.testEnsureImage)
 	t.Run("Images", f.testImages)
+	t.Run("ImageDisk", f.testImageDisk)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)
 	t.Run("Output", f.testOutput)
