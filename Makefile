@@ -19,11 +19,12 @@ build:
 
 # deps installs the system packages the agent and the tests use: containerd,
 # runc, a static busybox to build test images from (no registry is
-# reachable from CI, so images are built locally), and the CNI plugins and
-# iptables that give Runs their bridge network (its masquerade rules).
+# reachable from CI, so images are built locally), the CNI plugins and
+# iptables that give Runs their bridge network (its masquerade rules), and
+# docker-registry, the real registry tests push to and pull from on loopback.
 deps:
 	@missing=""; \
-	for p in containerd runc busybox-static containernetworking-plugins iptables; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in containerd runc busybox-static containernetworking-plugins iptables docker-registry; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

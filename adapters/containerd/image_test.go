@@ -76,8 +76,9 @@ func (f *fixture) testEnsureImage(t *testing.T) {
 		t.Parallel()
 		// Built outside the image dir, so the registry is the only source.
 		img := testenv.BuildBusyboxImage(t, t.TempDir(), "pulled", testenv.WithFile("/etc/variant", "pulled"))
-		reg := testenv.ServeRegistry(t, 20*time.Millisecond, img)
-		ref := reg.Host + "/pulled@" + img.ManifestDigest
+		// Anonymous: this case is about progress; credentials have their own.
+		reg := testenv.StartRegistry(t, testenv.WithBlobDelay(20*time.Millisecond), testenv.WithoutAuth())
+		ref := reg.Push(t, "pulled", img)
 		var mu sync.Mutex
 		var calls int
 		var last, total int64

@@ -15,11 +15,12 @@ import (
 func TestMutex(t *testing.T) {
 	var k keyed.Mutex
 	unlockA := k.Lock("a")
-	acquired := make(chan struct{})
+	acquired, released := make(chan struct{}), make(chan struct{})
 	go func() {
 		u := k.Lock("a")
 		close(acquired)
 		u()
+		close(released)
 	}()
 	unlockB := k.Lock("b") // does not wait for "a"
 	select {
@@ -34,6 +35,7 @@ func TestMutex(t *testing.T) {
 		t.Fatal("waiter on key a never got the lock")
 	}
 	unlockB()
+	<-released // the waiter's own unlock may lag its acquire
 	if n := k.Len(); n != 0 {
 		t.Fatalf("%d keys still held", n)
 	}

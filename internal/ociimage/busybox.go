@@ -66,8 +66,20 @@ func BuildBusybox(dir, name string, files map[string]string) (Image, error) {
 	return buildBusyboxImage(dir, name, imageConfig{files: clean})
 }
 
+// BuildBusyboxFor is BuildBusybox with a config and manifest that name
+// another platform. The content is still the host's busybox: such an image
+// is pulled or listed in an index, never run.
+func BuildBusyboxFor(dir, name string, files map[string]string, platform ocispec.Platform) (Image, error) {
+	clean := map[string]string{}
+	for p, c := range files {
+		clean[strings.TrimPrefix(path.Clean("/"+p), "/")] = c
+	}
+	return buildBusyboxImage(dir, name, imageConfig{files: clean, platform: &platform})
+}
+
 type imageConfig struct {
-	files map[string]string
+	files    map[string]string
+	platform *ocispec.Platform // nil: linux and the host's architecture
 }
 
 // blob is one content-addressed file of the layout.
@@ -92,19 +104,22 @@ func buildBusyboxImage(dir, name string, cfg imageConfig) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return buildImage(dir, name, layerTar)
+	platform := ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH}
+	if cfg.platform != nil {
+		platform = *cfg.platform
+	}
+	return buildImage(dir, name, layerTar, platform)
 }
 
 // buildImage writes the one-layer image of layerTar as an OCI image-layout
 // archive into dir.
-func buildImage(dir, name string, layerTar []byte) (Image, error) {
+func buildImage(dir, name string, layerTar []byte, platform ocispec.Platform) (Image, error) {
 	layerGz, err := gzipBytes(layerTar)
 	if err != nil {
 		return Image{}, err
 	}
 	layer := newBlob(ocispec.MediaTypeImageLayerGzip, layerGz)
 
-	platform := ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH}
 	config, err := jsonBlob(ocispec.MediaTypeImageConfig, ocispec.Image{
 		Platform: platform,
 		Config: ocispec.ImageConfig{

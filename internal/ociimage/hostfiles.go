@@ -6,8 +6,11 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // BuildFromHost builds a one-layer OCI image holding host files, each at
@@ -43,7 +46,7 @@ func BuildFromHost(dir, name string, paths []string) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return buildImage(dir, name, layer)
+	return buildImage(dir, name, layer, ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH})
 }
 
 // hostTar is the layer: the usual top-level directories, every parent
