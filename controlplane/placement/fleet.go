@@ -33,6 +33,8 @@ type Node struct {
 	models []string
 	// cards are the node's cards by identity, in index order.
 	cards []card
+	// support is what the node declared it can do (schemas.NodeFacts.Supports).
+	support schemas.NodeSupport
 }
 
 // card is one GPU as placement books it.
@@ -56,7 +58,7 @@ func (c card) matches(want *schemas.GPURequirement, model string) bool {
 
 // NewNode wraps a node record for placement.
 func NewNode(rec schemas.NodeRecord) *Node {
-	n := &Node{Record: rec}
+	n := &Node{Record: rec, support: rec.Facts.Supports()}
 	if rec.Facts != nil {
 		acc := rec.Facts.Host.Accelerator
 		for _, d := range acc.Devices {
@@ -72,6 +74,20 @@ func NewNode(rec schemas.NodeRecord) *Node {
 		}
 	}
 	return n
+}
+
+// MaxWorkloads is how many workloads the node runs at once, 0 for no cap:
+// the lower of what it enrolled with and what its runtime declares
+// (NodeSupport.MaxConcurrentWorkloads).
+func (n *Node) MaxWorkloads() int {
+	a, b := n.Record.MaxWorkloads, n.support.MaxConcurrentWorkloads
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // held reports whether a running booking holds the card.
@@ -172,6 +188,11 @@ func NewFleet(nodes []*Node) *Fleet {
 		}
 		for _, im := range n.Record.Facts.Images {
 			f.learn(im)
+			if !n.support.ExactImageInventory {
+				// Its locality is an estimate: it teaches sizes, but
+				// placement counts no warmth on it.
+				continue
+			}
 			if im.State == schemas.LocalityHot {
 				f.set(f.hot, im.ManifestDigest, i)
 			}
@@ -271,7 +292,7 @@ func (n *Node) CanStart(runID string) bool {
 		free = free.Sub(b.Resources)
 	}
 	q := n.Queued[0]
-	if !q.Resources.Fits(free) || (n.Record.MaxWorkloads > 0 && len(n.Running) >= n.Record.MaxWorkloads) {
+	if slots := n.MaxWorkloads(); !q.Resources.Fits(free) || (slots > 0 && len(n.Running) >= slots) {
 		return false
 	}
 	_, _, ok := n.PickGPUs(q.Resources.GPUCount, q.Want)
