@@ -53,17 +53,17 @@ type scenarioNode struct {
 	Caches       []schemas.CacheFact         `json:"caches"`
 	GPUs         []schemas.AcceleratorDevice `json:"gpus"`
 	// NoCDI: the node's cards have no CDI device (no usable CDI spec).
-	NoCDI        bool              `json:"no_cdi"`
-	Driver       string            `json:"driver_capability"`
-	DiskFree     int64             `json:"disk_free"`
-	LeaseIn      int               `json:"lease_expires_in_seconds"`
-	FactsAge     int               `json:"facts_age_seconds"`
-	NetworkModes []string          `json:"network_modes"` // none listed: an agent that does not say
+	NoCDI        bool     `json:"no_cdi"`
+	Driver       string   `json:"driver_capability"`
+	DiskFree     int64    `json:"disk_free"`
+	LeaseIn      int      `json:"lease_expires_in_seconds"`
+	FactsAge     int      `json:"facts_age_seconds"`
+	NetworkModes []string `json:"network_modes"` // none listed: an agent that does not say
 	// Support is what the node declares; absent: an agent that declares
 	// nothing (schemas.NodeFacts.Supports).
 	Support *schemas.NodeSupport `json:"support"`
-	Running      []scenarioBooking `json:"running"`
-	Queued       []scenarioBooking `json:"queued"`
+	Running []scenarioBooking    `json:"running"`
+	Queued  []scenarioBooking    `json:"queued"`
 }
 
 type scenarioBooking struct {
