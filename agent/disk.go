@@ -96,6 +96,9 @@ func (a *Agent) askKeep(ctx context.Context) (schemas.DiskKeep, error) {
 	if rep.OK == nil {
 		return schemas.DiskKeep{}, errors.New("agent: ask what to keep: empty reply")
 	}
+	if err := rep.OK.Validate(); err != nil {
+		return schemas.DiskKeep{}, fmt.Errorf("agent: ask what to keep: %w", err)
+	}
 	return *rep.OK, nil
 }
 
@@ -264,6 +267,9 @@ func (a *Agent) servePrune(ctx context.Context) (stop func(), err error) {
 func (a *Agent) handlePrune(ctx context.Context, m *nats.Msg) {
 	var req schemas.DiskPrune
 	enc, err := codec.DecodeMsg(m, &req)
+	if err == nil {
+		err = req.Validate()
+	}
 	enr := a.Enrollment()
 	var ref *schemas.Refusal
 	switch {

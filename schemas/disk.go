@@ -20,6 +20,26 @@ type DiskKeep struct {
 	Items []DiskItem `json:"items,omitempty"`
 }
 
+// MaxKeepItems bounds a keep list: a node booked with more distinct
+// images and caches than this is not a node any scheduler makes.
+const MaxKeepItems = 4096
+
+// Validate checks each item's kind and id.
+func (k DiskKeep) Validate() error {
+	if len(k.Items) > MaxKeepItems {
+		return refuse(CodeTooManyItems, "items", "%d keep items; at most %d", len(k.Items), MaxKeepItems)
+	}
+	for _, it := range k.Items {
+		if it.Kind != DiskItemImage && it.Kind != DiskItemCache {
+			return refuse(CodeMalformed, "items.kind", "kind %q is neither %q nor %q", it.Kind, DiskItemImage, DiskItemCache)
+		}
+		if it.ID == "" || len(it.ID) > 300 {
+			return refuse(CodeMalformed, "items.id", "an item's id must be 1..300 bytes")
+		}
+	}
+	return nil
+}
+
 // DiskKeepRequest is a node's question on wf.node.<id>.disk.keep, under its
 // current session.
 type DiskKeepRequest struct {
@@ -37,6 +57,17 @@ type DiskItem struct {
 	SizeBytes  int64     `json:"size_bytes,omitempty"`
 	LastUsedAt time.Time `json:"last_used_at,omitzero"`
 	Reason     string    `json:"reason,omitempty"`
+}
+
+// Validate checks the asker's identity fields.
+func (r DiskKeepRequest) Validate() error {
+	if err := ValidateID("node_id", r.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	if r.FencingToken == 0 {
+		return refuse(CodeStaleFencingToken, "fencing_token", "a node asks under the fencing token of its enrollment (≥ 1)")
+	}
+	return nil
 }
 
 // CacheItemID names a cache as a DiskItem does.
@@ -68,6 +99,17 @@ type DiskPrune struct {
 	FencingToken uint64   `json:"fencing_token"`
 	DryRun       bool     `json:"dry_run,omitempty"`
 	Keep         DiskKeep `json:"keep"`
+}
+
+// Validate checks the node, its session and the keep list.
+func (p DiskPrune) Validate() error {
+	if err := ValidateID("node_id", p.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	if p.FencingToken == 0 {
+		return refuse(CodeStaleFencingToken, "fencing_token", "a prune carries the fencing token of the node's enrollment (≥ 1)")
+	}
+	return p.Keep.Validate()
 }
 
 // PruneReport is a node's account of a prune (or of a dry run: what it

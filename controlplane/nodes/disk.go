@@ -80,6 +80,9 @@ func booked(p schemas.Phase) bool {
 func (s *Service) handleDiskKeep(m *nats.Msg) {
 	var req schemas.DiskKeepRequest
 	enc, err := codec.DecodeMsg(m, &req)
+	if err == nil {
+		err = req.Validate()
+	}
 	if err != nil {
 		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: schemas.RefusalOfInput(err, "body is not a DiskKeepRequest")})
 		return
