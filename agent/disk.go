@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -110,7 +111,7 @@ func (a *Agent) sweep(ctx context.Context, keep schemas.DiskKeep, prune, dryRun 
 	a.diskMu.Lock()
 	defer a.diskMu.Unlock()
 	rep := schemas.PruneReport{NodeID: a.cfg.NodeID, DryRun: dryRun, Before: diskFacts(a.cfg.ContentRoot, a.log)}
-	snap, err := a.diskSnapshot(ctx, keep, rep.Before)
+	snap, err := a.diskSnapshot(ctx, keep, rep.Before, prune)
 	if err != nil {
 		a.log.Warn("disk collection: cannot tell what the node holds; removing nothing", zap.Error(err))
 		rep.After = rep.Before
@@ -189,7 +190,9 @@ func (a *Agent) evict(ctx context.Context, it schemas.DiskItem) (int64, error) {
 // caches of every workload the runtime holds (running or not yet removed),
 // of every attempt prepared or launched and not yet ended (held), and
 // what the control plane keeps.
-func (a *Agent) diskSnapshot(ctx context.Context, keep schemas.DiskKeep, disk schemas.DiskFacts) (diskSnapshot, error) {
+// A collection (not a prune) leaves caches out when they live on another
+// filesystem than the content root.
+func (a *Agent) diskSnapshot(ctx context.Context, keep schemas.DiskKeep, disk schemas.DiskFacts, prune bool) (diskSnapshot, error) {
 	s := diskSnapshot{Disk: disk, Busy: map[string]string{}, Keep: keepSet(keep)}
 	workloads, err := a.rt.List(ctx)
 	if err != nil {
@@ -224,6 +227,10 @@ func (a *Agent) diskSnapshot(ctx context.Context, keep schemas.DiskKeep, disk sc
 	}
 	for _, im := range imgs {
 		s.Items = append(s.Items, schemas.DiskItem{Kind: schemas.DiskItemImage, ID: im.ManifestDigest, SizeBytes: im.SizeBytes, LastUsedAt: im.LastUsedAt})
+	}
+	if !prune && !sameFilesystem(a.cfg.CacheDir, a.cfg.ContentRoot) {
+		// Removing these would free nothing on the disk being collected.
+		return s, nil
 	}
 	for _, c := range a.caches().facts(ctx) {
 		s.Items = append(s.Items, schemas.DiskItem{Kind: schemas.DiskItemCache, ID: schemas.CacheItemID(c.Name, c.CompatibilityKey),
@@ -292,4 +299,14 @@ func (a *Agent) handlePrune(ctx context.Context, m *nats.Msg) {
 	if err := bus.Respond(m, enc, schemas.Reply[schemas.PruneReport]{OK: &rep}); err != nil {
 		a.log.Warn("prune report not sent", zap.Error(err))
 	}
+}
+
+// sameFilesystem says whether both paths are on one filesystem; false when
+// either cannot be read.
+func sameFilesystem(a, b string) bool {
+	var sa, sb syscall.Stat_t
+	if syscall.Stat(a, &sa) != nil || syscall.Stat(b, &sb) != nil {
+		return false
+	}
+	return sa.Dev == sb.Dev
 }
