@@ -85,7 +85,13 @@ func TestNodePrune(t *testing.T) {
 		return err == nil && r.Phase == schemas.PhaseRunning
 	})
 
-	out, err := cli(t, n.URL(), "node", "prune", "node-1", "--dry-run")
+	// The node declares what it can do; `node get` shows it.
+	out, err := cli(t, n.URL(), "node", "get", "node-1")
+	if err != nil || !strings.Contains(out, "exact image inventory, cache mounts, prewarm, no disk collection") {
+		t.Errorf("node get: %v\n%s", err, out)
+	}
+
+	out, err = cli(t, n.URL(), "node", "prune", "node-1", "--dry-run")
 	if err != nil {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
