@@ -78,6 +78,11 @@ func (a *Agent) collectDisk(ctx context.Context) {
 		return
 	}
 	rep := a.sweep(ctx, keep, false, false)
+	if len(rep.Removed) == 0 {
+		a.log.Warn("disk past its high watermark, and nothing on it may be removed", zap.Float64("used_percent", usedPercent(rep.Before)),
+			zap.Int("kept", len(rep.Kept)), zap.Int("failed", len(rep.Failed)))
+		return
+	}
 	a.log.Info("disk collected", zap.Int("removed", len(rep.Removed)), zap.Int64("freed_bytes", rep.FreedBytes),
 		zap.Float64("used_percent_before", usedPercent(rep.Before)), zap.Float64("used_percent_after", usedPercent(rep.After)))
 }
