@@ -1,19 +1,18 @@
 package containerd
 
 import (
+	"archive/tar"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/content"
 	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/images"
 	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -188,31 +187,69 @@ func (f *fixture) targetOf(t *testing.T, img testenv.Image) ocispec.Descriptor {
 	return rec.Target
 }
 
-// indexOver stores an index naming img's manifest as the host's build and
-// an image record for it: a second image over the same content.
+// indexOver makes a second image over img's content: an archive whose
+// index.json names an index listing img's manifest as the host's build,
+// imported as any archive is. It returns the index's digest.
 func (f *fixture) indexOver(t *testing.T, img testenv.Image) digest.Digest {
 	t.Helper()
-	ctx, done, err := f.rt.client.WithLease(f.rt.ctx(testCtx(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = done(context.WithoutCancel(ctx)) }()
 	m := readArchive(t, img).mdesc
 	p := platforms.DefaultSpec()
-	m.Platform = &p
+	m.Platform, m.Annotations = &p, nil
 	b, err := json.Marshal(ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{m}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageIndex, Digest: digest.FromBytes(b), Size: int64(len(b))}
-	// The label is what an import or pull sets: it tells the garbage
-	// collector the index holds the manifest.
-	if err := content.WriteBlob(ctx, f.rt.client.ContentStore(), "index-"+desc.Digest.Encoded(), bytes.NewReader(b), desc,
-		content.WithLabels(map[string]string{"containerd.io/gc.ref.content.m.0": m.Digest.String()})); err != nil {
-		t.Fatalf("write index: %v", err)
+	idx := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageIndex, Digest: digest.FromBytes(b), Size: int64(len(b))}
+	top, err := json.Marshal(ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{idx}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := f.rt.client.ImageService().Create(ctx, images.Image{Name: "localhost/index-over-" + img.ManifestDigest[7:19], Target: desc}); err != nil {
-		t.Fatalf("create index image: %v", err)
+
+	// img's archive, its index.json replaced, the new index added.
+	src, err := os.Open(img.ArchivePath)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return desc.Digest
+	defer src.Close()
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	add := func(name string, body []byte) {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := tar.NewReader(src)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag != tar.TypeReg || h.Name == "index.json" {
+			continue
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(h.Name, body)
+	}
+	add("blobs/sha256/"+idx.Digest.Encoded(), b)
+	add("index.json", top)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.imageDir, idx.Digest.Encoded()+".tar"), out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ref := "localhost/index-over@" + idx.Digest.String()
+	if _, err := f.rt.EnsureImage(testCtx(t), noderuntime.ImageSpec{Reference: ref, ManifestDigest: idx.Digest.String(), Unpack: true}); err != nil {
+		t.Fatalf("import the index over %s: %v", img.Reference, err)
+	}
+	return idx.Digest
 }
