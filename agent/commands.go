@@ -55,6 +55,9 @@ func attemptOf(c schemas.Command) string {
 func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) {
 	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
 	rc.RunID, rc.AttemptID = runOf(c)
+	if c.PrepareImage != nil {
+		rc.PrefetchID = c.PrepareImage.PrefetchID
+	}
 	enr := a.Enrollment()
 
 	if err := c.Validate(); err != nil {
@@ -197,10 +200,14 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 			}
 		}
 	})
-	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Unpack: p.Unpack}
+	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Platform: p.Platform, Unpack: p.Unpack,
+		Credentials: a.registryCredentials(p.Reference, p.RunID)}
 	stopProgress := func() {}
-	if p.RunID != "" {
-		spec.Progress, stopProgress = a.trackProgress(ctx, p.RunID, p.AttemptID)
+	switch {
+	case p.RunID != "":
+		spec.Progress, stopProgress = a.trackProgress(ctx, a.runProgress(p.RunID, p.AttemptID))
+	case p.PrefetchID != "":
+		spec.Progress, stopProgress = a.trackProgress(ctx, a.prefetchProgress(c.OperationID, p))
 	}
 	a.diskMu.RLock()
 	res, err := a.rt.EnsureImage(ctx, spec)
@@ -211,7 +218,7 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
-		rc.Code = schemas.CodeLaunchFailed
+		rc.Code = failureCode(err)
 		return
 	}
 	a.log.Info("image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
@@ -219,6 +226,18 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	if p.RunID != "" {
 		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPrepared})
 	}
+}
+
+// failureCode is the coded reason an image that could not be ensured
+// fails its Run with.
+func failureCode(err error) schemas.Code {
+	switch {
+	case errors.Is(err, noderuntime.ErrRegistryAuth):
+		return schemas.CodeRegistryAuthFailed
+	case errors.Is(err, noderuntime.ErrPlatformNotInImage):
+		return schemas.CodePlatformNotInImage
+	}
+	return schemas.CodeLaunchFailed
 }
 
 func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
@@ -251,7 +270,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		env = append(env, "WARMFLEET_GPUS="+strings.Join(l.GPUs, ","))
 	}
 	spec := noderuntime.WorkloadSpec{
-		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Command: l.Command, Env: env,
+		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Command: l.Command, Env: env,
 		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,
 		Labels: map[string]string{
 			LabelRunID: l.RunID, LabelAttemptID: l.AttemptID,
@@ -291,10 +310,12 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
 	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Unpack: true}); err != nil {
+	if _, err := a.rt.EnsureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
+		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
 		a.release(l.AttemptID)
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
+			FailureReason: err.Error(), FailureCode: rc.Code})
 		return
 	}
 	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {

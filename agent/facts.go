@@ -58,6 +58,10 @@ func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
 	wg.Go(func() { caches = a.caches().facts(ctx) })
 	wg.Wait()
 	h.Accelerator, h.ContainerRuntime, h.RuntimeVersion = accel, info.Name, info.Version
+	if p := info.Platform; p.OS == h.OS && p.Architecture == h.Architecture {
+		// The runtime knows the CPU variant its pulls and launches pick.
+		h.Variant = p.Variant
+	}
 	support := a.support(info)
 	return schemas.NodeFacts{ObservedAt: a.cfg.Now(), Host: h, Images: imgs, Caches: caches, Support: &support}
 }

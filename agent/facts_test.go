@@ -20,10 +20,11 @@ type stubRuntime struct {
 	noderuntime.Runtime // nil: any other call panics, which a facts test must not make
 	images              []schemas.ImageLocality
 	err                 error
+	platform            schemas.Platform
 }
 
 func (s stubRuntime) Info(context.Context) (noderuntime.RuntimeInfo, error) {
-	return noderuntime.RuntimeInfo{Name: "stub", Version: "1.2.3"}, nil
+	return noderuntime.RuntimeInfo{Name: "stub", Version: "1.2.3", Platform: s.platform}, nil
 }
 
 func (s stubRuntime) Images(context.Context) ([]schemas.ImageLocality, error) {
@@ -76,6 +77,25 @@ func TestFacts_UnmeasurableDiskStatedUnknownRestFlows(t *testing.T) {
 	}
 	if f.ObservedAt.IsZero() {
 		t.Error("no ObservedAt")
+	}
+}
+
+// TestFacts_VariantIsTheRuntimes: the host's CPU variant is what its
+// runtime picks builds by, and only for this host's own architecture.
+func TestFacts_VariantIsTheRuntimes(t *testing.T) {
+	for _, tc := range []struct {
+		runtime schemas.Platform
+		want    string
+	}{
+		{schemas.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Variant: "v7"}, "v7"},
+		{schemas.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}, ""},
+		{schemas.Platform{OS: runtime.GOOS, Architecture: "not-" + runtime.GOARCH, Variant: "v7"}, ""},
+		{schemas.Platform{}, ""}, // a runtime that does not say
+	} {
+		a := newFactsAgent(t, Config{ContentRoot: t.TempDir()}, stubRuntime{platform: tc.runtime})
+		if h := a.facts(context.Background()).Host; h.Variant != tc.want || h.Architecture != runtime.GOARCH {
+			t.Errorf("runtime platform %+v: host %s/%s variant %q, want variant %q", tc.runtime, h.OS, h.Architecture, h.Variant, tc.want)
+		}
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -24,11 +26,31 @@ func (p *transferProgress) set(done, total int64) {
 	p.total.Store(total)
 }
 
-// trackProgress returns the callback to hand EnsureImage for one attempt, and
-// the function that stops reporting. Reports go out as preparing
-// observations every interval while the counts move; none is sent for a
-// transfer that ends within the first interval.
-func (a *Agent) trackProgress(ctx context.Context, runID, attemptID string) (func(done, total int64), func()) {
+// runProgress reports an attempt's transfer as preparing observations of
+// its workload.
+func (a *Agent) runProgress(runID, attemptID string) func(context.Context, schemas.TransferProgress) {
+	return func(ctx context.Context, p schemas.TransferProgress) {
+		a.report(ctx, schemas.WorkloadObservation{RunID: runID, AttemptID: attemptID, Phase: schemas.WorkloadPreparing, Progress: &p})
+	}
+}
+
+// prefetchProgress reports a prefetch's transfer as ImageProgress
+// observations; a lost one is replaced by the next.
+func (a *Agent) prefetchProgress(opID string, p *schemas.PrepareImage) func(context.Context, schemas.TransferProgress) {
+	return func(ctx context.Context, tp schemas.TransferProgress) {
+		o := schemas.Observation{Kind: schemas.ObsImageProgress, ImageProgress: &schemas.ImageProgress{
+			OperationID: opID, PrefetchID: p.PrefetchID, ManifestDigest: p.ManifestDigest, Progress: tp, ObservedAt: a.cfg.Now()}}
+		if err := a.publish(ctx, o, ""); err != nil && ctx.Err() == nil {
+			a.log.Debug("prefetch progress not published", zap.String("op", opID), zap.Error(err))
+		}
+	}
+}
+
+// trackProgress returns the callback to hand EnsureImage for one transfer,
+// and the function that stops reporting. send reports the counts every
+// interval while they move; none is sent for a transfer that ends within
+// the first interval.
+func (a *Agent) trackProgress(ctx context.Context, send func(context.Context, schemas.TransferProgress)) (func(done, total int64), func()) {
 	p := &transferProgress{}
 	ctx, cancel := context.WithCancel(ctx)
 	finished := make(chan struct{})
@@ -48,8 +70,7 @@ func (a *Agent) trackProgress(ctx context.Context, runID, attemptID string) (fun
 				continue
 			}
 			sent = done
-			a.report(ctx, schemas.WorkloadObservation{RunID: runID, AttemptID: attemptID, Phase: schemas.WorkloadPreparing,
-				Progress: &schemas.TransferProgress{DoneBytes: done, TotalBytes: total}})
+			send(ctx, schemas.TransferProgress{DoneBytes: done, TotalBytes: total})
 		}
 	})
 	return p.set, func() { cancel(); <-finished }

@@ -105,11 +105,16 @@ func (a *Agent) renewLoop(ctx context.Context, supersede func(error)) {
 
 // request does one msgpack request/reply with a 5s timeout.
 func (a *Agent) request(ctx context.Context, subject string, req, rep any) error {
+	return a.requestWithin(ctx, 5*time.Second, subject, req, rep)
+}
+
+// requestWithin does one msgpack request/reply that waits up to timeout.
+func (a *Agent) requestWithin(ctx context.Context, timeout time.Duration, subject string, req, rep any) error {
 	b, err := codec.Encode(codec.MsgPack, req)
 	if err != nil {
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, err := a.conn.NC.RequestWithContext(rctx, subject, b)
 	if err != nil {

@@ -99,7 +99,8 @@ func PermsEnrolling(nodeID string) Permissions {
 }
 
 // PermsNode is what an enrolled agent may do: publish its own
-// observations, heartbeats and renewals, resume its session (wf.enroll),
+// observations, heartbeats and renewals, ask for registry credentials
+// at pull time (wf.node.<id>.credentials.registry), resume its session (wf.enroll),
 // and read and ack its own command consumer. As a session host
 // (residency/nodehost) it also takes the control plane's requests on
 // wf.node.<id>.sessions.* (and answers them: Responses), asks the
@@ -119,6 +120,7 @@ func PermsNode(nodeID string) Permissions {
 			NodeObs(nodeID),
 			NodeHeartbeat(nodeID),
 			NodeRenew(nodeID),
+			NodeRegistryCredentials(nodeID),
 			"$JS.API.CONSUMER.INFO." + StreamCmds + "." + cons,
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamCmds + "." + cons,
 			"$JS.ACK." + StreamCmds + "." + cons + ".>",

@@ -14,6 +14,10 @@ const (
 	SubjectNodeObsAll  = "wf.node.*.obs"
 	SubjectHeartbeats  = "wf.node.*.heartbeat"
 	SubjectRenewals    = "wf.node.*.renew"
+	// SubjectRegistryCredentials is where agents ask for a registry
+	// credential at pull time (core request/reply: a credential is never
+	// at rest).
+	SubjectRegistryCredentials = "wf.node.*.credentials.registry"
 	// SubjectInvite is the operator's request to mint a node bootstrap.
 	SubjectInvite = "wf.admin.node.invite"
 	// SubjectDrain stops new work going to a node.
@@ -22,6 +26,9 @@ const (
 	// heartbeats have earned: wf_nodes holds a node's lease only as of its
 	// last state change, so heartbeats cost no KV write.
 	SubjectNodeLeases = "wf.admin.node.leases"
+	// SubjectPrefetch asks the control plane to warm an image on nodes
+	// (schemas.PrefetchRequest); the reply is the prefetch's record.
+	SubjectPrefetch = "wf.admin.prefetch"
 	// SubjectRetire retires a rental once its node is idle.
 	SubjectRetire = "wf.admin.rental.retire"
 	// SubjectPrune asks the control plane to have a node remove every image
@@ -56,6 +63,12 @@ func NodeHeartbeat(nodeID string) string { return subjectNodePrefix + nodeID + "
 
 // NodeRenew is where one node renews its session.
 func NodeRenew(nodeID string) string { return subjectNodePrefix + nodeID + ".renew" }
+
+// NodeRegistryCredentials is where one node asks for a registry
+// credential (SubjectRegistryCredentials).
+func NodeRegistryCredentials(nodeID string) string {
+	return subjectNodePrefix + nodeID + ".credentials.registry"
+}
 
 // NodeConsumer is the durable name of a node's command consumer.
 func NodeConsumer(nodeID string) string { return "node-" + nodeID }

@@ -22,7 +22,12 @@ const (
 	BucketRuns    = "wf_runs"
 	BucketEnroll  = "wf_enroll"
 	BucketRentals = "wf_rentals"
+	// BucketPrefetch holds operators' prefetches by id.
+	BucketPrefetch = "wf_prefetch"
 )
+
+// PrefetchMaxAge is how long a prefetch record outlives its last change.
+const PrefetchMaxAge = 7 * 24 * time.Hour
 
 // Durable consumer names owned by the control plane. Several control-plane
 // replicas share each one, so a message is handled by one replica.
@@ -113,6 +118,9 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 		// Invitations carry their own expires_at, checked on redemption; the
 		// bucket's TTL only sweeps ones never redeemed.
 		{Bucket: BucketEnroll, Description: "single-use node invitations by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: 8 * 24 * time.Hour},
+		// A prefetch's own expires_at ends its live entries; the bucket's
+		// TTL, renewed by every update, removes records nobody reads.
+		{Bucket: BucketPrefetch, Description: "operators' prefetches by id; every change is a CAS update", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: PrefetchMaxAge},
 		leasesKVConfig(r),
 		residencyKVConfig(r),
 		sessionsKVConfig(r),

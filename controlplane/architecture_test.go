@@ -48,7 +48,12 @@ func TestImportRules(t *testing.T) {
 		{pkgs: []string{"controlplane/lifecycle", "controlplane/placement"}, never: []string{"bus", "controlplane/..."}},
 		{pkgs: []string{"controlplane/..."}, except: []string{"controlplane"}, never: []string{"controlplane", "agent"}},
 		{pkgs: []string{"controlplane/scheduler"}, never: []string{"controlplane/rentals", "controlplane/nodes", "controlplane/sessions", "controlplane/intake", "controlplane/ingest"}},
-		{pkgs: []string{"controlplane/runs", "controlplane/dispatch", "controlplane/cache"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions"}},
+		{pkgs: []string{"controlplane/registryauth"}, never: []string{"controlplane/prefetch", "controlplane/runs", "controlplane/dispatch", "controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/lifecycle", "controlplane/placement"}},
+		{pkgs: []string{"controlplane/runs", "controlplane/dispatch", "controlplane/cache"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/prefetch", "controlplane/registryauth"}},
+		// Prefetches reach nodes through dispatch and hear back through
+		// ingest's Prefetches interface, never the other way round.
+		{pkgs: []string{"controlplane/prefetch"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/runs"}},
+		{pkgs: []string{"controlplane/ingest"}, never: []string{"controlplane/prefetch"}},
 	}
 	matches := func(pattern, pkg string) bool {
 		if p, ok := strings.CutSuffix(pattern, "/..."); ok {

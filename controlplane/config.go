@@ -5,6 +5,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/metrics"
@@ -48,8 +49,14 @@ type Config struct {
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
 	Topology       bus.Topology
+	// PrefetchFlushInterval is how often nodes' prefetch progress is written
+	// to wf_prefetch; prefetch.DefaultFlushInterval when zero.
+	PrefetchFlushInterval time.Duration
 	// Sessions tunes session residency (controlplane/sessions).
 	Sessions sessions.Config
+	// RegistryAuth holds the registry credentials nodes are given at pull
+	// time (controlplane/registryauth); nil pulls every image anonymously.
+	RegistryAuth *registryauth.Source
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
 }

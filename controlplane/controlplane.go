@@ -18,6 +18,8 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/prefetch"
+	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
@@ -42,7 +44,10 @@ type ControlPlane struct {
 	ingest    *ingest.Ingest
 	nodes     *nodes.Service
 	sessions  *sessions.Service
+	prefetch  *prefetch.Service
 	rentals   *rentals.Manager // nil without Capacity
+	// registryAuth gives nodes registry credentials at pull time.
+	registryAuth *registryauth.Service
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -59,7 +64,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, err
 	}
 	kv := map[string]jetstream.KeyValue{}
-	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency} {
+	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency, bus.BucketPrefetch} {
 		h, err := conn.JS.KeyValue(ctx, b)
 		if err != nil {
 			return nil, fmt.Errorf("controlplane: open %s: %w", b, err)
@@ -87,9 +92,18 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
-	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cfg.Now, log)
+	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"))
+	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
+	// A node may have a credential for an image it has a live booking or
+	// an open prefetch for.
+	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.Now, log)
 	return cp, nil
 }
+
+// Prefetches is the prefetch service: its Wants says whether a node has a
+// live prefetch of an image (the registry credential service asks it).
+func (cp *ControlPlane) Prefetches() *prefetch.Service { return cp.prefetch }
 
 // Ready is closed once Run answers on every subject.
 func (cp *ControlPlane) Ready() <-chan struct{} { return cp.ready }
@@ -130,6 +144,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopSessions()
+	stopPrefetch, err := cp.prefetch.Serve(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopPrefetch()
+	stopRegistryAuth, err := cp.registryAuth.Serve(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopRegistryAuth()
 	if cp.rentals != nil {
 		stopRentals, err := cp.rentals.Serve(ctx)
 		if err != nil {

@@ -89,6 +89,9 @@ var (
 	// (not a valid CDI name, declared by no usable CDI spec, or its edits
 	// cannot be applied).
 	ErrDeviceUnavailable = errors.New("device unavailable")
+	// ErrPlatformNotInImage: the image has no build for the platform asked
+	// for (an index without it, or a single manifest of another platform).
+	ErrPlatformNotInImage = errors.New("image has no build for the platform")
 )
 
 // RuntimeInfo identifies the container runtime for host facts.
@@ -100,4 +103,7 @@ type RuntimeInfo struct {
 	ExactImageInventory bool
 	// BindMounts: WorkloadSpec.Mounts are honoured (cache mounts need them).
 	BindMounts bool
+	// Platform is the build this runtime runs when none is named, variant
+	// included where it knows one; zero when it does not say.
+	Platform schemas.Platform
 }

@@ -1,17 +1,24 @@
 package noderuntime
 
-import "time"
+import (
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
 
 // WorkloadSpec is one container to run.
 type WorkloadSpec struct {
 	ID             string
 	ImageReference string
 	ManifestDigest string
-	Command        []string // entrypoint + args; empty means the image's own
-	Env            []string // KEY=VALUE
-	CPUMillis      int64    // 0 = unlimited
-	MemoryBytes    int64    // 0 = unlimited
-	Labels         map[string]string
+	// Platform is the build to run, as ImageSpec.Platform; nil is the
+	// runtime's own.
+	Platform    *schemas.Platform
+	Command     []string // entrypoint + args; empty means the image's own
+	Env         []string // KEY=VALUE
+	CPUMillis   int64    // 0 = unlimited
+	MemoryBytes int64    // 0 = unlimited
+	Labels      map[string]string
 	// Devices are fully qualified CDI device names (vendor.com/class=name,
 	// e.g. "nvidia.com/gpu=GPU-<uuid>") the container is given: they are
 	// resolved against the host's CDI specs, reread at each Launch, and

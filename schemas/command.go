@@ -32,19 +32,27 @@ type Command struct {
 
 // PrepareImage asks a node to hold an image's bytes, unpacked.
 type PrepareImage struct {
-	RunID          string `json:"run_id,omitempty"`
+	RunID string `json:"run_id,omitempty"`
+	// PrefetchID is set instead of RunID when an operator's prefetch asks
+	// for the image: the node reports its progress as ImageProgress.
+	PrefetchID     string `json:"prefetch_id,omitempty"`
 	AttemptID      string `json:"attempt_id,omitempty"`
 	Reference      string `json:"reference"`
 	ManifestDigest string `json:"manifest_digest"`
 	Unpack         bool   `json:"unpack"`
+	// Platform is the build of a multi-platform image to fetch (the Run's
+	// platform); nil means the node's own.
+	Platform *Platform `json:"platform,omitempty"`
 }
 
 // LaunchWorkload asks a node to start one attempt of a Run.
 type LaunchWorkload struct {
-	RunID             string       `json:"run_id"`
-	AttemptID         string       `json:"attempt_id"`
-	Reference         string       `json:"reference"`
-	ManifestDigest    string       `json:"manifest_digest"`
+	RunID          string `json:"run_id"`
+	AttemptID      string `json:"attempt_id"`
+	Reference      string `json:"reference"`
+	ManifestDigest string `json:"manifest_digest"`
+	// Platform is the build to run, as PrepareImage's.
+	Platform          *Platform    `json:"platform,omitempty"`
 	Command           []string     `json:"command,omitempty"`
 	Env               []EnvVar     `json:"env,omitempty"`
 	Resources         Resources    `json:"resources"`
@@ -122,6 +130,9 @@ func (c *Command) Validate() error {
 			return err
 		}
 		l := c.Launch
+		if err := l.Platform.validate("launch.platform"); err != nil {
+			return err
+		}
 		if err := validateContainer("launch.", l.Network, l.ShmBytes, l.Resources.MemoryBytes, l.Ulimits); err != nil {
 			return err
 		}
@@ -134,6 +145,14 @@ func (c *Command) Validate() error {
 	if c.PrepareImage != nil {
 		if _, err := ParseImageRef("prepare_image.reference", c.PrepareImage.Reference); err != nil {
 			return err
+		}
+		if err := c.PrepareImage.Platform.validate("prepare_image.platform"); err != nil {
+			return err
+		}
+		if id := c.PrepareImage.PrefetchID; id != "" {
+			if err := ValidateID("prepare_image.prefetch_id", id, CodeMalformed); err != nil {
+				return err
+			}
 		}
 	}
 	if c.Stop != nil {

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"cmp"
+	"regexp"
 	"slices"
 	"time"
 )
@@ -91,9 +92,13 @@ func (f *NodeFacts) Supports() NodeSupport {
 
 // HostFacts describes the machine.
 type HostFacts struct {
-	OS               string `json:"os"`
-	KernelVersion    string `json:"kernel_version,omitempty"`
-	Architecture     string `json:"architecture"`
+	OS            string `json:"os"`
+	KernelVersion string `json:"kernel_version,omitempty"`
+	Architecture  string `json:"architecture"`
+	// Variant is the CPU variant where the runtime knows one (e.g. "v8"
+	// on arm64, "v7" on arm), as containerd names this host's platform;
+	// empty reads by OCI normalization (arm64 is v8, arm is v7).
+	Variant          string `json:"variant,omitempty"`
 	ContainerRuntime string `json:"container_runtime,omitempty"`
 	RuntimeVersion   string `json:"runtime_version,omitempty"`
 	// AcceleratorToolkit is what lets the container runtime hand a container
@@ -290,6 +295,31 @@ type Platform struct {
 	Variant      string `json:"variant,omitempty"`
 }
 
+// platformPattern is one lowercase word, as OCI spells os, architecture
+// and variant ("linux", "arm64", "v8").
+var platformPattern = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+
+// String is os/architecture[/variant], the form operators write.
+func (p Platform) String() string {
+	s := p.OS + "/" + p.Architecture
+	if p.Variant != "" {
+		s += "/" + p.Variant
+	}
+	return s
+}
+
+// validate refuses a malformed platform named at field; nil is valid (the
+// node's own). The value is not echoed: the field and its shape say enough.
+func (p *Platform) validate(field string) error {
+	if p == nil {
+		return nil
+	}
+	if !platformPattern.MatchString(p.OS) || !platformPattern.MatchString(p.Architecture) || (p.Variant != "" && !platformPattern.MatchString(p.Variant)) {
+		return refuse(CodeInvalidPlatform, field, "give os and architecture and an optional variant, each a lowercase word (e.g. linux/arm64/v8), or omit %s", field)
+	}
+	return nil
+}
+
 // LocalityState says how ready an image is on a node.
 type LocalityState string
 
@@ -304,8 +334,13 @@ const (
 type ImageLocality struct {
 	// ManifestDigest is the digest the image was pulled by (an index digest
 	// for a multi-platform image), the identity a Run is pinned to.
-	ManifestDigest string   `json:"manifest_digest"`
-	Platform       Platform `json:"platform"`
+	ManifestDigest string `json:"manifest_digest"`
+	// Platform is the build of that digest this node holds: for an index,
+	// the one platform it fetched, which need not be the host's own.
+	Platform Platform `json:"platform"`
+	// Index says ManifestDigest names a multi-platform index, so Platform
+	// is a fact about this node's copy, not about the image.
+	Index bool `json:"index,omitempty"`
 	// LayerDigests are the compressed layer blobs (registry names) and
 	// LayerSizes their sizes, in the same order.
 	LayerDigests []string `json:"layer_digests,omitempty"`

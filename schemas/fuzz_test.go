@@ -328,6 +328,18 @@ func FuzzCommandDecode(f *testing.F) {
 				t.Fatalf("valid prepare with bad reference: %v", err)
 			}
 		}
+		var named *schemas.Platform
+		switch {
+		case c.PrepareImage != nil:
+			named = c.PrepareImage.Platform
+		case c.Launch != nil:
+			named = c.Launch.Platform
+		}
+		// A platform reaches containerd's parser: one word per part, never
+		// a path or a second platform.
+		if named != nil && (named.OS == "" || named.Architecture == "" || strings.ContainsAny(named.String(), " .,\\\x00") || strings.Count(named.String(), "/") > 2) {
+			t.Fatalf("valid command names platform %q", named.String())
+		}
 		reencode(t, &c)
 	})
 }
@@ -348,6 +360,8 @@ func FuzzObservationDecode(f *testing.F) {
 			ok = o.Facts != nil
 		case schemas.ObsReconciliation:
 			ok = o.Reconciliation != nil
+		case schemas.ObsImageProgress:
+			ok = o.ImageProgress != nil && o.ImageProgress.Progress.DoneBytes >= 0
 		}
 		if !ok {
 			t.Fatalf("valid observation of kind %q lacks its payload: %+v", o.Kind, o)
@@ -409,6 +423,44 @@ func FuzzInviteRequestDecode(f *testing.F) {
 		}
 		if err := schemas.ValidateID("node_id", r.NodeID, schemas.CodeMalformed); err != nil {
 			t.Fatalf("valid invite with bad node id: %v", err)
+		}
+		reencode(t, &r)
+	})
+}
+
+// FuzzPrefetchRequestDecode is the operator's wf.admin.prefetch body (the
+// selector's syntax is fuzzed where it is parsed, controlplane/prefetch).
+func FuzzPrefetchRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.PrefetchRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		if _, err := schemas.ParseImageRef("image", r.Image); err != nil {
+			t.Fatalf("valid prefetch with an unpinned image: %v", err)
+		}
+		if r.Count < 0 || r.Count > schemas.MaxPrefetchNodes || r.Timeout() <= 0 || r.Timeout() > schemas.MaxPrefetchTimeout || len(r.Nodes) > schemas.MaxSelectorBytes {
+			t.Fatalf("valid prefetch out of bounds: %+v", r)
+		}
+		reencode(t, &r)
+	})
+}
+
+// FuzzRegistryCredentialRequestDecode: what a node sends when it asks for
+// a registry credential decodes and validates, or is refused; a valid one
+// names a pinned image whose registry is a canonical host.
+func FuzzRegistryCredentialRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.RegistryCredentialRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		ref, err := schemas.ParseImageRef("reference", r.Reference)
+		if err != nil || r.FencingToken == 0 {
+			t.Fatalf("valid request %+v: %v", r, err)
+		}
+		if reg := ref.Registry(); reg == "" || schemas.CanonicalRegistry(reg) != reg {
+			t.Fatalf("registry %q of %q is not canonical", reg, r.Reference)
 		}
 		reencode(t, &r)
 	})

@@ -144,6 +144,31 @@ func TestCommandValidate(t *testing.T) {
 			c.Launch = &l
 		}, code: schemas.CodeInvalidUlimit, field: "launch.ulimits[0].soft"},
 		{name: "launch negative shm", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) { l := *launch; l.ShmBytes = -1; c.Launch = &l }, code: schemas.CodeInvalidShm, field: "launch.shm_bytes"},
+		{name: "prepare for a platform", kind: schemas.CmdPrepareImage, mod: func(c *schemas.Command) {
+			p := *prep
+			p.Platform = &schemas.Platform{OS: "linux", Architecture: "arm64", Variant: "v8"}
+			c.PrepareImage = &p
+		}},
+		{name: "launch for a platform", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) {
+			l := *launch
+			l.Platform = &schemas.Platform{OS: "linux", Architecture: "amd64"}
+			c.Launch = &l
+		}},
+		{name: "prepare platform without architecture", kind: schemas.CmdPrepareImage, mod: func(c *schemas.Command) {
+			p := *prep
+			p.Platform = &schemas.Platform{OS: "linux"}
+			c.PrepareImage = &p
+		}, code: schemas.CodeInvalidPlatform, field: "prepare_image.platform"},
+		{name: "launch platform with a bad variant", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) {
+			l := *launch
+			l.Platform = &schemas.Platform{OS: "linux", Architecture: "arm64", Variant: "v8/../x"}
+			c.Launch = &l
+		}, code: schemas.CodeInvalidPlatform, field: "launch.platform"},
+		{name: "launch platform in capitals", kind: schemas.CmdLaunchWorkload, mod: func(c *schemas.Command) {
+			l := *launch
+			l.Platform = &schemas.Platform{OS: "Linux", Architecture: "AMD64"}
+			c.Launch = &l
+		}, code: schemas.CodeInvalidPlatform, field: "launch.platform"},
 		{name: "prepare missing reference", kind: schemas.CmdPrepareImage, mod: func(c *schemas.Command) { p := *prep; p.Reference = ""; c.PrepareImage = &p }, code: schemas.CodeMissingField, field: "prepare_image.reference"},
 		{name: "prepare bad repository", kind: schemas.CmdPrepareImage, mod: func(c *schemas.Command) { p := *prep; p.Reference = "UPPER@" + testDigest; c.PrepareImage = &p }, code: schemas.CodeInvalidImage, field: "prepare_image.reference"},
 		{name: "stop missing attempt id", kind: schemas.CmdStopWorkload, mod: func(c *schemas.Command) { s := *stop; s.AttemptID = ""; c.Stop = &s }, code: schemas.CodeMissingField, field: "stop.attempt_id"},

@@ -10,6 +10,7 @@ const (
 	ObsWorkload       ObservationKind = "workload"
 	ObsFacts          ObservationKind = "facts"
 	ObsReconciliation ObservationKind = "reconciliation"
+	ObsImageProgress  ObservationKind = "image_progress"
 )
 
 // Observation is what a node publishes on wf.node.<id>.obs. The control
@@ -25,6 +26,7 @@ type Observation struct {
 	Workload       *WorkloadObservation `json:"workload,omitempty"`
 	Facts          *NodeFacts           `json:"facts,omitempty"`
 	Reconciliation *Reconciliation      `json:"reconciliation,omitempty"`
+	ImageProgress  *ImageProgress       `json:"image_progress,omitempty"`
 }
 
 // Receipt outcomes.
@@ -40,7 +42,9 @@ type OperationReceipt struct {
 	Kind        CommandKind `json:"kind"`
 	RunID       string      `json:"run_id,omitempty"`
 	AttemptID   string      `json:"attempt_id,omitempty"`
-	AcceptedAt  time.Time   `json:"accepted_at"`
+	// PrefetchID names the prefetch a PrepareImage served.
+	PrefetchID string    `json:"prefetch_id,omitempty"`
+	AcceptedAt time.Time `json:"accepted_at"`
 	// Duplicate means this operation id was already applied; no second
 	// effect happened.
 	Duplicate bool   `json:"duplicate,omitempty"`
@@ -74,8 +78,11 @@ type WorkloadObservation struct {
 	ExitCode      *int          `json:"exit_code,omitempty"`
 	OOMKilled     bool          `json:"oom_killed,omitempty"`
 	FailureReason string        `json:"failure_reason,omitempty"`
-	StartedAt     *time.Time    `json:"started_at,omitempty"`
-	FinishedAt    *time.Time    `json:"finished_at,omitempty"`
+	// FailureCode, on a failed report, is the coded reason when it is
+	// more precise than launch_failed (registry_auth_failed).
+	FailureCode Code       `json:"failure_code,omitempty"`
+	StartedAt   *time.Time `json:"started_at,omitempty"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
 	// StopReason is set when the node stopped the workload itself or on
 	// command (e.g. "max_runtime_exceeded", "cancelled").
 	StopReason string `json:"stop_reason,omitempty"`
@@ -142,6 +149,8 @@ func (o *Observation) Validate() error {
 		ok = o.Facts != nil
 	case ObsReconciliation:
 		ok = o.Reconciliation != nil
+	case ObsImageProgress:
+		ok = o.ImageProgress != nil
 	default:
 		return refuse(CodeMalformed, "kind", "unknown observation kind")
 	}
@@ -149,7 +158,7 @@ func (o *Observation) Validate() error {
 		return refuse(CodeMissingField, string(o.Kind), "the payload named by kind is missing")
 	}
 	set := 0
-	for _, p := range []bool{o.Receipt != nil, o.Workload != nil, o.Facts != nil, o.Reconciliation != nil} {
+	for _, p := range []bool{o.Receipt != nil, o.Workload != nil, o.Facts != nil, o.Reconciliation != nil, o.ImageProgress != nil} {
 		if p {
 			set++
 		}
@@ -159,6 +168,11 @@ func (o *Observation) Validate() error {
 	}
 	if w := o.Workload; w != nil {
 		if err := w.validate("workload"); err != nil {
+			return err
+		}
+	}
+	if p := o.ImageProgress; p != nil {
+		if err := p.validate(); err != nil {
 			return err
 		}
 	}
@@ -191,7 +205,7 @@ func (w *WorkloadObservation) validate(field string) error {
 			return refuse(CodeMalformed, field, "a reported time is outside 2000–9000; check the node's clock")
 		}
 	}
-	if len(w.FailureReason) > MaxStringBytes || len(w.StopReason) > 256 {
+	if len(w.FailureReason) > MaxStringBytes || len(w.StopReason) > 256 || len(w.FailureCode) > 64 {
 		return refuse(CodeValueTooLong, field, "reasons are bounded")
 	}
 	if w.Progress != nil {

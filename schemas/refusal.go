@@ -50,6 +50,21 @@ const (
 	// CodeNetworkUnavailable refuses a launch whose network mode the node
 	// does not offer (ReasonNetworkUnavailable, placement's twin).
 	CodeNetworkUnavailable Code = "network_unavailable"
+	// CodePlatformNotInImage fails an attempt whose image (an index, or a
+	// single manifest) has no build for the platform it is to run as.
+	CodePlatformNotInImage Code = "platform_not_in_image"
+	// CodeInvalidSelector refuses a prefetch's node selector.
+	CodeInvalidSelector Code = "invalid_node_selector"
+	// CodeNoPrefetchTarget refuses a prefetch no live node matches.
+	CodeNoPrefetchTarget Code = "no_prefetch_target"
+	// CodePrefetchTimedOut fails a node's prefetch entry that had no
+	// answer by the prefetch's deadline.
+	CodePrefetchTimedOut Code = "prefetch_timed_out"
+	// CodeRegistryAuthFailed fails a Run whose image registry refused the
+	// pull (401/403) with the credential the control plane gave, or with
+	// none, or whose credential the control plane could not get. A
+	// registry that refuses one node refuses every node: terminal.
+	CodeRegistryAuthFailed Code = "registry_auth_failed"
 
 	// Node-facing codes.
 	CodeStaleFencingToken Code = "stale_fencing_token"
@@ -64,7 +79,14 @@ const (
 	CodeSessionExpired    Code = "session_expired"
 	CodeSuperseded        Code = "session_superseded"
 	CodeWrongNode         Code = "wrong_node"
-	CodeInternal          Code = "internal"
+	// CodeImageNotWanted refuses a registry credential for an image the
+	// node has no live booking or prefetch for.
+	CodeImageNotWanted Code = "image_not_wanted"
+	// CodeCredentialUnavailable: the control plane holds a credential
+	// source for the registry, but it failed (a credential helper that
+	// failed, hung or answered garbage).
+	CodeCredentialUnavailable Code = "registry_credential_unavailable"
+	CodeInternal              Code = "internal"
 )
 
 // Refusal is a coded, operator-readable refusal of one input. Field names the

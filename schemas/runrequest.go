@@ -211,7 +211,6 @@ func (r *RunRequest) Validate() error {
 
 var (
 	cacheNamePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-	platformPattern   = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
 	capabilityPattern = regexp.MustCompile(`^[0-9]{1,3}(\.[0-9]{1,3}){0,2}$`)
 )
 
@@ -219,8 +218,8 @@ var (
 const MaxCaches = 16
 
 func (r *RunRequest) validatePlacement() error {
-	if p := r.Platform; p != nil && (!platformPattern.MatchString(p.OS) || !platformPattern.MatchString(p.Architecture) || (p.Variant != "" && !platformPattern.MatchString(p.Variant))) {
-		return refuse(CodeInvalidPlatform, "platform", "give both os and architecture, e.g. linux/amd64, or omit platform")
+	if err := r.Platform.validate("platform"); err != nil {
+		return err
 	}
 	if g := r.GPU; g != nil {
 		if g.MinMemoryBytes < 0 {

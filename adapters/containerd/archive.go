@@ -12,20 +12,26 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/content"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/images"
 	"github.com/containerd/containerd/images/archive"
-	"github.com/containerd/platforms"
+	"github.com/containerd/containerd/leases"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"go.uber.org/zap"
 )
 
 // maxIndexDepth bounds the search through nested indexes of an archive
 // (index.json -> image index -> platform manifest is depth 2).
 const maxIndexDepth = 3
+
+// importLeaseExpiry bounds how long an import's blobs outlive an agent that
+// died mid-import (containerd's own default for a client lease).
+const importLeaseExpiry = 24 * time.Hour
 
 // findArchive returns the archive in ImageDir that should hold want:
 // <hex>.tar when it exists, else the first *.tar whose blobs include want.
@@ -94,8 +100,11 @@ func archiveHasEntry(p, name string) (bool, error) {
 
 // importArchive loads an OCI (or Docker) archive into the content store and
 // names only the image whose digest is want: names the archive itself
-// carries are ignored, so importing cannot retarget other images.
-func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Digest, name string, progress func(done, total int64)) (images.Image, int64, error) {
+// carries are ignored, so importing cannot retarget other images. Of an
+// index only spec.Platform's build is kept: the rest of the archive is
+// referenced by nothing once the import's lease ends, and that lease's
+// deletion collects it before this returns.
+func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Digest, name string, spec noderuntime.ImageSpec) (images.Image, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return images.Image{}, 0, fmt.Errorf("open image archive: %w", err)
@@ -108,16 +117,22 @@ func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Diges
 
 	// The lease keeps imported blobs from garbage collection until the
 	// image record references them.
-	ctx, done, err := r.client.WithLease(ctx)
+	ls := r.client.LeasesService()
+	lease, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(importLeaseExpiry))
 	if err != nil {
 		return images.Image{}, 0, fmt.Errorf("lease for import: %w", err)
 	}
-	defer func() { _ = done(context.WithoutCancel(ctx)) }()
+	ctx = leases.WithLease(ctx, lease.ID)
+	defer func() {
+		if err := ls.Delete(context.WithoutCancel(ctx), lease, leases.SynchronousDelete); err != nil {
+			r.log.Warn("end import lease", zap.String("archive", p), zap.Error(err))
+		}
+	}()
 
 	cs := r.client.ContentStore()
 	var src io.Reader = f
-	if progress != nil {
-		src = &countingReader{r: f, total: st.Size(), fn: progress}
+	if spec.Progress != nil {
+		src = &countingReader{r: f, total: st.Size(), fn: spec.Progress}
 	}
 	index, err := archive.ImportIndex(ctx, cs, src)
 	if err != nil {
@@ -134,19 +149,27 @@ func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Diges
 			ErrDigestMismatch, p, want, strings.Join(held, ", "))
 	}
 
-	handler := images.SetChildrenLabels(cs, images.FilterPlatforms(images.ChildrenHandler(cs), platforms.Default()))
+	if _, err := buildFor(ctx, cs, *target, spec.Platform); err != nil {
+		if errdefs.IsNotFound(err) {
+			return images.Image{}, 0, fmt.Errorf("image archive %s is incomplete for %s: %w", p, want, err)
+		}
+		return images.Image{}, 0, err
+	}
+	// Label (keep) one build, the one a pull of the same index would fetch.
+	m := platformMatcher(spec.Platform)
+	handler := images.SetChildrenLabels(cs, images.LimitManifests(images.FilterPlatforms(images.ChildrenHandler(cs), m), m, 1))
 	if err := images.Walk(ctx, handler, *target); err != nil {
 		if errdefs.IsNotFound(err) {
 			return images.Image{}, 0, fmt.Errorf("image archive %s is incomplete for %s: %w", p, want, err)
 		}
 		return images.Image{}, 0, fmt.Errorf("label content of %s: %w", want, err)
 	}
-	complete, err := r.complete(ctx, *target)
+	complete, err := r.complete(ctx, *target, spec.Platform)
 	if err != nil {
 		return images.Image{}, 0, err
 	}
 	if !complete {
-		return images.Image{}, 0, fmt.Errorf("image archive %s lacks layers of %s for %s", p, want, platforms.DefaultString())
+		return images.Image{}, 0, fmt.Errorf("image archive %s lacks layers of %s for %s", p, want, platformName(spec.Platform))
 	}
 	img, err := r.nameImage(ctx, name, *target)
 	if err != nil {

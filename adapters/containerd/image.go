@@ -11,12 +11,12 @@ import (
 	ctrd "github.com/containerd/containerd"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/images"
-	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // ErrDigestMismatch reports content whose digest is not the one a Run is
@@ -30,10 +30,12 @@ const (
 	sourceRegistry = "registry"
 )
 
-// EnsureImage makes the image pinned by spec.ManifestDigest present (from
-// containerd, else an archive in ImageDir, else a registry pull) under the
-// name spec.Reference, and unpacks it when asked. Each success marks the
-// image used now.
+// EnsureImage makes the build for spec.Platform of the image pinned by
+// spec.ManifestDigest present (from containerd, else an archive in
+// ImageDir, else a registry pull) under the name spec.Reference, and
+// unpacks it when asked. Of a multi-platform index only that build is
+// fetched; an image without it is noderuntime.ErrPlatformNotInImage. Each
+// success marks the image used now.
 func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	ctx = r.ctx(ctx)
 	res, err := r.ensureImage(ctx, spec)
@@ -64,7 +66,7 @@ func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 	}
 	defer unlock()
 
-	img, found, err := r.findImage(ctx, want, name)
+	img, found, err := r.findImage(ctx, want, name, spec.Platform)
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}
@@ -74,7 +76,7 @@ func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 				return noderuntime.ImageResult{}, err
 			}
 		}
-		if err := r.unpackIfAsked(ctx, img, spec.Unpack); err != nil {
+		if err := r.unpackIfAsked(ctx, img, spec); err != nil {
 			return noderuntime.ImageResult{}, err
 		}
 		return noderuntime.ImageResult{AlreadyPresent: true, Source: sourceLocal}, nil
@@ -85,11 +87,11 @@ func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 		return noderuntime.ImageResult{}, err
 	}
 	if found {
-		img, size, err := r.importArchive(ctx, archivePath, want, name, spec.Progress)
+		img, size, err := r.importArchive(ctx, archivePath, want, name, spec)
 		if err != nil {
 			return noderuntime.ImageResult{}, err
 		}
-		if err := r.unpackIfAsked(ctx, img, spec.Unpack); err != nil {
+		if err := r.unpackIfAsked(ctx, img, spec); err != nil {
 			return noderuntime.ImageResult{}, err
 		}
 		log.Info("imported image archive", zap.String("archive", archivePath), zap.Int64("bytes", size))
@@ -104,7 +106,7 @@ func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}
-	log.Info("pulled image", zap.Int64("bytes", fetched))
+	log.Info("pulled image", zap.Int64("bytes", fetched), zap.String("platform", platformName(spec.Platform)))
 	return noderuntime.ImageResult{Source: sourceRegistry, FetchedBytes: fetched}, nil
 }
 
@@ -120,9 +122,11 @@ func checkReference(ref string, want digest.Digest) error {
 	return nil
 }
 
-// findImage returns an image record targeting want whose content is all
-// present, preferring the one called name.
-func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string) (images.Image, bool, error) {
+// findImage returns an image record targeting want whose content for
+// platform p is all present, preferring the one called name. A record whose
+// image has no build for p is ErrPlatformNotInImage: the digest pins the
+// content, so no source can have that build.
+func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string, p *schemas.Platform) (images.Image, bool, error) {
 	recs, err := r.client.ImageService().List(ctx, "target.digest=="+want.String())
 	if err != nil {
 		return images.Image{}, false, fmt.Errorf("list images with digest %s: %w", want, err)
@@ -130,7 +134,7 @@ func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string
 	var best images.Image
 	found := false
 	for _, rec := range recs {
-		complete, err := r.complete(ctx, rec.Target)
+		complete, err := r.complete(ctx, rec.Target, p)
 		if err != nil {
 			return images.Image{}, false, err
 		}
@@ -144,10 +148,16 @@ func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string
 	return best, found, nil
 }
 
-// complete says whether the manifest, config and layers for this platform
-// are all in the content store. A record alone can outlive its content.
-func (r *Runtime) complete(ctx context.Context, target ocispec.Descriptor) (bool, error) {
-	available, _, _, missing, err := images.Check(ctx, r.client.ContentStore(), target, platforms.Default())
+// complete says whether the manifest, config and layers of p's build are
+// all in the content store. A record alone can outlive its content.
+func (r *Runtime) complete(ctx context.Context, target ocispec.Descriptor, p *schemas.Platform) (bool, error) {
+	cs := r.client.ContentStore()
+	if _, err := buildFor(ctx, cs, target, p); errdefs.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	available, _, _, missing, err := images.Check(ctx, cs, target, platformMatcher(p))
 	if err != nil {
 		return false, fmt.Errorf("check content of %s: %w", target.Digest, err)
 	}
@@ -171,11 +181,11 @@ func (r *Runtime) nameImage(ctx context.Context, name string, target ocispec.Des
 	return img, nil
 }
 
-func (r *Runtime) unpackIfAsked(ctx context.Context, rec images.Image, unpack bool) error {
-	if !unpack {
+func (r *Runtime) unpackIfAsked(ctx context.Context, rec images.Image, spec noderuntime.ImageSpec) error {
+	if !spec.Unpack {
 		return nil
 	}
-	img := ctrd.NewImageWithPlatform(r.client, rec, platforms.Default())
+	img := ctrd.NewImageWithPlatform(r.client, rec, platformMatcher(spec.Platform))
 	return r.unpack(ctx, img)
 }
 
@@ -194,10 +204,23 @@ func (r *Runtime) unpack(ctx context.Context, img ctrd.Image) error {
 	return nil
 }
 
-// pull fetches from the reference's registry, counting bytes it had to
-// download (content already present is not fetched again).
+// pull fetches p's build from the reference's registry, counting bytes it
+// had to download (content already present is not fetched again). Of an
+// index, containerd fetches the one manifest the matcher picks first and
+// only its config and layers.
 func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want digest.Digest) (int64, error) {
+	// Our own lease keeps what the pull fetched (the index above all) until
+	// it is checked below, whether or not containerd named an image.
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("lease for pull: %w", err)
+	}
+	defer func() { _ = done(context.WithoutCancel(ctx)) }()
 	cs := r.client.ContentStore()
+	// Whether a record already carried this name: only one this pull made
+	// is removed below.
+	_, err = r.client.ImageService().Get(ctx, spec.Reference)
+	named := !errdefs.IsNotFound(err)
 	var fetched atomic.Int64
 	count := images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
 		// Runs before the fetch handler, so absent content is about to be downloaded.
@@ -206,9 +229,15 @@ func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want dig
 		}
 		return nil, nil
 	})
+	ref, err := schemas.ParseImageRef("reference", spec.Reference)
+	if err != nil {
+		return 0, fmt.Errorf("pull %s: %w", spec.Reference, err)
+	}
+	resolver, auth := r.resolver(ctx, spec, ref)
 	opts := []ctrd.RemoteOpt{
+		ctrd.WithResolver(resolver),
 		ctrd.WithImageHandler(count),
-		ctrd.WithPlatformMatcher(platforms.Default()),
+		ctrd.WithPlatformMatcher(platformMatcher(spec.Platform)),
 		ctrd.WithPullSnapshotter(r.snapshotter),
 	}
 	if spec.Unpack {
@@ -223,12 +252,25 @@ func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want dig
 		defer func() { stop(); <-polled }()
 	}
 	img, err := r.client.Pull(ctx, spec.Reference, opts...)
+	// An index without p's build pulls as the index alone (or fails to
+	// unpack): say so, and leave no record naming it.
+	if target, ok := storedDescriptor(ctx, cs, want); ok {
+		if _, berr := buildFor(ctx, cs, target, spec.Platform); errors.Is(berr, noderuntime.ErrPlatformNotInImage) {
+			if !named {
+				_ = r.client.ImageService().Delete(ctx, spec.Reference)
+			}
+			return 0, berr
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("pull %s: %w", spec.Reference, ctx.Err())
 		}
-		// The error carries the registry's answer but no credentials: the
-		// default resolver is anonymous.
+		if err := auth.authFailure(err, spec.Reference); errors.Is(err, noderuntime.ErrRegistryAuth) {
+			return 0, err
+		}
+		// The error carries the registry's answer but never a credential:
+		// the authorizer sends it in a header the client does not log.
 		return 0, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and pulling it failed: %w",
 			noderuntime.ErrImageNotFound, spec.Reference, r.imageDir, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/containerd/content"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/images"
+	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -145,10 +146,11 @@ func (r *Runtime) footprint(ctx context.Context, target ocispec.Descriptor) (foo
 	return fp, nil
 }
 
-// chainIDs are the snapshot keys of this host's build of target, bottom
-// layer first; none when its manifest or config is not here.
-func (r *Runtime) chainIDs(ctx context.Context, cs content.Provider, target ocispec.Descriptor) ([]digest.Digest, error) {
-	mdesc, err := hostManifest(ctx, cs, target, maxIndexDepth)
+// chainIDs are the snapshot keys of the build of target this node holds
+// (as locality resolves it), bottom layer first; none when its manifest or
+// config is not here.
+func (r *Runtime) chainIDs(ctx context.Context, cs content.Store, target ocispec.Descriptor) ([]digest.Digest, error) {
+	mdesc, err := resolveManifest(ctx, cs, target, platforms.Default(), true, maxIndexDepth)
 	if errdefs.IsNotFound(err) {
 		return nil, nil
 	}

@@ -57,16 +57,19 @@ func (r *Runtime) Images(ctx context.Context) ([]schemas.ImageLocality, error) {
 	return out, nil
 }
 
-// locality measures one image for this host's platform. On error it still
+// locality measures the build of one image this node holds. On error it still
 // returns what it established, with State unknown.
 func (r *Runtime) locality(ctx context.Context, target ocispec.Descriptor) (schemas.ImageLocality, error) {
 	loc := schemas.ImageLocality{ManifestDigest: target.Digest.String(), State: schemas.LocalityUnknown, LastVerifiedAt: time.Now()}
 	cs := r.client.ContentStore()
 
-	mdesc, err := hostManifest(ctx, cs, target, maxIndexDepth)
+	loc.Index = images.IsIndexType(target.MediaType)
+	// An index names one image per platform; what is here is the build a
+	// pull or import fetched, whichever platform that was.
+	mdesc, err := resolveManifest(ctx, cs, target, platforms.Default(), true, maxIndexDepth)
 	if errdefs.IsNotFound(err) {
-		// The record is here but not this host's build of it: a missing
-		// index or manifest, or an index without this platform.
+		// The record is here but no build of it: a missing index or
+		// manifest, or an index without this platform and nothing fetched.
 		loc.State = schemas.LocalityCold
 		return loc, nil
 	}
@@ -150,36 +153,6 @@ func (r *Runtime) unpackedLayers(ctx context.Context, diffIDs []digest.Digest) (
 	return 0, nil
 }
 
-// hostManifest resolves target to the manifest this host would run: target
-// itself, or the best match for platforms.Default() in an index (nested at
-// most depth deep). A NotFound error means this host's build is not here.
-func hostManifest(ctx context.Context, cs content.Provider, target ocispec.Descriptor, depth int) (ocispec.Descriptor, error) {
-	switch {
-	case images.IsManifestType(target.MediaType):
-		return target, nil
-	case !images.IsIndexType(target.MediaType):
-		return ocispec.Descriptor{}, fmt.Errorf("%w: %s has media type %q", errUnverifiable, target.Digest, target.MediaType)
-	case depth <= 0:
-		return ocispec.Descriptor{}, fmt.Errorf("%w: indexes nested deeper than %d under %s", errUnverifiable, maxIndexDepth, target.Digest)
-	}
-	var idx ocispec.Index
-	if err := readJSON(ctx, cs, target, &idx); err != nil {
-		return ocispec.Descriptor{}, err
-	}
-	host := platforms.Default()
-	var fits []ocispec.Descriptor
-	for _, d := range idx.Manifests {
-		if d.Platform != nil && host.Match(*d.Platform) {
-			fits = append(fits, d)
-		}
-	}
-	if len(fits) == 0 {
-		return ocispec.Descriptor{}, fmt.Errorf("index %s lists no build for %s: %w", target.Digest, platforms.DefaultString(), errdefs.ErrNotFound)
-	}
-	sort.SliceStable(fits, func(i, j int) bool { return host.Less(*fits[i].Platform, *fits[j].Platform) })
-	return hostManifest(ctx, cs, fits[0], depth-1)
-}
-
 // readJSON reads a blob and decodes it; a missing blob is errdefs.ErrNotFound.
 func readJSON(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, v any) error {
 	p, err := content.ReadBlob(ctx, cs, desc)
@@ -206,8 +179,4 @@ func has(ctx context.Context, cs content.Store, d digest.Digest) (bool, error) {
 	default:
 		return false, fmt.Errorf("content info %s: %w", d, err)
 	}
-}
-
-func platformOf(p ocispec.Platform) schemas.Platform {
-	return schemas.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}
 }

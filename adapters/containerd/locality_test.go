@@ -83,7 +83,7 @@ func (f *fixture) testImages(t *testing.T) {
 		foreignIdx := f.storeIndex(t, "localhost/multi:foreign", foreign)
 
 		want := expectedLocality(t, f.image)
-		want.ManifestDigest, want.State, want.ContentPresent = hostIdx.String(), schemas.LocalityHot, true
+		want.ManifestDigest, want.Index, want.State, want.ContentPresent = hostIdx.String(), true, schemas.LocalityHot, true
 		requireLocality(t, f.imageByDigest(t, hostIdx.String()), want)
 
 		// The same name's other build: this host holds none of its bytes.

@@ -23,6 +23,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Defaults for Options.
@@ -69,6 +70,9 @@ type Options struct {
 	// cdispec.DefaultDirs (/etc/cdi, /var/run/cdi) when empty. They are
 	// reread at every Launch that names devices.
 	CDISpecDirs []string
+	// InsecureRegistries are registry hosts (host[:port]) pulled from over
+	// plain HTTP, besides loopback hosts, which always are.
+	InsecureRegistries []string
 }
 
 // Runtime runs workloads through containerd. It implements noderuntime.Runtime
@@ -83,6 +87,7 @@ type Runtime struct {
 	log         *zap.Logger
 	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
 	cdi         *cdispec.Registry
+	insecure    map[string]bool // Options.InsecureRegistries, canonical
 
 	imageLocks    keyed.Mutex // by image digest
 	workloadLocks keyed.Mutex // by workload id: a launch and a remove of one id never overlap
@@ -172,6 +177,10 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		log:        log,
 		clientLog:  newClientLog(log),
 		cdi:        cdispec.New(opts.CDISpecDirs, log),
+		insecure:   map[string]bool{},
+	}
+	for _, h := range opts.InsecureRegistries {
+		r.insecure[schemas.CanonicalRegistry(h)] = true
 	}
 	nsctx := r.ctx(ctx)
 	if _, err := client.Version(nsctx); err != nil {
@@ -244,7 +253,7 @@ func (r *Runtime) Info(ctx context.Context) (noderuntime.RuntimeInfo, error) {
 	if err != nil {
 		return noderuntime.RuntimeInfo{}, fmt.Errorf("containerd version: %w", err)
 	}
-	return noderuntime.RuntimeInfo{Name: "containerd", Version: v.Version, ExactImageInventory: true, BindMounts: true}, nil
+	return noderuntime.RuntimeInfo{Name: "containerd", Version: v.Version, Platform: hostPlatform(), ExactImageInventory: true, BindMounts: true}, nil
 }
 
 // ctx scopes a call to this Runtime's namespace and routes the client's

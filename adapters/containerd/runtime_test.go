@@ -3,6 +3,7 @@ package containerd
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -38,8 +39,10 @@ func TestRuntime(t *testing.T) {
 	t.Run("Info", f.testInfo)
 	t.Run("SnapshotterOption", f.testSnapshotterOption)
 	t.Run("EnsureImage", f.testEnsureImage)
+	t.Run("RegistryAuth", f.testRegistryAuth)
 	t.Run("Images", f.testImages)
 	t.Run("ImageDisk", f.testImageDisk)
+	t.Run("Platforms", f.testPlatforms)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)
 	t.Run("Output", f.testOutput)
@@ -89,6 +92,10 @@ func (f *fixture) testInfo(t *testing.T) {
 	}
 	if info.Name != "containerd" || info.Version == "" {
 		t.Fatalf("Info = %+v", info)
+	}
+	// The platform pulls and launches pick when a Run names none.
+	if p := info.Platform; p.OS != runtime.GOOS || p.Architecture != runtime.GOARCH {
+		t.Fatalf("Info platform %+v, want %s/%s", p, runtime.GOOS, runtime.GOARCH)
 	}
 	if f.rt.Snapshotter() == "" {
 		t.Fatal("no snapshotter chosen")

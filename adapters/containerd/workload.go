@@ -15,7 +15,6 @@ import (
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
-	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
 	"go.uber.org/zap"
 
@@ -160,14 +159,16 @@ func (r *Runtime) imageForLaunch(ctx context.Context, spec noderuntime.WorkloadS
 	if err != nil {
 		return nil, fmt.Errorf("invalid manifest digest %q: %w", spec.ManifestDigest, err)
 	}
-	rec, found, err := r.findImage(ctx, want, spec.ImageReference)
+	rec, found, err := r.findImage(ctx, want, spec.ImageReference, spec.Platform)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
 		return nil, fmt.Errorf("%w: %s (%s) is not in containerd; EnsureImage first", noderuntime.ErrImageNotFound, spec.ImageReference, want)
 	}
-	img := ctrd.NewImageWithPlatform(r.client, rec, platforms.Default())
+	// The platform names which build of an index runs; a single manifest
+	// of another platform was refused by findImage.
+	img := ctrd.NewImageWithPlatform(r.client, rec, platformMatcher(spec.Platform))
 	if err := r.unpack(ctx, img); err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ func newRoot() *cobra.Command {
 	var (
 		natsURL, nodeID, rentalID, dataDir, ctrdAddr, ctrdNS, imageDir, logLevel, bootstrap string
 		contentRoot, cacheDir, metricsAddr, gpuProbe, nvmlLibrary                           string
-		cdiDirs                                                                             []string
+		cdiDirs, insecureRegistries                                                         []string
 		factsInterval, gpuProbeTimeout                                                      time.Duration
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
@@ -93,7 +93,8 @@ func newRoot() *cobra.Command {
 				dataDir = filepath.Join("/var/lib/warmfleet-agent", nodeID)
 			}
 			rt, err := containerd.New(cmd.Context(), containerd.Options{Address: ctrdAddr, Namespace: ctrdNS, ImageDir: imageDir,
-				LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Network: netOpts, Logger: log, CDISpecDirs: cdiDirs})
+				LogDir: filepath.Join(dataDir, "logs"), StateDir: filepath.Join(dataDir, "runtime"), Network: netOpts, Logger: log, CDISpecDirs: cdiDirs,
+				InsecureRegistries: insecureRegistries})
 			if err != nil {
 				return fmt.Errorf("containerd at %s: %w (is containerd running? `containerd --version`; set --containerd-address)", ctrdAddr, err)
 			}
@@ -161,6 +162,7 @@ func newRoot() *cobra.Command {
 	f.StringVar(&dataDir, "data-dir", "", "journal and logs (default /var/lib/warmfleet-agent/<node-id>)")
 	f.StringVar(&ctrdAddr, "containerd-address", containerd.DefaultAddress, "containerd socket")
 	f.StringVar(&ctrdNS, "containerd-namespace", containerd.DefaultNamespace, "containerd namespace for warmfleet's images and containers")
+	f.StringArrayVar(&insecureRegistries, "insecure-registry", nil, "registry host[:port] pulled from over plain HTTP (repeatable; loopback hosts always are). Credentials the control plane gives for it then cross the network in clear: only on a trusted network")
 	f.StringVar(&imageDir, "image-dir", "", "directory of OCI image archives (<digest-hex>.tar) to import before pulling from a registry")
 	f.Int64Var(&capacity.CPUMillis, "cpu-millis", 0, "CPU offered to Runs (default: all cores)")
 	f.Int64Var(&capacity.MemoryBytes, "memory-bytes", 0, "memory offered to Runs (default: all memory)")

@@ -116,11 +116,16 @@ func nodeExtraCmds(g *globals) []*cobra.Command {
 					if f.Host.Disk.Known {
 						disk = fmt.Sprintf("%s free of %s", schemas.FormatBytes(f.Host.Disk.FreeBytes), schemas.FormatBytes(f.Host.Disk.TotalBytes))
 					}
-					fmt.Fprintf(tw, "Host:\t%s/%s, kernel %s, %s %s\nAccelerator:\t%s\nDisk:\t%s\nFacts observed:\t%s\n", f.Host.OS, f.Host.Architecture, f.Host.KernelVersion,
+					host := schemas.Platform{OS: f.Host.OS, Architecture: f.Host.Architecture, Variant: f.Host.Variant}
+					fmt.Fprintf(tw, "Host:\t%s, kernel %s, %s %s\nAccelerator:\t%s\nDisk:\t%s\nFacts observed:\t%s\n", host, f.Host.KernelVersion,
 						f.Host.ContainerRuntime, f.Host.RuntimeVersion, acc, disk, f.ObservedAt.UTC().Format(time.RFC3339))
 					var imgs []string
 					for _, im := range f.Images {
-						imgs = append(imgs, im.ManifestDigest[:min(19, len(im.ManifestDigest))]+"… "+string(im.State))
+						img := im.ManifestDigest[:min(19, len(im.ManifestDigest))] + "… " + string(im.State)
+						if im.Index {
+							img += " (" + im.Platform.String() + " of an index)"
+						}
+						imgs = append(imgs, img)
 					}
 					fmt.Fprintf(tw, "Images:\t%s\n", or(strings.Join(imgs, ", "), "-"))
 					fmt.Fprintf(tw, "Support:\t%s\n", describeSupport(f.Supports(), f.Support != nil))

@@ -23,6 +23,7 @@ func newServe(g *globals) *cobra.Command {
 	var openEnrollment, waitForCapacity bool
 	var sec serveSecurity
 	var capf serveCapacity
+	var regAuth serveRegistryAuth
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -38,6 +39,11 @@ func newServe(g *globals) *cobra.Command {
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			// A malformed credentials file stops serve before anything starts.
+			registryAuth, err := regAuth.build(log)
+			if err != nil {
+				return err
+			}
 			url := g.natsURL
 			if err := sec.prepare(!cmd.Flags().Changed("nats-url"), dataDir); err != nil {
 				return err
@@ -72,7 +78,7 @@ func newServe(g *globals) *cobra.Command {
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
-				Capacity: capCfg,
+				Capacity: capCfg, RegistryAuth: registryAuth,
 			}, log)
 			if err != nil {
 				return err
@@ -115,6 +121,7 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
 	sec.register(cmd)
 	capf.register(cmd)
+	regAuth.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

@@ -68,7 +68,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 	}
 	launch := d.command(node, OpID(run.AttemptID, "launch"), schemas.CmdLaunchWorkload)
 	launch.Launch = &schemas.LaunchWorkload{
-		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
+		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Platform: run.Request.Platform,
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 		GPUs: run.GPUs, Devices: devices,
@@ -96,6 +96,19 @@ func (d *Dispatcher) Prepare(ctx context.Context, run schemas.Run) error {
 	return d.Send(ctx, d.prepare(node, ref, run))
 }
 
+// Prefetch sends one node a PrepareImage for an operator's prefetch, under
+// opID (derived from the prefetch and the node, so a resend is applied
+// once), stamped with the node's current session.
+func (d *Dispatcher) Prefetch(ctx context.Context, nodeID, opID, prefetchID string, ref schemas.ImageRef) error {
+	node, ok := d.cache.Node(nodeID)
+	if !ok {
+		return fmt.Errorf("prefetch %s: node %s not in registry", prefetchID, nodeID)
+	}
+	prep := d.command(node, opID, schemas.CmdPrepareImage)
+	prep.PrepareImage = &schemas.PrepareImage{PrefetchID: prefetchID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
+	return d.Send(ctx, prep)
+}
+
 // target is the Run's node as cached, and its image.
 func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageRef, error) {
 	node, ok := d.cache.Node(run.NodeID)
@@ -108,7 +121,8 @@ func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageR
 
 func (d *Dispatcher) prepare(node schemas.NodeRecord, ref schemas.ImageRef, run schemas.Run) schemas.Command {
 	prep := d.command(node, OpID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
-	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
+	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
+		Platform: run.Request.Platform, Unpack: true}
 	return prep
 }
 

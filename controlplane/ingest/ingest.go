@@ -28,12 +28,20 @@ type FactsRecorder interface {
 	RecordFacts(ctx context.Context, nodeID string, token uint64, f schemas.NodeFacts) error
 }
 
+// Prefetches takes what nodes report about operators' prefetches: their
+// transfers' progress and their PrepareImage receipts.
+type Prefetches interface {
+	Progress(nodeID string, p schemas.ImageProgress)
+	Receipt(ctx context.Context, nodeID string, rc schemas.OperationReceipt) error
+}
+
 // Ingest applies node reports.
 type Ingest struct {
 	cache    *cache.Cache
 	runs     *runs.Store
 	dispatch *dispatch.Dispatcher
 	facts    FactsRecorder
+	prefetch Prefetches
 	now      func() time.Time
 	log      *zap.Logger
 
@@ -41,8 +49,8 @@ type Ingest struct {
 }
 
 // New returns an ingest that moves Runs through store.
-func New(c *cache.Cache, store *runs.Store, d *dispatch.Dispatcher, facts FactsRecorder, now func() time.Time, log *zap.Logger) *Ingest {
-	return &Ingest{cache: c, runs: store, dispatch: d, facts: facts, now: now, log: log}
+func New(c *cache.Cache, store *runs.Store, d *dispatch.Dispatcher, facts FactsRecorder, prefetch Prefetches, now func() time.Time, log *zap.Logger) *Ingest {
+	return &Ingest{cache: c, runs: store, dispatch: d, facts: facts, prefetch: prefetch, now: now, log: log}
 }
 
 // Fenced counts reports dropped for a superseded session or a wrong
@@ -94,6 +102,8 @@ func (g *Ingest) observe(ctx context.Context, subject string, o schemas.Observat
 		return g.applyReconciliation(ctx, node, *o.Reconciliation, now, redelivered)
 	case schemas.ObsFacts:
 		return g.facts.RecordFacts(ctx, o.NodeID, o.FencingToken, *o.Facts)
+	case schemas.ObsImageProgress:
+		g.prefetch.Progress(node.NodeID, *o.ImageProgress)
 	}
 	return nil
 }
@@ -165,6 +175,9 @@ func (g *Ingest) applyReconciliation(ctx context.Context, node schemas.NodeRecor
 // a stale session is sent again under the node's current token; one that
 // failed ends the Run.
 func (g *Ingest) applyReceipt(ctx context.Context, node schemas.NodeRecord, rc schemas.OperationReceipt, redelivered bool) error {
+	if rc.PrefetchID != "" && rc.Kind == schemas.CmdPrepareImage {
+		return g.prefetch.Receipt(ctx, node.NodeID, rc)
+	}
 	if rc.Outcome == schemas.OutcomeApplied || rc.RunID == "" {
 		return nil
 	}

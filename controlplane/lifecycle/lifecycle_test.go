@@ -361,3 +361,40 @@ func TestReportedGPUsWin(t *testing.T) {
 		t.Errorf("a lost attempt still holds %v (%v): its cards are free for the next one", lost.GPUs, err)
 	}
 }
+
+// TestRunFaultIsTerminal: a registry that refused the pull, or an image
+// without the Run's platform, ends the Run failed with that code, whether
+// the node said so in a receipt or in a workload report, and the Run is not
+// sent to another node. Other failures keep launch_failed.
+func TestRunFaultIsTerminal(t *testing.T) {
+	cases := []struct {
+		name string
+		tr   Transition
+		want schemas.Code
+	}{
+		{"receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+			Outcome: schemas.OutcomeFailed, Code: schemas.CodeRegistryAuthFailed, Message: "registry 127.0.0.1:5000 refused"}}, schemas.CodeRegistryAuthFailed},
+		{"report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) {
+			w.FailureCode, w.FailureReason = schemas.CodeRegistryAuthFailed, "registry 127.0.0.1:5000 refused"
+		}), schemas.CodeRegistryAuthFailed},
+		{"platform receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+			Outcome: schemas.OutcomeFailed, Code: schemas.CodePlatformNotInImage, Message: "index has builds for linux/arm64"}}, schemas.CodePlatformNotInImage},
+		{"uncoded receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Outcome: schemas.OutcomeFailed}}, schemas.CodeLaunchFailed},
+		{"other receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Code: schemas.CodeInvalidCache}}, schemas.CodeLaunchFailed},
+		{"other report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) { w.FailureCode = schemas.CodeOOMKilled }), schemas.CodeLaunchFailed},
+	}
+	for _, c := range cases {
+		for _, from := range []schemas.Phase{schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching} {
+			r, evs, err := c.tr.Apply(booked(from))
+			if err != nil {
+				t.Fatalf("%s from %s: %v", c.name, from, err)
+			}
+			if r.Phase != schemas.PhaseFailed || r.Reason != string(c.want) {
+				t.Fatalf("%s from %s: phase %s reason %q, want failed %q", c.name, from, r.Phase, r.Reason, c.want)
+			}
+			if len(evs) != 1 || evs[0].Code != c.want {
+				t.Fatalf("%s from %s: events %+v, want one coded %q", c.name, from, evs, c.want)
+			}
+		}
+	}
+}

@@ -232,9 +232,29 @@ func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase,
 		if r.CancelRequested {
 			return schemas.PhaseCancelled, schemas.CodeCancelled, "cancelled before start"
 		}
-		return schemas.PhaseFailed, schemas.CodeLaunchFailed, w.FailureReason
+		return schemas.PhaseFailed, failureCode(w.FailureCode), w.FailureReason
 	}
 	return "", "", ""
+}
+
+// runFault are the codes a node reports (in a receipt or a failed
+// workload's report) that say what the Run itself must change, so the Run
+// fails with them rather than launch_failed: its image lacks the platform,
+// or the image's registry refused the pull. Terminal like every launch
+// failure, and not retried on another node: every node would be refused
+// alike (each presents the same credential from the control plane).
+var runFault = map[schemas.Code]bool{
+	schemas.CodePlatformNotInImage: true,
+	schemas.CodeRegistryAuthFailed: true,
+}
+
+// failureCode is the reason a Run fails with when its node could not
+// prepare or launch it.
+func failureCode(reported schemas.Code) schemas.Code {
+	if runFault[reported] {
+		return reported
+	}
+	return schemas.CodeLaunchFailed
 }
 
 // ReceiptFailure ends an attempt whose node failed or refused one of its
@@ -248,7 +268,7 @@ func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, e
 	if r.AttemptID != rc.AttemptID || r.Phase.Terminal() {
 		return r, nil, ErrNoChange
 	}
-	from, to, reason := r.Phase, schemas.PhaseFailed, schemas.CodeLaunchFailed
+	from, to, reason := r.Phase, schemas.PhaseFailed, failureCode(rc.Code)
 	if r.CancelRequested {
 		to, reason = schemas.PhaseCancelled, schemas.CodeCancelled
 	}

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -70,6 +73,10 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	if req.Run.GPU != nil {
 		q.model = strings.ToLower(req.Run.GPU.Model)
 	}
+	if p := req.Run.Platform; p != nil && q.refKnown && q.ref.index {
+		q.named = buildKey(*p)
+		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
+	}
 	best := -1
 	for i, n := range fleet.Nodes {
 		c := q.evaluate(i, n)
@@ -111,6 +118,11 @@ type query struct {
 	cacheHolders []bitset
 	cacheSizes   []int64
 	model        string
+	// named is the build of an index the Run names (buildKey), and hotAs
+	// the nodes holding the index hot as that build when it is not their
+	// own; "" when the Run names none or the image is no index.
+	named string
+	hotAs bitset
 }
 
 // evaluate applies the hard constraints in a fixed order (the first that
@@ -147,8 +159,10 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	case rec.Facts == nil || now.Sub(rec.FactsReceivedAt) > cfg.FactsMaxAge:
 		return reject(schemas.ReasonFactsStale, "facts are older than %s", cfg.FactsMaxAge)
 	}
-	if p := wantPlatform(req, ref, refKnown); p != nil && (p.OS != host.OS || p.Architecture != host.Architecture) {
-		return reject(schemas.ReasonPlatformMismatch, "needs %s/%s, node is %s/%s", p.OS, p.Architecture, host.OS, host.Architecture)
+	if p := wantPlatform(req, ref, refKnown); p != nil && !runsOn(host, *p) {
+		// Strings, not p itself: p points into this call's image record,
+		// which must not escape to the heap for every node scored.
+		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", p.String(), hostPlatform(host).String())
 	}
 	if mode := schemas.NetworkModeOf(req.Run.Network); len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
 		return reject(schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
@@ -208,8 +222,12 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 
 	// Score: seconds until the workload could start, plus price.
 	comp := schemas.ScoreComponents{QueueSeconds: queue, PricePerHour: rec.PricePerHour}
+	hot := q.hot.has(i)
+	if q.named != "" && q.named != n.build {
+		hot = q.hotAs.has(i)
+	}
 	switch {
-	case q.hot.has(i):
+	case hot:
 		comp.ImageState = string(schemas.LocalityHot)
 	case refKnown:
 		for j, holders := range q.layerHolders {
@@ -292,6 +310,25 @@ func wantPlatform(req Request, ref imageRef, known bool) *schemas.Platform {
 		return &ref.platform
 	}
 	return nil
+}
+
+// runsOn says whether a host runs build want: the same os and architecture
+// once normalized (OCI's rules, as containerd applies them: arm64 is
+// arm64/v8, arm is arm/v7, amd64/v1 is amd64), and a variant the host's own
+// build accepts (arm/v7 runs v6 and v5, amd64/v3 runs v2 and v1). A host of
+// another architecture never does, even where containerd would run it
+// (arm on arm64, 386 on amd64): not every CPU of that architecture can.
+func runsOn(host *schemas.HostFacts, want schemas.Platform) bool {
+	if want.Variant == host.Variant && want.OS == host.OS && want.Architecture == host.Architecture {
+		return true // the common case, without allocating matchers
+	}
+	h := platforms.Normalize(ocispec.Platform{OS: host.OS, Architecture: host.Architecture, Variant: host.Variant})
+	w := platforms.Normalize(ocispec.Platform{OS: want.OS, Architecture: want.Architecture, Variant: want.Variant})
+	return h.OS == w.OS && h.Architecture == w.Architecture && platforms.Only(h).Match(w)
+}
+
+func hostPlatform(h *schemas.HostFacts) schemas.Platform {
+	return schemas.Platform{OS: h.OS, Architecture: h.Architecture, Variant: h.Variant}
 }
 
 // versionLess compares dotted versions numerically ("12.10" > "12.4").

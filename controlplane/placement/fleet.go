@@ -5,6 +5,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -35,6 +38,9 @@ type Node struct {
 	cards []card
 	// support is what the node declared it can do (schemas.NodeFacts.Supports).
 	support schemas.NodeSupport
+	// build is the node's own platform, normalized (buildKey): the build
+	// of an index it fetches for a Run that names none.
+	build string
 }
 
 // card is one GPU as placement books it.
@@ -60,6 +66,8 @@ func (c card) matches(want *schemas.GPURequirement, model string) bool {
 func NewNode(rec schemas.NodeRecord) *Node {
 	n := &Node{Record: rec, support: rec.Facts.Supports()}
 	if rec.Facts != nil {
+		h := rec.Facts.Host
+		n.build = buildKey(schemas.Platform{OS: h.OS, Architecture: h.Architecture, Variant: h.Variant})
 		acc := rec.Facts.Host.Accelerator
 		for _, d := range acc.Devices {
 			n.models = append(n.models, strings.ToLower(d.Model))
@@ -138,9 +146,32 @@ func (n *Node) PickGPUs(count int64, want *schemas.GPURequirement) (uuids, devic
 
 func cacheKey(name, compat string) string { return name + "\x00" + compat }
 
+// buildKey names a platform once normalized, so that arm64 and arm64/v8
+// are one build.
+func buildKey(p schemas.Platform) string {
+	return platforms.Format(platforms.Normalize(ocispec.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}))
+}
+
+// hotKey indexes a hot image: by its digest, unless it is an index held as
+// a build other than the node's own (a Run named it), which is hot only
+// for Runs naming that build: digest|build.
+func hotKey(im schemas.ImageLocality, nodeBuild string) string {
+	if !im.Index {
+		return im.ManifestDigest
+	}
+	if b := buildKey(im.Platform); b != nodeBuild {
+		return im.ManifestDigest + "|" + b
+	}
+	return im.ManifestDigest
+}
+
 // imageRef is what the fleet knows of one image: its layers and their sizes.
+// The platform is the image's own only for a single manifest: of an index
+// it is just the build the first reporting node fetched, and says nothing of
+// what the image needs.
 type imageRef struct {
 	platform schemas.Platform
+	index    bool
 	layers   []string
 	sizes    []int64
 	total    int64
@@ -155,7 +186,7 @@ type Fleet struct {
 	Nodes  []*Node
 	pos    map[string]int
 	images map[string]imageRef
-	hot    map[string]bitset // image digest → nodes holding it hot
+	hot    map[string]bitset // hotKey → nodes holding it hot
 	layers map[string]bitset // compressed layer digest → nodes holding it
 	caches map[string]bitset // cache name/key → nodes holding it
 	// cacheSize is the largest size seen for a cache name/key: what a node
@@ -194,7 +225,7 @@ func NewFleet(nodes []*Node) *Fleet {
 				continue
 			}
 			if im.State == schemas.LocalityHot {
-				f.set(f.hot, im.ManifestDigest, i)
+				f.set(f.hot, hotKey(im, n.build), i)
 			}
 			if im.State == schemas.LocalityHot || im.ContentPresent {
 				for _, l := range im.LayerDigests {
@@ -217,7 +248,10 @@ func (f *Fleet) learn(im schemas.ImageLocality) {
 	if _, ok := f.images[im.ManifestDigest]; ok || len(im.LayerSizes) == 0 {
 		return
 	}
-	ref := imageRef{platform: im.Platform, layers: im.LayerDigests, sizes: im.LayerSizes}
+	ref := imageRef{index: im.Index, layers: im.LayerDigests, sizes: im.LayerSizes}
+	if !im.Index {
+		ref.platform = im.Platform
+	}
 	for _, s := range im.LayerSizes {
 		ref.total += s
 	}

@@ -35,7 +35,10 @@ type scenario struct {
 type scenarioImage struct {
 	Digest   string           `json:"digest"`
 	Platform schemas.Platform `json:"platform"`
-	Layers   []struct {
+	// Index: the digest names a multi-platform index, and Platform is the
+	// build the nodes that hold it fetched.
+	Index  bool `json:"index"`
+	Layers []struct {
 		Digest string `json:"digest"`
 		Size   int64  `json:"size"`
 	} `json:"layers"`
@@ -48,6 +51,7 @@ type scenarioNode struct {
 	Capacity     schemas.Resources           `json:"capacity"`
 	MaxWorkloads int                         `json:"max_workloads"`
 	Arch         string                      `json:"arch"`
+	Variant      string                      `json:"variant"`
 	Images       []string                    `json:"images"`         // hot
 	LayersOf     []string                    `json:"partial_images"` // first layer only
 	Caches       []schemas.CacheFact         `json:"caches"`
@@ -85,7 +89,7 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		if sn.Arch == "" {
 			sn.Arch = "amd64"
 		}
-		facts := &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: sn.Arch,
+		facts := &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: sn.Arch, Variant: sn.Variant,
 			Accelerator: schemas.AcceleratorFacts{Established: true},
 			Disk:        schemas.DiskFacts{Known: true, TotalBytes: 1 << 40, FreeBytes: 1 << 39}}, Caches: sn.Caches}
 		if sn.DiskFree != 0 {
@@ -153,7 +157,7 @@ func locality(t *testing.T, images map[string]scenarioImage, key string, state s
 	if !ok {
 		t.Fatalf("node names unknown image %q", key)
 	}
-	l := schemas.ImageLocality{ManifestDigest: im.Digest, Platform: im.Platform, State: state, ContentPresent: state == schemas.LocalityHot}
+	l := schemas.ImageLocality{ManifestDigest: im.Digest, Platform: im.Platform, Index: im.Index, State: state, ContentPresent: state == schemas.LocalityHot}
 	for i, layer := range im.Layers {
 		if keep > 0 && i >= keep {
 			break

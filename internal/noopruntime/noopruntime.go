@@ -21,6 +21,9 @@ import (
 type Options struct {
 	// PullDelay is how long EnsureImage takes for an image not yet held.
 	PullDelay time.Duration
+	// PullBytes, when set, is the size such an image claims: EnsureImage
+	// reports its progress in ten steps across PullDelay.
+	PullBytes int64
 	// LaunchDelay is how long Launch takes.
 	LaunchDelay time.Duration
 	// ExitAfter ends every workload with exit code 0 this long after it
@@ -86,7 +89,15 @@ func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 	if ok {
 		return noderuntime.ImageResult{AlreadyPresent: true, Source: "local"}, nil
 	}
-	if err := sleep(ctx, r.opts.PullDelay); err != nil {
+	if r.opts.PullBytes > 0 && spec.Progress != nil {
+		const steps = 10
+		for i := int64(1); i <= steps; i++ {
+			if err := sleep(ctx, r.opts.PullDelay/steps); err != nil {
+				return noderuntime.ImageResult{}, err
+			}
+			spec.Progress(r.opts.PullBytes*i/steps, r.opts.PullBytes)
+		}
+	} else if err := sleep(ctx, r.opts.PullDelay); err != nil {
 		return noderuntime.ImageResult{}, err
 	}
 	r.mu.Lock()

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/controlplane/registryauth"
+)
+
+// serveRegistryAuth is `warmfleet serve`'s registry credentials: a Docker
+// config.json-format file and credential helpers per registry. They are
+// read at start (a malformed file stops serve with its line and column)
+// and handed to nodes at pull time, never written anywhere.
+type serveRegistryAuth struct {
+	file    string
+	helpers []string
+	timeout time.Duration
+}
+
+func (r *serveRegistryAuth) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&r.file, "registry-auth", "", "Docker config.json-format file of registry credentials (auths, credHelpers, credsStore) given to nodes at pull time, e.g. ~/.docker/config.json (default: pull anonymously)")
+	f.StringArrayVar(&r.helpers, "registry-credential-helper", nil, "HOST=NAME: get HOST's credential from docker-credential-NAME on PATH (repeatable; wins over the file), e.g. 123.dkr.ecr.us-east-1.amazonaws.com=ecr-login")
+	f.DurationVar(&r.timeout, "registry-helper-timeout", registryauth.DefaultHelperTimeout, "how long one credential helper run may take before it is killed and the pull refused")
+}
+
+// build returns the credential source, nil when none is configured.
+func (r *serveRegistryAuth) build(log *zap.Logger) (*registryauth.Source, error) {
+	if r.file == "" && len(r.helpers) == 0 {
+		return nil, nil
+	}
+	if r.timeout <= 0 {
+		return nil, fmt.Errorf("--registry-helper-timeout %s: pass a positive duration such as 10s", r.timeout)
+	}
+	var file *registryauth.DockerConfig
+	if r.file != "" {
+		var err error
+		if file, err = registryauth.LoadConfig(r.file); err != nil {
+			return nil, fmt.Errorf("--registry-auth: %w", err)
+		}
+	}
+	helpers := map[string]string{}
+	for _, h := range r.helpers {
+		host, name, ok := strings.Cut(h, "=")
+		if !ok || host == "" || name == "" {
+			return nil, fmt.Errorf("--registry-credential-helper %q: write HOST=NAME, e.g. 123.dkr.ecr.us-east-1.amazonaws.com=ecr-login", h)
+		}
+		helpers[host] = name
+	}
+	src, err := registryauth.NewSource(file, helpers, registryauth.HelperRunner{Timeout: r.timeout})
+	if err != nil {
+		return nil, fmt.Errorf("--registry-credential-helper: %w", err)
+	}
+	// A helper installed later still works; say now that it is missing.
+	for _, name := range src.Helpers() {
+		if _, err := exec.LookPath(registryauth.HelperBinary(name)); err != nil {
+			log.Warn("registry credential helper not on PATH; pulls from its registries will be refused until it is installed",
+				zap.String("helper", registryauth.HelperBinary(name)))
+		}
+	}
+	log.Info("registry credentials configured", zap.String("file", r.file), zap.Strings("helpers", src.Helpers()))
+	return src, nil
+}

@@ -1,0 +1,131 @@
+package prefetch
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Plan is where a prefetch goes: the nodes to send it to, and the nodes the
+// operator named or matched that it skips, each with why.
+type Plan struct {
+	Targets []string
+	Skipped []schemas.PrefetchNode
+	// Hot are the matching live nodes a count left out because they
+	// already hold the image hot.
+	Hot []string
+}
+
+// Choose picks a prefetch's nodes from a fleet snapshot: every live node
+// the selector matches or, with count, the best count of them that lack
+// the image (partial before cold, then most free disk). A node named by id
+// that cannot take it (gone, lost, draining) is listed as skipped; a node
+// merely matched by a key is left out silently. A named node that is not
+// in the registry refuses the request. It is a pure function.
+func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, digest string) (Plan, error) {
+	byID := make(map[string]schemas.NodeRecord, len(nodes))
+	for _, n := range nodes {
+		byID[n.NodeID] = n
+	}
+	for _, id := range sel.NodeIDs() {
+		if _, ok := byID[id]; !ok {
+			return Plan{}, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "nodes",
+				Reason: "a node the selector names is not in the registry; `warmfleet node list` shows the enrolled nodes"}
+		}
+	}
+	named := map[string]bool{}
+	for _, id := range sel.NodeIDs() {
+		named[id] = true
+	}
+	var plan Plan
+	var eligible []schemas.NodeRecord
+	for _, n := range nodes {
+		if !sel.Matches(n) {
+			continue
+		}
+		why := unfit(n, now)
+		switch {
+		case why == "":
+			eligible = append(eligible, n)
+		case named[n.NodeID]:
+			plan.Skipped = append(plan.Skipped, schemas.PrefetchNode{NodeID: n.NodeID, State: schemas.PrefetchSkipped, Reason: why, UpdatedAt: now})
+		}
+	}
+	if count > 0 {
+		eligible = slices.DeleteFunc(eligible, func(n schemas.NodeRecord) bool {
+			hot := localityOf(n, digest) == schemas.LocalityHot
+			if hot {
+				plan.Hot = append(plan.Hot, n.NodeID)
+			}
+			return hot
+		})
+		slices.SortFunc(eligible, func(a, b schemas.NodeRecord) int {
+			return cmp.Or(
+				cmp.Compare(warmthRank(localityOf(a, digest)), warmthRank(localityOf(b, digest))),
+				cmp.Compare(freeDisk(b), freeDisk(a)),
+				strings.Compare(a.NodeID, b.NodeID))
+		})
+		eligible = eligible[:min(count, len(eligible))]
+	}
+	for _, n := range eligible {
+		plan.Targets = append(plan.Targets, n.NodeID)
+	}
+	slices.Sort(plan.Targets)
+	slices.Sort(plan.Hot)
+	slices.SortFunc(plan.Skipped, func(a, b schemas.PrefetchNode) int { return strings.Compare(a.NodeID, b.NodeID) })
+	return plan, nil
+}
+
+// unfit says why a node takes no prefetch now, or "".
+func unfit(n schemas.NodeRecord, now time.Time) string {
+	switch {
+	case !n.Live(now):
+		return "node is not live (its lease lapsed or it was lost); it takes no commands"
+	case n.State == schemas.NodeDraining:
+		return "node is draining; it takes no new work"
+	}
+	if ok, why := supportsPrewarm(n); !ok {
+		return why
+	}
+	return ""
+}
+
+// supportsPrewarm says whether a node accepts preparation work for a
+// workload it has not been asked to launch. Agents declare no node support
+// yet, and every agent applies a PrepareImage without a Run, so every node
+// does for now.
+func supportsPrewarm(schemas.NodeRecord) (bool, string) { return true, "" }
+
+// localityOf is how ready the image is on the node, as its facts say.
+func localityOf(n schemas.NodeRecord, digest string) schemas.LocalityState {
+	if n.Facts != nil {
+		for _, im := range n.Facts.Images {
+			if im.ManifestDigest == digest {
+				return im.State
+			}
+		}
+	}
+	return schemas.LocalityCold
+}
+
+// warmthRank orders nodes that lack an image: the least left to fetch first.
+func warmthRank(s schemas.LocalityState) int {
+	switch s {
+	case schemas.LocalityPartial:
+		return 0
+	case schemas.LocalityCold:
+		return 1
+	}
+	return 2
+}
+
+// freeDisk is the node's free content disk, or -1 when unknown.
+func freeDisk(n schemas.NodeRecord) int64 {
+	if n.Facts == nil || !n.Facts.Host.Disk.Known {
+		return -1
+	}
+	return n.Facts.Host.Disk.FreeBytes
+}

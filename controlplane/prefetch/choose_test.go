@@ -1,0 +1,99 @@
+package prefetch
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// node is a live, ready node record with facts.
+func node(id, arch, gpu string, free int64, images ...schemas.ImageLocality) schemas.NodeRecord {
+	n := schemas.NodeRecord{NodeID: id, State: schemas.NodeReady, FencingToken: 1, LeaseExpires: t0.Add(time.Minute),
+		Facts: &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: arch, Disk: schemas.DiskFacts{Known: free >= 0, FreeBytes: max(free, 0)}}, Images: images}}
+	if gpu != "" {
+		n.Facts.Host.Accelerator = schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", Devices: []schemas.AcceleratorDevice{{Model: gpu, Count: 1}}}
+	}
+	return n
+}
+
+var t0 = time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC)
+
+const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+
+func image(state schemas.LocalityState) schemas.ImageLocality {
+	return schemas.ImageLocality{ManifestDigest: digest, State: state}
+}
+
+func TestChoose(t *testing.T) {
+	lost := node("lost", "amd64", "", 10)
+	lost.LeaseExpires = t0.Add(-time.Second)
+	draining := node("drain", "amd64", "", 10)
+	draining.State = schemas.NodeDraining
+	fleet := []schemas.NodeRecord{
+		node("hot", "amd64", "", 900, image(schemas.LocalityHot)),
+		node("partial", "amd64", "", 5, image(schemas.LocalityPartial)),
+		node("roomy", "amd64", "", 800),
+		node("tight", "amd64", "", 100),
+		node("unknown-disk", "amd64", "", -1),
+		node("arm", "arm64", "", 999),
+		lost, draining,
+	}
+	choose := func(sel string, count int) Plan {
+		t.Helper()
+		s, err := ParseSelector(sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := Choose(fleet, t0, s, count, digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	eq := func(what string, got []string, want ...string) {
+		t.Helper()
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%s: %v, want %v", what, got, want)
+		}
+	}
+	// Everything live, hot nodes too (the node answers ready at once).
+	p := choose("", 0)
+	eq("all", p.Targets, "arm", "hot", "partial", "roomy", "tight", "unknown-disk")
+	if len(p.Skipped) != 0 {
+		t.Errorf("all: unnamed unfit nodes listed as skipped: %+v", p.Skipped)
+	}
+	// The best that lack it: partial first, then the most free disk; unknown disk last.
+	eq("count 3", choose("arch=amd64", 3).Targets, "partial", "roomy", "tight")
+	eq("count 4", choose("arch=amd64", 4).Targets, "partial", "roomy", "tight", "unknown-disk")
+	eq("count beyond", choose("arch=amd64", 50).Targets, "partial", "roomy", "tight", "unknown-disk")
+	p = choose("hot", 1)
+	eq("count of hot only", p.Targets)
+	eq("left out hot", p.Hot, "hot")
+	// Named nodes that cannot take it are skipped with why.
+	p = choose("lost,drain,roomy", 0)
+	eq("named", p.Targets, "roomy")
+	if len(p.Skipped) != 2 || p.Skipped[0].NodeID != "drain" || !strings.Contains(p.Skipped[0].Reason, "draining") ||
+		p.Skipped[1].NodeID != "lost" || !strings.Contains(p.Skipped[1].Reason, "not live") || p.Skipped[1].State != schemas.PrefetchSkipped {
+		t.Errorf("skipped %+v", p.Skipped)
+	}
+	// A named node not in the registry refuses the request.
+	s, _ := ParseSelector("roomy,ghost")
+	if _, err := Choose(fleet, t0, s, 0, digest); !errors.Is(err, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "nodes"}) {
+		t.Errorf("unknown node: %v", err)
+	}
+}
+
+func TestOpID(t *testing.T) {
+	id := schemas.PrefetchIDFor("req")
+	if got := OpID(id, "node-a"); got != id+".node-a.prefetch" || schemas.ValidateID("op", got, schemas.CodeMalformed) != nil {
+		t.Errorf("OpID %q", got)
+	}
+	long := strings.Repeat("n", 128)
+	a, b := OpID(id, long), OpID(id, long[:127]+"m")
+	if a == b || schemas.ValidateID("op", a, schemas.CodeMalformed) != nil || len(a) > 128 {
+		t.Errorf("long node ids: %q %q", a, b)
+	}
+}

@@ -1,0 +1,109 @@
+// Package registryauth is the control plane's registry credentials: the
+// sources an operator gives `warmfleet serve` (a Docker config.json, and
+// Docker credential helpers per registry), and the service that hands a
+// credential to a node's current session, at pull time, for an image that
+// node has a live booking or prefetch for (wf.node.<id>.credentials.registry,
+// core request/reply). A credential is held in memory only: never written
+// to a stream, KV, event or log.
+package registryauth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// Tenant names whose credentials a lookup wants. Today every Run uses the
+// deployment's own; per-tenant credentials (the tenancy issue) will key
+// sources by it too, and the service will pass the booked Run's tenant.
+type Tenant string
+
+// NoTenant is the deployment's own credentials.
+const NoTenant Tenant = ""
+
+// Source holds the credentials the control plane can give, by registry.
+// For a registry it tries, in order: a helper named by flag, the file's
+// credHelpers, the file's auths, the file's credsStore; with none of them
+// (or a helper that holds nothing for it) the answer is anonymous. A nil
+// Source answers anonymous for every registry.
+type Source struct {
+	helpers map[string]string // registry → helper name: flags over credHelpers
+	static  map[string]StaticCredential
+	store   string
+	runner  HelperRunner
+}
+
+// NewSource combines a parsed file (nil: none) with helpers given by flag
+// (registry host → helper name), which win over the file's.
+func NewSource(file *DockerConfig, flagHelpers map[string]string, runner HelperRunner) (*Source, error) {
+	s := &Source{helpers: map[string]string{}, static: map[string]StaticCredential{}, runner: runner}
+	if file != nil {
+		maps.Copy(s.helpers, file.CredHelpers)
+		maps.Copy(s.static, file.Auths)
+		s.store = file.CredsStore
+	}
+	for host, name := range flagHelpers {
+		canon := schemas.CanonicalRegistry(host)
+		if !registryHost.MatchString(canon) {
+			return nil, fmt.Errorf("registry credential helper: %q is not a registry host[:port]; write HOST=HELPER, e.g. 123.dkr.ecr.us-east-1.amazonaws.com=ecr-login", host)
+		}
+		if !helperName.MatchString(name) {
+			return nil, fmt.Errorf("registry credential helper for %s: %q is not a helper name (the part after docker-credential-); letters, digits, '.', '_', '-'", canon, name)
+		}
+		s.helpers[canon] = name
+	}
+	return s, nil
+}
+
+// Helpers lists the helper names the source may run, for a check at start.
+func (s *Source) Helpers() []string {
+	if s == nil {
+		return nil
+	}
+	names := slices.Collect(maps.Values(s.helpers))
+	if s.store != "" {
+		names = append(names, s.store)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// Lookup returns the credential for registry (a canonical host), anonymous
+// when the source holds none. A helper that fails, hangs or answers
+// garbage is an error (ErrHelperFailed, ErrHelperTimedOut,
+// ErrHelperOutput) that never quotes its output.
+func (s *Source) Lookup(ctx context.Context, tenant Tenant, registry string) (schemas.RegistryCredential, error) {
+	anon := schemas.RegistryCredential{Registry: registry, Anonymous: true}
+	_ = tenant // every tenant uses the deployment's credentials until tenancy lands
+	if s == nil {
+		return anon, nil
+	}
+	var c StaticCredential
+	var err error
+	switch name, ok := s.helpers[registry]; {
+	case ok:
+		c, err = s.runner.Get(ctx, name, registry)
+	default:
+		if st, ok := s.static[registry]; ok {
+			c = st
+		} else if s.store != "" {
+			c, err = s.runner.Get(ctx, s.store, registry)
+		} else {
+			return anon, nil
+		}
+	}
+	if errors.Is(err, errNotFound) {
+		return anon, nil
+	}
+	if err != nil {
+		return schemas.RegistryCredential{}, err
+	}
+	if c.Username == "" {
+		return schemas.RegistryCredential{Registry: registry, Secret: c.IdentityToken}, nil
+	}
+	return schemas.RegistryCredential{Registry: registry, Username: c.Username, Secret: c.Password}, nil
+}
