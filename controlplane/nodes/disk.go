@@ -41,7 +41,10 @@ func (s *Service) keepFor(nodeID string) schemas.DiskKeep {
 			k.Items = append(k.Items, it)
 		}
 	}
-	for _, r := range s.cache.ActiveRuns() {
+	active := s.cache.ActiveRuns()
+	// By id, so an item several Runs need names the same one every time.
+	slices.SortFunc(active, func(a, b *schemas.Run) int { return cmp.Compare(a.ID, b.ID) })
+	for _, r := range active {
 		if r.NodeID != nodeID || !booked(r.Phase) {
 			continue
 		}

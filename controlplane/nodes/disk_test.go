@@ -34,7 +34,7 @@ func TestKeepForNode(t *testing.T) {
 	s.AddDiskKeeper(keeper{{Kind: schemas.DiskItemImage, ID: dig(5), Reason: "prefetching"}})
 	got := s.keepFor("n1")
 	want := []schemas.DiskItem{
-		{Kind: schemas.DiskItemCache, ID: "pip/py3", Reason: "booked by run running"},
+		{Kind: schemas.DiskItemCache, ID: "pip/py3", Reason: "queued here for run queued"}, // two Runs need it: the first by id names it
 		{Kind: schemas.DiskItemImage, ID: dig(0), Reason: "booked by run running"},
 		{Kind: schemas.DiskItemImage, ID: dig(1), Reason: "queued here for run queued"},
 		{Kind: schemas.DiskItemImage, ID: dig(5), Reason: "prefetching"},
