@@ -104,6 +104,9 @@ func (d *Dispatcher) Prefetch(ctx context.Context, nodeID, opID, prefetchID stri
 	if !ok {
 		return fmt.Errorf("prefetch %s: node %s not in registry", prefetchID, nodeID)
 	}
+	if !node.Facts.Supports().Prewarm {
+		return fmt.Errorf("prefetch %s: node %s declares no prewarm; it takes no preparation work without a Run", prefetchID, nodeID)
+	}
 	prep := d.command(node, opID, schemas.CmdPrepareImage)
 	prep.PrepareImage = &schemas.PrepareImage{PrefetchID: prefetchID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
 	return d.Send(ctx, prep)

@@ -46,6 +46,11 @@ func TestPrepareOnlyWhereThePrewarmIsDeclared(t *testing.T) {
 			t.Fatalf("Prepare on %s: %v", node, err)
 		}
 	}
+	// An operator's prefetch is refused there too.
+	ref, _ := schemas.ParseImageRef("image", img)
+	if err := d.Prefetch(ctx, "no-prewarm", "pf-1.no-prewarm", "pf-1", ref); err == nil {
+		t.Error("a prefetch was sent to a node that declares no prewarm")
+	}
 	stream, err := conn.JS.Stream(ctx, bus.StreamCmds)
 	if err != nil {
 		t.Fatal(err)
