@@ -8,10 +8,6 @@ const (
 	DiskItemCache = "cache" // a cache directory, by name and compatibility key
 )
 
-// CodeNodeNotLive refuses an operator's request for a node that holds no
-// live lease: nothing would answer it.
-const CodeNodeNotLive Code = "node_not_live"
-
 // DiskKeep is what the control plane says a node must keep because Runs
 // booked or queued on it need it: asked for by the node on
 // wf.node.<id>.disk.keep (DiskKeepRequest) when it is about to collect,
