@@ -82,6 +82,13 @@ type Config struct {
 	LogMetrics LogMetrics
 	// ImageMetrics, when set, receives image fetch and credential timings.
 	ImageMetrics ImageMetrics
+	// DiskWatermarks, when set, turn on disk collection: past High percent
+	// of ContentRoot's filesystem used, the agent removes images and
+	// caches least recently used first until at most Low percent is used
+	// (disk.go). Nil collects nothing on its own; a prune still works.
+	DiskWatermarks *schemas.DiskWatermarks
+	// DiskMetrics, when set, counts evictions.
+	DiskMetrics DiskMetrics
 	// Credentials, when set, are what the agent's NATS connection logs in
 	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
 	// puts its saved session token, or else its bootstrap token, in them
@@ -122,6 +129,13 @@ type Agent struct {
 	// shipments are the output directories being shipped, by attempt id.
 	shipments map[string]*shipment
 	behind    *backlog
+	// held is what each attempt prepared or launched here uses on disk,
+	// by attempt id, until its workload is removed (disk.go).
+	held map[string]heldItems
+	// diskMu: a disk sweep holds it to write; a prepare or launch holds it
+	// to read while it ensures the image, mounts caches and starts, so a
+	// sweep never removes what one is about to use.
+	diskMu sync.RWMutex
 	// cancel stops Run; stopErr is what Run then returns.
 	cancel  context.CancelFunc
 	stopErr error
@@ -167,6 +181,11 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if cfg.LogShipTimeout <= 0 {
 		cfg.LogShipTimeout = DefaultLogShipTimeout
 	}
+	if w := cfg.DiskWatermarks; w != nil {
+		if err := w.Validate(); err != nil {
+			return nil, fmt.Errorf("agent: disk watermarks: %w", err)
+		}
+	}
 	j, err := OpenJournal(cfg.DataDir, 0)
 	if err != nil {
 		return nil, err
@@ -175,7 +194,7 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	changed := make(chan struct{}, 1)
 	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
 		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed,
-		watching: map[string]context.CancelFunc{}, shipments: map[string]*shipment{},
+		watching: map[string]context.CancelFunc{}, shipments: map[string]*shipment{}, held: map[string]heldItems{},
 		behind: &backlog{metrics: cfg.LogMetrics, bytes: map[string][2]int64{}}}
 	return a, nil
 }
@@ -241,6 +260,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		stopped = true
 		gate.Unlock()
 	}()
+	stopPrune, err := a.servePrune(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopPrune()
 	a.log.Info("agent serving", zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("resumed", enr.Duplicate))
 	a.wg.Go(func() { a.renewLoop(ctx, a.supersede) })
 	a.wg.Go(func() { a.factsLoop(ctx, a.cfg.FactsInterval) })

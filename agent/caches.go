@@ -67,6 +67,9 @@ func (c cacheStore) dirs(name, key string) (dir, marker string) {
 	return filepath.Join(c.dir, name, key), filepath.Join(c.dir, name, "."+key+".last-used")
 }
 
+// nameDir holds every key of one cache name.
+func (c cacheStore) nameDir(name string) string { return filepath.Join(c.dir, name) }
+
 // mounts creates each requested cache (0755) if it is new, marks it used
 // now, and returns the bind mounts a launch needs.
 func (c cacheStore) mounts(caches []schemas.CacheMount) ([]noderuntime.Mount, error) {

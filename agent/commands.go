@@ -209,7 +209,12 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	case p.PrefetchID != "":
 		spec.Progress, stopProgress = a.trackProgress(ctx, a.prefetchProgress(c.OperationID, p))
 	}
+	a.diskMu.RLock()
 	res, err := a.ensureImage(ctx, spec)
+	if err == nil && p.AttemptID != "" {
+		a.hold(p.AttemptID, p.ManifestDigest, nil)
+	}
+	a.diskMu.RUnlock()
 	stopProgress() // no progress report may follow the prepared one
 	rc.Outcome = outcomeOf(err, rc)
 	if err != nil {
@@ -275,7 +280,20 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	if len(l.GPUs) > 0 {
 		spec.Labels[LabelGPUs] = strings.Join(l.GPUs, ",")
 	}
+	if len(l.Caches) > 0 {
+		ids := make([]string, len(l.Caches))
+		for i, c := range l.Caches {
+			ids[i] = schemas.CacheItemID(c.Name, c.CompatibilityKey)
+		}
+		spec.Labels[LabelCaches] = strings.Join(ids, ",")
+	}
 	spec.Devices = l.Devices
+	// From its caches' mount to its start the launch holds the disk for
+	// reading, and what it uses is held for the attempt until its workload
+	// is removed: no disk sweep takes either from under it.
+	a.diskMu.RLock()
+	defer a.diskMu.RUnlock()
+	a.hold(l.AttemptID, l.ManifestDigest, l.Caches)
 	// Caches become bind mounts, created on first use and marked used now.
 	mounts, err := a.caches().mounts(l.Caches)
 	if err != nil {
@@ -283,6 +301,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		if errors.Is(err, ErrInvalidCache) {
 			rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeInvalidCache
 		}
+		a.release(l.AttemptID)
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
 	}
@@ -293,12 +312,14 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// process hands one back), and EnsureImage is cheap when the image is here.
 	if _, err := a.ensureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
 		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
+		a.release(l.AttemptID)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
 			FailureReason: err.Error(), FailureCode: rc.Code})
 		return
 	}
 	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {
+		a.release(l.AttemptID)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
@@ -312,6 +333,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		rc.Duplicate, rc.Outcome = true, schemas.OutcomeApplied
 		a.watch(ctx, l.AttemptID)
 	case err != nil:
+		a.release(l.AttemptID)
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		_ = os.RemoveAll(spec.Output.Dir) // nothing ran, nothing was written
@@ -328,8 +350,9 @@ func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.Op
 	err := a.rt.Stop(ctx, s.AttemptID, time.Duration(s.GraceSeconds)*time.Second)
 	if errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		// Never launched here: say so, and the journal entry for this stop
-		// refuses a launch that arrives later.
+		// refuses a launch that arrives later. What its prepare held goes.
 		err = nil
+		a.release(s.AttemptID)
 		a.report(ctx, schemas.WorkloadObservation{RunID: s.RunID, AttemptID: s.AttemptID, Phase: schemas.WorkloadFailed,
 			FailureReason: "stopped before launch", StopReason: s.Reason})
 	}

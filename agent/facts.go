@@ -62,7 +62,28 @@ func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
 		// The runtime knows the CPU variant its pulls and launches pick.
 		h.Variant = p.Variant
 	}
-	return schemas.NodeFacts{ObservedAt: a.cfg.Now(), Host: h, Images: imgs, Caches: caches}
+	support := a.support(info)
+	return schemas.NodeFacts{ObservedAt: a.cfg.Now(), Host: h, Images: imgs, Caches: caches, Support: &support}
+}
+
+// support is what this agent declares it can do: what its runtime says of
+// itself, and its own configuration. It always takes prepare-only
+// commands; it collects disk when watermarks are set and the content root
+// can be measured.
+func (a *Agent) support(info noderuntime.RuntimeInfo) schemas.NodeSupport {
+	s := schemas.NodeSupport{
+		ContainerRuntime:       info.Name,
+		ExactImageInventory:    info.ExactImageInventory,
+		CacheMounts:            info.BindMounts,
+		Prewarm:                true,
+		MaxConcurrentWorkloads: a.cfg.MaxWorkloads,
+	}
+	if w := a.cfg.DiskWatermarks; w != nil && a.cfg.ContentRoot != "" {
+		s.GarbageCollection = true
+		wm := *w
+		s.DiskWatermarks = &wm
+	}
+	return s
 }
 
 // imageFacts is the runtime's image inventory, trimmed to maxFactImages

@@ -23,7 +23,9 @@ const (
 )
 
 // factsLoop reports facts every interval and soon after the runtime's
-// holdings change, until ctx ends.
+// holdings change (a workload exiting among them), until ctx ends. Each
+// report is preceded by a disk collection when the disk is past its high
+// watermark.
 func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -46,6 +48,8 @@ func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 			}
 			t.Reset(every)
 		}
+		// A collection first, so this report carries the disk it freed.
+		a.collectDisk(ctx)
 		f := a.facts(ctx)
 		last = time.Now()
 		if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsFacts, Facts: &f}, ""); err != nil && ctx.Err() == nil {

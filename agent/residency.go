@@ -33,7 +33,17 @@ type sessionRuntime struct {
 	ctx context.Context // the agent's: shipping outlives the host's calls
 }
 
+// EnsureImage holds the disk for reading, as a Run's prepare does, so a
+// disk sweep waits for it.
+func (r sessionRuntime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
+	r.a.diskMu.RLock()
+	defer r.a.diskMu.RUnlock()
+	return r.Runtime.EnsureImage(ctx, spec)
+}
+
 func (r sessionRuntime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
+	r.a.diskMu.RLock()
+	defer r.a.diskMu.RUnlock()
 	tenant, session := spec.Labels[noderuntime.LabelResidencyTenant], spec.Labels[noderuntime.LabelResidencySession]
 	if tenant == "" || session == "" || spec.Output.Dir != "" {
 		return r.Runtime.Launch(ctx, spec)

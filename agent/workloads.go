@@ -195,6 +195,7 @@ func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus, s
 		a.log.Warn("remove exited workload", zap.String("workload", st.ID), zap.Error(err))
 		return
 	}
+	a.release(st.ID)
 	if sh != nil {
 		sh.reportedDone()
 	}

@@ -109,8 +109,9 @@ func PermsEnrolling(nodeID string) Permissions {
 // each lease. Inbox consumers are named by session, not node, so that last
 // right covers every session's inbox, and, alike, it may publish every
 // session's output (wf.logs.session.>). A Run's output goes on a log
-// login of its own (PermsNodeLogs). No other JetStream API, no KV, no
-// other node's subjects.
+// login of its own (PermsNodeLogs). For its disk it asks what to keep on
+// wf.node.<id>.disk.keep and takes prune requests on wf.node.<id>.disk.prune.
+// No other JetStream API, no KV, no other node's subjects.
 func PermsNode(nodeID string) Permissions {
 	cons := NodeConsumer(nodeID)
 	return Permissions{
@@ -128,8 +129,9 @@ func PermsNode(nodeID string) Permissions {
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamInbox + ".*",
 			"$JS.ACK." + StreamInbox + ".>",
 			subjectSessionLogs + ">",
+			NodeDiskKeep(nodeID),
 		},
-		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", NodeSessions(nodeID, "*")},
+		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", NodeSessions(nodeID, "*"), NodeDiskPrune(nodeID)},
 		Responses: true,
 	}
 }

@@ -31,6 +31,12 @@ const (
 	SubjectPrefetch = "wf.admin.prefetch"
 	// SubjectRetire retires a rental once its node is idle.
 	SubjectRetire = "wf.admin.rental.retire"
+	// SubjectPrune asks the control plane to have a node remove every image
+	// and cache nothing running or booked uses (NodeDiskPrune relays it).
+	SubjectPrune = "wf.admin.node.prune"
+	// SubjectDiskKeepAll is where the control plane answers nodes asking
+	// what their disk collection must keep (NodeDiskKeep).
+	SubjectDiskKeepAll = "wf.node.*.disk.keep"
 )
 
 // RunEvents is the subject of one Run's audit log.
@@ -66,3 +72,14 @@ func NodeRegistryCredentials(nodeID string) string {
 
 // NodeConsumer is the durable name of a node's command consumer.
 func NodeConsumer(nodeID string) string { return "node-" + nodeID }
+
+// NodeDiskKeep is where one node asks, just before it collects disk, what
+// Runs booked or queued on it need kept. The node asks rather than being
+// sent keep sets: the answer is as fresh as the control plane's view at
+// that moment, a restarted agent needs nothing replayed, and nothing is
+// sent while no disk runs short.
+func NodeDiskKeep(nodeID string) string { return subjectNodePrefix + nodeID + ".disk.keep" }
+
+// NodeDiskPrune is where the control plane asks one node's agent to prune
+// its disk (core request/reply; the agent answers a PruneReport).
+func NodeDiskPrune(nodeID string) string { return subjectNodePrefix + nodeID + ".disk.prune" }

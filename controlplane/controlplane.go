@@ -94,6 +94,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"))
 	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
+	// A node's disk collection keeps what booked Runs need and what an
+	// open prefetch wants there.
+	cp.nodes.AddDiskKeeper(cp.prefetch)
 	// A node may have a credential for an image it has a live booking or
 	// an open prefetch for.
 	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}

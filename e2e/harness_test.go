@@ -339,9 +339,9 @@ type world struct {
 
 var imageOnce sync.Mutex
 
-func newWorld(t *testing.T) world {
+func newWorld(t *testing.T, opts ...testenv.ContainerdOption) world {
 	t.Helper()
-	ctrd := testenv.StartContainerd(t)
+	ctrd := testenv.StartContainerd(t, opts...)
 	bridge := testenv.NewBridge(t)
 	dir := t.TempDir()
 	imageOnce.Lock()

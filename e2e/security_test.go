@@ -337,6 +337,36 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	if _, err := ajs.Consumer(context.Background(), bus.StreamCmds, bus.NodeConsumer(a.id)); err != nil {
 		t.Fatalf("node-a reads its own consumer: %v", err)
 	}
+	// Its disk: it asks what to keep on its own subject and is answered;
+	// it may not ask as node-b, nor take node-b's prunes.
+	keepReq, _ := codec.Encode(codec.JSON, schemas.DiskKeepRequest{NodeID: a.id, FencingToken: a.agent.Enrollment().FencingToken})
+	keepResp, err := anc.Request(bus.NodeDiskKeep(a.id), keepReq, 5*time.Second)
+	if err != nil {
+		t.Fatalf("node-a asks what to keep: %v", err)
+	}
+	var keep schemas.Reply[schemas.DiskKeep]
+	if err := codec.Decode(codec.Detect(keepResp.Header, keepResp.Data), keepResp.Data, &keep); err != nil || keep.OK == nil {
+		t.Fatalf("keep answer %+v (err %v)", keep, err)
+	}
+	if err := anc.Publish(bus.NodeDiskKeep(b.id), keepReq); err != nil {
+		t.Fatal(err)
+	}
+	aerrs.denied(t, "publish", bus.NodeDiskKeep(b.id))
+	if _, err := anc.SubscribeSync(bus.NodeDiskPrune(b.id)); err != nil {
+		t.Fatal(err)
+	}
+	aerrs.denied(t, "subscription", bus.NodeDiskPrune(b.id))
+	// The operator's prune reaches the agent under its permissions and
+	// comes back with its report.
+	pruneReq, _ := json.Marshal(schemas.PruneRequest{NodeID: a.id, DryRun: true})
+	pruneResp, err := sf.conn.NC.Request(bus.SubjectPrune, pruneReq, 30*time.Second)
+	if err != nil {
+		t.Fatalf("operator prunes node-a: %v", err)
+	}
+	var pruned schemas.Reply[schemas.PruneReport]
+	if err := json.Unmarshal(pruneResp.Data, &pruned); err != nil || pruned.OK == nil || pruned.OK.NodeID != a.id || !pruned.OK.DryRun {
+		t.Fatalf("prune of node-a under auth: %s (err %v)", pruneResp.Data, err)
+	}
 	// Another node's observations.
 	jsPublishFails(t, ajs, bus.NodeObs(b.id), []byte(`{}`))
 	aerrs.denied(t, "publish", bus.NodeObs(b.id))

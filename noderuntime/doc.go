@@ -26,6 +26,8 @@
 //   - Remove of an id the runtime does not hold has nothing left to do: it
 //     returns nil or an error matching ErrWorkloadNotFound, and callers treat
 //     both as removed.
+//   - RemoveImage of an image the runtime does not hold removes nothing and
+//     returns nil, so a collection cut short can run again.
 //
 // Absence is reported with the sentinel errors (ErrWorkloadNotFound,
 // ErrImageNotFound), matched with errors.Is, so a caller can tell "gone"

@@ -47,6 +47,34 @@ type Runtime interface {
 	// Images reports every image this agent's runtime namespace holds, one
 	// entry per digest it was pulled or imported by, as verified now.
 	Images(ctx context.Context) ([]schemas.ImageLocality, error)
+	// ImageUsage reports, for every image Images lists, the bytes it holds
+	// on disk and when it was last used (EnsureImage or Launch), a time
+	// kept in the runtime so it survives agent restarts.
+	ImageUsage(ctx context.Context) ([]ImageUse, error)
+	// RemoveImage deletes every name of the image pinned by manifestDigest
+	// and the content and unpacked layers no other image shares, and
+	// returns once they are gone from disk. Removing an image the runtime
+	// does not hold is not an error (Freed is zero). It does not check
+	// whether a workload uses the image: that is the caller's to know.
+	RemoveImage(ctx context.Context, manifestDigest string) (RemovedImage, error)
+}
+
+// ImageUse is one image's footprint on the node's disk.
+type ImageUse struct {
+	ManifestDigest string
+	// SizeBytes is its content plus its unpacked layers; layers shared
+	// with another image count in both.
+	SizeBytes int64
+	// LastUsedAt is the last EnsureImage or Launch of it; when the runtime
+	// has no record of one, when the image was stored.
+	LastUsedAt time.Time
+}
+
+// RemovedImage says what RemoveImage freed.
+type RemovedImage struct {
+	// Freed is the bytes of content and unpacked layers deleted (shared
+	// ones stay and are not counted).
+	Freed int64
 }
 
 // Errors a Runtime returns, matched with errors.Is.
@@ -70,6 +98,11 @@ var (
 type RuntimeInfo struct {
 	Name    string // e.g. "containerd"
 	Version string // the daemon's own version string
+	// ExactImageInventory: Images lists every image and layer digest held,
+	// rather than guessing.
+	ExactImageInventory bool
+	// BindMounts: WorkloadSpec.Mounts are honoured (cache mounts need them).
+	BindMounts bool
 	// Platform is the build this runtime runs when none is named, variant
 	// included where it knows one; zero when it does not say.
 	Platform schemas.Platform

@@ -88,4 +88,8 @@ type WorkloadStatus struct {
 	// runtime recorded them, so a restarted agent can tell what each
 	// workload holds.
 	Devices []string
+	// ManifestDigest is the image the workload was launched from, as the
+	// runtime recorded it: disk collection keeps it while the workload
+	// exists.
+	ManifestDigest string
 }

@@ -178,4 +178,7 @@ const (
 	// ReasonNetworkUnavailable: the node does not offer the Run's network
 	// mode (HostFacts.NetworkModes), e.g. host networking is forbidden there.
 	ReasonNetworkUnavailable Code = "network_unavailable"
+	// ReasonCacheMountsUnsupported: the Run mounts caches and the node
+	// declares no cache mounts (NodeSupport.CacheMounts).
+	ReasonCacheMountsUnsupported Code = "cache_mounts_unsupported"
 )

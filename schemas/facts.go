@@ -14,6 +14,80 @@ type NodeFacts struct {
 	Host       HostFacts       `json:"host"`
 	Images     []ImageLocality `json:"images,omitempty"`
 	Caches     []CacheFact     `json:"caches,omitempty"`
+	// Support is what the node's agent and runtime can do; nil from an
+	// agent that predates it (see Supports).
+	Support *NodeSupport `json:"support,omitempty"`
+}
+
+// NodeSupport is what a node declares it can do, so the control plane reads
+// the node's abilities instead of assuming one runtime.
+type NodeSupport struct {
+	// ContainerRuntime names the implementation (e.g. "containerd"); it is
+	// provenance for operators, and no decision branches on it.
+	ContainerRuntime string `json:"container_runtime"`
+	// ExactImageInventory: the node lists the image and layer digests it
+	// holds, so its image locality is exact; without it locality is an
+	// estimate that placement does not count as warmth.
+	ExactImageInventory bool `json:"exact_image_inventory"`
+	// CacheMounts: the node keeps named caches across workloads and mounts
+	// them into Runs.
+	CacheMounts bool `json:"cache_mounts"`
+	// Prewarm: the node accepts preparation work (a prepare-only image
+	// command) for a workload it has not been asked to launch.
+	Prewarm bool `json:"prewarm"`
+	// GarbageCollection: the node reclaims disk on its own between
+	// watermarks (DiskWatermarks), never taking what a running or booked
+	// workload uses.
+	GarbageCollection bool `json:"garbage_collection"`
+	// DiskWatermarks are the used-disk percentages collection runs between,
+	// when GarbageCollection holds.
+	DiskWatermarks *DiskWatermarks `json:"disk_watermarks,omitempty"`
+	// MaxConcurrentWorkloads is how many workloads may execute at once; 0
+	// is no cap of the node's own. One makes the node a queue.
+	MaxConcurrentWorkloads int `json:"max_concurrent_workloads,omitempty"`
+}
+
+// DiskWatermarks bound a node's disk collection: past High percent used
+// the node removes what it may, least recently used first, until it is at
+// or below Low percent.
+type DiskWatermarks struct {
+	High int `json:"high_percent"`
+	Low  int `json:"low_percent"`
+}
+
+// Validate refuses watermarks outside 1..99 or a low one not below the
+// high one.
+func (w DiskWatermarks) Validate() error {
+	switch {
+	case w.High < 1 || w.High > 99:
+		return refuse(CodeMalformed, "high_percent", "disk high watermark %d%% is outside 1..99; give a percent of the content disk used", w.High)
+	case w.Low < 1 || w.Low > 99:
+		return refuse(CodeMalformed, "low_percent", "disk low watermark %d%% is outside 1..99; give a percent of the content disk used", w.Low)
+	case w.Low >= w.High:
+		return refuse(CodeMalformed, "low_percent", "disk low watermark %d%% must be below the high watermark %d%%", w.Low, w.High)
+	}
+	return nil
+}
+
+// legacySupport is what an agent that declares no NodeSupport has always
+// done: the containerd agent before NodeSupport existed listed its images
+// exactly, mounted caches and took prepare-only commands, and never
+// collected disk. Like an empty NetworkModes, silence keeps the old
+// behaviour rather than refusing work to a running fleet mid-upgrade.
+var legacySupport = NodeSupport{ExactImageInventory: true, CacheMounts: true, Prewarm: true}
+
+// Supports is what the node declared it can do, or, from an agent that
+// declares nothing, what such agents always did (legacySupport).
+func (f *NodeFacts) Supports() NodeSupport {
+	if f == nil {
+		return NodeSupport{}
+	}
+	if f.Support == nil {
+		s := legacySupport
+		s.ContainerRuntime = f.Host.ContainerRuntime
+		return s
+	}
+	return *f.Support
 }
 
 // HostFacts describes the machine.

@@ -465,3 +465,52 @@ func FuzzRegistryCredentialRequestDecode(f *testing.F) {
 		reencode(t, &r)
 	})
 }
+
+// FuzzPruneRequestDecode is the operator's wf.admin.node.prune body.
+func FuzzPruneRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.PruneRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		if err := schemas.ValidateID("node_id", r.NodeID, schemas.CodeMalformed); err != nil {
+			t.Fatalf("valid prune with bad node id: %v", err)
+		}
+		reencode(t, &r)
+	})
+}
+
+// FuzzDiskPruneDecode is the control plane's wf.node.<id>.disk.prune body,
+// as the agent reads it.
+func FuzzDiskPruneDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var p schemas.DiskPrune
+		if !decodeAndValidate(t, contentType, body, &p) {
+			return
+		}
+		if p.FencingToken == 0 || len(p.Keep.Items) > schemas.MaxKeepItems {
+			t.Fatalf("valid prune out of bounds: %+v", p)
+		}
+		for _, it := range p.Keep.Items {
+			if (it.Kind != schemas.DiskItemImage && it.Kind != schemas.DiskItemCache) || it.ID == "" {
+				t.Fatalf("valid prune keeps a bad item: %+v", it)
+			}
+		}
+		reencode(t, &p)
+	})
+}
+
+// FuzzDiskKeepRequestDecode is a node's wf.node.<id>.disk.keep body, as
+// the control plane reads it.
+func FuzzDiskKeepRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.DiskKeepRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		if r.FencingToken == 0 {
+			t.Fatalf("valid keep request without a fencing token: %+v", r)
+		}
+		reencode(t, &r)
+	})
+}

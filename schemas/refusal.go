@@ -79,6 +79,9 @@ const (
 	CodeSessionExpired    Code = "session_expired"
 	CodeSuperseded        Code = "session_superseded"
 	CodeWrongNode         Code = "wrong_node"
+	// CodeNodeNotLive refuses an operator's request for a node that holds
+	// no live lease (or whose agent does not answer): nothing would act on it.
+	CodeNodeNotLive Code = "node_not_live"
 	// CodeImageNotWanted refuses a registry credential for an image the
 	// node has no live booking or prefetch for.
 	CodeImageNotWanted Code = "image_not_wanted"

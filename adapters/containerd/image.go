@@ -34,9 +34,18 @@ const (
 // spec.ManifestDigest present (from containerd, else an archive in
 // ImageDir, else a registry pull) under the name spec.Reference, and
 // unpacks it when asked. Of a multi-platform index only that build is
-// fetched; an image without it is noderuntime.ErrPlatformNotInImage.
+// fetched; an image without it is noderuntime.ErrPlatformNotInImage. Each
+// success marks the image used now.
 func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	ctx = r.ctx(ctx)
+	res, err := r.ensureImage(ctx, spec)
+	if err == nil {
+		r.markUsed(ctx, digest.Digest(spec.ManifestDigest))
+	}
+	return res, err
+}
+
+func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	want, err := digest.Parse(spec.ManifestDigest)
 	if err != nil {
 		return noderuntime.ImageResult{}, fmt.Errorf("ensure image %q: invalid manifest digest %q: %w", spec.Reference, spec.ManifestDigest, err)

@@ -24,6 +24,9 @@ const (
 	// labelOwnOutput marks a workload whose output directory is the
 	// runtime's own choice, which Remove deletes.
 	labelOwnOutput = labelPrefix + "own-output"
+	// labelImageDigest is the manifest digest the container's image was
+	// found by, so disk collection knows what a workload holds.
+	labelImageDigest = labelPrefix + "image-digest"
 )
 
 // managedFilter selects this adapter's containers in a containerd list.

@@ -253,7 +253,7 @@ func (r *Runtime) Info(ctx context.Context) (noderuntime.RuntimeInfo, error) {
 	if err != nil {
 		return noderuntime.RuntimeInfo{}, fmt.Errorf("containerd version: %w", err)
 	}
-	return noderuntime.RuntimeInfo{Name: "containerd", Version: v.Version, Platform: hostPlatform()}, nil
+	return noderuntime.RuntimeInfo{Name: "containerd", Version: v.Version, Platform: hostPlatform(), ExactImageInventory: true, BindMounts: true}, nil
 }
 
 // ctx scopes a call to this Runtime's namespace and routes the client's

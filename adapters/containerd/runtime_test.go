@@ -41,6 +41,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("EnsureImage", f.testEnsureImage)
 	t.Run("RegistryAuth", f.testRegistryAuth)
 	t.Run("Images", f.testImages)
+	t.Run("ImageDisk", f.testImageDisk)
 	t.Run("Platforms", f.testPlatforms)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)

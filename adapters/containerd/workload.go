@@ -74,6 +74,7 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		labels[k] = v
 	}
 	labels[labelManaged] = "true"
+	labels[labelImageDigest] = img.Target().Digest.String()
 	if spec.Output.Dir == "" {
 		labels[labelOwnOutput] = "true"
 	}
@@ -130,13 +131,15 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		// readers fall back to the container's creation time.
 		r.log.Warn("record start time", zap.String("workload", spec.ID), zap.Error(err))
 	}
+	r.markUsed(ctx, img.Target().Digest)
 	r.log.Info("launched workload", zap.String("workload", spec.ID), zap.Uint32("pid", task.Pid()), zap.Strings("devices", spec.Devices))
 	return noderuntime.WorkloadStatus{
-		ID:        spec.ID,
-		State:     noderuntime.WorkloadRunning,
-		Labels:    userLabels(labels),
-		StartedAt: started,
-		Devices:   labelledDevices(labels),
+		ID:             spec.ID,
+		State:          noderuntime.WorkloadRunning,
+		Labels:         userLabels(labels),
+		StartedAt:      started,
+		Devices:        labelledDevices(labels),
+		ManifestDigest: labels[labelImageDigest],
 	}, nil
 }
 
@@ -324,12 +327,13 @@ func (r *Runtime) status(ctx context.Context, container ctrd.Container) (noderun
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("workload %s: container info: %w", container.ID(), err)
 	}
 	st := noderuntime.WorkloadStatus{
-		ID:        info.ID,
-		State:     noderuntime.WorkloadUnknown,
-		Labels:    userLabels(info.Labels),
-		StartedAt: parseTime(info.Labels[labelStartedAt]),
-		OOMKilled: info.Labels[labelOOMKilled] == "true",
-		Devices:   labelledDevices(info.Labels),
+		ID:             info.ID,
+		State:          noderuntime.WorkloadUnknown,
+		Labels:         userLabels(info.Labels),
+		StartedAt:      parseTime(info.Labels[labelStartedAt]),
+		OOMKilled:      info.Labels[labelOOMKilled] == "true",
+		Devices:        labelledDevices(info.Labels),
+		ManifestDigest: r.imageDigestOf(ctx, info),
 	}
 	task, err := container.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
@@ -397,4 +401,21 @@ func (r *Runtime) recordExit(ctx context.Context, container ctrd.Container, labe
 	if _, err := container.SetLabels(ctx, exitLabels(st)); err != nil && !errdefs.IsNotFound(err) {
 		r.log.Warn("record exit", zap.String("workload", st.ID), zap.Error(err))
 	}
+}
+
+// imageDigestOf is the image a container was launched from: its label, or
+// for a container launched before the label existed, what its image name
+// points at now ("" when that is gone too).
+func (r *Runtime) imageDigestOf(ctx context.Context, info containers.Container) string {
+	if d := info.Labels[labelImageDigest]; d != "" {
+		return d
+	}
+	if info.Image == "" {
+		return ""
+	}
+	img, err := r.client.ImageService().Get(ctx, info.Image)
+	if err != nil {
+		return ""
+	}
+	return img.Target.Digest.String()
 }

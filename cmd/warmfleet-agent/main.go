@@ -56,6 +56,7 @@ func newRoot() *cobra.Command {
 		natsTLS                                                                             bus.TLSFiles
 		logRate, logBurst                                                                   int64
 		sessFlags                                                                           *sessionFlags
+		diskHigh, diskLow                                                                   int
 	)
 	cmd := &cobra.Command{
 		Use:           "warmfleet-agent",
@@ -68,6 +69,10 @@ func newRoot() *cobra.Command {
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			watermarks, err := diskWatermarks(diskHigh, diskLow)
+			if err != nil {
+				return err
+			}
 			var token string
 			if bootstrap != "" {
 				b, err := readBootstrap(bootstrap)
@@ -120,6 +125,7 @@ func newRoot() *cobra.Command {
 			var reg *prometheus.Registry
 			var logMetrics agent.LogMetrics
 			var imageMetrics agent.ImageMetrics
+			var diskMetrics agent.DiskMetrics
 			if metricsAddr != "" {
 				reg = metrics.NewAgentRegistry(nodeID, func() schemas.Enrollment {
 					if a == nil {
@@ -129,11 +135,13 @@ func newRoot() *cobra.Command {
 				})
 				logMetrics = metrics.NewAgentLogs(reg, nodeID)
 				imageMetrics = metrics.NewAgentImages(reg, nodeID)
+				diskMetrics = metrics.NewAgentDisk(reg, nodeID)
 			}
 			a, err = agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
 				Accelerator: gpuProbeFor(gpuProbe, nvmlLibrary, gpuProbeTimeout, cdiDirs, log), AcceleratorTimeout: gpuProbeTimeout,
 				Credentials: creds, Sessions: sessions, LogRate: logRate, LogBurst: logBurst, LogMetrics: logMetrics, ImageMetrics: imageMetrics,
+				DiskWatermarks: watermarks, DiskMetrics: diskMetrics,
 				LogDialer:    newLogDialer(natsURL, nodeID, natsTLS, creds, log),
 				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {
@@ -163,6 +171,8 @@ func newRoot() *cobra.Command {
 	f.Int64Var(&capacity.GPUCount, "gpus", 0, "GPUs offered to Runs")
 	f.IntVar(&maxWorkloads, "max-workloads", 0, "most workloads at once (0: no cap)")
 	f.StringVar(&contentRoot, "content-root", "/var/lib/containerd", "containerd's root directory; its filesystem's size and free space are reported as disk facts")
+	f.IntVar(&diskHigh, "disk-high-watermark", 85, "percent of the content root's filesystem used past which the agent removes images and caches, least recently used first (0 with --disk-low-watermark 0: never)")
+	f.IntVar(&diskLow, "disk-low-watermark", 70, "percent used a collection brings the content root's filesystem down to; below --disk-high-watermark")
 	f.StringVar(&cacheDir, "cache-dir", "", "directory holding the caches Runs mount (default <data-dir>/caches)")
 	f.DurationVar(&factsInterval, "facts-interval", agent.DefaultFactsInterval, "how often node facts are reported (changes are reported sooner)")
 	f.StringVar(&gpuProbe, "gpu-probe", os.Getenv("WARMFLEET_GPU_PROBE"), "the "+gpuprobe.BinaryName+" binary that reports the host's GPUs (default: next to this executable, else on PATH)")
@@ -240,6 +250,19 @@ func networkModes(rt []noderuntime.NetworkMode, allowHost bool) []string {
 		}
 	}
 	return out
+}
+
+// diskWatermarks checks the watermark flags: both 1..99 with low below
+// high, or both 0 to turn collection off.
+func diskWatermarks(high, low int) (*schemas.DiskWatermarks, error) {
+	if high == 0 && low == 0 {
+		return nil, nil
+	}
+	w := schemas.DiskWatermarks{High: high, Low: low}
+	if err := w.Validate(); err != nil {
+		return nil, fmt.Errorf("--disk-high-watermark %d --disk-low-watermark %d: %w", high, low, err)
+	}
+	return &w, nil
 }
 
 func envOr(k, def string) string {

@@ -18,8 +18,9 @@ import (
 )
 
 func newNodeCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "node", Short: "Invite and inspect nodes"}
+	cmd := &cobra.Command{Use: "node", Short: "Invite, inspect, drain and prune nodes"}
 	cmd.AddCommand(newNodeInvite(g))
+	cmd.AddCommand(newNodePrune(g))
 	cmd.AddCommand(nodeExtraCmds(g)...)
 	cmd.AddCommand(&cobra.Command{
 		Use: "list", Short: "List nodes in the registry",

@@ -128,6 +128,7 @@ func nodeExtraCmds(g *globals) []*cobra.Command {
 						imgs = append(imgs, img)
 					}
 					fmt.Fprintf(tw, "Images:\t%s\n", or(strings.Join(imgs, ", "), "-"))
+					fmt.Fprintf(tw, "Support:\t%s\n", describeSupport(f.Supports(), f.Support != nil))
 				}
 			})
 		},
@@ -154,4 +155,31 @@ func nodeExtraCmds(g *globals) []*cobra.Command {
 			return nil
 		},
 	}}
+}
+
+// describeSupport says what a node declares it can do, or that it declares
+// nothing and is read as agents before NodeSupport behaved.
+func describeSupport(s schemas.NodeSupport, declared bool) string {
+	var parts []string
+	flag := func(on bool, what string) {
+		if !on {
+			what = "no " + what
+		}
+		parts = append(parts, what)
+	}
+	flag(s.ExactImageInventory, "exact image inventory")
+	flag(s.CacheMounts, "cache mounts")
+	flag(s.Prewarm, "prewarm")
+	if s.GarbageCollection && s.DiskWatermarks != nil {
+		parts = append(parts, fmt.Sprintf("disk collection %d%%→%d%%", s.DiskWatermarks.High, s.DiskWatermarks.Low))
+	} else {
+		parts = append(parts, "no disk collection")
+	}
+	if s.MaxConcurrentWorkloads > 0 {
+		parts = append(parts, fmt.Sprintf("at most %d workloads", s.MaxConcurrentWorkloads))
+	}
+	if !declared {
+		return "not declared (read as: " + strings.Join(parts, ", ") + ")"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -81,11 +81,17 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 }
 
 // Prepare sends only the PrepareImage command: a queued Run prefetches
-// its image while it waits for room.
+// its image while it waits for room. A node that declares no Prewarm
+// (NodeSupport) takes no prepare-only command; its launch fetches the
+// image instead, so sending nothing is not an error.
 func (d *Dispatcher) Prepare(ctx context.Context, run schemas.Run) error {
 	node, ref, err := d.target(run)
 	if err != nil {
 		return err
+	}
+	if !node.Facts.Supports().Prewarm {
+		d.log.Debug("no prewarm on this node; the image comes with the launch", zap.String("node_id", node.NodeID), zap.String("run_id", run.ID))
+		return nil
 	}
 	return d.Send(ctx, d.prepare(node, ref, run))
 }
@@ -97,6 +103,9 @@ func (d *Dispatcher) Prefetch(ctx context.Context, nodeID, opID, prefetchID stri
 	node, ok := d.cache.Node(nodeID)
 	if !ok {
 		return fmt.Errorf("prefetch %s: node %s not in registry", prefetchID, nodeID)
+	}
+	if !node.Facts.Supports().Prewarm {
+		return fmt.Errorf("prefetch %s: node %s declares no prewarm; it takes no preparation work without a Run", prefetchID, nodeID)
 	}
 	prep := d.command(node, opID, schemas.CmdPrepareImage)
 	prep.PrepareImage = &schemas.PrepareImage{PrefetchID: prefetchID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}

@@ -1,8 +1,9 @@
 // Package nodes is the control plane's node services: invitations and
 // enrollment into the fenced registry (wf_nodes, wf_enroll), session
 // renewals, heartbeats and the leases they earn, the sweep that marks a
-// silent node lost, facts, drain, and the NATS auth callout that admits
-// agents and producers.
+// silent node lost, facts, drain, what a node's disk must keep and the
+// operator's prune (disk.go), and the NATS auth callout that admits agents
+// and producers.
 package nodes
 
 import (
@@ -57,6 +58,7 @@ type Service struct {
 	cache                        *cache.Cache
 	runs                         *runs.Store
 	sessions                     Drainer // nil: no session residency
+	keepers                      []DiskKeeper
 	poke                         func()
 	log                          *zap.Logger
 
@@ -103,11 +105,13 @@ func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), e
 	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
 		// Keyed by the reply inbox only to spread the load: the per-node
 		// lock in enroll orders one node's enrollments.
-		bus.SubjectEnroll:     func(m *nats.Msg) { enrollPool.Submit(m.Reply, m) },
-		bus.SubjectRenewals:   func(m *nats.Msg) { s.handleRenew(ctx, m) },
-		bus.SubjectInvite:     func(m *nats.Msg) { s.handleInvite(ctx, m) },
-		bus.SubjectDrain:      func(m *nats.Msg) { s.handleDrain(ctx, m) },
-		bus.SubjectNodeLeases: func(m *nats.Msg) { s.handleNodeLeases(m) },
+		bus.SubjectEnroll:      func(m *nats.Msg) { enrollPool.Submit(m.Reply, m) },
+		bus.SubjectRenewals:    func(m *nats.Msg) { s.handleRenew(ctx, m) },
+		bus.SubjectInvite:      func(m *nats.Msg) { s.handleInvite(ctx, m) },
+		bus.SubjectDrain:       func(m *nats.Msg) { s.handleDrain(ctx, m) },
+		bus.SubjectNodeLeases:  func(m *nats.Msg) { s.handleNodeLeases(m) },
+		bus.SubjectPrune:       func(m *nats.Msg) { s.handlePrune(ctx, m) },
+		bus.SubjectDiskKeepAll: func(m *nats.Msg) { s.handleDiskKeep(m) },
 	})
 	if err != nil {
 		return nil, err

@@ -167,6 +167,9 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	if mode := schemas.NetworkModeOf(req.Run.Network); len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
 		return reject(schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
 	}
+	if len(req.Run.Caches) > 0 && !n.support.CacheMounts {
+		return reject(schemas.ReasonCacheMountsUnsupported, "mounts %d cache(s); node's runtime %q declares no cache mounts", len(req.Run.Caches), n.support.ContainerRuntime)
+	}
 	if need.GPUCount > 0 {
 		acc := host.Accelerator
 		if req.Run.GPU != nil && req.Run.GPU.MinDriverCapability != "" {
@@ -205,7 +208,8 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 		return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs, node offers %d", need.GPUCount, rec.Capacity.GPUCount)
 	}
 	queue := 0.0
-	fitsNow := need.Fits(free) && (rec.MaxWorkloads == 0 || len(n.Running) < rec.MaxWorkloads) && len(n.Queued) == 0
+	slots := n.MaxWorkloads()
+	fitsNow := need.Fits(free) && (slots == 0 || len(n.Running) < slots) && len(n.Queued) == 0
 	if fitsNow && need.GPUCount > 0 {
 		fitsNow = int64(len(n.freeCards(req.Run.GPU, q.model, need.GPUCount))) == need.GPUCount
 	}
@@ -281,7 +285,7 @@ func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg Config) flo
 	for _, q := range n.Queued {
 		want = want.Add(q.Resources)
 	}
-	slots, active := n.Record.MaxWorkloads, len(running)+len(n.Queued)
+	slots, active := n.MaxWorkloads(), len(running)+len(n.Queued)
 	at := now
 	for i := 0; !want.Fits(free) || (slots > 0 && active >= slots); i++ {
 		if i == len(running) {

@@ -36,6 +36,8 @@ type Node struct {
 	models []string
 	// cards are the node's cards by identity, in index order.
 	cards []card
+	// support is what the node declared it can do (schemas.NodeFacts.Supports).
+	support schemas.NodeSupport
 	// build is the node's own platform, normalized (buildKey): the build
 	// of an index it fetches for a Run that names none.
 	build string
@@ -62,7 +64,7 @@ func (c card) matches(want *schemas.GPURequirement, model string) bool {
 
 // NewNode wraps a node record for placement.
 func NewNode(rec schemas.NodeRecord) *Node {
-	n := &Node{Record: rec}
+	n := &Node{Record: rec, support: rec.Facts.Supports()}
 	if rec.Facts != nil {
 		h := rec.Facts.Host
 		n.build = buildKey(schemas.Platform{OS: h.OS, Architecture: h.Architecture, Variant: h.Variant})
@@ -80,6 +82,20 @@ func NewNode(rec schemas.NodeRecord) *Node {
 		}
 	}
 	return n
+}
+
+// MaxWorkloads is how many workloads the node runs at once, 0 for no cap:
+// the lower of what it enrolled with and what its runtime declares
+// (NodeSupport.MaxConcurrentWorkloads).
+func (n *Node) MaxWorkloads() int {
+	a, b := n.Record.MaxWorkloads, n.support.MaxConcurrentWorkloads
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // held reports whether a running booking holds the card.
@@ -203,6 +219,11 @@ func NewFleet(nodes []*Node) *Fleet {
 		}
 		for _, im := range n.Record.Facts.Images {
 			f.learn(im)
+			if !n.support.ExactImageInventory {
+				// Its locality is an estimate: it teaches sizes, but
+				// placement counts no warmth on it.
+				continue
+			}
 			if im.State == schemas.LocalityHot {
 				f.set(f.hot, hotKey(im, n.build), i)
 			}
@@ -305,7 +326,7 @@ func (n *Node) CanStart(runID string) bool {
 		free = free.Sub(b.Resources)
 	}
 	q := n.Queued[0]
-	if !q.Resources.Fits(free) || (n.Record.MaxWorkloads > 0 && len(n.Running) >= n.Record.MaxWorkloads) {
+	if slots := n.MaxWorkloads(); !q.Resources.Fits(free) || (slots > 0 && len(n.Running) >= slots) {
 		return false
 	}
 	_, _, ok := n.PickGPUs(q.Resources.GPUCount, q.Want)

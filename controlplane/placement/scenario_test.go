@@ -57,14 +57,17 @@ type scenarioNode struct {
 	Caches       []schemas.CacheFact         `json:"caches"`
 	GPUs         []schemas.AcceleratorDevice `json:"gpus"`
 	// NoCDI: the node's cards have no CDI device (no usable CDI spec).
-	NoCDI        bool              `json:"no_cdi"`
-	Driver       string            `json:"driver_capability"`
-	DiskFree     int64             `json:"disk_free"`
-	LeaseIn      int               `json:"lease_expires_in_seconds"`
-	FactsAge     int               `json:"facts_age_seconds"`
-	NetworkModes []string          `json:"network_modes"` // none listed: an agent that does not say
-	Running      []scenarioBooking `json:"running"`
-	Queued       []scenarioBooking `json:"queued"`
+	NoCDI        bool     `json:"no_cdi"`
+	Driver       string   `json:"driver_capability"`
+	DiskFree     int64    `json:"disk_free"`
+	LeaseIn      int      `json:"lease_expires_in_seconds"`
+	FactsAge     int      `json:"facts_age_seconds"`
+	NetworkModes []string `json:"network_modes"` // none listed: an agent that does not say
+	// Support is what the node declares; absent: an agent that declares
+	// nothing (schemas.NodeFacts.Supports).
+	Support *schemas.NodeSupport `json:"support"`
+	Running []scenarioBooking    `json:"running"`
+	Queued  []scenarioBooking    `json:"queued"`
 }
 
 type scenarioBooking struct {
@@ -93,6 +96,7 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 			facts.Host.Disk.FreeBytes = sn.DiskFree
 		}
 		facts.Host.NetworkModes = sn.NetworkModes
+		facts.Support = sn.Support
 		if len(sn.GPUs) > 0 {
 			facts.Host.Accelerator = schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverVersion: "550.54", DriverCapability: sn.Driver, Devices: sn.GPUs,
 				Cards: cardsOf(sn.ID, sn.GPUs, !sn.NoCDI)}

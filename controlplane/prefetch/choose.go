@@ -94,10 +94,17 @@ func unfit(n schemas.NodeRecord, now time.Time) string {
 }
 
 // supportsPrewarm says whether a node accepts preparation work for a
-// workload it has not been asked to launch. Agents declare no node support
-// yet, and every agent applies a PrepareImage without a Run, so every node
-// does for now.
-func supportsPrewarm(schemas.NodeRecord) (bool, string) { return true, "" }
+// workload it has not been asked to launch, as it declares in its facts
+// (NodeSupport.Prewarm; an agent that declares nothing always did).
+func supportsPrewarm(n schemas.NodeRecord) (bool, string) {
+	if n.Facts == nil {
+		return false, "node has reported no facts yet, so not what it supports; retry once it has"
+	}
+	if s := n.Facts.Supports(); !s.Prewarm {
+		return false, "node declares no prewarm (its runtime " + s.ContainerRuntime + " takes no preparation work without a Run)"
+	}
+	return true, ""
+}
 
 // localityOf is how ready the image is on the node, as its facts say.
 func localityOf(n schemas.NodeRecord, digest string) schemas.LocalityState {

@@ -79,6 +79,16 @@ func TestChoose(t *testing.T) {
 		p.Skipped[1].NodeID != "lost" || !strings.Contains(p.Skipped[1].Reason, "not live") || p.Skipped[1].State != schemas.PrefetchSkipped {
 		t.Errorf("skipped %+v", p.Skipped)
 	}
+	// A node that declares no prewarm takes no prefetch, and says so.
+	serial := node("no-prewarm", "amd64", "", 900)
+	serial.Facts.Support = &schemas.NodeSupport{ContainerRuntime: "example", ExactImageInventory: true}
+	fleet = append(fleet, serial)
+	p = choose("no-prewarm,roomy", 0)
+	eq("named without prewarm", p.Targets, "roomy")
+	if len(p.Skipped) != 1 || p.Skipped[0].NodeID != "no-prewarm" || !strings.Contains(p.Skipped[0].Reason, "declares no prewarm") {
+		t.Errorf("skipped %+v", p.Skipped)
+	}
+	eq("all, without the node declaring no prewarm", choose("", 0).Targets, "arm", "hot", "partial", "roomy", "tight", "unknown-disk")
 	// A named node not in the registry refuses the request.
 	s, _ := ParseSelector("roomy,ghost")
 	if _, err := Choose(fleet, t0, s, 0, digest); !errors.Is(err, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "nodes"}) {

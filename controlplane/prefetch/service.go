@@ -188,6 +188,27 @@ func (s *Service) Wants(nodeID string, ref schemas.ImageRef) bool {
 	return false
 }
 
+// DiskKeep lists the images with a live prefetch on the node: its disk
+// collection keeps them (nodes.DiskKeeper).
+func (s *Service) DiskKeep(nodeID string) []schemas.DiskItem {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []schemas.DiskItem
+	for k, deadlines := range s.wanted {
+		if k.node != nodeID {
+			continue
+		}
+		for _, d := range deadlines {
+			if now.Before(d) {
+				out = append(out, schemas.DiskItem{Kind: schemas.DiskItemImage, ID: k.image.Digest, Reason: "an operator's prefetch wants it here"})
+				break
+			}
+		}
+	}
+	return out
+}
+
 // Get returns this replica's copy of a prefetch.
 func (s *Service) Get(id string) (schemas.Prefetch, bool) {
 	s.mu.Lock()

@@ -61,3 +61,24 @@ func TestWantsFollowsEntriesAndDeadline(t *testing.T) {
 		t.Fatalf("pruned copy keeps %d wants", len(s.wanted))
 	}
 }
+
+// TestDiskKeepListsOpenEntries: a node's disk collection keeps the image of
+// an open prefetch entry on it, until the entry is done or its deadline.
+func TestDiskKeepListsOpenEntries(t *testing.T) {
+	now := t0
+	s := New(nil, nil, nil, nil, 0, func() time.Time { return now }, zap.NewNop())
+	image := "registry.test/team/model@" + digest
+	s.note(schemas.Prefetch{ID: "pf-1", Image: image, ManifestDigest: digest, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour), Nodes: []schemas.PrefetchNode{
+		{NodeID: "a", State: schemas.PrefetchSent}, {NodeID: "b", State: schemas.PrefetchReady},
+	}}, 1, nil)
+	if got := s.DiskKeep("a"); len(got) != 1 || got[0].Kind != schemas.DiskItemImage || got[0].ID != digest || got[0].Reason == "" {
+		t.Fatalf("keep for a: %+v, want the prefetched image with why", got)
+	}
+	if got := s.DiskKeep("b"); len(got) != 0 {
+		t.Fatalf("keep for b (its entry is done): %+v", got)
+	}
+	now = t0.Add(time.Hour)
+	if got := s.DiskKeep("a"); len(got) != 0 {
+		t.Fatalf("keep for a past the deadline: %+v", got)
+	}
+}

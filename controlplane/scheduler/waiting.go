@@ -15,7 +15,7 @@ func permanent(code schemas.Code) bool {
 	switch code {
 	case schemas.ReasonInsufficientCPU, schemas.ReasonInsufficientMemory, schemas.ReasonInsufficientGPU,
 		schemas.ReasonInsufficientDisk, schemas.ReasonGPUModelMismatch, schemas.ReasonGPUNotInjectable, schemas.ReasonDriverMissing,
-		schemas.ReasonDriverTooOld, schemas.ReasonPlatformMismatch, schemas.ReasonNetworkUnavailable:
+		schemas.ReasonDriverTooOld, schemas.ReasonPlatformMismatch, schemas.ReasonNetworkUnavailable, schemas.ReasonCacheMountsUnsupported:
 		return true
 	}
 	return false

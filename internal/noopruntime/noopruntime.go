@@ -40,7 +40,7 @@ type Runtime struct {
 	opts Options
 
 	mu        sync.Mutex
-	images    map[string]time.Time // digest → when it became present
+	images    map[string]time.Time // digest → when it was last ensured or launched
 	workloads map[string]*workload
 	ensures   int
 	launches  int
@@ -75,13 +75,16 @@ func (r *Runtime) Counts() (ensures, launches int) {
 
 // Info names the runtime.
 func (r *Runtime) Info(context.Context) (noderuntime.RuntimeInfo, error) {
-	return noderuntime.RuntimeInfo{Name: "noop", Version: runtime.Version()}, nil
+	return noderuntime.RuntimeInfo{Name: "noop", Version: runtime.Version(), ExactImageInventory: true, BindMounts: true}, nil
 }
 
 // EnsureImage marks the image present, after PullDelay when it was not.
 func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	r.mu.Lock()
 	_, ok := r.images[spec.ManifestDigest]
+	if ok {
+		r.images[spec.ManifestDigest] = r.opts.Now()
+	}
 	r.mu.Unlock()
 	if ok {
 		return noderuntime.ImageResult{AlreadyPresent: true, Source: "local"}, nil
@@ -127,9 +130,12 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	for k, v := range spec.Labels {
 		labels[k] = v
 	}
+	if _, ok := r.images[spec.ManifestDigest]; ok {
+		r.images[spec.ManifestDigest] = r.opts.Now()
+	}
 	w := &workload{
 		st: noderuntime.WorkloadStatus{ID: spec.ID, State: noderuntime.WorkloadRunning, Labels: labels, StartedAt: r.opts.Now(),
-			Devices: slices.Clone(spec.Devices)},
+			Devices: slices.Clone(spec.Devices), ManifestDigest: spec.ManifestDigest},
 		done: make(chan struct{}),
 	}
 	r.workloads[spec.ID] = w
@@ -255,6 +261,27 @@ func (r *Runtime) Images(context.Context) ([]schemas.ImageLocality, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ManifestDigest < out[j].ManifestDigest })
 	return out, nil
+}
+
+// ImageUsage reports every held image as taking no disk (nothing is
+// stored), last used at its last EnsureImage or Launch.
+func (r *Runtime) ImageUsage(context.Context) ([]noderuntime.ImageUse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]noderuntime.ImageUse, 0, len(r.images))
+	for d, at := range r.images {
+		out = append(out, noderuntime.ImageUse{ManifestDigest: d, LastUsedAt: at})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ManifestDigest < out[j].ManifestDigest })
+	return out, nil
+}
+
+// RemoveImage forgets the image; forgetting one not held is not an error.
+func (r *Runtime) RemoveImage(_ context.Context, manifestDigest string) (noderuntime.RemovedImage, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.images, manifestDigest)
+	return noderuntime.RemovedImage{}, nil
 }
 
 func copyStatus(st noderuntime.WorkloadStatus) noderuntime.WorkloadStatus {
