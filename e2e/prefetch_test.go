@@ -144,3 +144,81 @@ func TestAcceptance_Prefetch(t *testing.T) {
 		t.Fatalf("node-a should be eligible, outscored, with bytes to pull: %+v", cold)
 	}
 }
+
+// TestAcceptance_PrefetchFromPrivateRegistry: a prefetch is a reason for a
+// node to hold a registry credential, as a booking is. An image in a
+// registry behind htpasswd, with no Run booked anywhere, is prefetched onto
+// node-a: the agent asks the control plane for the credential at pull time,
+// gets it for that prefetch, pulls, and its facts list the image hot. Once
+// the entry is finished the same node is refused a credential for it.
+func TestAcceptance_PrefetchFromPrivateRegistry(t *testing.T) {
+	w := newWorld(t)
+	reg := testenv.StartRegistry(t)
+	ref := pushPrivate(t, reg, "prefetched")
+	f := newFleet(t, func(c *controlplane.Config) {
+		c.RegistryAuth = registryAuthFile(t, map[string][2]string{reg.Host: {reg.User, reg.Password}}, nil)
+	})
+	f.startAgent(agentSpec{id: "node-a", world: w})
+
+	body, _ := json.Marshal(schemas.PrefetchRequest{RequestID: "warm-private", Image: ref, Nodes: "node-a"})
+	resp, err := f.conn.NC.Request(bus.SubjectPrefetch, body, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep schemas.Reply[schemas.Prefetch]
+	if err := json.Unmarshal(resp.Data, &rep); err != nil || rep.OK == nil {
+		t.Fatalf("prefetch: %v %+v", err, rep.Refusal)
+	}
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketPrefetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entry schemas.PrefetchNode
+	f.eventually(90*time.Second, "node-a's prefetch entry to finish", func() bool {
+		e, err := kv.Get(context.Background(), rep.OK.ID)
+		if err != nil {
+			return false
+		}
+		var p schemas.Prefetch
+		if json.Unmarshal(e.Value(), &p) != nil || p.Node("node-a") == nil {
+			return false
+		}
+		entry = *p.Node("node-a")
+		return entry.State.Finished()
+	})
+	if entry.State != schemas.PrefetchReady {
+		t.Fatalf("node-a's entry ended %s: %s %s", entry.State, entry.Code, entry.Reason)
+	}
+	pinned, err := schemas.ParseImageRef("image", ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.eventually(30*time.Second, "node-a's facts to list the image hot", func() bool {
+		rec := f.nodeRecord("node-a")
+		if rec.Facts == nil {
+			return false
+		}
+		for _, im := range rec.Facts.Images {
+			if im.ManifestDigest == pinned.Digest && im.State == schemas.LocalityHot {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Finished: the prefetch no longer stands for node-a, and nothing is
+	// booked there, so the control plane refuses the credential.
+	f.eventually(5*time.Second, "the finished prefetch to want the image no more", func() bool {
+		return !f.plane.Prefetches().Wants("node-a", pinned)
+	})
+	rec := f.nodeRecord("node-a")
+	ask, _ := json.Marshal(schemas.RegistryCredentialRequest{NodeID: "node-a", FencingToken: rec.FencingToken, Reference: ref})
+	m, err := f.conn.NC.Request(bus.NodeRegistryCredentials("node-a"), ask, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cred schemas.Reply[schemas.RegistryCredential]
+	if err := json.Unmarshal(m.Data, &cred); err != nil || cred.OK != nil || cred.Refusal == nil || cred.Refusal.Code != schemas.CodeImageNotWanted {
+		t.Fatalf("credential after the prefetch ended: %s (%v), want refused %s", m.Data, err, schemas.CodeImageNotWanted)
+	}
+}
