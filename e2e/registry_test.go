@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -186,23 +185,8 @@ func TestAcceptance_CredentialsNeverAtRest(t *testing.T) {
 		sf.plant(name+" (base64)", base64.StdEncoding.EncodeToString([]byte(secret)))
 		sf.plant(name+" (base64url)", base64.RawURLEncoding.EncodeToString([]byte(secret)))
 	}
-	var seenMu sync.Mutex
-	var seen []*nats.Msg
+	tap := sf.tapStreams()
 	ctx := context.Background()
-	for name := range sf.conn.JS.StreamNames(ctx).Name() {
-		s, err := sf.conn.JS.Stream(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, subj := range s.CachedInfo().Config.Subjects {
-			if _, err := sf.conn.NC.Subscribe(subj, func(m *nats.Msg) { seenMu.Lock(); seen = append(seen, m); seenMu.Unlock() }); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := sf.conn.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
 
 	a := sf.startContainerdAgent("node-a", w)
 	_, pjs, _ := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
@@ -243,7 +227,7 @@ func TestAcceptance_CredentialsNeverAtRest(t *testing.T) {
 			registrySecrets[name] = secret
 		}
 	}
-	hits := append(sf.searchAtRest(&seenMu, &seen), searchFiles(t, a.dataDir, registrySecrets)...)
+	hits := append(sf.searchAtRest(tap), searchFiles(t, a.dataDir, registrySecrets)...)
 	canaries := map[string]bool{}
 	for _, h := range hits {
 		if c, ok := strings.CutPrefix(h[strings.LastIndex(h, " the ")+1:], "the "); ok && strings.HasSuffix(c, "canary") {

@@ -475,23 +475,8 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	sf := newSecureFleet(t, func(c *controlplane.Config) { c.SessionTTL = 4 * time.Second })
 	// Everything published to a subject a stream stores, as it happens.
-	var seenMu sync.Mutex
-	var seen []*nats.Msg
+	tap := sf.tapStreams()
 	ctx := context.Background()
-	for name := range sf.conn.JS.StreamNames(ctx).Name() {
-		s, err := sf.conn.JS.Stream(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, subj := range s.CachedInfo().Config.Subjects {
-			if _, err := sf.conn.NC.Subscribe(subj, func(m *nats.Msg) { seenMu.Lock(); seen = append(seen, m); seenMu.Unlock() }); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := sf.conn.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
 
 	a := sf.startAgent("node-a")
 	// A refused enrollment with a used invitation, and a refused login.
@@ -545,7 +530,7 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	sf.log.Debug("canary", zap.String("value", canary))
 
 	var found bool
-	for _, h := range sf.searchAtRest(&seenMu, &seen) {
+	for _, h := range sf.searchAtRest(tap) {
 		if strings.HasSuffix(h, "the canary") {
 			found = true
 			continue
@@ -567,8 +552,38 @@ func submitAs(t *testing.T, js jetstream.JetStream, id string) string {
 	return schemas.RunIDFor(id)
 }
 
+// streamTap holds every message published to a subject some stream stores,
+// from when it was made.
+type streamTap struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+// tapStreams subscribes to every stream's subjects (KV buckets included).
+func (sf *secureFleet) tapStreams() *streamTap {
+	t := sf.t
+	t.Helper()
+	tap := &streamTap{}
+	ctx := context.Background()
+	for name := range sf.conn.JS.StreamNames(ctx).Name() {
+		s, err := sf.conn.JS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, subj := range s.CachedInfo().Config.Subjects {
+			if _, err := sf.conn.NC.Subscribe(subj, func(m *nats.Msg) { tap.mu.Lock(); tap.msgs = append(tap.msgs, m); tap.mu.Unlock() }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := sf.conn.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return tap
+}
+
 // searchAtRest returns one line per place a planted secret was found.
-func (sf *secureFleet) searchAtRest(seenMu *sync.Mutex, seen *[]*nats.Msg) []string {
+func (sf *secureFleet) searchAtRest(tap *streamTap) []string {
 	t := sf.t
 	t.Helper()
 	ctx := context.Background()
@@ -633,12 +648,12 @@ func (sf *secureFleet) searchAtRest(seenMu *sync.Mutex, seen *[]*nats.Msg) []str
 		t.Fatalf("found %d KV buckets; the search is not looking where it should", buckets)
 	}
 	// Everything published to a stream's subjects while the test ran.
-	seenMu.Lock()
-	for i, m := range *seen {
+	tap.mu.Lock()
+	for i, m := range tap.msgs {
 		check(fmt.Sprintf("message %d published to %s", i, m.Subject), m.Subject, headerText(m.Header), string(m.Data))
 	}
-	n := len(*seen)
-	seenMu.Unlock()
+	n := len(tap.msgs)
+	tap.mu.Unlock()
 	if n == 0 {
 		t.Fatal("no stream message seen while the test ran")
 	}
