@@ -432,3 +432,21 @@ func (f *fleet) allEvents() []schemas.RunEvent {
 	}
 	return out
 }
+
+// waitImageHot waits until node's facts list the image pinned by
+// manifestDigest hot.
+func (f *fleet) waitImageHot(node, manifestDigest string, within time.Duration) {
+	f.t.Helper()
+	f.eventually(within, node+"'s facts to list image "+manifestDigest+" hot", func() bool {
+		rec := f.nodeRecord(node)
+		if rec.Facts == nil {
+			return false
+		}
+		for _, im := range rec.Facts.Images {
+			if im.ManifestDigest == manifestDigest && im.State == schemas.LocalityHot {
+				return true
+			}
+		}
+		return false
+	})
+}

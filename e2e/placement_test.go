@@ -44,18 +44,7 @@ func TestAcceptance_WarmNodeWins(t *testing.T) {
 	first := f.submit(schemas.RunRequest{RequestID: "warm-up", Image: wa.image.Reference, Command: []string{"true"}})
 	f.waitPhase(first, schemas.PhaseSucceeded, 60*time.Second)
 	// The warm node's facts now list the image hot.
-	f.eventually(30*time.Second, "the warm node's facts to list the image", func() bool {
-		rec := f.nodeRecord("node-warm")
-		if rec.Facts == nil {
-			return false
-		}
-		for _, im := range rec.Facts.Images {
-			if im.ManifestDigest == wa.image.ManifestDigest && im.State == schemas.LocalityHot {
-				return true
-			}
-		}
-		return false
-	})
+	f.waitImageHot("node-warm", wa.image.ManifestDigest, 30*time.Second)
 	f.startAgent(agentSpec{id: "node-cold", world: wb})
 
 	id := f.submit(schemas.RunRequest{RequestID: "goes-warm", Image: wa.image.Reference, Command: []string{"true"}})

@@ -120,18 +120,7 @@ func TestAcceptance_Prefetch(t *testing.T) {
 	f.eventually(5*time.Second, "a finished prefetch to want the image no more", func() bool {
 		return !f.plane.Prefetches().Wants("node-b", bigRef)
 	})
-	f.eventually(30*time.Second, "node-b's facts to list the image hot", func() bool {
-		rec := f.nodeRecord("node-b")
-		if rec.Facts == nil {
-			return false
-		}
-		for _, im := range rec.Facts.Images {
-			if im.ManifestDigest == big.ManifestDigest && im.State == schemas.LocalityHot {
-				return true
-			}
-		}
-		return false
-	})
+	f.waitImageHot("node-b", big.ManifestDigest, 30*time.Second)
 
 	run := f.submit(schemas.RunRequest{RequestID: "after-prefetch", Image: big.Reference, Command: []string{"true"}})
 	done := f.waitPhase(run, schemas.PhaseSucceeded, 90*time.Second)
@@ -193,18 +182,7 @@ func TestAcceptance_PrefetchFromPrivateRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.eventually(30*time.Second, "node-a's facts to list the image hot", func() bool {
-		rec := f.nodeRecord("node-a")
-		if rec.Facts == nil {
-			return false
-		}
-		for _, im := range rec.Facts.Images {
-			if im.ManifestDigest == pinned.Digest && im.State == schemas.LocalityHot {
-				return true
-			}
-		}
-		return false
-	})
+	f.waitImageHot("node-a", pinned.Digest, 30*time.Second)
 
 	// Finished: the prefetch no longer stands for node-a, and nothing is
 	// booked there, so the control plane refuses the credential.
