@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -512,5 +513,41 @@ func FuzzDiskKeepRequestDecode(f *testing.F) {
 			t.Fatalf("valid keep request without a fencing token: %+v", r)
 		}
 		reencode(t, &r)
+	})
+}
+
+// FuzzNodeReplyDecode: what the control plane answers an agent's asks
+// (a registry credential, what its disk must keep) decodes or is refused
+// as malformed; a credential never prints its secret, and a keep list the
+// agent accepts survives msgpack.
+func FuzzNodeReplyDecode(f *testing.F) {
+	f.Add("application/json", []byte(`{"ok":{"registry":"registry.example.com","username":"robot","secret":"s3cret-value"}}`))
+	f.Add("application/json", []byte(`{"ok":{"registry":"ghcr.io","anonymous":true}}`))
+	f.Add("application/json", []byte(`{"refusal":{"code":"image_not_wanted","field":"reference","reason":"no booking"}}`))
+	f.Add("application/json", []byte(`{"ok":{"items":[{"kind":"image","id":"sha256:00"}]}}`))
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		h := fuzzHeader(contentType)
+		var cred schemas.Reply[schemas.RegistryCredential]
+		if err := codec.Decode(codec.Detect(h, body), body, &cred); err != nil {
+			if !errors.Is(err, codec.ErrMalformed) {
+				t.Fatalf("decode error does not match ErrMalformed: %v", err)
+			}
+		} else if c := cred.OK; c != nil && len(c.Secret) >= 8 && !strings.Contains(c.Registry+c.Username, c.Secret) {
+			for _, s := range []string{c.String(), fmt.Sprintf("%v %+v %#v %s", *c, *c, *c, *c)} {
+				if strings.Contains(s, c.Secret) {
+					t.Fatalf("a credential prints its secret: %q", s)
+				}
+			}
+		}
+		var keep schemas.Reply[schemas.DiskKeep]
+		if err := codec.Decode(codec.Detect(h, body), body, &keep); err != nil {
+			if !errors.Is(err, codec.ErrMalformed) {
+				t.Fatalf("decode error does not match ErrMalformed: %v", err)
+			}
+			return
+		}
+		if keep.OK != nil && keep.OK.Validate() == nil {
+			reencode(t, keep.OK)
+		}
 	})
 }
