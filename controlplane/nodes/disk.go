@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -90,13 +89,10 @@ func (s *Service) handleDiskKeep(m *nats.Msg) {
 		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: schemas.RefusalOfInput(err, "body is not a DiskKeepRequest")})
 		return
 	}
-	nodeID := strings.TrimSuffix(strings.TrimPrefix(m.Subject, "wf.node."), ".disk.keep")
-	if bus.NodeDiskKeep(nodeID) != m.Subject || !bus.SubjectToken(nodeID) {
-		nodeID = ""
-	}
+	nodeID := req.NodeID
 	n, ok := s.cache.Node(nodeID)
 	switch {
-	case nodeID == "" || req.NodeID != nodeID:
+	case m.Subject != bus.NodeDiskKeep(nodeID):
 		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "a node asks what to keep on its own subject"}})
 		return
 	case !ok:
