@@ -18,6 +18,14 @@ const (
 	// credential at pull time (core request/reply: a credential is never
 	// at rest).
 	SubjectRegistryCredentials = "wf.node.*.credentials.registry"
+	// SubjectArtifactCredentials is where agents ask, per fetch, for the
+	// credential of an artifact's source (core request/reply).
+	SubjectArtifactCredentials = "wf.node.*.credentials.artifact"
+	// SubjectArtifactRegister asks the control plane to add a catalog
+	// entry (schemas.ArtifactRegistration); SubjectArtifactRemove to
+	// remove one.
+	SubjectArtifactRegister = "wf.admin.artifact.register"
+	SubjectArtifactRemove   = "wf.admin.artifact.rm"
 	// SubjectInvite is the operator's request to mint a node bootstrap.
 	SubjectInvite = "wf.admin.node.invite"
 	// SubjectDrain stops new work going to a node.
@@ -68,6 +76,12 @@ func NodeRenew(nodeID string) string { return subjectNodePrefix + nodeID + ".ren
 // credential (SubjectRegistryCredentials).
 func NodeRegistryCredentials(nodeID string) string {
 	return subjectNodePrefix + nodeID + ".credentials.registry"
+}
+
+// NodeArtifactCredentials is where one node asks for an artifact source
+// credential (SubjectArtifactCredentials).
+func NodeArtifactCredentials(nodeID string) string {
+	return subjectNodePrefix + nodeID + ".credentials.artifact"
 }
 
 // NodeConsumer is the durable name of a node's command consumer.

@@ -24,6 +24,12 @@ const (
 	BucketRentals = "wf_rentals"
 	// BucketPrefetch holds operators' prefetches by id.
 	BucketPrefetch = "wf_prefetch"
+	// BucketArtifacts is the artifact catalog: schemas.ArtifactRecord by
+	// schemas.ArtifactKey(name, version).
+	BucketArtifacts = "wf_artifacts"
+	// ObjectBucketArtifacts is the object store bucket holding artifact
+	// content put through the control plane (the embedded default source).
+	ObjectBucketArtifacts = "wf_artifact_content"
 )
 
 // PrefetchMaxAge is how long a prefetch record outlives its last change.
@@ -121,6 +127,7 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 		// A prefetch's own expires_at ends its live entries; the bucket's
 		// TTL, renewed by every update, removes records nobody reads.
 		{Bucket: BucketPrefetch, Description: "operators' prefetches by id; every change is a CAS update", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: PrefetchMaxAge},
+		{Bucket: BucketArtifacts, Description: "artifact catalog by name/version; changed only by CAS", History: 5, Storage: jetstream.FileStorage, Replicas: r},
 		leasesKVConfig(r),
 		residencyKVConfig(r),
 		sessionsKVConfig(r),
@@ -140,7 +147,19 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 			return fmt.Errorf("bus: provision bucket %s: %w", cfg.Bucket, err)
 		}
 	}
+	for _, cfg := range t.ObjectStoreConfigs() {
+		if _, err := js.CreateOrUpdateObjectStore(ctx, cfg); err != nil {
+			return fmt.Errorf("bus: provision object store %s: %w", cfg.Bucket, err)
+		}
+	}
 	return nil
+}
+
+// ObjectStoreConfigs returns the object store definitions.
+func (t Topology) ObjectStoreConfigs() []jetstream.ObjectStoreConfig {
+	return []jetstream.ObjectStoreConfig{
+		{Bucket: ObjectBucketArtifacts, Description: "artifact content; each object verified by its SHA-256 digest", Storage: jetstream.FileStorage, Replicas: max(t.Replicas, 1)},
+	}
 }
 
 // IntakeConsumerConfig is the control plane's shared consumer on WF_RUNS.

@@ -1,15 +1,19 @@
 package schemas
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // CommandKind names what a Command asks a node to do.
 type CommandKind string
 
 const (
-	CmdPrepareImage   CommandKind = "prepare_image"
-	CmdLaunchWorkload CommandKind = "launch_workload"
-	CmdStopWorkload   CommandKind = "stop_workload"
-	CmdReconcile      CommandKind = "reconcile"
+	CmdPrepareImage    CommandKind = "prepare_image"
+	CmdPrepareArtifact CommandKind = "prepare_artifact"
+	CmdLaunchWorkload  CommandKind = "launch_workload"
+	CmdStopWorkload    CommandKind = "stop_workload"
+	CmdReconcile       CommandKind = "reconcile"
 )
 
 // Command is what the control plane sends on wf.node.<id>.cmd. Exactly the
@@ -25,9 +29,10 @@ type Command struct {
 	Kind         CommandKind `json:"kind"`
 	IssuedAt     time.Time   `json:"issued_at"`
 
-	PrepareImage *PrepareImage   `json:"prepare_image,omitempty"`
-	Launch       *LaunchWorkload `json:"launch,omitempty"`
-	Stop         *StopWorkload   `json:"stop,omitempty"`
+	PrepareImage    *PrepareImage    `json:"prepare_image,omitempty"`
+	PrepareArtifact *PrepareArtifact `json:"prepare_artifact,omitempty"`
+	Launch          *LaunchWorkload  `json:"launch,omitempty"`
+	Stop            *StopWorkload    `json:"stop,omitempty"`
 }
 
 // PrepareImage asks a node to hold an image's bytes, unpacked.
@@ -67,6 +72,9 @@ type LaunchWorkload struct {
 	Network  string   `json:"network,omitempty"`
 	ShmBytes int64    `json:"shm_bytes,omitempty"`
 	Ulimits  []Ulimit `json:"ulimits,omitempty"`
+	// Artifacts are mounted read-only from verified replicas; a launch
+	// fetches any its prepare did not.
+	Artifacts []ArtifactMount `json:"artifacts,omitempty"`
 }
 
 // EnvVar is one environment binding.
@@ -98,7 +106,7 @@ func (c *Command) Validate() error {
 		return refuse(CodeStaleFencingToken, "fencing_token", "a command must carry the fencing token of an enrollment (≥ 1)")
 	}
 	set := 0
-	for _, p := range []bool{c.PrepareImage != nil, c.Launch != nil, c.Stop != nil} {
+	for _, p := range []bool{c.PrepareImage != nil, c.PrepareArtifact != nil, c.Launch != nil, c.Stop != nil} {
 		if p {
 			set++
 		}
@@ -111,6 +119,8 @@ func (c *Command) Validate() error {
 	switch c.Kind {
 	case CmdPrepareImage:
 		ok = ok && c.PrepareImage != nil
+	case CmdPrepareArtifact:
+		ok = ok && c.PrepareArtifact != nil
 	case CmdLaunchWorkload:
 		ok = ok && c.Launch != nil
 	case CmdStopWorkload:
@@ -138,6 +148,14 @@ func (c *Command) Validate() error {
 		}
 		// A GPU attempt names a CDI device for every card it holds, or it
 		// would run without them.
+		if len(l.Artifacts) > MaxArtifacts {
+			return refuse(CodeTooManyItems, "launch.artifacts", "at most %d artifacts", MaxArtifacts)
+		}
+		for i := range l.Artifacts {
+			if err := l.Artifacts[i].Validate("launch.artifacts[" + strconv.Itoa(i) + "]"); err != nil {
+				return err
+			}
+		}
 		if int64(len(l.GPUs)) != l.Resources.GPUCount || len(l.Devices) != len(l.GPUs) {
 			return refuse(CodeMalformed, "launch.devices", "a launch needs one booked GPU and one CDI device per card of resources.gpu_count")
 		}
@@ -153,6 +171,11 @@ func (c *Command) Validate() error {
 			if err := ValidateID("prepare_image.prefetch_id", id, CodeMalformed); err != nil {
 				return err
 			}
+		}
+	}
+	if p := c.PrepareArtifact; p != nil {
+		if err := p.Validate(); err != nil {
+			return err
 		}
 	}
 	if c.Stop != nil {

@@ -148,9 +148,15 @@ type ScoreComponents struct {
 	CachesWarm     int     `json:"caches_warm,omitempty"`
 	CacheFillBytes int64   `json:"cache_fill_bytes,omitempty"`
 	CacheSeconds   float64 `json:"cache_seconds,omitempty"`
-	QueueSeconds   float64 `json:"queue_seconds,omitempty"`
-	StartSeconds   float64 `json:"start_seconds"`
-	PricePerHour   float64 `json:"price_per_hour,omitempty"`
+	// ArtifactFetchBytes are the bytes of the Run's artifacts the node
+	// would still fetch (all of them from a node that did not enumerate),
+	// timed at the pull rate in ArtifactSeconds.
+	ArtifactsWarm      int     `json:"artifacts_warm,omitempty"`
+	ArtifactFetchBytes int64   `json:"artifact_fetch_bytes,omitempty"`
+	ArtifactSeconds    float64 `json:"artifact_seconds,omitempty"`
+	QueueSeconds       float64 `json:"queue_seconds,omitempty"`
+	StartSeconds       float64 `json:"start_seconds"`
+	PricePerHour       float64 `json:"price_per_hour,omitempty"`
 }
 
 // Placement reason codes.
@@ -181,4 +187,7 @@ const (
 	// ReasonCacheMountsUnsupported: the Run mounts caches and the node
 	// declares no cache mounts (NodeSupport.CacheMounts).
 	ReasonCacheMountsUnsupported Code = "cache_mounts_unsupported"
+	// ReasonArtifactsUnsupported: the Run mounts artifacts and the node
+	// declares no replica store (NodeSupport.ArtifactReplicas).
+	ReasonArtifactsUnsupported Code = "artifacts_unsupported"
 )

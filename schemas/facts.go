@@ -14,6 +14,9 @@ type NodeFacts struct {
 	Host       HostFacts       `json:"host"`
 	Images     []ImageLocality `json:"images,omitempty"`
 	Caches     []CacheFact     `json:"caches,omitempty"`
+	// Artifacts are the node's verified replicas; nil from a node that
+	// keeps none (artifact.go).
+	Artifacts *ArtifactInventory `json:"artifacts,omitempty"`
 	// Support is what the node's agent and runtime can do; nil from an
 	// agent that predates it (see Supports).
 	Support *NodeSupport `json:"support,omitempty"`
@@ -45,6 +48,9 @@ type NodeSupport struct {
 	// MaxConcurrentWorkloads is how many workloads may execute at once; 0
 	// is no cap of the node's own. One makes the node a queue.
 	MaxConcurrentWorkloads int `json:"max_concurrent_workloads,omitempty"`
+	// ArtifactReplicas: the node fetches artifacts into a verified replica
+	// store (PrepareArtifact) and mounts them read-only into workloads.
+	ArtifactReplicas bool `json:"artifact_replicas,omitempty"`
 }
 
 // DiskWatermarks bound a node's disk collection: past High percent used
@@ -386,6 +392,9 @@ func (f *NodeFacts) Normalize() {
 	}
 	if !f.Host.Disk.Known {
 		f.Host.Disk = DiskFacts{}
+	}
+	if f.Artifacts != nil {
+		f.Artifacts.normalize()
 	}
 	for i := range f.Images {
 		im := &f.Images[i]

@@ -89,7 +89,25 @@ const (
 	// source for the registry, but it failed (a credential helper that
 	// failed, hung or answered garbage).
 	CodeCredentialUnavailable Code = "registry_credential_unavailable"
-	CodeInternal              Code = "internal"
+	// CodeInvalidArtifact refuses a malformed artifact use, record or
+	// source, naming the field.
+	CodeInvalidArtifact Code = "invalid_artifact"
+	// CodeArtifactUnknown refuses a Run naming an artifact (or version or
+	// digest) the catalog does not hold.
+	CodeArtifactUnknown Code = "artifact_unknown"
+	// CodeArtifactDigestMismatch: bytes did not hash to the artifact's
+	// digest (a put's file, or what a source served); they are discarded.
+	CodeArtifactDigestMismatch Code = "artifact_digest_mismatch"
+	// CodeArtifactFetchFailed: the node could not fetch the artifact's
+	// bytes (source unreachable, gone, or the node's disk failed).
+	CodeArtifactFetchFailed Code = "artifact_fetch_failed"
+	// CodeArtifactSourceAuthFailed: the source refused the credential the
+	// control plane gave, or the control plane refused the node one.
+	CodeArtifactSourceAuthFailed Code = "artifact_source_auth_failed"
+	// CodeArtifactNotWanted refuses a source credential for an artifact the
+	// node has no live booking or prefetch for.
+	CodeArtifactNotWanted Code = "artifact_not_wanted"
+	CodeInternal          Code = "internal"
 )
 
 // Refusal is a coded, operator-readable refusal of one input. Field names the

@@ -47,6 +47,10 @@ type Run struct {
 	// node; a card belongs to one attempt at a time. A queued attempt holds
 	// none until it leaves the queue.
 	GPUs []string `json:"gpus,omitempty"`
+	// Artifacts are the request's artifacts as the catalog resolved them
+	// at intake, in the request's order: a Run's content never changes
+	// after it is accepted.
+	Artifacts []ArtifactMount `json:"artifacts,omitempty"`
 
 	// Queued means the Run is booked on NodeID but waits in its queue for
 	// room; only its image is prefetched until then.

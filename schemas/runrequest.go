@@ -60,6 +60,9 @@ type RunRequest struct {
 	ShmBytes int64 `json:"shm_bytes,omitempty"`
 	// Ulimits are process resource limits, e.g. {"name":"nofile",...}.
 	Ulimits []Ulimit `json:"ulimits,omitempty"`
+	// Artifacts are catalog artifacts mounted read-only (artifact.go); a
+	// node that already holds one is warmer by its size.
+	Artifacts []ArtifactUse `json:"artifacts,omitempty"`
 }
 
 // GPURequirement constrains the cards a Run gets.
@@ -246,14 +249,14 @@ func (r *RunRequest) validatePlacement() error {
 			return refuse(CodeInvalidCache, field+".name", "lowercase [a-z0-9._-], 1-63 characters")
 		case c.CompatibilityKey != "" && !idPattern.MatchString(c.CompatibilityKey):
 			return refuse(CodeInvalidCache, field+".compatibility_key", "1-128 characters of [A-Za-z0-9._:-]")
-		case !strings.HasPrefix(c.Path, "/") || strings.Contains(c.Path, "..") || len(c.Path) > 1024 || c.Path == "/" || !cleanText(c.Path):
-			return refuse(CodeInvalidCache, field+".path", "an absolute path inside the container, without ..")
+		case validateMountPath(field+".path", c.Path, CodeInvalidCache) != nil:
+			return validateMountPath(field+".path", c.Path, CodeInvalidCache)
 		case seen[c.Path]:
 			return refuse(CodeInvalidCache, field+".path", "two caches mounted at one path")
 		}
 		seen[c.Path] = true
 	}
-	return nil
+	return r.validateArtifacts(seen)
 }
 
 func (r Resources) validate(field string) error {
