@@ -73,9 +73,12 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 		GPUs: run.GPUs, Devices: devices,
 		Network: run.Request.Network, ShmBytes: run.Request.ShmBytes, Ulimits: run.Request.Ulimits,
+		Artifacts: run.Artifacts,
 	}
-	if err := d.Send(ctx, d.prepare(node, ref, run)); err != nil {
-		return err
+	for _, c := range d.prepare(node, ref, run) {
+		if err := d.Send(ctx, c); err != nil {
+			return err
+		}
 	}
 	return d.Send(ctx, launch)
 }
@@ -93,7 +96,12 @@ func (d *Dispatcher) Prepare(ctx context.Context, run schemas.Run) error {
 		d.log.Debug("no prewarm on this node; the image comes with the launch", zap.String("node_id", node.NodeID), zap.String("run_id", run.ID))
 		return nil
 	}
-	return d.Send(ctx, d.prepare(node, ref, run))
+	for _, c := range d.prepare(node, ref, run) {
+		if err := d.Send(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Prefetch sends one node a PrepareImage for an operator's prefetch, under
@@ -122,11 +130,20 @@ func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageR
 	return node, ref, err
 }
 
-func (d *Dispatcher) prepare(node schemas.NodeRecord, ref schemas.ImageRef, run schemas.Run) schemas.Command {
+// prepare is an attempt's preparation in the order the node applies it
+// (one queue per attempt): each artifact, then the image, whose prepared
+// report moves the Run on to launching.
+func (d *Dispatcher) prepare(node schemas.NodeRecord, ref schemas.ImageRef, run schemas.Run) []schemas.Command {
+	cmds := make([]schemas.Command, 0, len(run.Artifacts)+1)
+	for i, a := range run.Artifacts {
+		c := d.command(node, OpID(run.AttemptID, "artifact"+strconv.Itoa(i)), schemas.CmdPrepareArtifact)
+		c.PrepareArtifact = &schemas.PrepareArtifact{RunID: run.ID, AttemptID: run.AttemptID, Name: a.Name, Digest: a.Digest, SizeBytes: a.SizeBytes, Source: a.Source}
+		cmds = append(cmds, c)
+	}
 	prep := d.command(node, OpID(run.AttemptID, "prepare"), schemas.CmdPrepareImage)
 	prep.PrepareImage = &schemas.PrepareImage{RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest,
 		Platform: run.Request.Platform, Unpack: true}
-	return prep
+	return append(cmds, prep)
 }
 
 // Stop asks the Run's node to stop its current attempt.

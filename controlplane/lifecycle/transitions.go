@@ -240,12 +240,16 @@ func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase,
 // runFault are the codes a node reports (in a receipt or a failed
 // workload's report) that say what the Run itself must change, so the Run
 // fails with them rather than launch_failed: its image lacks the platform,
-// or the image's registry refused the pull. Terminal like every launch
+// the image's registry refused the pull, or an artifact's source served
+// wrong bytes, refused its credential or could not be read. Terminal like every launch
 // failure, and not retried on another node: every node would be refused
 // alike (each presents the same credential from the control plane).
 var runFault = map[schemas.Code]bool{
-	schemas.CodePlatformNotInImage: true,
-	schemas.CodeRegistryAuthFailed: true,
+	schemas.CodePlatformNotInImage:       true,
+	schemas.CodeRegistryAuthFailed:       true,
+	schemas.CodeArtifactDigestMismatch:   true,
+	schemas.CodeArtifactSourceAuthFailed: true,
+	schemas.CodeArtifactFetchFailed:      true,
 }
 
 // failureCode is the reason a Run fails with when its node could not

@@ -22,6 +22,9 @@ type Config struct {
 	PullBytesPerSecond float64
 	// CacheBytesPerSecond is how fast a missing cache is filled.
 	CacheBytesPerSecond float64
+	// ArtifactBytesPerSecond is the assumed artifact source → node
+	// bandwidth.
+	ArtifactBytesPerSecond float64
 	// UnknownImageBytes is assumed for an image no node has reported.
 	UnknownImageBytes int64
 	// UnknownRuntime is how long a booking without max_runtime_seconds is
@@ -38,12 +41,13 @@ type Config struct {
 // DefaultConfig is what the control plane uses unless configured.
 func DefaultConfig() Config {
 	return Config{
-		PullBytesPerSecond:   100e6,
-		CacheBytesPerSecond:  200e6,
-		UnknownImageBytes:    1 << 30,
-		UnknownRuntime:       10 * time.Minute,
-		SecondsPerDollarHour: 60,
-		FactsMaxAge:          2 * time.Minute,
+		PullBytesPerSecond:     100e6,
+		CacheBytesPerSecond:    200e6,
+		ArtifactBytesPerSecond: 100e6,
+		UnknownImageBytes:      1 << 30,
+		UnknownRuntime:         10 * time.Minute,
+		SecondsPerDollarHour:   60,
+		FactsMaxAge:            2 * time.Minute,
 	}
 }
 
@@ -54,6 +58,9 @@ type Request struct {
 	Run     schemas.RunRequest
 	// Digest is the image's manifest digest (from Run.Image).
 	Digest string
+	// Artifacts are the Run's artifacts as intake resolved them
+	// (schemas.Run.Artifacts): their sizes price a node that lacks them.
+	Artifacts []schemas.ArtifactMount
 }
 
 // Decide scores every node for req and returns the decision: the winner
@@ -69,6 +76,9 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		k := cacheKey(cm.Name, cm.CompatibilityKey)
 		q.cacheHolders = append(q.cacheHolders, fleet.caches[k])
 		q.cacheSizes = append(q.cacheSizes, fleet.cacheSize[k])
+	}
+	for _, a := range req.Artifacts {
+		q.artifactHolders = append(q.artifactHolders, fleet.artifacts[a.Digest])
 	}
 	if req.Run.GPU != nil {
 		q.model = strings.ToLower(req.Run.GPU.Model)
@@ -117,7 +127,9 @@ type query struct {
 	layerHolders []bitset
 	cacheHolders []bitset
 	cacheSizes   []int64
-	model        string
+	// artifactHolders are the nodes holding each of req.Artifacts.
+	artifactHolders []bitset
+	model           string
 	// named is the build of an index the Run names (buildKey), and hotAs
 	// the nodes holding the index hot as that build when it is not their
 	// own; "" when the Run names none or the image is no index.
@@ -169,6 +181,13 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	}
 	if len(req.Run.Caches) > 0 && !n.support.CacheMounts {
 		return reject(schemas.ReasonCacheMountsUnsupported, "mounts %d cache(s); node's runtime %q declares no cache mounts", len(req.Run.Caches), n.support.ContainerRuntime)
+	}
+	if len(req.Artifacts) > 0 && !n.support.ArtifactReplicas {
+		return reject(schemas.ReasonArtifactsUnsupported, "mounts %d artifact(s); node's agent declares no artifact replica store", len(req.Artifacts))
+	}
+	fetch, warm := q.artifactFetch(i)
+	if fetch > 0 && host.Disk.Known && host.Disk.FreeBytes < fetch+need.DiskBytes {
+		return reject(schemas.ReasonInsufficientDisk, "needs %d free bytes for artifacts it would fetch (plus %d asked), node has %d", fetch, need.DiskBytes, host.Disk.FreeBytes)
 	}
 	if need.GPUCount > 0 {
 		acc := host.Accelerator
@@ -251,12 +270,29 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 		comp.CacheFillBytes += q.cacheSizes[j]
 	}
 	comp.CacheSeconds = float64(comp.CacheFillBytes) / cfg.CacheBytesPerSecond
+	comp.ArtifactsWarm, comp.ArtifactFetchBytes = warm, fetch
+	if cfg.ArtifactBytesPerSecond > 0 {
+		comp.ArtifactSeconds = float64(fetch) / cfg.ArtifactBytesPerSecond
+	}
 	// A queued booking prefetches while it waits, so only the longer of the
 	// two counts.
-	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds)
+	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
 	c.Eligible, c.Components = true, comp
 	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
 	return c
+}
+
+// artifactFetch returns the bytes of the Run's artifacts node i would
+// still fetch, and how many it already holds.
+func (q *query) artifactFetch(i int) (fetch int64, warm int) {
+	for j, holders := range q.artifactHolders {
+		if holders.has(i) {
+			warm++
+			continue
+		}
+		fetch += q.req.Artifacts[j].SizeBytes
+	}
+	return fetch, warm
 }
 
 // usableCards counts the node's cards that match the request and can be

@@ -192,6 +192,9 @@ type Fleet struct {
 	// cacheSize is the largest size seen for a cache name/key: what a node
 	// without it would have to fill.
 	cacheSize map[string]int64
+	// artifacts are the nodes holding a verified replica, by digest, from
+	// nodes that enumerated their replicas.
+	artifacts map[string]bitset
 }
 
 // bitset is a set of node positions.
@@ -211,7 +214,8 @@ func (f *Fleet) set(m map[string]bitset, key string, i int) {
 // NewFleet indexes nodes.
 func NewFleet(nodes []*Node) *Fleet {
 	f := &Fleet{Nodes: nodes, pos: make(map[string]int, len(nodes)), images: map[string]imageRef{},
-		hot: map[string]bitset{}, layers: map[string]bitset{}, caches: map[string]bitset{}, cacheSize: map[string]int64{}}
+		hot: map[string]bitset{}, layers: map[string]bitset{}, caches: map[string]bitset{}, cacheSize: map[string]int64{},
+		artifacts: map[string]bitset{}}
 	for i, n := range nodes {
 		f.pos[n.Record.NodeID] = i
 		if n.Record.Facts == nil {
@@ -237,6 +241,13 @@ func NewFleet(nodes []*Node) *Fleet {
 			k := cacheKey(c.Name, c.CompatibilityKey)
 			f.set(f.caches, k, i)
 			f.cacheSize[k] = max(f.cacheSize[k], c.SizeBytes)
+		}
+		// A node that did not enumerate says nothing: it holds no bit, so
+		// the fetch is priced, and it is not refused.
+		if inv := n.Record.Facts.Artifacts; inv != nil && inv.Enumerated && n.support.ArtifactReplicas {
+			for _, r := range inv.Replicas {
+				f.set(f.artifacts, r.Digest, i)
+			}
 		}
 	}
 	return f

@@ -21,15 +21,25 @@ type scenario struct {
 	Nodes  []scenarioNode           `json:"nodes"`
 	// Run is a RunRequest; its image may name an entry of Images by key
 	// ("@app") instead of a full reference.
-	Run    schemas.RunRequest `json:"run"`
-	Expect struct {
+	Run schemas.RunRequest `json:"run"`
+	// Artifacts is the catalog the Run's artifacts resolve in, by name.
+	Artifacts map[string]scenarioArtifact `json:"artifacts"`
+	Expect    struct {
 		Winner  string                  `json:"winner"`
 		Queued  bool                    `json:"queued"`
 		Reasons map[string]schemas.Code `json:"reasons"`
 		// GPUs are the winner's cards the decision books, by UUID
 		// ("<node>-gpu<index>"); checked when the scenario names them.
 		GPUs []string `json:"gpus"`
+		// ArtifactFetchBytes are the bytes each named candidate would
+		// fetch, as its decision entry must say.
+		ArtifactFetchBytes map[string]int64 `json:"artifact_fetch_bytes"`
 	} `json:"expect"`
+}
+
+type scenarioArtifact struct {
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
 }
 
 type scenarioImage struct {
@@ -66,8 +76,12 @@ type scenarioNode struct {
 	// Support is what the node declares; absent: an agent that declares
 	// nothing (schemas.NodeFacts.Supports).
 	Support *schemas.NodeSupport `json:"support"`
-	Running []scenarioBooking    `json:"running"`
-	Queued  []scenarioBooking    `json:"queued"`
+	// Artifacts are the catalog artifacts the node holds, by name;
+	// ArtifactsUnlisted: the node did not enumerate its replicas.
+	Artifacts         []string          `json:"artifacts"`
+	ArtifactsUnlisted bool              `json:"artifacts_unlisted"`
+	Running           []scenarioBooking `json:"running"`
+	Queued            []scenarioBooking `json:"queued"`
 }
 
 type scenarioBooking struct {
@@ -104,6 +118,16 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		for _, key := range sn.Images {
 			facts.Images = append(facts.Images, locality(t, s.Images, key, schemas.LocalityHot, 0))
 		}
+		if len(sn.Artifacts) > 0 || sn.ArtifactsUnlisted {
+			facts.Artifacts = &schemas.ArtifactInventory{Enumerated: !sn.ArtifactsUnlisted}
+			for _, name := range sn.Artifacts {
+				a, ok := s.Artifacts[name]
+				if !ok {
+					t.Fatalf("node names unknown artifact %q", name)
+				}
+				facts.Artifacts.Replicas = append(facts.Artifacts.Replicas, schemas.ArtifactReplica{Digest: a.Digest, SizeBytes: a.Size, VerifiedAt: scenarioNow})
+			}
+		}
 		for _, key := range sn.LayersOf {
 			facts.Images = append(facts.Images, locality(t, s.Images, key, schemas.LocalityPartial, 1))
 		}
@@ -130,7 +154,16 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		t.Fatalf("scenario run is invalid: %v", err)
 	}
 	ref, _ := schemas.ParseImageRef("image", run.Image)
-	return NewFleet(nodes), Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest}
+	req := Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest}
+	for _, u := range run.Artifacts {
+		a, ok := s.Artifacts[u.Name]
+		if !ok {
+			t.Fatalf("run names unknown artifact %q", u.Name)
+		}
+		req.Artifacts = append(req.Artifacts, schemas.ArtifactMount{Name: u.Name, Version: "v1", Digest: a.Digest, SizeBytes: a.Size,
+			Source: schemas.ArtifactSource{Object: "sha256/" + strings.TrimPrefix(a.Digest, "sha256:")}, Path: u.Path})
+	}
+	return NewFleet(nodes), req
 }
 
 // cardsOf lists the cards of grouped devices by identity, UUIDs
@@ -209,6 +242,9 @@ func TestAcceptance_PlacementScenarios(t *testing.T) {
 				}
 				if want, ok := s.Expect.Reasons[c.NodeID]; ok && c.Reason != want {
 					t.Errorf("%s: reason %q (%s), want %q", c.NodeID, c.Reason, c.Detail, want)
+				}
+				if want, ok := s.Expect.ArtifactFetchBytes[c.NodeID]; ok && c.Components.ArtifactFetchBytes != want {
+					t.Errorf("%s: would fetch %d artifact bytes, want %d", c.NodeID, c.Components.ArtifactFetchBytes, want)
 				}
 			}
 			if t.Failed() {

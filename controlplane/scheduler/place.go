@@ -122,7 +122,7 @@ func (s *Scheduler) decide(r *schemas.Run, fleet *placement.Fleet, now time.Time
 		return schemas.BookingDecision{}, err
 	}
 	start := time.Now()
-	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest}, fleet, now, s.cfg.Placement)
+	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest, Artifacts: r.Artifacts}, fleet, now, s.cfg.Placement)
 	s.stats.DecisionNanos.Add(time.Since(start).Nanoseconds())
 	s.stats.Decisions.Add(1)
 	if d.Winner == "" {
