@@ -6,6 +6,8 @@ import "time"
 const (
 	DiskItemImage = "image" // an image, by manifest (or index) digest
 	DiskItemCache = "cache" // a cache directory, by name and compatibility key
+	// DiskItemArtifact is an artifact replica, by sha256 digest.
+	DiskItemArtifact = "artifact"
 )
 
 // DiskKeep is what the control plane says a node must keep because Runs
@@ -26,8 +28,8 @@ func (k DiskKeep) Validate() error {
 		return refuse(CodeTooManyItems, "items", "%d keep items; at most %d", len(k.Items), MaxKeepItems)
 	}
 	for _, it := range k.Items {
-		if it.Kind != DiskItemImage && it.Kind != DiskItemCache {
-			return refuse(CodeMalformed, "items.kind", "kind %q is neither %q nor %q", it.Kind, DiskItemImage, DiskItemCache)
+		if it.Kind != DiskItemImage && it.Kind != DiskItemCache && it.Kind != DiskItemArtifact {
+			return refuse(CodeMalformed, "items.kind", "kind %q is not %q, %q or %q", it.Kind, DiskItemImage, DiskItemCache, DiskItemArtifact)
 		}
 		if it.ID == "" || len(it.ID) > 300 {
 			return refuse(CodeMalformed, "items.id", "an item's id must be 1..300 bytes")

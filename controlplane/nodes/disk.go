@@ -29,8 +29,8 @@ type DiskKeeper interface {
 // AddDiskKeeper adds k to what keep answers consult. Call it before Serve.
 func (s *Service) AddDiskKeeper(k DiskKeeper) { s.keepers = append(s.keepers, k) }
 
-// keepFor is what node must keep: the image and caches of every Run booked
-// on it, running or queued, and what the keepers add.
+// keepFor is what node must keep: the image, caches and artifacts of every
+// Run booked on it, running or queued, and what the keepers add.
 func (s *Service) keepFor(nodeID string) schemas.DiskKeep {
 	var k schemas.DiskKeep
 	seen := map[string]bool{}
@@ -56,6 +56,9 @@ func (s *Service) keepFor(nodeID string) schemas.DiskKeep {
 		}
 		for _, c := range r.Request.Caches {
 			add(schemas.DiskItem{Kind: schemas.DiskItemCache, ID: schemas.CacheItemID(c.Name, c.CompatibilityKey), Reason: why})
+		}
+		for _, a := range r.Artifacts {
+			add(schemas.DiskItem{Kind: schemas.DiskItemArtifact, ID: a.Digest, Reason: why})
 		}
 	}
 	for _, kp := range s.keepers {
