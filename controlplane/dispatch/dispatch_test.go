@@ -3,6 +3,8 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -63,5 +66,70 @@ func TestPrepareOnlyWhereThePrewarmIsDeclared(t *testing.T) {
 		case !want && !errors.Is(err, jetstream.ErrMsgNotFound):
 			t.Errorf("%s declares no prewarm, yet got a command (%v, err %v)", node, m, err)
 		}
+	}
+}
+
+// A launch goes out as each artifact's PrepareArtifact, then the image's
+// PrepareImage (whose prepared report moves the Run to launching), then the
+// launch carrying the artifacts' mounts, all of one attempt and each with
+// its own operation id.
+func TestLaunchPreparesArtifactsFirst(t *testing.T) {
+	n := testenv.StartNATS(t)
+	conn, err := bus.Connect(n.URL(), "dispatch-test", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
+		t.Fatal(err)
+	}
+	c := cache.New()
+	c.NoteNode(schemas.NodeRecord{NodeID: "n1", FencingToken: 3, Generation: 1, State: schemas.NodeReady, Facts: &schemas.NodeFacts{}}, 1)
+	d := New(conn.JS, c, time.Now, zap.NewNop())
+	dig := func(b byte) string { return "sha256:" + strings.Repeat(string(rune('a'+b)), 64) }
+	arts := []schemas.ArtifactMount{
+		{Name: "weights", Version: "v1", Digest: dig(0), SizeBytes: 10, Source: schemas.ArtifactSource{Object: "sha256/a"}, Path: "/w"},
+		{Name: "tok", Version: "v2", Digest: dig(1), SizeBytes: 5, Source: schemas.ArtifactSource{URL: "https://models.example/tok"}, Path: "/t"},
+	}
+	run := schemas.Run{ID: "r-1", AttemptID: "r-1-a1", NodeID: "n1", Artifacts: arts,
+		Request: schemas.RunRequest{Image: "registry.example/app@" + dig(2)}}
+	if err := d.Launch(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := conn.JS.Stream(ctx, bus.StreamCmds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []schemas.Command
+	for seq := uint64(1); seq <= 4; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cmd schemas.Command
+		if err := codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &cmd); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Validate(); err != nil {
+			t.Fatalf("%s: %v", cmd.OperationID, err)
+		}
+		got = append(got, cmd)
+	}
+	kinds := []schemas.CommandKind{schemas.CmdPrepareArtifact, schemas.CmdPrepareArtifact, schemas.CmdPrepareImage, schemas.CmdLaunchWorkload}
+	for i, cmd := range got {
+		if cmd.Kind != kinds[i] || cmd.FencingToken != 3 {
+			t.Fatalf("command %d is %s under token %d, want %s under 3", i, cmd.Kind, cmd.FencingToken, kinds[i])
+		}
+	}
+	for i, a := range arts {
+		p := got[i].PrepareArtifact
+		if p.Digest != a.Digest || p.Source != a.Source || p.AttemptID != run.AttemptID || p.RunID != run.ID || got[i].OperationID != OpID(run.AttemptID, "artifact"+strconv.Itoa(i)) {
+			t.Fatalf("prepare %d: %+v (op %s)", i, p, got[i].OperationID)
+		}
+	}
+	if l := got[3].Launch; len(l.Artifacts) != 2 || l.Artifacts[1].Path != "/t" {
+		t.Fatalf("launch artifacts: %+v", l.Artifacts)
 	}
 }
