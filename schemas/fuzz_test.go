@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -40,6 +41,7 @@ var runRequestCodes = map[schemas.Code]bool{
 	schemas.CodeImageNotPinned:     true,
 	schemas.CodeInvalidImage:       true,
 	schemas.CodeInvalidDigest:      true,
+	schemas.CodeInvalidArtifact:    true,
 	schemas.CodeNegativeResource:   true,
 	schemas.CodeResourceTooLarge:   true,
 	schemas.CodeInvalidEnv:         true,
@@ -289,9 +291,10 @@ func FuzzCommandDecode(f *testing.F) {
 			return
 		}
 		payloads := map[schemas.CommandKind]bool{
-			schemas.CmdPrepareImage:   c.PrepareImage != nil,
-			schemas.CmdLaunchWorkload: c.Launch != nil,
-			schemas.CmdStopWorkload:   c.Stop != nil,
+			schemas.CmdPrepareImage:    c.PrepareImage != nil,
+			schemas.CmdPrepareArtifact: c.PrepareArtifact != nil,
+			schemas.CmdLaunchWorkload:  c.Launch != nil,
+			schemas.CmdStopWorkload:    c.Stop != nil,
 		}
 		set := 0
 		for _, p := range payloads {
@@ -304,7 +307,7 @@ func FuzzCommandDecode(f *testing.F) {
 			if set != 0 {
 				t.Fatalf("valid reconcile command carries %d payloads: %+v", set, c)
 			}
-		case schemas.CmdPrepareImage, schemas.CmdLaunchWorkload, schemas.CmdStopWorkload:
+		case schemas.CmdPrepareImage, schemas.CmdPrepareArtifact, schemas.CmdLaunchWorkload, schemas.CmdStopWorkload:
 			if set != 1 || !payloads[c.Kind] {
 				t.Fatalf("valid %s command has payloads %v", c.Kind, payloads)
 			}
@@ -493,7 +496,7 @@ func FuzzDiskPruneDecode(f *testing.F) {
 			t.Fatalf("valid prune out of bounds: %+v", p)
 		}
 		for _, it := range p.Keep.Items {
-			if (it.Kind != schemas.DiskItemImage && it.Kind != schemas.DiskItemCache) || it.ID == "" {
+			if (it.Kind != schemas.DiskItemImage && it.Kind != schemas.DiskItemCache && it.Kind != schemas.DiskItemArtifact) || it.ID == "" {
 				t.Fatalf("valid prune keeps a bad item: %+v", it)
 			}
 		}
@@ -548,6 +551,38 @@ func FuzzNodeReplyDecode(f *testing.F) {
 		}
 		if keep.OK != nil && keep.OK.Validate() == nil {
 			reencode(t, keep.OK)
+		}
+	})
+}
+
+func FuzzArtifactCredentialRequestDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
+		var r schemas.ArtifactCredentialRequest
+		if !decodeAndValidate(t, contentType, body, &r) {
+			return
+		}
+		if schemas.ObjectStoreDigest(r.Digest) == "" {
+			t.Fatalf("accepted digest %q has no object store form", r.Digest)
+		}
+	})
+}
+
+func FuzzArtifactSourceValidate(f *testing.F) {
+	f.Fuzz(func(t *testing.T, object, rawURL string) {
+		s := schemas.ArtifactSource{Object: object, URL: rawURL}
+		err := s.Validate("source")
+		if err != nil {
+			if r := schemas.AsRefusal(err); r == nil || r.Code == "" {
+				t.Fatalf("error is not a coded refusal: %v", err)
+			}
+			return
+		}
+		if rawURL == "" {
+			return
+		}
+		u, perr := url.Parse(rawURL)
+		if perr != nil || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" && u.Host == "" {
+			t.Fatalf("accepted a URL that can carry a credential or has no host: %q", rawURL)
 		}
 	})
 }
