@@ -179,18 +179,20 @@ func (r *objectReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// next waits for the next chunk, answering flow control on the way.
+// next waits for the next chunk, answering flow control on the way. The
+// stall deadline counts from the call, not from the last heartbeat: a
+// consumer stalled on flow control keeps sending heartbeats.
 func (r *objectReader) next() error {
+	ctx, cancel := context.WithTimeout(r.ctx, objectStall)
+	defer cancel()
 	for {
-		ctx, cancel := context.WithTimeout(r.ctx, objectStall)
 		m, err := r.sub.NextMsgWithContext(ctx)
-		cancel()
 		if err != nil {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
 			}
 			if errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("%s: no chunk for %s", r.where, objectStall)
+				return fmt.Errorf("%s: no chunk for %s (a login that cannot answer flow control stalls: it needs allow_responses)", r.where, objectStall)
 			}
 			return fmt.Errorf("%s: %w", r.where, err)
 		}

@@ -1,9 +1,15 @@
 package artifactstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"os"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
 )
@@ -99,44 +105,80 @@ func TestObjectSourceResumesAtAnyOffset(t *testing.T) {
 }
 
 // TestObjectSourceInterleavedChunks: chunks of two objects written at once
-// share the stream; resuming by sequence must either land right or say
-// ErrNoResume, never splice wrong bytes.
+// share the stream, so sequence arithmetic lands on the wrong chunk; the
+// source must notice (ErrNoResume) and the store start over, never splice
+// wrong bytes.
 func TestObjectSourceInterleavedChunks(t *testing.T) {
 	js, obs := startJS(t)
 	a, da := content(t, 2<<20)
-	b, db := content(t, 2<<20)
-	errc := make(chan error, 2)
-	for _, o := range []struct {
-		name string
-		b    []byte
-	}{{"a", a}, {"b", b}} {
-		go func() {
-			_, err := obs.PutBytes(context.Background(), o.name, o.b)
-			errc <- err
-		}()
+	b, _ := content(t, 1<<20)
+	// a's first MiB, then all of b, then the rest of a.
+	gate := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := obs.Put(context.Background(), jetstream.ObjectMeta{Name: "a"}, io.MultiReader(bytes.NewReader(a[:1<<20]), &waitReader{gate: gate, r: bytes.NewReader(a[1<<20:])}))
+		errc <- err
+	}()
+	waitChunks(t, js, 8)
+	putObject(t, obs, "b", b)
+	close(gate)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
 	}
-	for range 2 {
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
+
+	src := NewObjectSource(js, bus.ObjectBucketArtifacts, "a", da)
+	// Chunk 3 lies before b's chunks: the arithmetic from the last chunk
+	// misses it, and the first delivery's pending count says so.
+	if _, err := src.Open(ctxT(t), 3<<17); !errors.Is(err, ErrNoResume) {
+		t.Fatalf("open at chunk 3 of interleaved chunks: %v, want ErrNoResume", err)
 	}
-	for name, c := range map[string]struct {
-		b      []byte
-		digest string
-	}{"a": {a, da}, "b": {b, db}} {
-		src := NewObjectSource(js, bus.ObjectBucketArtifacts, name, c.digest)
-		off := int64(1<<20 + 3)
-		rc, err := src.Open(ctxT(t), off)
-		if errors.Is(err, ErrNoResume) {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := readAllT(rc)
-		rc.Close()
-		if err != nil || string(got) != string(c.b[off:]) {
-			t.Fatalf("%s from %d: %d bytes, %v", name, off, len(got), err)
-		}
+	// Chunk 12 lies after them: the arithmetic holds, and the count agrees.
+	rc, err := src.Open(ctxT(t), 12<<17+5)
+	if err != nil {
+		t.Fatalf("open at chunk 12: %v", err)
 	}
+	got, err := readAllT(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, a[12<<17+5:]) {
+		t.Fatalf("from chunk 12: %d bytes, %v", len(got), err)
+	}
+
+	s := newStore(t)
+	if err := os.WriteFile(s.partialPath(da), a[:3<<17], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	counted := &countingSource{Source: src}
+	res, err := s.Ensure(ctxT(t), Want{Digest: da, SizeBytes: int64(len(a)), Source: counted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fileEquals(t, res.Path, a)
+	if got := counted.offsets; len(got) != 2 || got[0] != 3<<17 || got[1] != 0 {
+		t.Fatalf("opens at %v, want a refused resume then a start from 0", got)
+	}
+}
+
+// waitReader blocks until gate closes, then reads r.
+type waitReader struct {
+	gate chan struct{}
+	r    io.Reader
+}
+
+func (w *waitReader) Read(p []byte) (int, error) {
+	<-w.gate
+	return w.r.Read(p)
+}
+
+// waitChunks waits until the artifact stream holds n messages.
+func waitChunks(t *testing.T, js jetstream.JetStream, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		str, err := js.Stream(ctxT(t), "OBJ_"+bus.ObjectBucketArtifacts)
+		if err == nil && str.CachedInfo().State.Msgs >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the stream never held %d chunks", n)
 }
