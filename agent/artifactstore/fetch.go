@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -193,18 +194,17 @@ func (s *Store) fetch(ctx context.Context, w Want, progress func(done, total int
 		}
 	}
 
-	buf := make([]byte, copyBuffer)
 	var fetched int64
 	last := time.Now()
-	report := func(force bool) {
+	report := func(done int64, force bool) {
 		if now := time.Now(); force || now.Sub(last) >= progressEvery {
 			last = now
-			progress(off, w.SizeBytes)
+			progress(done, w.SizeBytes)
 		}
 	}
 	backoff := s.backoff
 	for failures := 0; off < w.SizeBytes; {
-		n, err := s.copyFrom(ctx, w, file, h, off, buf, report)
+		n, err := s.copyFrom(ctx, w, file, h, off, report)
 		off += n
 		fetched += n
 		switch {
@@ -242,7 +242,7 @@ func (s *Store) fetch(ctx context.Context, w Want, progress func(done, total int
 		}
 		backoff = min(2*backoff, 10*time.Second)
 	}
-	report(true)
+	report(off, true)
 
 	if sum := "sha256:" + hex.EncodeToString(h.Sum(nil)); sum != w.Digest {
 		discard()
@@ -263,30 +263,68 @@ func (s *Store) fetch(ctx context.Context, w Want, progress func(done, total int
 // copyFrom opens the source at off and appends what it serves to file and
 // h until it ends, fails, or passes the artifact's size. It returns the
 // bytes appended; they are kept whatever the error, for the next resume.
-func (s *Store) copyFrom(ctx context.Context, w Want, file *os.File, h hash.Hash, off int64, buf []byte, report func(bool)) (int64, error) {
+//
+// Two buffers overlap the work: the source fills one while a writer
+// goroutine, owned by this call and joined before it returns, hashes and
+// writes the other.
+func (s *Store) copyFrom(ctx context.Context, w Want, file *os.File, h hash.Hash, off int64, report func(done int64, force bool)) (int64, error) {
 	rc, err := w.Source.Open(ctx, off)
 	if err != nil {
 		return 0, err
 	}
 	defer rc.Close()
-	var n int64
-	for {
-		k, eof, err := fill(rc, buf)
-		if off+n+int64(k) > w.SizeBytes {
-			return n, errSize(w.Digest, off+n+int64(k), w.SizeBytes)
-		}
-		if k > 0 {
-			if _, werr := file.Write(buf[:k]); werr != nil {
-				return n, fmt.Errorf("write partial: %w", werr)
+
+	free := make(chan []byte, 2)
+	free <- make([]byte, copyBuffer)
+	free <- make([]byte, copyBuffer)
+	full := make(chan []byte, 2)
+	done := make(chan struct{})
+	var failed atomic.Bool
+	var written int64 // the writer's until done closes
+	var werr error
+	go func() {
+		defer close(done)
+		for b := range full {
+			if werr == nil {
+				if _, err := file.Write(b); err != nil {
+					werr = fmt.Errorf("write partial: %w", err)
+					failed.Store(true)
+				} else {
+					h.Write(b)
+					written += int64(len(b))
+					report(off+written, false)
+				}
 			}
-			h.Write(buf[:k])
-			n += int64(k)
-			report(false)
+			free <- b[:cap(b)]
+		}
+	}()
+
+	var read int64
+	var rerr error
+	for !failed.Load() {
+		buf := <-free
+		k, eof, err := fill(rc, buf)
+		if off+read+int64(k) > w.SizeBytes {
+			rerr = errSize(w.Digest, off+read+int64(k), w.SizeBytes)
+			break
+		}
+		read += int64(k)
+		if k > 0 {
+			full <- buf[:k]
+		} else {
+			free <- buf
 		}
 		if err != nil || eof {
-			return n, err
+			rerr = err
+			break
 		}
 	}
+	close(full)
+	<-done
+	if werr != nil {
+		return written, werr
+	}
+	return written, rerr
 }
 
 // fill reads until buf is full or r ends (eof), so each write is large;
