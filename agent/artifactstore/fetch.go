@@ -55,15 +55,32 @@ type flight struct {
 	err       error
 
 	mu       sync.Mutex
-	progress []func(done, total int64)
+	nextID   int
+	progress map[int]func(done, total int64) // of the waiters still waiting
 }
 
 func (f *flight) report(done, total int64) {
 	f.mu.Lock()
-	ps := f.progress
-	f.mu.Unlock()
-	for _, p := range ps {
+	defer f.mu.Unlock()
+	for _, p := range f.progress {
 		p(done, total)
+	}
+}
+
+// watch adds a waiter's Progress; the returned func removes it.
+func (f *flight) watch(p func(done, total int64)) (unwatch func()) {
+	if p == nil {
+		return func() {}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := f.nextID
+	f.nextID++
+	f.progress[id] = p
+	return func() {
+		f.mu.Lock()
+		delete(f.progress, id)
+		f.mu.Unlock()
 	}
 }
 
@@ -97,17 +114,18 @@ func (s *Store) Ensure(ctx context.Context, w Want) (Result, error) {
 		s.mu.Lock()
 		f = s.flights[w.Digest]
 	}
+	var start func()
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		f = &flight{done: make(chan struct{}), cancel: cancel}
+		f = &flight{done: make(chan struct{}), cancel: cancel, progress: map[int]func(done, total int64){}}
 		s.flights[w.Digest] = f
-		go s.run(fctx, f, w)
+		start = func() { go s.run(fctx, f, w) }
 	}
 	f.waiters++
-	if w.Progress != nil {
-		f.mu.Lock()
-		f.progress = append(f.progress, w.Progress)
-		f.mu.Unlock()
+	unwatch := f.watch(w.Progress) // before the flight starts: no report missed
+	defer unwatch()
+	if start != nil {
+		start()
 	}
 	s.mu.Unlock()
 
@@ -149,6 +167,9 @@ func (s *Store) ensure(ctx context.Context, w Want, progress func(done, total in
 		}
 		progress(size, size)
 		return Result{Path: blob, AlreadyPresent: true, Verified: now}, nil
+	case err == nil && ok:
+		// The bytes are right; the size asked for is not. Keep them.
+		return Result{}, errSize(w.Digest, size, w.SizeBytes)
 	case err == nil:
 		// On disk but not these bytes: never hand it out.
 		refetched = true
@@ -194,7 +215,6 @@ func (s *Store) fetch(ctx context.Context, w Want, progress func(done, total int
 		}
 	}
 
-	var fetched int64
 	last := time.Now()
 	report := func(done int64, force bool) {
 		if now := time.Now(); force || now.Sub(last) >= progressEvery {
@@ -202,51 +222,32 @@ func (s *Store) fetch(ctx context.Context, w Want, progress func(done, total int
 			progress(done, w.SizeBytes)
 		}
 	}
-	backoff := s.backoff
-	for failures := 0; off < w.SizeBytes; {
-		n, err := s.copyFrom(ctx, w, file, h, off, report)
-		off += n
+	// kept: bytes on disk from an earlier fetch. If the whole does not
+	// match, they may be what is wrong, so the fetch starts over once.
+	kept := off > 0
+	var fetched int64
+	for {
+		n, err := s.download(ctx, w, file, h, off, report)
 		fetched += n
-		switch {
-		case err == nil && off < w.SizeBytes:
-			// A clean end short of the size is the source's whole content
-			// (a cut stream ends with an error instead).
-			discard()
-			return fetched, errSize(w.Digest, off, w.SizeBytes)
-		case errors.Is(err, ErrNoResume) && off > 0:
-			if off, err = restart(file, h); err != nil {
-				return fetched, fmt.Errorf("artifact %s: partial: %w", w.Digest, err)
-			}
-			continue
-		case errors.Is(err, ErrSizeMismatch):
-			discard()
-			return fetched, err
-		}
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return fetched, fmt.Errorf("artifact %s: fetch stopped at byte %d: %w", w.Digest, off, ctx.Err())
-		}
-		if isPermanent(err) || failures >= s.retries {
+		if err != nil {
 			if errors.Is(err, ErrDigestMismatch) {
 				discard()
 			}
-			return fetched, fmt.Errorf("artifact %s: fetch failed at byte %d after %d attempt(s): %w", w.Digest, off, failures+1, err)
+			return fetched, err
 		}
-		failures++
-		select {
-		case <-ctx.Done():
-			return fetched, fmt.Errorf("artifact %s: fetch stopped at byte %d: %w", w.Digest, off, ctx.Err())
-		case <-time.After(backoff):
+		report(w.SizeBytes, true)
+		sum := "sha256:" + hex.EncodeToString(h.Sum(nil))
+		if sum == w.Digest {
+			break
 		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
-	report(off, true)
-
-	if sum := "sha256:" + hex.EncodeToString(h.Sum(nil)); sum != w.Digest {
-		discard()
-		return fetched, fmt.Errorf("artifact %s: fetched bytes hash to %s: %w", w.Digest, sum, ErrDigestMismatch)
+		if !kept {
+			discard()
+			return fetched, fmt.Errorf("artifact %s: fetched bytes hash to %s: %w", w.Digest, sum, ErrDigestMismatch)
+		}
+		kept = false
+		if off, err = restart(file, h); err != nil {
+			return fetched, fmt.Errorf("artifact %s: partial: %w", w.Digest, err)
+		}
 	}
 	if err := file.Chmod(0o444); err != nil {
 		return fetched, fmt.Errorf("artifact %s: %w", w.Digest, err)
@@ -256,6 +257,47 @@ func (s *Store) fetch(ctx context.Context, w Want, progress func(done, total int
 	}
 	if err := os.Rename(part, s.Path(w.Digest)); err != nil {
 		return fetched, fmt.Errorf("artifact %s: %w", w.Digest, err)
+	}
+	return fetched, nil
+}
+
+// download appends the source's bytes from off until the partial holds
+// w.SizeBytes, resuming after transient errors (bounded, with backoff) and
+// starting over when the source cannot resume. It returns the bytes read
+// from the source.
+func (s *Store) download(ctx context.Context, w Want, file *os.File, h hash.Hash, off int64, report func(int64, bool)) (int64, error) {
+	var fetched int64
+	backoff := s.backoff
+	for failures := 0; off < w.SizeBytes; {
+		n, err := s.copyFrom(ctx, w, file, h, off, report)
+		off += n
+		fetched += n
+		switch {
+		case err == nil && off < w.SizeBytes:
+			// A clean end short of the size is the source's whole content
+			// (a cut stream ends with an error instead).
+			return fetched, errSize(w.Digest, off, w.SizeBytes)
+		case errors.Is(err, ErrNoResume) && off > 0:
+			if off, err = restart(file, h); err != nil {
+				return fetched, fmt.Errorf("artifact %s: partial: %w", w.Digest, err)
+			}
+			continue
+		case errors.Is(err, ErrSizeMismatch):
+			return fetched, err
+		case err == nil:
+			return fetched, nil
+		case ctx.Err() != nil:
+			return fetched, fmt.Errorf("artifact %s: fetch stopped at byte %d: %w", w.Digest, off, ctx.Err())
+		case isPermanent(err) || failures >= s.retries:
+			return fetched, fmt.Errorf("artifact %s: fetch failed at byte %d after %d attempt(s): %w", w.Digest, off, failures+1, err)
+		}
+		failures++
+		select {
+		case <-ctx.Done():
+			return fetched, fmt.Errorf("artifact %s: fetch stopped at byte %d: %w", w.Digest, off, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
 	}
 	return fetched, nil
 }

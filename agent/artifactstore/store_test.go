@@ -181,16 +181,33 @@ func TestEnsureDiscardsGarbagePartial(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := serveContent(t, b, 0)
-	_, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(len(b)), Source: NewURLSource(srv.Client(), srv.URL, nil)})
-	if !errors.Is(err, ErrDigestMismatch) {
-		t.Fatalf("err %v", err)
-	}
-	// The bad prefix is gone with the mismatch: the next Ensure is clean.
+	// The resumed whole does not match; the kept prefix may be at fault,
+	// so the fetch starts over once, from 0, within the same Ensure.
 	res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(len(b)), Source: NewURLSource(srv.Client(), srv.URL, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fileEquals(t, res.Path, b)
+	if got := srv.rangeHeaders(); len(got) != 2 || got[0] != "bytes=1000-" || got[1] != "" {
+		t.Fatalf("requests' ranges %q, want a resume then a fetch from 0", got)
+	}
+}
+
+func TestEnsureKeepsReplicaWhenAskedSizeIsWrong(t *testing.T) {
+	b, digest := content(t, 1000)
+	srv := serveContent(t, b, 0)
+	s := newStore(t)
+	w := Want{Digest: digest, SizeBytes: 1000, Source: NewURLSource(srv.Client(), srv.URL, nil)}
+	if _, err := s.Ensure(ctxT(t), w); err != nil {
+		t.Fatal(err)
+	}
+	w.SizeBytes = 999
+	if _, err := s.Ensure(ctxT(t), w); !errors.Is(err, ErrSizeMismatch) {
+		t.Fatalf("err %v", err)
+	}
+	if len(s.List()) != 1 {
+		t.Fatal("a replica with the right digest was deleted")
+	}
 }
 
 func TestConcurrentEnsureFetchesOnce(t *testing.T) {
