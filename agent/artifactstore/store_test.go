@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -328,5 +329,43 @@ func TestNewRemovesHalfWrittenSidecars(t *testing.T) {
 	}
 	if _, err := os.Stat(tmp); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("leftover sidecar: %v", err)
+	}
+}
+
+func TestEnsureResumesPartialLeftByCrash(t *testing.T) {
+	b, digest := content(t, 4<<20)
+	dir := t.TempDir()
+	crashed, err := New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := int64(3<<20 + 11)
+	if err := os.WriteFile(crashed.partialPath(digest), b[:kept], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A new process opens the same directory.
+	s, err := New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := s.Partials(); len(p) != 1 || p[0].Bytes != kept {
+		t.Fatalf("partials %v", p)
+	}
+	srv := serveContent(t, b, 0)
+	var dones []int64
+	res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(len(b)), Source: NewURLSource(srv.Client(), srv.URL, nil),
+		Progress: func(done, _ int64) { dones = append(dones, done) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fileEquals(t, res.Path, b)
+	if got := srv.rangeHeaders(); len(got) != 1 || got[0] != "bytes="+strconv.FormatInt(kept, 10)+"-" {
+		t.Fatalf("ranges %q", got)
+	}
+	if srv.written.Load() != int64(len(b))-kept || res.FetchedBytes != int64(len(b))-kept {
+		t.Fatalf("server wrote %d, result fetched %d; want only the rest, %d", srv.written.Load(), res.FetchedBytes, int64(len(b))-kept)
+	}
+	if len(dones) == 0 || dones[len(dones)-1] != int64(len(b)) {
+		t.Fatalf("progress %v", dones)
 	}
 }
