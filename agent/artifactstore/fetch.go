@@ -21,7 +21,10 @@ const progressEvery = 500 * time.Millisecond
 type Want struct {
 	Digest    string // sha256:<hex>
 	SizeBytes int64
-	Source    Source
+	// Source serves the bytes when they must be fetched. Concurrent
+	// Ensures of one digest share the first one's Source. Nil: only a
+	// replica already on disk (verified) will do; else ErrNotFound.
+	Source Source
 	// Progress, when set, is told the bytes on disk and the total at most
 	// every 500ms while fetching, and once at the end.
 	Progress func(done, total int64)
@@ -179,6 +182,9 @@ func (s *Store) ensure(ctx context.Context, w Want, progress func(done, total in
 		_ = os.Remove(s.metaPath(w.Digest))
 	case !errors.Is(err, os.ErrNotExist):
 		return Result{}, fmt.Errorf("artifact %s: verify replica: %w", w.Digest, err)
+	}
+	if w.Source == nil {
+		return Result{}, fmt.Errorf("artifact %s: no verified replica and no source: %w", w.Digest, ErrNotFound)
 	}
 	fetched, err := s.fetch(ctx, w, progress)
 	if err != nil {

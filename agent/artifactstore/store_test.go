@@ -202,6 +202,13 @@ func TestEnsureKeepsReplicaWhenAskedSizeIsWrong(t *testing.T) {
 	if _, err := s.Ensure(ctxT(t), w); err != nil {
 		t.Fatal(err)
 	}
+	if res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: 1000}); err != nil || !res.AlreadyPresent {
+		t.Fatalf("ensure without a source of a present replica: %+v %v", res, err)
+	}
+	_, other := content(t, 1000)
+	if _, err := s.Ensure(ctxT(t), Want{Digest: other, SizeBytes: 1000}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ensure without a source of a missing replica: %v", err)
+	}
 	w.SizeBytes = 999
 	if _, err := s.Ensure(ctxT(t), w); !errors.Is(err, ErrSizeMismatch) {
 		t.Fatalf("err %v", err)
