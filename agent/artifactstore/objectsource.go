@@ -46,14 +46,15 @@ func NewObjectSource(js jetstream.JetStream, bucket, object, digest string) Sour
 	return &objectSource{js: js, bucket: bucket, object: object, digest: digest}
 }
 
-// Open starts at offset by sequence arithmetic, checked by the server:
-// the object's chunks are the messages on $O.<bucket>.C.<nuid>, each
-// info.Opts.ChunkSize bytes but the last. If they are contiguous in the
-// stream, chunk k is at last-chunk-sequence - (chunks-1) + k; the consumer
-// starts there, and the first delivery's pending count must say exactly
-// chunks-k-1 follow it. That holds only if exactly k chunks precede the
-// start, so a start that guessed wrong (interleaved chunks) is refused with
-// ErrNoResume, and the store starts over from byte 0.
+// Open starts at offset by arithmetic, each step checked: the object's
+// chunks are the messages on $O.<bucket>.C.<nuid>. Byte offset is chunk
+// k = offset/ChunkSize if every chunk but the last is full, which holds iff
+// (chunks-1)*ChunkSize + len(last chunk) == size. If the chunks are also
+// contiguous in the stream, chunk k is at last-chunk-sequence - (chunks-1)
+// + k; the consumer starts there, and the first delivery's pending count
+// must say exactly chunks-k-1 follow it, which holds only if exactly k
+// chunks precede the start. Any check that fails (short or interleaved
+// chunks) is ErrNoResume, and the store starts over from byte 0.
 func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, error) {
 	where := fmt.Sprintf("object %s in %s", s.object, s.bucket)
 	obs, err := s.js.ObjectStore(ctx, s.bucket)
@@ -104,6 +105,12 @@ func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, e
 		last, err := str.GetLastMsgForSubject(ctx, subject)
 		if err != nil {
 			return nil, classifyNATS(where, err)
+		}
+		// nats.go's Put makes a chunk of each Read, so a chunk may be
+		// short. If the sizes add up with every chunk but the last full,
+		// every chunk but the last is full, and chunk k starts at k*chunk.
+		if int64(info.Chunks-1)*chunk+int64(len(last.Data)) != int64(info.Size) {
+			return nil, fmt.Errorf("%s: chunks are not of its chunk size: %w", where, ErrNoResume)
 		}
 		start := int64(last.Sequence) - int64(info.Chunks-1) + k
 		if start < 1 {
