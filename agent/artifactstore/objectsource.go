@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,11 +60,11 @@ func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, e
 	where := fmt.Sprintf("object %s in %s", s.object, s.bucket)
 	obs, err := s.js.ObjectStore(ctx, s.bucket)
 	if err != nil {
-		return nil, classifyNATS(where, err)
+		return nil, s.classifyNATS(where, err)
 	}
 	info, err := obs.GetInfo(ctx, s.object)
 	if err != nil {
-		return nil, classifyNATS(where, err)
+		return nil, s.classifyNATS(where, err)
 	}
 	want := schemas.ObjectStoreDigest(s.digest)
 	switch {
@@ -100,11 +101,11 @@ func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, e
 	if k > 0 {
 		str, err := s.js.Stream(ctx, stream)
 		if err != nil {
-			return nil, classifyNATS(where, err)
+			return nil, s.classifyNATS(where, err)
 		}
 		last, err := str.GetLastMsgForSubject(ctx, subject)
 		if err != nil {
-			return nil, classifyNATS(where, err)
+			return nil, s.classifyNATS(where, err)
 		}
 		// nats.go's Put makes a chunk of each Read, so a chunk may be
 		// short. If the sizes add up with every chunk but the last full,
@@ -129,7 +130,7 @@ func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, e
 		ctx: ctx, remaining: int64(info.Size) - k*chunk, chunks: uint64(int64(info.Chunks) - k)}
 	if _, err := s.js.CreatePushConsumer(ctx, stream, cfg); err != nil {
 		_ = sub.Unsubscribe()
-		return nil, classifyNATS(where, err)
+		return nil, s.classifyNATS(where, err)
 	}
 	// The first delivery proves the start (see above) before the store
 	// appends a byte.
@@ -246,8 +247,11 @@ type eofReader struct{}
 
 func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
 
-// classifyNATS maps the NATS errors a fetch can meet to the store's.
-func classifyNATS(where string, err error) error {
+// classifyNATS maps the NATS errors a fetch can meet to the store's. A
+// JetStream API call the login may not make is not answered: the request
+// times out and the server's refusal arrives on its own (nc.LastError);
+// one that names this bucket's stream is the refusal.
+func (s *objectSource) classifyNATS(where string, err error) error {
 	switch {
 	case errors.Is(err, jetstream.ErrObjectNotFound), errors.Is(err, jetstream.ErrBucketNotFound),
 		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrMsgNotFound):
@@ -255,6 +259,10 @@ func classifyNATS(where string, err error) error {
 	case errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization),
 		errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
 		return fmt.Errorf("%s: %v: %w", where, err, ErrSourceAuth)
+	}
+	if last := s.js.Conn().LastError(); last != nil && errors.Is(last, nats.ErrPermissionViolation) &&
+		strings.Contains(last.Error(), "OBJ_"+s.bucket) {
+		return fmt.Errorf("%s: %v: %w", where, last, ErrSourceAuth)
 	}
 	return fmt.Errorf("%s: %w", where, err)
 }
