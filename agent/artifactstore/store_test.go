@@ -174,7 +174,7 @@ func TestEnsureRestartsWhenSourceCannotResume(t *testing.T) {
 	fileEquals(t, res.Path, b)
 }
 
-func TestEnsureDiscardsGarbagePartial(t *testing.T) {
+func TestEnsureStartsOverWhenResumeDoesNotVerify(t *testing.T) {
 	b, digest := content(t, 1<<20)
 	s := newStore(t)
 	junk, _ := content(t, 1000)
