@@ -136,6 +136,11 @@ func noRecord(_ schemas.ArtifactRecord, err error) error { return err }
 func TestResolve(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
+	if rs, err := f.cat.List(ctx, ""); err != nil || len(rs) != 0 {
+		t.Fatalf("an empty catalog lists %+v, %v", rs, err)
+	}
+	_, err := f.cat.Resolve(ctx, []schemas.ArtifactUse{{Name: "llama", Path: "/m"}})
+	wantRefusal(t, err, schemas.CodeArtifactUnknown, "artifacts[0].name")
 	v1 := f.put(t, "llama", "v1", []byte("one"))
 	v2 := f.put(t, "llama", "v0-later", []byte("two")) // registered later, sorts first by name
 	for _, r := range []schemas.ArtifactRecord{v1, v2} {
@@ -241,4 +246,35 @@ func fmtList(s []string) string {
 		out += v
 	}
 	return out + "]"
+}
+
+// TestRegisterRace: replicas registering one version at once store it
+// once; each answers the stored record, or refuses other content.
+func TestRegisterRace(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a := f.put(t, "llama", "v1", []byte("a"))
+	b := f.put(t, "llama", "v1", []byte("b"))
+	recs := []schemas.ArtifactRecord{a, a, b, a}
+	got := make([]schemas.ArtifactRecord, len(recs))
+	errs := make([]error, len(recs))
+	var wg sync.WaitGroup
+	for i, r := range recs {
+		wg.Go(func() { got[i], errs[i] = f.cat.Register(ctx, r) })
+	}
+	wg.Wait()
+	stored, err := f.cat.Get(ctx, "llama", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range recs {
+		switch {
+		case recs[i].Digest == stored.Digest:
+			if errs[i] != nil || !got[i].CreatedAt.Equal(stored.CreatedAt) {
+				t.Fatalf("registration %d of the stored content: %+v, %v", i, got[i], errs[i])
+			}
+		default:
+			wantRefusal(t, errs[i], schemas.CodeInvalidArtifact, "version")
+		}
+	}
 }
