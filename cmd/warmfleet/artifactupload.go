@@ -25,10 +25,11 @@ import (
 // rather than calling ObjectStore.Put, for three reasons: the object's
 // name is its sha256, known only once every byte has been read; bytes
 // that do not match --digest must never become an object; and Put makes
-// its own publisher with 4,000 chunks (500 MiB) in flight, past the
-// server's per-stream ingest queue (128 MiB), so a multi-GiB put fails
-// with 429 "too many requests". Here at most uploadMaxPending chunks are
-// in flight.
+// its own publisher (nats.go v1.56) that ignores the caller's
+// WithPublishAsyncMaxPending and keeps up to 4,000 chunks (500 MiB) in
+// flight, past the server's per-stream ingest queue (128 MiB), so a
+// multi-GiB put can be refused 429 "too many requests". Here at most
+// uploadMaxPending chunks (32 MiB) are in flight.
 const (
 	uploadChunkSize  = 128 * 1024
 	uploadMaxPending = 256

@@ -220,7 +220,9 @@ func unknownName(field, name string) *schemas.Refusal {
 
 // Remove deletes one version's record, at the revision it was read, and
 // then its object, unless another record names the same object. It
-// returns the record removed.
+// returns the record removed. A registration naming the object that races
+// the deletion may be left naming a missing object; its Runs then fail to
+// fetch, and putting the bytes again restores it under the same name.
 func (c *Catalog) Remove(ctx context.Context, name, version string) (schemas.ArtifactRecord, error) {
 	var r schemas.ArtifactRecord
 	key := schemas.ArtifactKey(name, version)

@@ -68,10 +68,16 @@ func newPlane(t *testing.T) (plane, *testenv.NATS) {
 // submit publishes req on wf.runs.submit and hands the delivery to in.
 func (p plane) submit(t *testing.T, in *intake.Intake, req schemas.RunRequest) {
 	t.Helper()
+	p.submitAs(t, in, req, req.RequestID)
+}
+
+// submitAs is submit under message id msgID.
+func (p plane) submitAs(t *testing.T, in *intake.Intake, req schemas.RunRequest, msgID string) {
+	t.Helper()
 	b, _ := json.Marshal(req)
 	m := nats.NewMsg(bus.SubjectSubmit)
 	m.Data = b
-	m.Header.Set(jetstream.MsgIDHeader, req.RequestID)
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	if _, err := p.conn.JS.PublishMsg(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +169,22 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 	if len(run.Artifacts) != 2 || run.Artifacts[0].Path != "/models/a" || run.Artifacts[1].Path != "/models/b" ||
 		run.Artifacts[0].Version != "v1" || run.Artifacts[0].Digest != digest || run.Artifacts[0].Source != rec.Source || run.Artifacts[0].SizeBytes != rec.SizeBytes {
 		t.Fatalf("stored artifacts %+v", run.Artifacts)
+	}
+
+	// The same submit again after its artifact left the catalog (sent
+	// under another message id, past WF_RUNS' dedupe): the Run stands.
+	if _, err := p.cat.Remove(ctx, "llama", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	p.submitAs(t, in, request("known-1", schemas.ArtifactUse{Name: "llama", Digest: digest, Path: "/models/a"}, schemas.ArtifactUse{Name: "llama", Path: "/models/b"}), "known-1-again")
+	if ev, _ := p.lastEvent(t, schemas.RunIDFor("known-1")); ev.Type == schemas.EventRejected {
+		t.Fatalf("a duplicate submit of an accepted Run was rejected: %+v", ev)
+	}
+	if _, err := obs.PutBytes(ctx, rec.Source.Object, content); err != nil { // Remove took the object too
+		t.Fatal(err)
+	}
+	if _, err := p.cat.Register(ctx, rec); err != nil {
+		t.Fatal(err)
 	}
 
 	// The catalog unavailable (its connection closed): no rejection, the
