@@ -347,12 +347,16 @@ func newArtifactGet(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// One use resolved as intake would resolve it.
-			ms, err := cat.Resolve(cmd.Context(), []schemas.ArtifactUse{{Name: ref.Name, Version: ref.Version, Digest: ref.Digest}})
-			if err != nil {
-				return fmt.Errorf("%s: %w", ref, err)
+			version := ref.Version
+			if version == "" {
+				// The newest, or the one with the digest, as intake resolves a use.
+				ms, err := cat.Resolve(cmd.Context(), []schemas.ArtifactUse{{Name: ref.Name, Digest: ref.Digest}})
+				if err != nil {
+					return fmt.Errorf("%s: %w", ref, err)
+				}
+				version = ms[0].Version
 			}
-			r, err := cat.Get(cmd.Context(), ms[0].Name, ms[0].Version)
+			r, err := cat.Get(cmd.Context(), ref.Name, version)
 			if err != nil {
 				return fmt.Errorf("%s: %w", ref, err)
 			}

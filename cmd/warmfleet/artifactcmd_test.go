@@ -180,8 +180,13 @@ func TestArtifactCommands(t *testing.T) {
 			t.Fatalf("get %s: %v\n%s", arg, err, out)
 		}
 	}
-	if _, err := cli(t, url, "artifact", "get", "mistral"); err == nil || !strings.Contains(err.Error(), string(schemas.CodeArtifactUnknown)) {
-		t.Fatalf("get of an unknown artifact: %v", err)
+	for _, arg := range []string{"mistral", "llama:v9", "llama@sha256:" + strings.Repeat("0", 64)} {
+		if _, err := cli(t, url, "artifact", "get", arg); err == nil || !strings.Contains(err.Error(), string(schemas.CodeArtifactUnknown)) || !strings.Contains(err.Error(), "warmfleet artifact list") {
+			t.Fatalf("get %s: %v", arg, err)
+		}
+	}
+	if _, err := cli(t, url, "artifact", "get", "llama:"); err == nil || !strings.Contains(err.Error(), "the version after :") {
+		t.Fatalf("get llama: with an empty version: %v", err)
 	}
 
 	if _, err := cli(t, url, "artifact", "rm", "llama"); err == nil || !strings.Contains(err.Error(), "NAME:VERSION") {
