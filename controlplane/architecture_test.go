@@ -54,6 +54,10 @@ func TestImportRules(t *testing.T) {
 		// ingest's Prefetches interface, never the other way round.
 		{pkgs: []string{"controlplane/prefetch"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/runs"}},
 		{pkgs: []string{"controlplane/ingest"}, never: []string{"controlplane/prefetch"}},
+		// The catalog is a leaf over its buckets; intake resolves through
+		// its own ArtifactResolver interface.
+		{pkgs: []string{"controlplane/artifacts"}, never: []string{"controlplane/...", "agent", "residency/..."}},
+		{pkgs: []string{"controlplane/intake", "controlplane/runs", "controlplane/dispatch", "controlplane/scheduler", "controlplane/placement"}, never: []string{"controlplane/artifacts"}},
 	}
 	matches := func(pattern, pkg string) bool {
 		if p, ok := strings.CutSuffix(pattern, "/..."); ok {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/artifacts"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/ingest"
@@ -48,6 +49,10 @@ type ControlPlane struct {
 	rentals   *rentals.Manager // nil without Capacity
 	// registryAuth gives nodes registry credentials at pull time.
 	registryAuth *registryauth.Service
+	// artifacts is the artifact catalog, resolved at intake; its service
+	// answers operators' register and remove.
+	artifacts        *artifacts.Catalog
+	artifactsService *artifacts.Service
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -91,7 +96,12 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		Interval: cfg.ReconcileInterval, Timing: lifecycle.Timing{RedispatchAfter: cfg.RedispatchAfter, MaxRuntimeSlack: cfg.MaxRuntimeSlack},
 		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
-	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cfg.Now, log)
+	cat, err := artifacts.Open(ctx, conn.JS, cfg.Now, log.Named("artifacts"))
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	cp.artifacts, cp.artifactsService = cat, artifacts.NewService(cat, conn.NC, log.Named("artifacts"))
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"))
 	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
 	// A node's disk collection keeps what booked Runs need and what an
@@ -107,6 +117,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 // Prefetches is the prefetch service: its Wants says whether a node has a
 // live prefetch of an image (the registry credential service asks it).
 func (cp *ControlPlane) Prefetches() *prefetch.Service { return cp.prefetch }
+
+// Artifacts is the artifact catalog intake resolves Runs' artifacts in.
+func (cp *ControlPlane) Artifacts() *artifacts.Catalog { return cp.artifacts }
 
 // Ready is closed once Run answers on every subject.
 func (cp *ControlPlane) Ready() <-chan struct{} { return cp.ready }
@@ -157,6 +170,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopRegistryAuth()
+	stopArtifacts, err := cp.artifactsService.Serve(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopArtifacts()
 	if cp.rentals != nil {
 		stopRentals, err := cp.rentals.Serve(ctx)
 		if err != nil {

@@ -39,7 +39,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newDevCmd())
+	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newDevCmd())
 	return root
 }
 

@@ -31,19 +31,28 @@ type Scheduler interface {
 	Poke()
 }
 
-// Intake handles WF_RUNS messages.
-type Intake struct {
-	runs     *runs.Store
-	sched    Scheduler
-	dispatch *dispatch.Dispatcher
-	now      func() time.Time
-	log      *zap.Logger
-	rejected atomic.Int64
+// ArtifactResolver is what intake asks of the artifact catalog.
+type ArtifactResolver interface {
+	// Resolve answers a Run's artifact uses in order. A use the catalog
+	// cannot answer is a *schemas.Refusal; any other error is transient.
+	Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error)
 }
 
-// New returns an intake writing Runs to store.
-func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, now func() time.Time, log *zap.Logger) *Intake {
-	return &Intake{runs: store, sched: sched, dispatch: d, now: now, log: log}
+// Intake handles WF_RUNS messages.
+type Intake struct {
+	runs      *runs.Store
+	sched     Scheduler
+	dispatch  *dispatch.Dispatcher
+	artifacts ArtifactResolver
+	now       func() time.Time
+	log       *zap.Logger
+	rejected  atomic.Int64
+}
+
+// New returns an intake writing Runs to store, resolving their artifacts
+// through artifacts.
+func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, artifacts ArtifactResolver, now func() time.Time, log *zap.Logger) *Intake {
+	return &Intake{runs: store, sched: sched, dispatch: d, artifacts: artifacts, now: now, log: log}
 }
 
 // Rejected counts refused intake messages.
@@ -139,7 +148,24 @@ func (in *Intake) Handle(ctx context.Context, job Job) {
 
 // submit turns one valid RunRequest into a stored Run, or a rejection.
 func (in *Intake) submit(ctx context.Context, m jetstream.Msg, req schemas.RunRequest) error {
-	run, dup, err := in.runs.Create(ctx, req, in.sched.AtIntake)
+	mounts, err := in.resolve(ctx, req)
+	var ref *schemas.Refusal
+	if errors.As(err, &ref) {
+		// A submit delivered again may name an artifact removed since
+		// its Run was accepted: the Run stands, and is handled as a
+		// duplicate below.
+		stored, found, gerr := in.runs.Stored(ctx, schemas.RunIDFor(req.RequestID))
+		if gerr != nil {
+			return gerr
+		}
+		if !found {
+			return in.reject(ctx, m, req.RequestID, ref)
+		}
+		mounts = stored.Artifacts
+	} else if err != nil {
+		return err // the catalog is unavailable: redelivered
+	}
+	run, dup, err := in.runs.Create(ctx, req, mounts, in.sched.AtIntake)
 	if err != nil {
 		return err
 	}
@@ -160,6 +186,19 @@ func (in *Intake) submit(ctx context.Context, m jetstream.Msg, req schemas.RunRe
 	return nil
 }
 
+// resolve asks the catalog for the Run's artifacts, once, at intake: the
+// Run keeps what they named then.
+func (in *Intake) resolve(ctx context.Context, req schemas.RunRequest) ([]schemas.ArtifactMount, error) {
+	if len(req.Artifacts) == 0 {
+		return nil, nil
+	}
+	if in.artifacts == nil {
+		return nil, &schemas.Refusal{Code: schemas.CodeArtifactUnknown, Field: "artifacts",
+			Reason: "this control plane serves no artifact catalog; submit the Run without artifacts"}
+	}
+	return in.artifacts.Resolve(ctx, req.Artifacts)
+}
+
 // normalise makes empty and nil collections compare equal across encodings.
 func normalise(r schemas.RunRequest) schemas.RunRequest {
 	if len(r.Command) == 0 {
@@ -176,6 +215,9 @@ func normalise(r schemas.RunRequest) schemas.RunRequest {
 	}
 	if len(r.Ulimits) == 0 {
 		r.Ulimits = nil
+	}
+	if len(r.Artifacts) == 0 {
+		r.Artifacts = nil
 	}
 	r.Network = schemas.NetworkModeOf(r.Network)
 	r.Version = 0

@@ -116,15 +116,15 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 	return run, err
 }
 
-// Create stores a new Run for req and publishes its accepted event. When
-// first returns a transition, it is applied in the same write (intake's
+// Create stores a new Run for req, with its artifacts as the catalog
+// resolved them, and publishes its accepted event. When first returns a transition, it is applied in the same write (intake's
 // early decision). It reports true, with the stored Run, when the Run
 // already existed.
-func (s *Store) Create(ctx context.Context, req schemas.RunRequest, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
+func (s *Store) Create(ctx context.Context, req schemas.RunRequest, artifacts []schemas.ArtifactMount, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
 	now := s.cfg.Now()
 	run := schemas.Run{
 		ID: schemas.RunIDFor(req.RequestID), Request: req, Phase: schemas.PhaseAccepted,
-		CreatedAt: now, UpdatedAt: now, PhaseSince: now,
+		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts,
 	}
 	s.appendEvent(&run, schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted}, now)
 	if t := first(run); t != nil {
@@ -154,6 +154,18 @@ func (s *Store) Create(ctx context.Context, req schemas.RunRequest, first func(s
 		return run, false, err
 	}
 	return run, false, nil
+}
+
+// Stored reads a Run from wf_runs; found is false when it is absent.
+func (s *Store) Stored(ctx context.Context, runID string) (run schemas.Run, found bool, err error) {
+	_, err = bus.GetJSON(ctx, s.kv, runID, &run)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return run, false, nil
+	case err != nil:
+		return run, false, fmt.Errorf("run %s: read: %w", runID, err)
+	}
+	return run, true, nil
 }
 
 // LoseAttempt ends r's current attempt as lost (lifecycle.Loss).
