@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/ingest"
@@ -48,6 +49,8 @@ type ControlPlane struct {
 	rentals   *rentals.Manager // nil without Capacity
 	// registryAuth gives nodes registry credentials at pull time.
 	registryAuth *registryauth.Service
+	// artifactAuth gives nodes artifact source credentials per fetch.
+	artifactAuth *artifactauth.Service
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -64,7 +67,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, err
 	}
 	kv := map[string]jetstream.KeyValue{}
-	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency, bus.BucketPrefetch} {
+	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency, bus.BucketPrefetch, bus.BucketArtifactGrants} {
 		h, err := conn.JS.KeyValue(ctx, b)
 		if err != nil {
 			return nil, fmt.Errorf("controlplane: open %s: %w", b, err)
@@ -101,6 +104,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	// an open prefetch for.
 	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}
 	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.Now, log)
+	// Likewise for an artifact: a Run booked on the node that mounts it.
+	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
+		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Now: cfg.Now}, log)
 	return cp, nil
 }
 
@@ -157,6 +163,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopRegistryAuth()
+	stopArtifactAuth, err := cp.artifactAuth.Serve(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopArtifactAuth()
 	if cp.rentals != nil {
 		stopRentals, err := cp.rentals.Serve(ctx)
 		if err != nil {
