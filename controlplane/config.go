@@ -4,8 +4,8 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
+	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
