@@ -27,7 +27,7 @@ func TransportOf(nc *nats.Conn) Transport {
 	servers := append([]string{}, o.Servers...)
 	url := o.Url
 	same := func(to *nats.Options) error {
-		to.Servers = append(to.Servers, servers...)
+		to.Servers = servers
 		to.Secure = o.Secure
 		if o.TLSConfig != nil {
 			to.TLSConfig = o.TLSConfig.Clone()

@@ -43,7 +43,8 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	ctx := context.Background()
 
 	// The artifact's bytes in the object store, as the catalog puts them.
-	content := []byte("model weights " + strings.Repeat("w", 300<<10))
+	// Large enough for the ordered consumer to ask for flow control.
+	content := []byte("model weights " + strings.Repeat("w", 12<<20))
 	sum := sha256.Sum256(content)
 	objDigest := "sha256:" + hex.EncodeToString(sum[:])
 	object := "sha256/" + hex.EncodeToString(sum[:])
@@ -147,6 +148,9 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	info, err := lstore.GetInfo(ctx, object)
 	if err != nil || info.Digest != schemas.ObjectStoreDigest(objDigest) {
 		t.Fatalf("the artifact login's object info: %+v (%v)", info, err)
+	}
+	if violations.has("violation") {
+		t.Fatal("reading the object needed a right the artifact login lacks")
 	}
 	{
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
