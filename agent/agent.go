@@ -96,6 +96,10 @@ type Config struct {
 	// time. They must be the ones the connection was built with
 	// (Credentials.Options). Nil: the connection needs no login.
 	Credentials *bus.Credentials
+	// ArtifactTransport is how an artifact login's own connection reaches
+	// NATS (bus.DialArtifactLogin); nil: the main connection's servers and
+	// TLS (bus.TransportOf).
+	ArtifactTransport *bus.Transport
 }
 
 // Faults are the crash points fault tests use to prove invariant 1 (one

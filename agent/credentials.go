@@ -32,18 +32,7 @@ func (a *Agent) registryCredentials(reference, runID string) func(ctx context.Co
 		start := time.Now()
 		req := schemas.RegistryCredentialRequest{NodeID: a.cfg.NodeID, FencingToken: a.Enrollment().FencingToken, Reference: reference, RunID: runID}
 		var rep schemas.Reply[schemas.RegistryCredential]
-		var err error
-		for try := 1; ; try++ {
-			err = a.requestWithin(ctx, CredentialTimeout, bus.NodeRegistryCredentials(a.cfg.NodeID), req, &rep)
-			if try == credentialTries || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
-				break
-			}
-			a.log.Info("registry credential not answered; asking again", zap.String("host", host), zap.Int("try", try), zap.Error(err))
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
+		err := askCredential(ctx, a, bus.NodeRegistryCredentials(a.cfg.NodeID), req, &rep, "registry credential for "+host)
 		if m := a.cfg.ImageMetrics; m != nil {
 			m.CredentialAsked(time.Since(start), err == nil && rep.OK != nil)
 		}
@@ -59,5 +48,24 @@ func (a *Agent) registryCredentials(reference, runID string) func(ctx context.Co
 		a.log.Debug("registry credential received", zap.String("registry", rep.OK.Registry), zap.String("host", host),
 			zap.Stringer("credential", rep.OK), zap.Duration("took", time.Since(start)))
 		return *rep.OK, nil
+	}
+}
+
+// askCredential asks the control plane on subject (core request/reply) and
+// decodes its answer into rep, asking again, credentialTries times in all,
+// while no answer comes (no replica listening, a timeout). The answer is
+// held in memory only; what names it in logs.
+func askCredential[R any](ctx context.Context, a *Agent, subject string, req any, rep *schemas.Reply[R], what string) error {
+	var err error
+	for try := 1; ; try++ {
+		err = a.requestWithin(ctx, CredentialTimeout, subject, req, rep)
+		if try == credentialTries || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+			return err
+		}
+		a.log.Info(what+" not answered; asking again", zap.Int("try", try), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
 	}
 }

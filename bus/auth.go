@@ -17,6 +17,7 @@ import (
 //	agent, first boot: node id + the invitation's enrollment token
 //	agent, enrolled:   node id + its session token
 //	agent, one Run's output: NodeLogUser(node id, run id) + its session token
+//	agent, one artifact fetch: ArtifactUser(node id) + a one-time token
 //	producer:          producer name + its producer token
 //	operator:          "operator" + the operator token
 //
@@ -69,6 +70,33 @@ func ParseNodeLogUser(user string) (nodeID, runID string, ok bool) {
 // (it holds the separator, which no other identity's name may).
 func IsNodeLogUser(user string) bool { return strings.Contains(user, nodeLogSep) }
 
+// artifactUserSuffix ends an artifact login's user name; no node id,
+// producer name or log login holds an "@".
+const artifactUserSuffix = "@artifact"
+
+// ArtifactUser is the user an agent logs in as, with a one-time token the
+// control plane minted for one fetch (schemas.ArtifactLogin), to read the
+// artifact object store (PermsArtifactReader).
+func ArtifactUser(nodeID string) string { return nodeID + artifactUserSuffix }
+
+// ParseArtifactUser returns the node id of an ArtifactUser; ok is false
+// unless the id is one subject token.
+func ParseArtifactUser(user string) (nodeID string, ok bool) {
+	nodeID, found := strings.CutSuffix(user, artifactUserSuffix)
+	if !found || !SubjectToken(nodeID) || strings.Contains(nodeID, "@") || IsNodeLogUser(nodeID) {
+		return "", false
+	}
+	return nodeID, true
+}
+
+// IsArtifactUser reports whether user has an artifact login's form, valid
+// or not (it holds an "@", which no other identity's name may).
+func IsArtifactUser(user string) bool { return strings.Contains(user, "@") }
+
+// ArtifactInboxPrefix is the reply-inbox prefix of an artifact login of
+// node nodeID: inside the node's branch, apart from its other connections'.
+func ArtifactInboxPrefix(nodeID string) string { return NodeInboxPrefix(nodeID) + ".artifact" }
+
 // ProducerInboxPrefix is the reply-inbox prefix of a producer's connection.
 // With the nats CLI: `nats --inbox-prefix _WF_INBOX.producer.<name> ...`.
 func ProducerInboxPrefix(name string) string { return inboxRoot + "producer." + name }
@@ -100,7 +128,8 @@ func PermsEnrolling(nodeID string) Permissions {
 
 // PermsNode is what an enrolled agent may do: publish its own
 // observations, heartbeats and renewals, ask for registry credentials
-// at pull time (wf.node.<id>.credentials.registry), resume its session (wf.enroll),
+// at pull time (wf.node.<id>.credentials.registry) and artifact source
+// credentials per fetch (wf.node.<id>.credentials.artifact), resume its session (wf.enroll),
 // and read and ack its own command consumer. As a session host
 // (residency/nodehost) it also takes the control plane's requests on
 // wf.node.<id>.sessions.* (and answers them: Responses), asks the
@@ -121,6 +150,7 @@ func PermsNode(nodeID string) Permissions {
 			NodeHeartbeat(nodeID),
 			NodeRenew(nodeID),
 			NodeRegistryCredentials(nodeID),
+			NodeArtifactCredentials(nodeID),
 			"$JS.API.CONSUMER.INFO." + StreamCmds + "." + cons,
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamCmds + "." + cons,
 			"$JS.ACK." + StreamCmds + "." + cons + ".>",
@@ -144,6 +174,31 @@ func PermsNodeLogs(nodeID, runID string) Permissions {
 	return Permissions{
 		Publish:   []string{RunLogs(runID)},
 		Subscribe: []string{NodeLogInboxPrefix(nodeID, runID) + ".>"},
+	}
+}
+
+// PermsArtifactReader is what a one-time artifact login may do: read the
+// artifact object store (ObjectBucketArtifacts) as nats.go's
+// ObjectStore(bucket) and Get do, and nothing else. It looks up the
+// stream, reads an object's meta record by direct get, reads its chunks
+// through an ordered push consumer (create, flow control, delete) and
+// takes the deliveries on its own inbox. No publish under $O.<bucket>.>
+// (a write), no other stream, no wf.* subject. The consumer's deliver
+// subject is in the request's body, which a permission cannot confine
+// (docs/security.md).
+func PermsArtifactReader(nodeID string) Permissions {
+	stream := "OBJ_" + ObjectBucketArtifacts
+	return Permissions{
+		Publish: []string{
+			"$JS.API.STREAM.INFO." + stream,
+			"$JS.API.STREAM.MSG.GET." + stream,
+			"$JS.API.DIRECT.GET." + stream,
+			"$JS.API.DIRECT.GET." + stream + ".>",
+			"$JS.API.CONSUMER.CREATE." + stream + ".>",
+			"$JS.API.CONSUMER.DELETE." + stream + ".>",
+			"$JS.FC." + stream + ".>",
+		},
+		Subscribe: []string{ArtifactInboxPrefix(nodeID) + ".>"},
 	}
 }
 

@@ -59,3 +59,35 @@ func TestPermsProducerReadsNoLogs(t *testing.T) {
 		}
 	}
 }
+
+// TestArtifactUser: an artifact login's user names its node and no other
+// identity's name has its form.
+func TestArtifactUser(t *testing.T) {
+	if id, ok := bus.ParseArtifactUser(bus.ArtifactUser("gpu-7")); !ok || id != "gpu-7" {
+		t.Fatalf("ParseArtifactUser(ArtifactUser(gpu-7)) = %q, %v", id, ok)
+	}
+	for _, u := range []string{"gpu-7", "@artifact", "a.b@artifact", "a@b@artifact", "n/r@artifact", "gpu-7@artifacts"} {
+		if _, ok := bus.ParseArtifactUser(u); ok {
+			t.Errorf("ParseArtifactUser(%q) accepted", u)
+		}
+	}
+	if bus.IsArtifactUser("gpu-7") || bus.IsArtifactUser(bus.NodeLogUser("gpu-7", "run-1")) || !bus.IsArtifactUser(bus.ArtifactUser("gpu-7")) {
+		t.Fatal("IsArtifactUser mistakes a node or log login")
+	}
+}
+
+// TestPermsArtifactReader: only reads of the artifact object store's
+// stream; nothing under $O (a write), no other stream, no wf.* subject.
+func TestPermsArtifactReader(t *testing.T) {
+	p := bus.PermsArtifactReader("gpu-7")
+	stream := "OBJ_" + bus.ObjectBucketArtifacts
+	for _, s := range p.Publish {
+		if strings.HasPrefix(s, "$O.") || strings.HasPrefix(s, "wf.") || !strings.Contains(s, stream) || strings.Contains(s, "PURGE") ||
+			strings.Contains(s, "DELETE."+stream) && !strings.HasPrefix(s, "$JS.API.CONSUMER.DELETE.") {
+			t.Errorf("publish %q is not a read of %s", s, stream)
+		}
+	}
+	if len(p.Subscribe) != 1 || p.Subscribe[0] != bus.ArtifactInboxPrefix("gpu-7")+".>" || p.Responses {
+		t.Errorf("subscribe %v (responses %v), want its own inbox only", p.Subscribe, p.Responses)
+	}
+}

@@ -30,7 +30,14 @@ const (
 	// ObjectBucketArtifacts is the object store bucket holding artifact
 	// content put through the control plane (the embedded default source).
 	ObjectBucketArtifacts = "wf_artifact_content"
+	// BucketArtifactGrants holds one-time artifact logins
+	// (schemas.ArtifactGrant) by the SHA-256 of their token.
+	BucketArtifactGrants = "wf_artifact_grants"
 )
+
+// ArtifactGrantsMaxAge is how long wf_artifact_grants keeps a grant nobody
+// used; each grant's own expires_at, checked at login, is shorter.
+const ArtifactGrantsMaxAge = time.Hour
 
 // PrefetchMaxAge is how long a prefetch record outlives its last change.
 const PrefetchMaxAge = 7 * 24 * time.Hour
@@ -128,6 +135,9 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 		// TTL, renewed by every update, removes records nobody reads.
 		{Bucket: BucketPrefetch, Description: "operators' prefetches by id; every change is a CAS update", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: PrefetchMaxAge},
 		{Bucket: BucketArtifacts, Description: "artifact catalog by name/version; changed only by CAS", History: 5, Storage: jetstream.FileStorage, Replicas: r},
+		// A grant is written once and deleted at its login; the TTL sweeps
+		// the ones never used.
+		{Bucket: BucketArtifactGrants, Description: "one-time artifact logins by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: ArtifactGrantsMaxAge},
 		leasesKVConfig(r),
 		residencyKVConfig(r),
 		sessionsKVConfig(r),

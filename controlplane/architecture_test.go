@@ -48,8 +48,13 @@ func TestImportRules(t *testing.T) {
 		{pkgs: []string{"controlplane/lifecycle", "controlplane/placement"}, never: []string{"bus", "controlplane/..."}},
 		{pkgs: []string{"controlplane/..."}, except: []string{"controlplane"}, never: []string{"controlplane", "agent"}},
 		{pkgs: []string{"controlplane/scheduler"}, never: []string{"controlplane/rentals", "controlplane/nodes", "controlplane/sessions", "controlplane/intake", "controlplane/ingest"}},
+		// The per-use credential services share nodecreds and know nothing
+		// of each other or of the parts that book Runs.
+		{pkgs: []string{"controlplane/nodecreds"}, never: []string{"controlplane/registryauth", "controlplane/artifactauth", "controlplane/prefetch", "controlplane/runs", "controlplane/dispatch", "controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/lifecycle", "controlplane/placement"}},
+		{pkgs: []string{"controlplane/artifactauth"}, never: []string{"controlplane/registryauth", "controlplane/prefetch", "controlplane/runs", "controlplane/dispatch", "controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/lifecycle", "controlplane/placement"}},
+		{pkgs: []string{"controlplane/registryauth"}, never: []string{"controlplane/artifactauth"}},
 		{pkgs: []string{"controlplane/registryauth"}, never: []string{"controlplane/prefetch", "controlplane/runs", "controlplane/dispatch", "controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/lifecycle", "controlplane/placement"}},
-		{pkgs: []string{"controlplane/runs", "controlplane/dispatch", "controlplane/cache"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/prefetch", "controlplane/registryauth"}},
+		{pkgs: []string{"controlplane/runs", "controlplane/dispatch", "controlplane/cache"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/prefetch", "controlplane/registryauth", "controlplane/artifactauth", "controlplane/nodecreds"}},
 		// Prefetches reach nodes through dispatch and hear back through
 		// ingest's Prefetches interface, never the other way round.
 		{pkgs: []string{"controlplane/prefetch"}, never: []string{"controlplane/scheduler", "controlplane/intake", "controlplane/ingest", "controlplane/nodes", "controlplane/rentals", "controlplane/sessions", "controlplane/runs"}},

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
@@ -57,6 +58,13 @@ type Config struct {
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
 	RegistryAuth *registryauth.Source
+	// ArtifactSourceAuth holds the headers nodes are given to fetch
+	// URL-sourced artifacts (controlplane/artifactauth); nil fetches every
+	// URL anonymously.
+	ArtifactSourceAuth *artifactauth.URLSource
+	// ArtifactGrantTTL bounds a node's one-time login to read the artifact
+	// object store; artifactauth.DefaultGrantTTL when zero.
+	ArtifactGrantTTL time.Duration
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
 }

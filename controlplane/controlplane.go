@@ -12,6 +12,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/artifacts"
+	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/ingest"
@@ -53,6 +54,8 @@ type ControlPlane struct {
 	// answers operators' register and remove.
 	artifacts        *artifacts.Catalog
 	artifactsService *artifacts.Service
+	// artifactAuth gives nodes artifact source credentials per fetch.
+	artifactAuth *artifactauth.Service
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -69,7 +72,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, err
 	}
 	kv := map[string]jetstream.KeyValue{}
-	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency, bus.BucketPrefetch} {
+	for _, b := range []string{bus.BucketRuns, bus.BucketNodes, bus.BucketEnroll, bus.BucketRentals, bus.BucketResidency, bus.BucketPrefetch, bus.BucketArtifactGrants} {
 		h, err := conn.JS.KeyValue(ctx, b)
 		if err != nil {
 			return nil, fmt.Errorf("controlplane: open %s: %w", b, err)
@@ -111,6 +114,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	// an open prefetch for.
 	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}
 	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.Now, log)
+	// Likewise for an artifact: a Run booked on the node that mounts it.
+	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
+		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Now: cfg.Now}, log)
 	return cp, nil
 }
 
@@ -175,6 +181,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopArtifacts()
+	stopArtifactAuth, err := cp.artifactAuth.Serve(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopArtifactAuth()
 	if cp.rentals != nil {
 		stopRentals, err := cp.rentals.Serve(ctx)
 		if err != nil {

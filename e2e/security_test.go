@@ -759,3 +759,15 @@ func getLogEnd(js jetstream.JetStream, runID, stream string) (bool, error) {
 	}
 	return false, nil
 }
+
+// has reports whether an error holding s (lower case) was collected.
+func (a *asyncErrs) has(s string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.errs {
+		if strings.Contains(strings.ToLower(e.Error()), s) {
+			return true
+		}
+	}
+	return false
+}

@@ -24,6 +24,7 @@ func newServe(g *globals) *cobra.Command {
 	var sec serveSecurity
 	var capf serveCapacity
 	var regAuth serveRegistryAuth
+	var artAuth serveArtifactSourceAuth
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -41,6 +42,10 @@ func newServe(g *globals) *cobra.Command {
 			defer func() { _ = log.Sync() }()
 			// A malformed credentials file stops serve before anything starts.
 			registryAuth, err := regAuth.build(log)
+			if err != nil {
+				return err
+			}
+			artifactSourceAuth, err := artAuth.build(log)
 			if err != nil {
 				return err
 			}
@@ -78,7 +83,7 @@ func newServe(g *globals) *cobra.Command {
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
-				Capacity: capCfg, RegistryAuth: registryAuth,
+				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth,
 			}, log)
 			if err != nil {
 				return err
@@ -122,6 +127,7 @@ func newServe(g *globals) *cobra.Command {
 	sec.register(cmd)
 	capf.register(cmd)
 	regAuth.register(cmd)
+	artAuth.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

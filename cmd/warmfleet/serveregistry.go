@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 )
 
@@ -64,5 +65,29 @@ func (r *serveRegistryAuth) build(log *zap.Logger) (*registryauth.Source, error)
 		}
 	}
 	log.Info("registry credentials configured", zap.String("file", r.file), zap.Strings("helpers", src.Helpers()))
+	return src, nil
+}
+
+// serveArtifactSourceAuth is `warmfleet serve --artifact-source-auth`: the
+// headers nodes are given, per fetch, for URL-sourced artifacts
+// (artifactauth.URLSource documents the format). Read at start (a
+// malformed file stops serve with its line and column, never a value),
+// never written anywhere.
+type serveArtifactSourceAuth struct{ file string }
+
+func (a *serveArtifactSourceAuth) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&a.file, "artifact-source-auth", "", "file of `<url-prefix> <Header-Name>: <value>` lines: headers given to nodes per fetch of an artifact under that URL prefix, e.g. `https://models.example.com/ Authorization: Bearer …` (default: fetch URLs anonymously)")
+}
+
+// build returns the source, nil when none is configured.
+func (a *serveArtifactSourceAuth) build(log *zap.Logger) (*artifactauth.URLSource, error) {
+	if a.file == "" {
+		return nil, nil
+	}
+	src, err := artifactauth.LoadURLSource(a.file)
+	if err != nil {
+		return nil, fmt.Errorf("--artifact-source-auth: %w", err)
+	}
+	log.Info("artifact source credentials configured", zap.String("file", a.file), zap.Strings("url_prefixes", src.Prefixes()))
 	return src, nil
 }

@@ -21,6 +21,10 @@ func TestServe_MalformedRegistryAuthStops(t *testing.T) {
 	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	sources := filepath.Join(dir, "sources")
+	if err := os.WriteFile(sources, []byte("# models\nhttps://models.example.com/ Bad Header: Bearer "+secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	dataDir := filepath.Join(dir, "data")
 	for _, c := range []struct {
 		args []string
@@ -29,6 +33,8 @@ func TestServe_MalformedRegistryAuthStops(t *testing.T) {
 		{[]string{"--registry-auth", file}, file + ": line 3, column 79: not valid JSON"},
 		{[]string{"--registry-credential-helper", "registry.example.com"}, "write HOST=NAME"},
 		{[]string{"--registry-credential-helper", "registry.example.com=../bin/sh"}, "not a helper name"},
+		{[]string{"--artifact-source-auth", sources}, sources + ": artifact source auth: line 2, column 29: a header name"},
+		{[]string{"--artifact-source-auth", filepath.Join(dir, "absent")}, "--artifact-source-auth"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"serve", "--data-dir", dataDir, "--port", "-1"}, c.args...))

@@ -58,10 +58,13 @@ func (e *AuthRefusal) Error() string {
 }
 
 // AuthCallout answers nats-server's authorization requests: it turns a
-// warmfleet secret (invitation, session, producer or operator token) into a
-// NATS user with exactly that identity's permissions (bus.Perms*). It reads
-// wf_enroll, wf_nodes, wf_rentals and wf_runs and writes nothing: an
-// invitation is checked, not redeemed, at login; enrollment redeems it.
+// warmfleet secret (invitation, session, artifact login, producer or
+// operator token) into a NATS user with exactly that identity's
+// permissions (bus.Perms*). It reads wf_enroll, wf_nodes, wf_rentals and
+// wf_runs; an invitation is checked, not redeemed, at login (enrollment
+// redeems it). Its one write: an artifact login's grant in
+// wf_artifact_grants is deleted at its revision when it is used, so it
+// admits one login.
 type AuthCallout struct {
 	conn      *bus.Conn
 	log       *zap.Logger
@@ -70,6 +73,7 @@ type AuthCallout struct {
 	enrollKV  jetstream.KeyValue
 	rentalsKV jetstream.KeyValue
 	runsKV    jetstream.KeyValue
+	grantsKV  jetstream.KeyValue
 	producers map[string]string // name -> token hash
 	operator  string            // token hash
 	now       func() time.Time
@@ -92,8 +96,8 @@ func NewAuthCallout(ctx context.Context, conn *bus.Conn, cfg AuthConfig, log *za
 		a.now = time.Now
 	}
 	for name, tok := range cfg.Producers {
-		if !bus.SubjectToken(name) || bus.IsNodeLogUser(name) || name == bus.OperatorUser {
-			return nil, fmt.Errorf("auth callout: producer name %q must be one subject token (no dots, slashes, spaces or wildcards) and not %q", name, bus.OperatorUser)
+		if !bus.SubjectToken(name) || bus.IsNodeLogUser(name) || bus.IsArtifactUser(name) || name == bus.OperatorUser {
+			return nil, fmt.Errorf("auth callout: producer name %q must be one subject token (no dots, slashes, @, spaces or wildcards) and not %q", name, bus.OperatorUser)
 		}
 		if len(tok) < 16 {
 			return nil, fmt.Errorf("auth callout: producer %q: its token is shorter than 16 characters; use `openssl rand -base64 32`", name)
@@ -117,6 +121,9 @@ func NewAuthCallout(ctx context.Context, conn *bus.Conn, cfg AuthConfig, log *za
 	}
 	if a.runsKV, err = conn.JS.KeyValue(ctx, bus.BucketRuns); err != nil {
 		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketRuns, err)
+	}
+	if a.grantsKV, err = conn.JS.KeyValue(ctx, bus.BucketArtifactGrants); err != nil {
+		return nil, fmt.Errorf("auth callout: open %s: %w", bus.BucketArtifactGrants, err)
 	}
 	return a, nil
 }
@@ -226,6 +233,9 @@ func (a *AuthCallout) authorize(ctx context.Context, o jwt.ConnectOptions) (auth
 	}
 	if bus.IsNodeLogUser(user) {
 		return a.authorizeRunLogs(ctx, user, secret, h)
+	}
+	if bus.IsArtifactUser(user) {
+		return a.authorizeArtifact(ctx, user, secret)
 	}
 	if want, ok := a.producers[user]; ok {
 		if subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1 {
@@ -346,6 +356,62 @@ func (a *AuthCallout) authorizeRunLogs(ctx context.Context, user, secret, h stri
 	return authGrant{kind: "node-logs", name: user, perms: &p, expires: rec.SessionExpires}, nil
 }
 
+// authorizeArtifact admits an agent's one-time artifact login
+// (bus.ArtifactUser): the token's grant in wf_artifact_grants, for this
+// node, not expired, minted for the node's current session, and not used
+// before. Admitting it deletes the grant at the revision read, so of two
+// logins with one token at most one gets in. The user may read the
+// artifact object store until the grant expires (bus.PermsArtifactReader).
+func (a *AuthCallout) authorizeArtifact(ctx context.Context, user, secret string) (authGrant, error) {
+	nodeID, ok := bus.ParseArtifactUser(user)
+	if !ok {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "an artifact login's user is <node id>@artifact (bus.ArtifactUser), the id without dots, slashes or wildcards"}
+	}
+	if !tokenWellFormed(secret) {
+		return authGrant{}, &AuthRefusal{User: user, Reason: "not a warmfleet token; an artifact login presents the one-time token the control plane answered on wf.node.<id>.credentials.artifact"}
+	}
+	key := schemas.ArtifactGrantKey(secret)
+	var g schemas.ArtifactGrant
+	rev, err := bus.GetJSON(ctx, a.grantsKV, key, &g)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "not a current artifact login: each is good for one login before it expires; ask wf.node.<id>.credentials.artifact for a new one"}
+	case err != nil:
+		return authGrant{}, fmt.Errorf("read artifact grant: %w", err)
+	case g.NodeID != nodeID:
+		return authGrant{}, &AuthRefusal{User: user, Reason: "this artifact login was minted for another node; log in as the user it was answered with"}
+	case !a.now().Before(g.ExpiresAt):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "this artifact login expired at " + g.ExpiresAt.UTC().Format(time.RFC3339) + "; ask for a new one"}
+	}
+	var rec schemas.NodeRecord
+	_, err = bus.GetJSON(ctx, a.nodesKV, nodeID, &rec)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "node " + nodeID + " is not enrolled"}
+	case err != nil:
+		return authGrant{}, fmt.Errorf("read node %s: %w", nodeID, err)
+	case rec.FencingToken != g.FencingToken:
+		return authGrant{}, &AuthRefusal{User: user, Reason: fmt.Sprintf("this artifact login was minted for session %d of node %s, which is now at %d; the current session asks for a new one", g.FencingToken, nodeID, rec.FencingToken)}
+	case !a.now().Before(rec.SessionExpires):
+		return authGrant{}, &AuthRefusal{User: user, Reason: "node " + nodeID + "'s session expired; it asks for a new login once it has enrolled again"}
+	}
+	if err := a.grantsKV.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || isWrongLastSequence(err) {
+			return authGrant{}, &AuthRefusal{User: user, Reason: "this artifact login was used already; each is good for one login"}
+		}
+		return authGrant{}, fmt.Errorf("use artifact grant: %w", err)
+	}
+	p := bus.PermsArtifactReader(nodeID)
+	return authGrant{kind: "artifact", name: user, perms: &p, expires: g.ExpiresAt}, nil
+}
+
+// isWrongLastSequence reports JetStream's answer to a write at a stale
+// revision.
+func isWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
 // ParseProducerTokens reads `name token` lines (blank lines and lines
 // starting with # are skipped), as in the file given to
 // `warmfleet serve --producer-tokens-file`.
@@ -360,10 +426,10 @@ func ParseProducerTokens(text string) (map[string]string, error) {
 		if len(f) != 2 {
 			return nil, fmt.Errorf("producer tokens: line %d: want `<name> <token>`", i+1)
 		}
-		if !bus.SubjectToken(f[0]) || bus.IsNodeLogUser(f[0]) || f[0] == bus.OperatorUser {
-			// The name becomes part of the producer's permission subjects,
-			// and a slash marks an agent's log login.
-			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, slashes, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
+		if !bus.SubjectToken(f[0]) || bus.IsNodeLogUser(f[0]) || bus.IsArtifactUser(f[0]) || f[0] == bus.OperatorUser {
+			// The name becomes part of the producer's permission subjects;
+			// a slash marks an agent's log login, an @ its artifact login.
+			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, slashes, @, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
 		}
 		if _, dup := out[f[0]]; dup {
 			return nil, fmt.Errorf("producer tokens: line %d: producer %q is listed twice", i+1, f[0])

@@ -2,20 +2,17 @@ package registryauth
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
-	"github.com/warmfleet/warmfleet/internal/keyed"
+	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -29,7 +26,7 @@ type ImageWanted func(nodeID string, ref schemas.ImageRef) bool
 func BookedImages(c *cache.Cache) ImageWanted {
 	return func(nodeID string, ref schemas.ImageRef) bool {
 		for _, r := range c.ActiveRuns() {
-			if bookedOn(r, nodeID, ref) {
+			if nodecreds.Booked(r, nodeID) && pinnedTo(r, ref) {
 				return true
 			}
 		}
@@ -37,34 +34,23 @@ func BookedImages(c *cache.Cache) ImageWanted {
 	}
 }
 
-// bookedOn says whether r is booked on nodeID, pinned to ref, in a phase
-// from placed to running.
-func bookedOn(r *schemas.Run, nodeID string, ref schemas.ImageRef) bool {
-	if r.NodeID != nodeID {
-		return false
-	}
-	switch r.Phase {
-	case schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning:
-	default:
-		return false
-	}
+// pinnedTo says whether r's image is ref.
+func pinnedTo(r *schemas.Run, ref schemas.ImageRef) bool {
 	booked, err := schemas.ParseImageRef("image", r.Request.Image)
 	return err == nil && booked == ref
 }
 
 // Workers bounds how many credential requests one replica answers at once
 // (a helper may take its whole timeout).
-const Workers = 16
+const Workers = nodecreds.Workers
 
 // Service answers wf.node.<id>.credentials.registry.
 type Service struct {
-	conn            *bus.Conn
-	cache           *cache.Cache
-	nodesKV, runsKV jetstream.KeyValue
-	source          *Source
-	wanted          []ImageWanted
-	now             func() time.Time
-	log             *zap.Logger
+	gate   *nodecreds.Gate
+	server *nodecreds.Server[schemas.RegistryCredentialRequest, *schemas.RegistryCredentialRequest, schemas.RegistryCredential]
+	source *Source
+	wanted []ImageWanted
+	log    *zap.Logger
 
 	given, refused atomic.Int64
 }
@@ -73,7 +59,10 @@ type Service struct {
 // registry anonymous); wanted are the reasons a node may have to pull an
 // image (BookedImages, and prefetches).
 func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, source *Source, wanted []ImageWanted, now func() time.Time, log *zap.Logger) *Service {
-	return &Service{conn: conn, cache: c, nodesKV: nodesKV, runsKV: runsKV, source: source, wanted: wanted, now: now, log: log.Named("registryauth")}
+	s := &Service{gate: nodecreds.NewGate(c, nodesKV, runsKV, now), source: source, wanted: wanted, log: log.Named("registryauth")}
+	s.server = &nodecreds.Server[schemas.RegistryCredentialRequest, *schemas.RegistryCredentialRequest, schemas.RegistryCredential]{
+		Conn: conn.NC, Subject: bus.SubjectRegistryCredentials, What: "registry credential", Answer: s.Answer, Refused: &s.refused, Log: s.log}
+	return s
 }
 
 // Given counts credentials (anonymous answers included) handed out;
@@ -82,38 +71,9 @@ func (s *Service) Given() int64   { return s.given.Load() }
 func (s *Service) Refused() int64 { return s.refused.Load() }
 
 // Serve answers requests in the control plane's queue group until ctx
-// ends or stop is called. Requests are answered by a pool of workers that
-// wg owns, so a slow helper holds up no other request.
+// ends or stop is called (nodecreds.Server).
 func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	pool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: Workers, Queue: Workers * 4}, s.handle)
-	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
-		// Keyed by reply inbox only to spread the load.
-		bus.SubjectRegistryCredentials: func(m *nats.Msg) { pool.Submit(m.Reply, m) },
-	})
-	if err != nil {
-		return nil, err
-	}
-	return subs.Stop, nil
-}
-
-func (s *Service) handle(ctx context.Context, m *nats.Msg) {
-	var req schemas.RegistryCredentialRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
-	}
-	var rep schemas.Reply[schemas.RegistryCredential]
-	if err != nil {
-		rep.Refusal = schemas.RefusalOfInput(err, "body is not a RegistryCredentialRequest")
-		s.refused.Add(1)
-		s.log.Info("registry credential refused", zap.String("subject", m.Subject), zap.String("code", string(rep.Refusal.Code)),
-			zap.String("reason", rep.Refusal.Reason))
-	} else {
-		rep = s.Answer(ctx, m.Subject, req)
-	}
-	if err := bus.Respond(m, enc, rep); err != nil {
-		s.log.Error("reply", zap.String("subject", m.Subject), zap.Error(err))
-	}
+	return s.server.Serve(ctx, wg)
 }
 
 // Answer decides one valid request that came on subject: a refusal, or the
@@ -130,20 +90,8 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Regist
 			zap.String("registry", registry), zap.String("image", req.Reference), zap.String("code", string(code)), zap.String("reason", r.Reason))
 		return schemas.Reply[schemas.RegistryCredential]{Refusal: r}
 	}
-	if subject != bus.NodeRegistryCredentials(req.NodeID) {
-		return refuse(schemas.CodeWrongNode, "node_id", "a node asks for credentials on its own subject, %s", bus.NodeRegistryCredentials(req.NodeID))
-	}
-	node, err := s.node(ctx, req.NodeID, req.FencingToken)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return refuse(schemas.CodeUnknownNode, "node_id", "node %s is not enrolled; enroll it before it pulls", req.NodeID)
-	case err != nil:
-		return refuse(schemas.CodeInternal, "", "the node registry could not be read (%v); the pull may retry", err)
-	case req.FencingToken != node.FencingToken:
-		return refuse(schemas.CodeStaleFencingToken, "fencing_token", "token %d is not node %s's current session (%d); only the current session gets credentials",
-			req.FencingToken, req.NodeID, node.FencingToken)
-	case !node.Live(s.now()):
-		return refuse(schemas.CodeSessionExpired, "", "node %s's lease has lapsed; it gets credentials again once it heartbeats", req.NodeID)
+	if r := s.gate.Session(ctx, subject, bus.NodeRegistryCredentials(req.NodeID), req.NodeID, req.FencingToken, "registry credentials"); r != nil {
+		return refuse(r.Code, r.Field, "%s", r.Reason)
 	}
 	if !s.wants(ctx, req, ref) {
 		return refuse(schemas.CodeImageNotWanted, "reference", "node %s has no live booking or prefetch for this image; credentials are given only for the Runs booked on a node", req.NodeID)
@@ -168,30 +116,5 @@ func (s *Service) wants(ctx context.Context, req schemas.RegistryCredentialReque
 			return true
 		}
 	}
-	if req.RunID == "" {
-		return false
-	}
-	var r schemas.Run
-	if _, err := bus.GetJSON(ctx, s.runsKV, req.RunID, &r); err != nil {
-		return false
-	}
-	return bookedOn(&r, req.NodeID, ref)
-}
-
-// node returns the node's record from the cache, or from wf_nodes when the
-// request names a newer session than the cache has seen yet (this
-// replica's watch may lag the enrollment).
-func (s *Service) node(ctx context.Context, nodeID string, token uint64) (schemas.NodeRecord, error) {
-	n, ok := s.cache.Node(nodeID)
-	if ok && token <= n.FencingToken {
-		return n, nil
-	}
-	var rec schemas.NodeRecord
-	rev, err := bus.GetJSON(ctx, s.nodesKV, nodeID, &rec)
-	if err != nil {
-		return schemas.NodeRecord{}, err
-	}
-	s.cache.NoteNode(rec, rev)
-	n, _ = s.cache.Node(nodeID)
-	return n, nil
+	return req.RunID != "" && s.gate.BookedRun(ctx, req.NodeID, req.RunID, func(r *schemas.Run) bool { return r.ID == req.RunID && pinnedTo(r, ref) }) != nil
 }

@@ -1,0 +1,241 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// TestAcceptance_ArtifactCredentialScoped: a node's session can read the
+// artifact object store only through a one-time login the control plane
+// grants for a fetch of an artifact booked on it, can never write it, and
+// gets a URL source's header by request/reply only. Nothing of the login's
+// token or the header's value is at rest.
+//
+// The Run is written into wf_runs directly, booked on the node, until a
+// Run with artifacts can be submitted end to end.
+func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
+	headerSecret := randomSecret(t)
+	urls, err := artifactauth.ParseURLSource("# the models host\nhttps://models.example.com/ Authorization: Bearer " + headerSecret + "\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const grantTTL = 5 * time.Second
+	sf := newSecureFleet(t, func(c *controlplane.Config) { c.ArtifactSourceAuth = urls; c.ArtifactGrantTTL = grantTTL })
+	sf.plant("artifact source header value", headerSecret)
+	tap := sf.tapStreams()
+	ctx := context.Background()
+
+	// The artifact's bytes in the object store, as the catalog puts them.
+	// Large enough for the ordered consumer to ask for flow control.
+	content := []byte("model weights " + strings.Repeat("w", 12<<20))
+	sum := sha256.Sum256(content)
+	objDigest := "sha256:" + hex.EncodeToString(sum[:])
+	object := "sha256/" + hex.EncodeToString(sum[:])
+	store, err := sf.conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutBytes(ctx, object, content); err != nil {
+		t.Fatal(err)
+	}
+	urlDigest := "sha256:" + strings.Repeat("1", 64)
+	unbooked := "sha256:" + strings.Repeat("2", 64)
+
+	a := sf.startAgent("node-a")
+	token := a.agent.Enrollment().FencingToken
+	runsKV, err := sf.conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const runID = "run-artifacts"
+	// book (re)writes the Run as just placed on node-a, so the scheduler
+	// leaves it alone while the test asks.
+	book := func() {
+		t.Helper()
+		now := time.Now().UTC()
+		r := schemas.Run{ID: runID, Request: schemas.RunRequest{RequestID: runID, Image: testImage, Command: []string{"true"}},
+			Phase: schemas.PhasePlaced, PhaseSince: now, Attempt: 1, NodeID: "node-a", AttemptID: runID + "-1", FencingToken: token,
+			Artifacts: []schemas.ArtifactMount{
+				{Name: "weights", Version: "v1", Digest: objDigest, SizeBytes: int64(len(content)), Source: schemas.ArtifactSource{Object: object}, Path: "/models/weights"},
+				{Name: "remote", Version: "v1", Digest: urlDigest, SizeBytes: 1, Source: schemas.ArtifactSource{URL: "https://models.example.com/remote/v1.bin"}, Path: "/models/remote"},
+			},
+			CreatedAt: now, UpdatedAt: now}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := runsKV.Put(ctx, runID, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	book()
+	transport := bus.Transport{URL: sf.url, Options: sf.tls}
+
+	// Before any grant: no artifact login gets in, and the node's own
+	// session cannot read the bucket.
+	if nc, err := bus.DialArtifactLogin(ctx, transport, "node-a", schemas.ArtifactLogin{User: bus.ArtifactUser("node-a"), Token: randomSecret(t)}); err == nil {
+		nc.Close()
+		t.Fatal("an artifact login with no grant was admitted")
+	} else if !bus.IsAuthError(err) {
+		t.Fatalf("artifact login with no grant: %v, want an authorization violation", err)
+	}
+	{
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if _, err := a.conn.JS.ObjectStore(rctx, bus.ObjectBucketArtifacts); err == nil {
+			t.Fatal("the node's own session opened the artifact object store")
+		}
+		cancel()
+	}
+
+	// Not booked here: refused, coded.
+	_, err = a.agent.ArtifactCredential(ctx, unbooked, runID, "")
+	var credErr *agent.ArtifactCredentialError
+	if !errors.As(err, &credErr) || credErr.Refusal == nil || credErr.Refusal.Code != schemas.CodeArtifactNotWanted {
+		t.Fatalf("credential for an artifact not booked on the node: %v, want %s", err, schemas.CodeArtifactNotWanted)
+	}
+	if credErr.Code() != schemas.CodeArtifactSourceAuthFailed {
+		t.Fatalf("a refused credential fails the Run with %s, want %s", credErr.Code(), schemas.CodeArtifactSourceAuthFailed)
+	}
+
+	// Booked: a one-time login that reads and cannot write.
+	cred, err := a.agent.ArtifactCredential(ctx, objDigest, runID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cred.Login == nil || cred.Login.User != bus.ArtifactUser("node-a") || len(cred.Headers) != 0 {
+		t.Fatalf("credential for an object: %v, want a login as %s", cred, bus.ArtifactUser("node-a"))
+	}
+	sf.plant("artifact login token 1", cred.Login.Token)
+	if strings.Contains(cred.String(), cred.Login.Token) || strings.Contains(cred.GoString(), cred.Login.Token) {
+		t.Fatal("the credential's String prints its token")
+	}
+	nc, err := a.agent.DialArtifactLogin(ctx, *cred.Login)
+	if err != nil {
+		t.Fatalf("dial the artifact login: %v", err)
+	}
+	defer nc.Close()
+	violations := &asyncErrs{}
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations.add(err) })
+	ljs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lstore, err := ljs.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatalf("the artifact login cannot open the object store: %v", err)
+	}
+	got, err := lstore.GetBytes(ctx, object)
+	if err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("the artifact login read %d bytes (%v), want the object's %d", len(got), err, len(content))
+	}
+	info, err := lstore.GetInfo(ctx, object)
+	if err != nil || info.Digest != schemas.ObjectStoreDigest(objDigest) {
+		t.Fatalf("the artifact login's object info: %+v (%v)", info, err)
+	}
+	if violations.has("violation") {
+		t.Fatal("reading the object needed a right the artifact login lacks")
+	}
+	{
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if _, err := lstore.PutBytes(pctx, "sha256/"+strings.Repeat("3", 64), []byte("not yours")); err == nil {
+			t.Fatal("the artifact login wrote to the object store")
+		}
+		cancel()
+		if err := nc.Publish(bus.NodeObs("node-a"), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		violations.denied(t, "publish", bus.NodeObs("node-a"))
+		deadline := time.Now().Add(5 * time.Second)
+		for !violations.has("permissions violation for publish to \"$o." + bus.ObjectBucketArtifacts + ".") {
+			if time.Now().After(deadline) {
+				t.Fatal("no permissions violation for the object store write")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if _, err := store.GetInfo(ctx, "sha256/"+strings.Repeat("3", 64)); !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.Fatalf("the refused write left an object: %v", err)
+	}
+	// Used once: the grant is gone and the token cannot log in again.
+	grants, err := sf.conn.JS.KeyValue(ctx, bus.BucketArtifactGrants)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := grants.Get(ctx, schemas.ArtifactGrantKey(cred.Login.Token)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the used grant is still in %s: %v", bus.BucketArtifactGrants, err)
+	}
+	if nc2, err := bus.DialArtifactLogin(ctx, transport, "node-a", *cred.Login); err == nil {
+		nc2.Close()
+		t.Fatal("an artifact login was admitted a second time")
+	} else if !bus.IsAuthError(err) {
+		t.Fatalf("second login with one token: %v, want an authorization violation", err)
+	}
+
+	// Expired: not admitted.
+	book()
+	late, err := a.agent.ArtifactCredential(ctx, objDigest, runID, "")
+	if err != nil || late.Login == nil {
+		t.Fatalf("second credential: %v (%v)", late, err)
+	}
+	sf.plant("artifact login token 2", late.Login.Token)
+	time.Sleep(time.Until(late.Login.Expires) + 500*time.Millisecond)
+	if nc3, err := bus.DialArtifactLogin(ctx, transport, "node-a", *late.Login); err == nil {
+		nc3.Close()
+		t.Fatal("an expired artifact login was admitted")
+	} else if !bus.IsAuthError(err) {
+		t.Fatalf("expired login: %v, want an authorization violation", err)
+	}
+
+	// A fencing token that is not the node's current one is refused.
+	book()
+	other := token - 1
+	if other == 0 {
+		other = token + 1
+	}
+	body, err := codec.Encode(codec.MsgPack, schemas.ArtifactCredentialRequest{NodeID: "node-a", FencingToken: other, Digest: objDigest, RunID: runID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.conn.NC.Request(bus.NodeArtifactCredentials("node-a"), body, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stale schemas.Reply[schemas.ArtifactCredential]
+	if err := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, &stale); err != nil {
+		t.Fatal(err)
+	}
+	if stale.Refusal == nil || stale.Refusal.Code != schemas.CodeStaleFencingToken {
+		t.Fatalf("credential asked under another fencing token: %+v, want %s", stale, schemas.CodeStaleFencingToken)
+	}
+
+	// A URL source: the header the control plane holds for it, by reply.
+	urlCred, err := a.agent.ArtifactCredential(ctx, urlDigest, runID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if urlCred.Login != nil || urlCred.Headers["Authorization"] != "Bearer "+headerSecret {
+		t.Fatalf("credential for a URL source: %v, want its Authorization header", urlCred)
+	}
+
+	for _, h := range sf.searchAtRest(tap) {
+		t.Error(h)
+	}
+}

@@ -1,0 +1,29 @@
+package schemas
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
+
+// ArtifactGrant is a one-time NATS login to read the artifact object store,
+// minted for one fetch by one node's session. It is stored in
+// wf_artifact_grants under ArtifactGrantKey of its token (never the token
+// itself) so that the auth callout of any control-plane replica can admit
+// it, once, before ExpiresAt.
+type ArtifactGrant struct {
+	NodeID       string    `json:"node_id"`
+	FencingToken uint64    `json:"fencing_token"`
+	Digest       string    `json:"digest"`
+	Object       string    `json:"object"`
+	RunID        string    `json:"run_id,omitempty"`
+	PrefetchID   string    `json:"prefetch_id,omitempty"`
+	ExpiresAt    time.Time `json:"expires_at"`
+}
+
+// ArtifactGrantKey is the wf_artifact_grants key of a grant's token: the
+// hex SHA-256 of the token.
+func ArtifactGrantKey(token string) string {
+	s := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(s[:])
+}
