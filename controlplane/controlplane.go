@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/artifacts"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
+	"github.com/warmfleet/warmfleet/controlplane/artifacts"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/ingest"

@@ -257,3 +257,34 @@ func TestPrefetchRefusals(t *testing.T) {
 		t.Fatalf("malformed body answered %s", resp.Data)
 	}
 }
+
+// TestArtifactPrefetchReceiptThroughIngest: a node's PrepareArtifact
+// receipt for an artifact prefetch, published on WF_OBS, reaches the
+// prefetch service through ingest and finishes the node's entry; until
+// then WantsArtifact holds for the node and digest.
+func TestArtifactPrefetchReceiptThroughIngest(t *testing.T) {
+	pl := startTestPlane(t, controlplane.Config{HeartbeatInterval: 10 * time.Second, OpenEnrollment: true})
+	enr := pl.enroll(t, "node-a")
+	digest := "sha256:" + fmt.Sprintf("%064x", 9)
+	id := schemas.PrefetchIDFor("warm-artifact")
+	now := time.Now()
+	op := prefetch.OpID(id, "node-a")
+	// Recorded as the service records a resolved artifact prefetch (the
+	// catalog is wired beside this test's plane).
+	kv, err := pl.conn.JS.KeyValue(context.Background(), bus.BucketPrefetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := schemas.Prefetch{ID: id, RequestID: "warm-artifact", CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+		Artifact: &schemas.PrefetchArtifact{Name: "llama", Version: "v1", Digest: digest, SizeBytes: 10, Source: schemas.ArtifactSource{Object: "llama/v1"}},
+		Nodes:    []schemas.PrefetchNode{{NodeID: "node-a", State: schemas.PrefetchSent, OperationID: op, UpdatedAt: now}}}
+	if _, err := bus.CreateJSON(context.Background(), kv, id, rec); err != nil {
+		t.Fatal(err)
+	}
+	wants := func() bool { return pl.cp.Prefetches().WantsArtifact("node-a", digest) }
+	eventually(t, 5*time.Second, "the service to mirror the record", wants)
+	rc := schemas.OperationReceipt{OperationID: op, PrefetchID: id, Kind: schemas.CmdPrepareArtifact, Outcome: schemas.OutcomeApplied, AcceptedAt: time.Now()}
+	pl.observe(t, "node-a", enr.FencingToken, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, "rc-artifact")
+	eventually(t, 10*time.Second, "node-a ready", func() bool { return pl.prefetchRecord(t, id).Node("node-a").State == schemas.PrefetchReady })
+	eventually(t, 5*time.Second, "WantsArtifact false once ready", func() bool { return !wants() })
+}

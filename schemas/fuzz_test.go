@@ -440,8 +440,14 @@ func FuzzPrefetchRequestDecode(f *testing.F) {
 		if !decodeAndValidate(t, contentType, body, &r) {
 			return
 		}
-		if _, err := schemas.ParseImageRef("image", r.Image); err != nil {
+		if (r.Image == "") == (r.Artifact == "") {
+			t.Fatalf("valid prefetch names not exactly one of image and artifact: %+v", r)
+		}
+		if _, err := schemas.ParseImageRef("image", r.Image); r.Image != "" && err != nil {
 			t.Fatalf("valid prefetch with an unpinned image: %v", err)
+		}
+		if _, err := schemas.ParseArtifactRef("artifact", r.Artifact); r.Artifact != "" && err != nil {
+			t.Fatalf("valid prefetch with a malformed artifact: %v", err)
 		}
 		if r.Count < 0 || r.Count > schemas.MaxPrefetchNodes || r.Timeout() <= 0 || r.Timeout() > schemas.MaxPrefetchTimeout || len(r.Nodes) > schemas.MaxSelectorBytes {
 			t.Fatalf("valid prefetch out of bounds: %+v", r)

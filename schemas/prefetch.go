@@ -21,14 +21,17 @@ const (
 )
 
 // PrefetchRequest is an operator's request (on wf.admin.prefetch) to warm
-// an image on nodes before Runs need it. Nodes is a selector (see
-// controlplane/prefetch.ParseSelector); Count, when set, takes the best
-// that many matching live nodes that lack the image. Neither: every live
-// node. The same RequestID always names the same prefetch.
+// an image, or an artifact from the catalog, on nodes before Runs need it.
+// Exactly one of Image (pinned by digest) and Artifact (NAME, NAME:VERSION
+// or NAME@sha256:<hex>; see ParseArtifactRef) is set. Nodes is a selector
+// (see controlplane/prefetch.ParseSelector); Count, when set, takes the
+// best that many matching live nodes that lack the content. Neither:
+// every live node. The same RequestID always names the same prefetch.
 type PrefetchRequest struct {
 	Version        int    `json:"version,omitempty"`
 	RequestID      string `json:"request_id"`
-	Image          string `json:"image"`
+	Image          string `json:"image,omitempty"`
+	Artifact       string `json:"artifact,omitempty"`
 	Nodes          string `json:"nodes,omitempty"`
 	Count          int    `json:"count,omitempty"`
 	TimeoutSeconds int64  `json:"timeout_seconds,omitempty"`
@@ -43,8 +46,19 @@ func (r *PrefetchRequest) Validate() error {
 	if err := ValidateID("request_id", r.RequestID, CodeInvalidRequestID); err != nil {
 		return err
 	}
-	if _, err := ParseImageRef("image", r.Image); err != nil {
-		return err
+	switch {
+	case r.Image != "" && r.Artifact != "":
+		return refuse(CodeMalformed, "artifact", "a prefetch warms an image or an artifact, not both; send one request for each")
+	case r.Artifact != "":
+		if _, err := ParseArtifactRef("artifact", r.Artifact); err != nil {
+			return err
+		}
+	case r.Image == "":
+		return refuse(CodeMissingField, "image", "name what to warm: an image pinned by digest (image) or a catalog artifact (artifact)")
+	default:
+		if _, err := ParseImageRef("image", r.Image); err != nil {
+			return err
+		}
 	}
 	if len(r.Nodes) > MaxSelectorBytes {
 		return refuse(CodeValueTooLong, "nodes", "a node selector is at most %d bytes; name fewer nodes or use --count", MaxSelectorBytes)
@@ -77,9 +91,9 @@ func PrefetchIDFor(requestID string) string {
 type PrefetchState string
 
 const (
-	PrefetchSent    PrefetchState = "sent"    // PrepareImage is on its way
+	PrefetchSent    PrefetchState = "sent"    // PrepareImage (or PrepareArtifact) is on its way
 	PrefetchPulling PrefetchState = "pulling" // the node reports bytes moving
-	PrefetchReady   PrefetchState = "ready"   // the node holds the image, unpacked
+	PrefetchReady   PrefetchState = "ready"   // the node holds the image, unpacked, or a verified replica of the artifact
 	PrefetchFailed  PrefetchState = "failed"  // the node could not prepare it (Reason says why)
 	PrefetchSkipped PrefetchState = "skipped" // never sent (Reason says why)
 )
@@ -93,17 +107,59 @@ func (s PrefetchState) Finished() bool {
 // only by the control plane, by CAS. The bucket's age limit removes it a
 // while after its last change.
 type Prefetch struct {
-	ID             string `json:"id"`
-	RequestID      string `json:"request_id"`
-	Image          string `json:"image"`
-	ManifestDigest string `json:"manifest_digest"`
-	Selector       string `json:"selector,omitempty"`
-	Count          int    `json:"count,omitempty"`
+	ID        string `json:"id"`
+	RequestID string `json:"request_id"`
+	// Image and ManifestDigest name an image prefetch's image; Artifact,
+	// instead, the catalog's artifact an artifact prefetch fetches.
+	Image          string            `json:"image,omitempty"`
+	ManifestDigest string            `json:"manifest_digest,omitempty"`
+	Artifact       *PrefetchArtifact `json:"artifact,omitempty"`
+	Selector       string            `json:"selector,omitempty"`
+	Count          int               `json:"count,omitempty"`
 	// CreatedAt and ExpiresAt are the control plane's clock. Past
 	// ExpiresAt an unfinished entry no longer counts (TimedOut).
 	CreatedAt time.Time      `json:"created_at"`
 	ExpiresAt time.Time      `json:"expires_at"`
 	Nodes     []PrefetchNode `json:"nodes"`
+}
+
+// PrefetchArtifact is the artifact a prefetch fetches, as the catalog
+// resolved it when the prefetch was made: nodes and their receipts are
+// matched by Digest.
+type PrefetchArtifact struct {
+	Name      string         `json:"name"`
+	Version   string         `json:"version"`
+	Digest    string         `json:"digest"`
+	SizeBytes int64          `json:"size_bytes"`
+	Source    ArtifactSource `json:"source"`
+}
+
+// PrefetchArtifactOf is a resolved mount, without its path.
+func PrefetchArtifactOf(m ArtifactMount) *PrefetchArtifact {
+	return &PrefetchArtifact{Name: m.Name, Version: m.Version, Digest: m.Digest, SizeBytes: m.SizeBytes, Source: m.Source}
+}
+
+// Mount is the artifact as a mount without a path, as dispatch sends it.
+func (a PrefetchArtifact) Mount() ArtifactMount {
+	return ArtifactMount{Name: a.Name, Version: a.Version, Digest: a.Digest, SizeBytes: a.SizeBytes, Source: a.Source}
+}
+
+// Content names what the prefetch warms, for operators: the image, or the
+// artifact's name, version and digest.
+func (p *Prefetch) Content() string {
+	if a := p.Artifact; a != nil {
+		return "artifact " + a.Name + ":" + a.Version + "@" + a.Digest
+	}
+	return p.Image
+}
+
+// ContentDigest is the digest nodes report holding the content by: the
+// image's manifest digest or the artifact's.
+func (p *Prefetch) ContentDigest() string {
+	if p.Artifact != nil {
+		return p.Artifact.Digest
+	}
+	return p.ManifestDigest
 }
 
 // PrefetchNode is one node's entry in a prefetch.

@@ -18,8 +18,8 @@ import (
 )
 
 // localityWait is how long a finished prefetch waits for its ready nodes'
-// facts to list the image: a node reports facts a few seconds after its
-// holdings change.
+// facts to list the image or artifact: a node reports facts a few seconds
+// after its holdings change.
 const localityWait = 20 * time.Second
 
 func newPrefetchCmd(g *globals) *cobra.Command {
@@ -27,23 +27,31 @@ func newPrefetchCmd(g *globals) *cobra.Command {
 	var timeout time.Duration
 	var noWait bool
 	cmd := &cobra.Command{
-		Use:   "prefetch --image REF [--nodes SELECTOR] [--count N]",
-		Short: "Warm an image on nodes before Runs need it; shows progress, then each node's locality",
-		Long: `Warm an image (pinned by digest) on nodes before Runs need it.
+		Use:   "prefetch (--image REF | --artifact NAME[:VERSION|@sha256:HEX]) [--nodes SELECTOR] [--count N]",
+		Short: "Warm an image or an artifact on nodes before Runs need it; shows progress, then each node's locality",
+		Long: `Warm an image (pinned by digest) or an artifact from the catalog on nodes
+before Runs need it.
+
+--image REF names an image pinned by digest: name@sha256:<hex>.
+--artifact names a catalog artifact: NAME (its newest version, resolved
+now), NAME:VERSION or NAME@sha256:<hex>. It goes only to nodes that declare
+an artifact replica store; a node is done once it holds a verified replica.
+Give exactly one of --image and --artifact.
 
 --nodes SELECTOR picks nodes: comma-separated terms, each a node id or
 key=value with key node, arch, os, gpu (part of a card model, any case) or
 rental. Terms with the same key are alternatives; different keys must all
 hold: "node-a,node-b", "gpu=H200,arch=amd64".
---count N takes the N best matching live nodes that lack the image (partly
-held first, then the most free disk). Neither: every live node.`,
+--count N takes the N best matching live nodes that lack the image or
+artifact (an image partly held first, then the most free disk). Neither:
+every live node.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if req.RequestID == "" {
 				req.RequestID = fmt.Sprintf("cli-%d", time.Now().UnixNano())
 			}
 			req.TimeoutSeconds = int64(timeout / time.Second)
-			if err := req.Validate(); err != nil {
+			if err := checkPrefetchRequest(&req); err != nil {
 				return err
 			}
 			conn, err := g.connect(cmd.Context())
@@ -60,11 +68,11 @@ held first, then the most free disk). Neither: every live node.`,
 				if g.output == "json" {
 					return g.render(out, p, nil)
 				}
-				fmt.Fprintf(out, "prefetch %s of %s sent to %d node(s); `warmfleet prefetch get %s` shows it\n", p.ID, p.Image, sent(p), p.ID)
+				fmt.Fprintf(out, "prefetch %s of %s sent to %d node(s); `warmfleet prefetch get %s` shows it\n", p.ID, p.Content(), sent(p), p.ID)
 				return nil
 			}
 			if g.output != "json" {
-				fmt.Fprintf(out, "prefetch %s of %s on %d node(s)\n", p.ID, p.Image, sent(p))
+				fmt.Fprintf(out, "prefetch %s of %s on %d node(s)\n", p.ID, p.Content(), sent(p))
 			}
 			p, err = followPrefetch(cmd.Context(), conn, p, func(n schemas.PrefetchNode) {
 				if g.output != "json" {
@@ -80,7 +88,8 @@ held first, then the most free disk). Neither: every live node.`,
 	f := cmd.Flags()
 	f.StringVar(&req.Image, "image", "", "image pinned by digest: name@sha256:<hex>")
 	f.StringVar(&req.Nodes, "nodes", "", "node selector (see above); default every live node")
-	f.IntVar(&req.Count, "count", 0, "the best N matching live nodes that lack the image")
+	f.StringVar(&req.Artifact, "artifact", "", "catalog artifact: NAME, NAME:VERSION or NAME@sha256:<hex> (instead of --image)")
+	f.IntVar(&req.Count, "count", 0, "the best N matching live nodes that lack the image or artifact")
 	f.StringVar(&req.RequestID, "request-id", "", "idempotency key (default: generated)")
 	f.DurationVar(&timeout, "timeout", schemas.DefaultPrefetchTimeout, "how long nodes have to finish; an entry still open then has failed")
 	f.BoolVar(&noWait, "no-wait", false, "print the prefetch id and return at once")
@@ -88,9 +97,26 @@ held first, then the most free disk). Neither: every live node.`,
 	return cmd
 }
 
+// checkPrefetchRequest validates a request built from flags; a refusal
+// about what to warm names the flag the operator gave.
+func checkPrefetchRequest(req *schemas.PrefetchRequest) error {
+	switch {
+	case req.Image != "" && req.Artifact != "":
+		return errors.New("--image and --artifact exclude each other: prefetch one image or one artifact per command")
+	case req.Image == "" && req.Artifact == "":
+		return errors.New("name what to warm: --image NAME@sha256:<hex> or --artifact NAME[:VERSION|@sha256:<hex>]")
+	}
+	err := req.Validate()
+	var r *schemas.Refusal
+	if errors.As(err, &r) && (r.Field == "image" || r.Field == "artifact") {
+		return fmt.Errorf("--%s %q: %w", r.Field, map[string]string{"image": req.Image, "artifact": req.Artifact}[r.Field], err)
+	}
+	return err
+}
+
 func newPrefetchGet(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use: "get PREFETCH_ID", Short: "Show a prefetch: each node's state, then its locality for the image", Args: cobra.ExactArgs(1),
+		Use: "get PREFETCH_ID", Short: "Show a prefetch: each node's state, then its locality for the image or artifact", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			conn, err := g.connect(cmd.Context())
 			if err != nil {
@@ -193,8 +219,9 @@ func progressLine(n schemas.PrefetchNode) string {
 	return strings.TrimRight(fmt.Sprintf("%-20s %-8s %s", n.NodeID, n.State, detail), " ")
 }
 
-// PrefetchLocality is one node's outcome: its entry, and the image's
-// locality in its latest facts.
+// PrefetchLocality is one node's outcome: its entry, and the image's (or
+// artifact's) locality in its latest facts. An artifact is hot where the
+// node's replicas list it, and has no platform.
 type PrefetchLocality struct {
 	NodeID   string                `json:"node_id"`
 	State    schemas.PrefetchState `json:"state"`
@@ -209,8 +236,8 @@ type prefetchView struct {
 	Nodes    []PrefetchLocality `json:"nodes"`
 }
 
-// showPrefetch prints each node's state and locality for the image, after
-// waiting up to wait for ready nodes' facts to list it. It returns an error
+// showPrefetch prints each node's state and locality for the image or
+// artifact, after waiting up to wait for ready nodes' facts to list it. It returns an error
 // naming every node that failed or timed out.
 func showPrefetch(ctx context.Context, g *globals, out io.Writer, conn *bus.Conn, p schemas.Prefetch, wait time.Duration) error {
 	now := time.Now()
@@ -230,9 +257,9 @@ func showPrefetch(ctx context.Context, g *globals, out io.Writer, conn *bus.Conn
 		}
 		rows = append(rows, row)
 	}
-	localities(ctx, conn, p.ManifestDigest, rows, wait)
+	localities(ctx, conn, p, rows, wait)
 	err := g.render(out, prefetchView{p, rows}, func(tw *tabwriter.Writer) {
-		fmt.Fprintf(tw, "prefetch %s of %s, created %s\n", p.ID, p.Image, p.CreatedAt.UTC().Format(time.RFC3339))
+		fmt.Fprintf(tw, "prefetch %s of %s, created %s\n", p.ID, p.Content(), p.CreatedAt.UTC().Format(time.RFC3339))
 		fmt.Fprintln(tw, "NODE\tSTATE\tLOCALITY\tPLATFORM\tDETAIL")
 		for _, r := range rows {
 			loc, plat := "-", "-"
@@ -263,8 +290,9 @@ func platformString(p schemas.Platform) string {
 }
 
 // localities fills each row's locality from its node's facts in wf_nodes,
-// polling up to wait for ready nodes' facts to list the image hot.
-func localities(ctx context.Context, conn *bus.Conn, digest string, rows []PrefetchLocality, wait time.Duration) {
+// polling up to wait for ready nodes' facts to list the content hot.
+func localities(ctx context.Context, conn *bus.Conn, p schemas.Prefetch, rows []PrefetchLocality, wait time.Duration) {
+	digest := p.ContentDigest()
 	kv, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
 	if err != nil {
 		return
@@ -283,8 +311,15 @@ func localities(ctx context.Context, conn *bus.Conn, digest string, rows []Prefe
 				continue
 			}
 			r.Locality, r.Platform = "", nil
+			if p.Artifact != nil {
+				if held, _ := rec.Facts.ArtifactsOf(); held != nil {
+					if _, ok := held[digest]; ok {
+						r.Locality = schemas.LocalityHot
+					}
+				}
+			}
 			for _, im := range rec.Facts.Images {
-				if im.ManifestDigest == digest {
+				if p.Artifact == nil && im.ManifestDigest == digest {
 					r.Locality, r.Platform = im.State, &im.Platform
 				}
 			}

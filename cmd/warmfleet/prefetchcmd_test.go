@@ -106,3 +106,39 @@ func TestPrefetchCommand(t *testing.T) {
 		t.Fatalf("a bad selector: %v", err)
 	}
 }
+
+// TestPrefetchArtifactFlags: --artifact and --image exclude each other, one
+// of them is required, and a malformed artifact is refused naming the flag
+// and its code, all before the command dials NATS; a good one passes.
+func TestPrefetchArtifactFlags(t *testing.T) {
+	const nowhere = "nats://127.0.0.1:1"
+	image := "registry.example/team/model@sha256:" + fmt.Sprintf("%064x", 1)
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--image", image, "--artifact", "llama"}, []string{"--image and --artifact exclude each other"}},
+		{[]string{"--nodes", "node-1"}, []string{"--image", "--artifact NAME[:VERSION|@sha256:<hex>]"}},
+		{[]string{"--artifact", "Llama"}, []string{`--artifact "Llama"`, string(schemas.CodeInvalidArtifact)}},
+		{[]string{"--artifact", "llama:v1@sha256:" + fmt.Sprintf("%064x", 1)}, []string{"--artifact", "not both"}},
+		{[]string{"--artifact", "llama@sha256:beef"}, []string{"--artifact", string(schemas.CodeInvalidDigest)}},
+		{[]string{"--image", "registry.example/m:latest"}, []string{"--image", string(schemas.CodeImageNotPinned)}},
+	} {
+		out, err := cli(t, nowhere, append([]string{"prefetch"}, c.args...)...)
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %v (want %q)\n%s", c.args, err, w, out)
+			}
+		}
+	}
+	for _, a := range []string{"llama", "llama:v1", "llama@sha256:" + fmt.Sprintf("%064x", 1)} {
+		req := schemas.PrefetchRequest{RequestID: "r", Artifact: a, Count: 2}
+		if err := checkPrefetchRequest(&req); err != nil {
+			t.Errorf("--artifact %s: %v", a, err)
+		}
+	}
+	help, err := cli(t, nowhere, "prefetch", "--help")
+	if err != nil || !strings.Contains(help, "--artifact") || !strings.Contains(help, "NAME:VERSION") {
+		t.Errorf("help does not describe --artifact: %v\n%s", err, help)
+	}
+}

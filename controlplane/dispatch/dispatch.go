@@ -120,6 +120,23 @@ func (d *Dispatcher) Prefetch(ctx context.Context, nodeID, opID, prefetchID stri
 	return d.Send(ctx, prep)
 }
 
+// PrefetchArtifact sends one node a PrepareArtifact for an operator's
+// prefetch of a (pathless) resolved artifact, under opID, stamped with
+// the node's current session; it goes only to a node that declares a
+// replica store.
+func (d *Dispatcher) PrefetchArtifact(ctx context.Context, nodeID, opID, prefetchID string, a schemas.ArtifactMount) error {
+	node, ok := d.cache.Node(nodeID)
+	if !ok {
+		return fmt.Errorf("prefetch %s: node %s not in registry", prefetchID, nodeID)
+	}
+	if !node.Facts.Supports().ArtifactReplicas {
+		return fmt.Errorf("prefetch %s: node %s declares no artifact replica store; it takes no PrepareArtifact", prefetchID, nodeID)
+	}
+	prep := d.command(node, opID, schemas.CmdPrepareArtifact)
+	prep.PrepareArtifact = &schemas.PrepareArtifact{PrefetchID: prefetchID, Name: a.Name, Digest: a.Digest, SizeBytes: a.SizeBytes, Source: a.Source}
+	return d.Send(ctx, prep)
+}
+
 // target is the Run's node as cached, and its image.
 func (d *Dispatcher) target(run schemas.Run) (schemas.NodeRecord, schemas.ImageRef, error) {
 	node, ok := d.cache.Node(run.NodeID)

@@ -133,3 +133,61 @@ func TestLaunchPreparesArtifactsFirst(t *testing.T) {
 		t.Fatalf("launch artifacts: %+v", l.Artifacts)
 	}
 }
+
+// An operator's artifact prefetch goes as a PrepareArtifact naming the
+// prefetch (and no Run) to a node that declares a replica store, stamped
+// with its session, and to no other node.
+func TestPrefetchArtifactOnlyWhereReplicasAreDeclared(t *testing.T) {
+	n := testenv.StartNATS(t)
+	conn, err := bus.Connect(n.URL(), "dispatch-test", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
+		t.Fatal(err)
+	}
+	c := cache.New()
+	for id, sup := range map[string]*schemas.NodeSupport{
+		"replicas":    {ContainerRuntime: "containerd", Prewarm: true, ArtifactReplicas: true},
+		"no-replicas": {ContainerRuntime: "containerd", Prewarm: true},
+		"undeclared":  nil,
+	} {
+		c.NoteNode(schemas.NodeRecord{NodeID: id, FencingToken: 3, Generation: 1, State: schemas.NodeReady, Facts: &schemas.NodeFacts{Support: sup}}, 1)
+	}
+	d := New(conn.JS, c, time.Now, zap.NewNop())
+	a := schemas.ArtifactMount{Name: "llama", Version: "v1", Digest: "sha256:" + "a172cedcae47474b615c54d510a5d84a8dea3032e958587430b413538be3f333",
+		SizeBytes: 42, Source: schemas.ArtifactSource{Object: "llama/v1"}}
+	if err := d.PrefetchArtifact(ctx, "replicas", "pf-1.replicas.prefetch", "pf-1", a); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"no-replicas", "undeclared", "ghost"} {
+		if err := d.PrefetchArtifact(ctx, node, "pf-1."+node+".prefetch", "pf-1", a); err == nil {
+			t.Errorf("an artifact prefetch was sent to %s", node)
+		}
+	}
+	stream, err := conn.JS.Stream(ctx, bus.StreamCmds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, bus.NodeCmd("replicas"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmd schemas.Command
+	if err := codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &cmd); err != nil {
+		t.Fatal(err)
+	}
+	p := cmd.PrepareArtifact
+	if err := cmd.Validate(); err != nil || cmd.Kind != schemas.CmdPrepareArtifact || cmd.OperationID != "pf-1.replicas.prefetch" || cmd.FencingToken != 3 || p == nil ||
+		p.PrefetchID != "pf-1" || p.RunID != "" || p.AttemptID != "" || p.Name != "llama" || p.Digest != a.Digest || p.SizeBytes != 42 || p.Source != a.Source {
+		t.Fatalf("command %+v (%v): %+v", cmd, err, p)
+	}
+	for _, node := range []string{"no-replicas", "undeclared"} {
+		if _, err := stream.GetLastMsgForSubject(ctx, bus.NodeCmd(node)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("%s declares no replica store, yet got a command (err %v)", node, err)
+		}
+	}
+}

@@ -29,7 +29,7 @@ type FactsRecorder interface {
 }
 
 // Prefetches takes what nodes report about operators' prefetches: their
-// transfers' progress and their PrepareImage receipts.
+// transfers' progress and their PrepareImage and PrepareArtifact receipts.
 type Prefetches interface {
 	Progress(nodeID string, p schemas.ImageProgress)
 	Receipt(ctx context.Context, nodeID string, rc schemas.OperationReceipt) error
@@ -175,7 +175,7 @@ func (g *Ingest) applyReconciliation(ctx context.Context, node schemas.NodeRecor
 // a stale session is sent again under the node's current token; one that
 // failed ends the Run.
 func (g *Ingest) applyReceipt(ctx context.Context, node schemas.NodeRecord, rc schemas.OperationReceipt, redelivered bool) error {
-	if rc.PrefetchID != "" && rc.Kind == schemas.CmdPrepareImage {
+	if rc.PrefetchID != "" && (rc.Kind == schemas.CmdPrepareImage || rc.Kind == schemas.CmdPrepareArtifact) {
 		return g.prefetch.Receipt(ctx, node.NodeID, rc)
 	}
 	if rc.Outcome == schemas.OutcomeApplied || rc.RunID == "" {

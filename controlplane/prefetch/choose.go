@@ -15,17 +15,32 @@ type Plan struct {
 	Targets []string
 	Skipped []schemas.PrefetchNode
 	// Hot are the matching live nodes a count left out because they
-	// already hold the image hot.
+	// already hold the image hot (or the artifact's replica).
 	Hot []string
 }
 
-// Choose picks a prefetch's nodes from a fleet snapshot: every live node
-// the selector matches or, with count, the best count of them that lack
-// the image (partial before cold, then most free disk). A node named by id
-// that cannot take it (gone, lost, draining) is listed as skipped; a node
-// merely matched by a key is left out silently. A named node that is not
-// in the registry refuses the request. It is a pure function.
+// Choose picks an image prefetch's nodes from a fleet snapshot: every live
+// node the selector matches or, with count, the best count of them that
+// lack the image (partial before cold, then most free disk). A node named
+// by id that cannot take it (gone, lost, draining) is listed as skipped; a
+// node merely matched by a key is left out silently. A named node that is
+// not in the registry refuses the request. It is a pure function.
 func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, digest string) (Plan, error) {
+	return choose(nodes, now, sel, count, supportsPrewarm, func(n schemas.NodeRecord) schemas.LocalityState { return localityOf(n, digest) })
+}
+
+// ChooseArtifact picks an artifact prefetch's nodes as Choose does an
+// image's, among nodes that declare a replica store: a node whose
+// enumerated replicas list the digest holds it hot; a node that did not
+// enumerate counts as lacking it. It is a pure function.
+func ChooseArtifact(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, digest string) (Plan, error) {
+	return choose(nodes, now, sel, count, supportsReplicas, func(n schemas.NodeRecord) schemas.LocalityState { return replicaOf(n, digest) })
+}
+
+// choose is Choose over what a node must support (supports) and how much
+// of the content it holds (locality).
+func choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int,
+	supports func(schemas.NodeRecord) (bool, string), locality func(schemas.NodeRecord) schemas.LocalityState) (Plan, error) {
 	byID := make(map[string]schemas.NodeRecord, len(nodes))
 	for _, n := range nodes {
 		byID[n.NodeID] = n
@@ -46,7 +61,7 @@ func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, 
 		if !sel.Matches(n) {
 			continue
 		}
-		why := unfit(n, now)
+		why := unfit(n, now, supports)
 		switch {
 		case why == "":
 			eligible = append(eligible, n)
@@ -56,7 +71,7 @@ func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, 
 	}
 	if count > 0 {
 		eligible = slices.DeleteFunc(eligible, func(n schemas.NodeRecord) bool {
-			hot := localityOf(n, digest) == schemas.LocalityHot
+			hot := locality(n) == schemas.LocalityHot
 			if hot {
 				plan.Hot = append(plan.Hot, n.NodeID)
 			}
@@ -64,7 +79,7 @@ func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, 
 		})
 		slices.SortFunc(eligible, func(a, b schemas.NodeRecord) int {
 			return cmp.Or(
-				cmp.Compare(warmthRank(localityOf(a, digest)), warmthRank(localityOf(b, digest))),
+				cmp.Compare(warmthRank(locality(a)), warmthRank(locality(b))),
 				cmp.Compare(freeDisk(b), freeDisk(a)),
 				strings.Compare(a.NodeID, b.NodeID))
 		})
@@ -80,14 +95,14 @@ func Choose(nodes []schemas.NodeRecord, now time.Time, sel Selector, count int, 
 }
 
 // unfit says why a node takes no prefetch now, or "".
-func unfit(n schemas.NodeRecord, now time.Time) string {
+func unfit(n schemas.NodeRecord, now time.Time, supports func(schemas.NodeRecord) (bool, string)) string {
 	switch {
 	case !n.Live(now):
 		return "node is not live (its lease lapsed or it was lost); it takes no commands"
 	case n.State == schemas.NodeDraining:
 		return "node is draining; it takes no new work"
 	}
-	if ok, why := supportsPrewarm(n); !ok {
+	if ok, why := supports(n); !ok {
 		return why
 	}
 	return ""
@@ -104,6 +119,30 @@ func supportsPrewarm(n schemas.NodeRecord) (bool, string) {
 		return false, "node declares no prewarm (its runtime " + s.ContainerRuntime + " takes no preparation work without a Run)"
 	}
 	return true, ""
+}
+
+// supportsReplicas says whether a node fetches artifacts into a replica
+// store, as it declares in its facts (NodeSupport.ArtifactReplicas; an
+// agent that declares nothing has none).
+func supportsReplicas(n schemas.NodeRecord) (bool, string) {
+	if n.Facts == nil {
+		return false, "node has reported no facts yet, so not what it supports; retry once it has"
+	}
+	if !n.Facts.Supports().ArtifactReplicas {
+		return false, "node declares no artifact replica store; it takes no artifact until its agent does"
+	}
+	return true, ""
+}
+
+// replicaOf is whether the node holds the artifact, as its facts say: hot
+// when its enumerated replicas list the digest, else cold.
+func replicaOf(n schemas.NodeRecord, digest string) schemas.LocalityState {
+	if held, _ := n.Facts.ArtifactsOf(); held != nil {
+		if _, ok := held[digest]; ok {
+			return schemas.LocalityHot
+		}
+	}
+	return schemas.LocalityCold
 }
 
 // localityOf is how ready the image is on the node, as its facts say.

@@ -107,3 +107,79 @@ func TestOpID(t *testing.T) {
 		t.Errorf("long node ids: %q %q", a, b)
 	}
 }
+
+// replicaNode is a live node with a replica store holding the given
+// digests (enumerated), or one that did not enumerate (held nil).
+func replicaNode(id string, free int64, held ...string) schemas.NodeRecord {
+	n := node(id, "amd64", "", free)
+	n.Facts.Support = &schemas.NodeSupport{ContainerRuntime: "containerd", Prewarm: true, ArtifactReplicas: true}
+	if held != nil {
+		n.Facts.Artifacts = &schemas.ArtifactInventory{Enumerated: true}
+		for _, d := range held {
+			n.Facts.Artifacts.Replicas = append(n.Facts.Artifacts.Replicas, schemas.ArtifactReplica{Digest: d, SizeBytes: 1})
+		}
+	}
+	return n
+}
+
+// TestChooseArtifact: an artifact goes to live nodes that declare a replica
+// store; with a count, the nodes whose enumerated replicas list the digest
+// are left out as hot and the rest are taken by most free disk. Nodes
+// without a store, lost or draining are skipped with why when named.
+func TestChooseArtifact(t *testing.T) {
+	const other = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	lost := replicaNode("lost", 10, other)
+	lost.LeaseExpires = t0.Add(-time.Second)
+	draining := replicaNode("drain", 10, other)
+	draining.State = schemas.NodeDraining
+	noStore := node("no-store", "amd64", "", 999) // declares nothing: legacy support has no replica store
+	noFacts := replicaNode("no-facts", 1)
+	noFacts.Facts = nil
+	fleet := []schemas.NodeRecord{
+		replicaNode("hot", 900, other, digest),
+		replicaNode("roomy", 800, other),
+		replicaNode("tight", 100),
+		replicaNode("not-enumerated", 500, nil...), // says nothing of what it holds: cold
+		replicaNode("unknown-disk", -1),
+		noStore, noFacts, lost, draining,
+	}
+	for _, c := range []struct {
+		name, sel      string
+		count          int
+		targets, hot   []string
+		skipped, whyIs []string
+	}{
+		{name: "every live node with a store, hot ones too", targets: []string{"hot", "not-enumerated", "roomy", "tight", "unknown-disk"}},
+		{name: "count takes the most free disk among those lacking it", count: 2, targets: []string{"not-enumerated", "roomy"}, hot: []string{"hot"}},
+		{name: "count beyond", count: 50, targets: []string{"not-enumerated", "roomy", "tight", "unknown-disk"}, hot: []string{"hot"}},
+		{name: "count of hot only", sel: "hot", count: 1, hot: []string{"hot"}},
+		{name: "named unfit nodes skipped with why", sel: "no-store,no-facts,lost,drain,tight", targets: []string{"tight"},
+			skipped: []string{"drain", "lost", "no-facts", "no-store"}, whyIs: []string{"draining", "not live", "no facts", "no artifact replica store"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := ParseSelector(c.sel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := ChooseArtifact(fleet, t0, s, c.count, digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(p.Targets, ",") != strings.Join(c.targets, ",") || strings.Join(p.Hot, ",") != strings.Join(c.hot, ",") {
+				t.Errorf("targets %v hot %v, want %v and %v", p.Targets, p.Hot, c.targets, c.hot)
+			}
+			if len(p.Skipped) != len(c.skipped) {
+				t.Fatalf("skipped %+v, want %v", p.Skipped, c.skipped)
+			}
+			for i, sk := range p.Skipped {
+				if sk.NodeID != c.skipped[i] || sk.State != schemas.PrefetchSkipped || !strings.Contains(sk.Reason, c.whyIs[i]) {
+					t.Errorf("skipped %d: %+v, want %s (%s)", i, sk, c.skipped[i], c.whyIs[i])
+				}
+			}
+		})
+	}
+	s, _ := ParseSelector("ghost")
+	if _, err := ChooseArtifact(fleet, t0, s, 0, digest); !errors.Is(err, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "nodes"}) {
+		t.Errorf("unknown node: %v", err)
+	}
+}

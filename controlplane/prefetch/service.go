@@ -1,7 +1,8 @@
 // Package prefetch is the control plane's prefetches: an operator's request
-// to warm an image on nodes before Runs need it (wf.admin.prefetch), the
-// node selector and the choice of nodes, the record of each node's progress
-// in wf_prefetch, the PrepareImage commands, and what nodes report back.
+// to warm an image, or a catalog artifact, on nodes before Runs need it
+// (wf.admin.prefetch), the node selector and the choice of nodes, the
+// record of each node's progress in wf_prefetch, the PrepareImage or
+// PrepareArtifact commands, and what nodes report back.
 package prefetch
 
 import (
@@ -39,12 +40,15 @@ type Service struct {
 	now      func() time.Time
 	flush    time.Duration
 	log      *zap.Logger
+	// artifacts resolves an artifact prefetch's reference; nil refuses
+	// artifact prefetches.
+	artifacts ArtifactResolver
 
 	mu sync.Mutex
 	// records is this replica's copy of wf_prefetch, with the stored bytes
 	// to seed the next CAS.
 	records map[string]mirrored
-	// wanted counts, per node and manifest digest, the live prefetches
+	// wanted counts, per node and image or artifact, the live prefetches
 	// whose entry for that node is unfinished, by prefetch id → deadline.
 	wanted map[wantKey]map[string]time.Time
 	// pending holds the latest progress reported per prefetch and node,
@@ -57,22 +61,43 @@ type mirrored struct {
 	seed bus.Seed
 }
 
+// wantKey is what a prefetch entry wants on a node: an image, or (image
+// zero) an artifact by digest.
 type wantKey struct {
-	node  string
-	image schemas.ImageRef
+	node     string
+	image    schemas.ImageRef
+	artifact string
 }
+
+// ArtifactResolver answers artifact uses from the catalog; a use it cannot
+// answer is a *schemas.Refusal (CodeArtifactUnknown), any other error is
+// transient.
+type ArtifactResolver interface {
+	Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error)
+}
+
+// Option configures a Service.
+type Option func(*Service)
+
+// WithArtifacts lets the service prefetch artifacts, resolved through r.
+func WithArtifacts(r ArtifactResolver) Option { return func(s *Service) { s.artifacts = r } }
 
 // New returns the prefetch service over wf_prefetch (kv). flush is
 // DefaultFlushInterval when zero.
-func New(kv jetstream.KeyValue, nc *nats.Conn, c *cache.Cache, d *dispatch.Dispatcher, flush time.Duration, now func() time.Time, log *zap.Logger) *Service {
+func New(kv jetstream.KeyValue, nc *nats.Conn, c *cache.Cache, d *dispatch.Dispatcher, flush time.Duration, now func() time.Time, log *zap.Logger, opts ...Option) *Service {
 	if flush <= 0 {
 		flush = DefaultFlushInterval
 	}
-	return &Service{kv: kv, nc: nc, cache: c, dispatch: d, now: now, flush: flush, log: log,
+	s := &Service{kv: kv, nc: nc, cache: c, dispatch: d, now: now, flush: flush, log: log,
 		records: map[string]mirrored{}, wanted: map[wantKey]map[string]time.Time{}, pending: map[string]map[string]schemas.ImageProgress{}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
-// OpID is the operation id of a prefetch's PrepareImage on one node: the
+// OpID is the operation id of a prefetch's PrepareImage (or
+// PrepareArtifact) on one node: the
 // same for every send, so the node applies it once, and distinct per node,
 // as WF_CMDS and WF_OBS deduplicate across nodes. A node id too long to fit
 // is replaced by a digest of it.
@@ -142,7 +167,7 @@ func (s *Service) noteLocked(p schemas.Prefetch, seed bus.Seed) {
 		if n.State.Finished() {
 			continue
 		}
-		k := wantKey{n.NodeID, imageOf(p)}
+		k := keyOf(p, n.NodeID)
 		if s.wanted[k] == nil {
 			s.wanted[k] = map[string]time.Time{}
 		}
@@ -152,12 +177,20 @@ func (s *Service) noteLocked(p schemas.Prefetch, seed bus.Seed) {
 
 func (s *Service) unindexLocked(p schemas.Prefetch) {
 	for _, n := range p.Nodes {
-		k := wantKey{n.NodeID, imageOf(p)}
+		k := keyOf(p, n.NodeID)
 		delete(s.wanted[k], p.ID)
 		if len(s.wanted[k]) == 0 {
 			delete(s.wanted, k)
 		}
 	}
+}
+
+// keyOf is what a prefetch wants on a node.
+func keyOf(p schemas.Prefetch, nodeID string) wantKey {
+	if p.Artifact != nil {
+		return wantKey{node: nodeID, artifact: p.Artifact.Digest}
+	}
+	return wantKey{node: nodeID, image: imageOf(p)}
 }
 
 // imageOf is the image a prefetch pulls, by repository and digest: a
@@ -177,10 +210,28 @@ func imageOf(p schemas.Prefetch) schemas.ImageRef {
 // service asks it before it answers a node that has no booking for the
 // image.
 func (s *Service) Wants(nodeID string, ref schemas.ImageRef) bool {
+	if ref == (schemas.ImageRef{}) {
+		return false // the key of artifact entries
+	}
+	return s.wants(wantKey{node: nodeID, image: ref})
+}
+
+// WantsArtifact says whether a live prefetch still waits for node nodeID
+// to hold the artifact of digest, as Wants does for an image. The artifact
+// credential service asks it before it answers a node that has no booking
+// for the artifact.
+func (s *Service) WantsArtifact(nodeID, digest string) bool {
+	if digest == "" {
+		return false
+	}
+	return s.wants(wantKey{node: nodeID, artifact: digest})
+}
+
+func (s *Service) wants(k wantKey) bool {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, deadline := range s.wanted[wantKey{nodeID, ref}] {
+	for _, deadline := range s.wanted[k] {
 		if now.Before(deadline) {
 			return true
 		}
@@ -188,8 +239,8 @@ func (s *Service) Wants(nodeID string, ref schemas.ImageRef) bool {
 	return false
 }
 
-// DiskKeep lists the images with a live prefetch on the node: its disk
-// collection keeps them (nodes.DiskKeeper).
+// DiskKeep lists the images and artifacts with a live prefetch on the
+// node: its disk collection keeps them (nodes.DiskKeeper).
 func (s *Service) DiskKeep(nodeID string) []schemas.DiskItem {
 	now := s.now()
 	s.mu.Lock()
@@ -200,10 +251,15 @@ func (s *Service) DiskKeep(nodeID string) []schemas.DiskItem {
 			continue
 		}
 		for _, d := range deadlines {
-			if now.Before(d) {
-				out = append(out, schemas.DiskItem{Kind: schemas.DiskItemImage, ID: k.image.Digest, Reason: "an operator's prefetch wants it here"})
-				break
+			if !now.Before(d) {
+				continue
 			}
+			item := schemas.DiskItem{Kind: schemas.DiskItemImage, ID: k.image.Digest, Reason: "an operator's prefetch wants it here"}
+			if k.artifact != "" {
+				item.Kind, item.ID = schemas.DiskItemArtifact, k.artifact
+			}
+			out = append(out, item)
+			break
 		}
 	}
 	return out
@@ -224,7 +280,8 @@ func (s *Service) seed(id string) bus.Seed {
 }
 
 // handleRequest answers wf.admin.prefetch: validate, choose the nodes,
-// record the prefetch, send each node its PrepareImage, reply the record.
+// record the prefetch, send each node its PrepareImage (or
+// PrepareArtifact), reply the record.
 // A request sent again (same request id) is answered with the record it
 // made, and its commands not yet answered are sent again (the nodes apply
 // each once).
@@ -242,32 +299,70 @@ func (s *Service) handleRequest(ctx context.Context, m *nats.Msg) {
 		s.reply(m, enc, schemas.Reply[schemas.Prefetch]{Refusal: schemas.RefusalOfInput(err, "body is not a PrefetchRequest")})
 		return
 	}
-	ref, _ := schemas.ParseImageRef("image", req.Image) // Validate parsed it
 	id := schemas.PrefetchIDFor(req.RequestID)
-	p, err := s.create(ctx, id, req, sel, ref)
+	p, err := s.create(ctx, id, req, sel)
 	if err != nil {
 		s.reply(m, enc, schemas.Reply[schemas.Prefetch]{Refusal: schemas.AsRefusal(err)})
 		return
 	}
-	p = s.send(ctx, p, ref)
+	p = s.send(ctx, p)
 	s.reply(m, enc, schemas.Reply[schemas.Prefetch]{OK: &p})
+}
+
+// content is what a new prefetch warms: the request's image, or its
+// artifact as the catalog resolves it now.
+func (s *Service) content(ctx context.Context, req schemas.PrefetchRequest) (schemas.Prefetch, error) {
+	if req.Artifact == "" {
+		ref, _ := schemas.ParseImageRef("image", req.Image) // Validate parsed it
+		return schemas.Prefetch{Image: ref.String(), ManifestDigest: ref.Digest}, nil
+	}
+	if s.artifacts == nil {
+		return schemas.Prefetch{}, &schemas.Refusal{Code: schemas.CodeArtifactUnknown, Field: "artifact",
+			Reason: "this control plane has no artifact catalog, so it prefetches no artifact; prefetch an image instead"}
+	}
+	use, _ := schemas.ParseArtifactRef("artifact", req.Artifact) // Validate parsed it
+	ms, err := s.artifacts.Resolve(ctx, []schemas.ArtifactUse{use})
+	var r *schemas.Refusal
+	switch {
+	case errors.As(err, &r):
+		// The catalog names the field of a Run's use; here it is ours.
+		return schemas.Prefetch{}, &schemas.Refusal{Code: r.Code, Field: "artifact", Reason: r.Reason}
+	case err != nil:
+		return schemas.Prefetch{}, fmt.Errorf("prefetch of artifact %s: resolve: %w", use.Ref(), err)
+	case len(ms) != 1:
+		return schemas.Prefetch{}, fmt.Errorf("prefetch of artifact %s: the catalog answered %d artifacts for one", use.Ref(), len(ms))
+	}
+	m := ms[0]
+	m.Path = "/prefetch" // a mount's rule wants a path; a prefetch mounts nothing
+	if err := m.Validate("artifact"); err != nil {
+		return schemas.Prefetch{}, fmt.Errorf("prefetch of artifact %s: the catalog answered an invalid record: %w", use.Ref(), err)
+	}
+	return schemas.Prefetch{Artifact: schemas.PrefetchArtifactOf(m)}, nil
 }
 
 // create stores a new prefetch record, or returns the one its request id
 // already made.
-func (s *Service) create(ctx context.Context, id string, req schemas.PrefetchRequest, sel Selector, ref schemas.ImageRef) (schemas.Prefetch, error) {
+func (s *Service) create(ctx context.Context, id string, req schemas.PrefetchRequest, sel Selector) (schemas.Prefetch, error) {
 	if p, err := s.existing(ctx, id, req); err == nil || !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return p, err
 	}
+	p, err := s.content(ctx, req)
+	if err != nil {
+		return p, err
+	}
 	now := s.now()
-	plan, err := Choose(s.cache.Nodes(), now, sel, req.Count, ref.Digest)
+	choose, what, noun := Choose, "the image hot", "node"
+	if p.Artifact != nil {
+		choose, what, noun = ChooseArtifact, "a replica of the artifact", "node that declares an artifact replica store"
+	}
+	plan, err := choose(s.cache.Nodes(), now, sel, req.Count, p.ContentDigest())
 	if err != nil {
 		return schemas.Prefetch{}, err
 	}
 	if len(plan.Targets) == 0 {
-		why := "no live node matches; `warmfleet node list` shows each node's state"
+		why := "no live " + noun + " matches; `warmfleet node list` shows each node's state"
 		if len(plan.Hot) > 0 {
-			why = fmt.Sprintf("every matching live node (%d) already holds the image hot", len(plan.Hot))
+			why = fmt.Sprintf("every matching live node (%d) already holds %s", len(plan.Hot), what)
 		}
 		return schemas.Prefetch{}, &schemas.Refusal{Code: schemas.CodeNoPrefetchTarget, Field: "nodes", Reason: why}
 	}
@@ -275,8 +370,7 @@ func (s *Service) create(ctx context.Context, id string, req schemas.PrefetchReq
 		return schemas.Prefetch{}, &schemas.Refusal{Code: schemas.CodeTooManyItems, Field: "nodes",
 			Reason: fmt.Sprintf("%d nodes match; one prefetch takes at most %d: narrow the selector or use --count", len(plan.Targets)+len(plan.Skipped), schemas.MaxPrefetchNodes)}
 	}
-	p := schemas.Prefetch{ID: id, RequestID: req.RequestID, Image: ref.String(), ManifestDigest: ref.Digest,
-		Selector: sel.String(), Count: req.Count, CreatedAt: now, ExpiresAt: now.Add(req.Timeout())}
+	p.ID, p.RequestID, p.Selector, p.Count, p.CreatedAt, p.ExpiresAt = id, req.RequestID, sel.String(), req.Count, now, now.Add(req.Timeout())
 	for _, n := range plan.Targets {
 		p.Nodes = append(p.Nodes, schemas.PrefetchNode{NodeID: n, State: schemas.PrefetchSent, OperationID: OpID(id, n), UpdatedAt: now})
 	}
@@ -289,28 +383,50 @@ func (s *Service) create(ctx context.Context, id string, req schemas.PrefetchReq
 		return schemas.Prefetch{}, fmt.Errorf("prefetch %s: store: %w", id, err)
 	}
 	s.note(p, rev, raw)
-	s.log.Info("prefetch recorded", zap.String("prefetch_id", id), zap.String("image", p.Image),
+	s.log.Info("prefetch recorded", zap.String("prefetch_id", id), zap.String("content", p.Content()),
 		zap.Int("nodes", len(plan.Targets)), zap.Int("skipped", len(plan.Skipped)))
 	return p, nil
 }
 
 // existing reads a stored prefetch for a request sent again; another
-// image under the same request id is refused.
+// image or artifact under the same request id is refused. An artifact is
+// matched as the request names it (not resolved again), so a request
+// sent again answers the same record after the catalog gained a version.
 func (s *Service) existing(ctx context.Context, id string, req schemas.PrefetchRequest) (schemas.Prefetch, error) {
 	var p schemas.Prefetch
 	if _, err := bus.GetJSON(ctx, s.kv, id, &p); err != nil {
 		return p, err
 	}
-	if ref, _ := schemas.ParseImageRef("image", req.Image); ref.Digest != p.ManifestDigest {
+	same := false
+	if req.Artifact == "" {
+		ref, _ := schemas.ParseImageRef("image", req.Image)
+		same = p.Artifact == nil && ref.Digest == p.ManifestDigest
+	} else if a := p.Artifact; a != nil {
+		u, _ := schemas.ParseArtifactRef("artifact", req.Artifact)
+		same = u.Name == a.Name && (u.Version == "" || u.Version == a.Version) && (u.Digest == "" || u.Digest == a.Digest)
+	}
+	if !same {
 		return p, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
-			Reason: "this request id already named a prefetch of another image; use a new request id"}
+			Reason: "this request id already named a prefetch of another image or artifact; use a new request id"}
 	}
 	return p, nil
 }
 
-// send sends the PrepareImage of every entry still waiting for its
-// node. A node the command cannot reach has its entry failed.
-func (s *Service) send(ctx context.Context, p schemas.Prefetch, ref schemas.ImageRef) schemas.Prefetch {
+// sendOne sends a prefetch's command to one node.
+func (s *Service) sendOne(ctx context.Context, p schemas.Prefetch, nodeID, opID string) error {
+	if p.Artifact != nil {
+		return s.dispatch.PrefetchArtifact(ctx, nodeID, opID, p.ID, p.Artifact.Mount())
+	}
+	ref, err := schemas.ParseImageRef("image", p.Image)
+	if err != nil {
+		return fmt.Errorf("prefetch %s: stored image: %w", p.ID, err)
+	}
+	return s.dispatch.Prefetch(ctx, nodeID, opID, p.ID, ref)
+}
+
+// send sends the command of every entry still waiting for its node. A
+// node the command cannot reach has its entry failed.
+func (s *Service) send(ctx context.Context, p schemas.Prefetch) schemas.Prefetch {
 	if p.TimedOut(s.now()) {
 		return p
 	}
@@ -318,7 +434,7 @@ func (s *Service) send(ctx context.Context, p schemas.Prefetch, ref schemas.Imag
 		if n.State.Finished() {
 			continue
 		}
-		err := s.dispatch.Prefetch(ctx, n.NodeID, n.OperationID, p.ID, ref)
+		err := s.sendOne(ctx, p, n.NodeID, n.OperationID)
 		if err == nil {
 			continue
 		}
@@ -349,20 +465,31 @@ func (s *Service) update(ctx context.Context, id string, mutate func(*schemas.Pr
 
 // finish moves one node's entry to a finished state, once.
 func (s *Service) finish(ctx context.Context, id, nodeID, opID string, state schemas.PrefetchState, code schemas.Code, reason string) (schemas.Prefetch, error) {
-	return s.update(ctx, id, func(p *schemas.Prefetch) error {
-		n := p.Node(nodeID)
-		if n == nil || n.OperationID != opID || n.State.Finished() {
-			return bus.ErrNoChange
-		}
-		n.State, n.Code, n.Reason, n.UpdatedAt = state, code, reason, s.now()
-		if state == schemas.PrefetchReady && n.Progress != nil && n.Progress.TotalBytes > 0 {
-			n.Progress.DoneBytes = n.Progress.TotalBytes
-		}
-		return nil
-	})
+	return s.update(ctx, id, func(p *schemas.Prefetch) error { return s.finishEntry(p, nodeID, opID, state, code, reason) })
 }
 
-// Receipt applies a node's answer to a prefetch's PrepareImage: applied
+func (s *Service) finishEntry(p *schemas.Prefetch, nodeID, opID string, state schemas.PrefetchState, code schemas.Code, reason string) error {
+	n := p.Node(nodeID)
+	if n == nil || n.OperationID != opID || n.State.Finished() {
+		return bus.ErrNoChange
+	}
+	n.State, n.Code, n.Reason, n.UpdatedAt = state, code, reason, s.now()
+	if state == schemas.PrefetchReady && n.Progress != nil && n.Progress.TotalBytes > 0 {
+		n.Progress.DoneBytes = n.Progress.TotalBytes
+	}
+	return nil
+}
+
+// kindOf is the command a prefetch sends its nodes.
+func kindOf(p schemas.Prefetch) schemas.CommandKind {
+	if p.Artifact != nil {
+		return schemas.CmdPrepareArtifact
+	}
+	return schemas.CmdPrepareImage
+}
+
+// Receipt applies a node's answer to a prefetch's PrepareImage or
+// PrepareArtifact (the record's own kind; another is ignored): applied
 // makes its entry ready, failed or refused makes it failed with the node's
 // code and message. A command refused for a superseded session is sent
 // again under the node's current one. A receipt for a record gone, or an
@@ -370,23 +497,27 @@ func (s *Service) finish(ctx context.Context, id, nodeID, opID string, state sch
 func (s *Service) Receipt(ctx context.Context, nodeID string, rc schemas.OperationReceipt) error {
 	if rc.Outcome == schemas.OutcomeRefused && (rc.Code == schemas.CodeStaleFencingToken || rc.Code == schemas.CodeStaleGeneration) {
 		p, ok := s.Get(rc.PrefetchID)
-		if !ok || p.TimedOut(s.now()) {
+		if !ok || p.TimedOut(s.now()) || rc.Kind != kindOf(p) {
 			return nil
 		}
-		ref, err := schemas.ParseImageRef("image", p.Image)
-		if err != nil {
-			return nil
-		}
-		return s.dispatch.Prefetch(ctx, nodeID, rc.OperationID, rc.PrefetchID, ref)
+		return s.sendOne(ctx, p, nodeID, rc.OperationID)
 	}
 	state, code, reason := schemas.PrefetchReady, schemas.Code(""), ""
 	if rc.Outcome != schemas.OutcomeApplied {
 		state, code, reason = schemas.PrefetchFailed, rc.Code, strings.TrimSpace(rc.Outcome+": "+rc.Message)
 		if code == "" {
 			code = schemas.CodeLaunchFailed
+			if rc.Kind == schemas.CmdPrepareArtifact {
+				code = schemas.CodeArtifactFetchFailed
+			}
 		}
 	}
-	_, err := s.finish(ctx, rc.PrefetchID, nodeID, rc.OperationID, state, code, reason)
+	_, err := s.update(ctx, rc.PrefetchID, func(p *schemas.Prefetch) error {
+		if rc.Kind != kindOf(*p) {
+			return bus.ErrNoChange
+		}
+		return s.finishEntry(p, nodeID, rc.OperationID, state, code, reason)
+	})
 	switch {
 	case err == nil:
 		s.log.Info("prefetch entry finished", zap.String("prefetch_id", rc.PrefetchID), zap.String("node_id", nodeID), zap.String("state", string(state)))
