@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/agent/artifactstore"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/keyed"
@@ -42,6 +44,12 @@ type Config struct {
 	ContentRoot string
 	// CacheDir holds the caches Runs mount; <DataDir>/caches when empty.
 	CacheDir string
+	// ArtifactDir holds the node's artifact replicas (agent/artifactstore);
+	// <DataDir>/artifacts when empty.
+	ArtifactDir string
+	// ArtifactHTTP fetches artifacts from URL sources; nil uses a client
+	// that bounds the wait for a response but not the transfer.
+	ArtifactHTTP *http.Client
 	// Accelerator measures the host's cards (adapters/gpuprobe runs
 	// cmd/warmfleet-gpu-probe); nil states nothing established.
 	Accelerator AcceleratorProbe
@@ -136,6 +144,11 @@ type Agent struct {
 	// held is what each attempt prepared or launched here uses on disk,
 	// by attempt id, until its workload is removed (disk.go).
 	held map[string]heldItems
+	// failedPrep: attempts whose preparation failed, with the code their
+	// launch fails with (artifacts.go).
+	failedPrep map[string]prepFailure
+	// artifacts is the node's replica store.
+	artifacts *artifactstore.Store
 	// diskMu: a disk sweep holds it to write; a prepare or launch holds it
 	// to read while it ensures the image, mounts caches and starts, so a
 	// sweep never removes what one is about to use.
@@ -163,6 +176,9 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = filepath.Join(cfg.DataDir, "caches")
+	}
+	if cfg.ArtifactDir == "" {
+		cfg.ArtifactDir = filepath.Join(cfg.DataDir, "artifacts")
 	}
 	if cfg.FactsInterval <= 0 {
 		cfg.FactsInterval = DefaultFactsInterval
@@ -195,10 +211,15 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 		return nil, err
 	}
 	log = log.With(zap.String("node_id", cfg.NodeID))
+	store, err := artifactstore.New(cfg.ArtifactDir)
+	if err != nil {
+		return nil, fmt.Errorf("agent: artifact store: %w", err)
+	}
 	changed := make(chan struct{}, 1)
 	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
 		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed,
 		watching: map[string]context.CancelFunc{}, shipments: map[string]*shipment{}, held: map[string]heldItems{},
+		failedPrep: map[string]prepFailure{}, artifacts: store,
 		behind: &backlog{metrics: cfg.LogMetrics, bytes: map[string][2]int64{}}}
 	return a, nil
 }

@@ -24,9 +24,9 @@ import (
 // exists, across agent restarts too.
 const LabelArtifacts = "warmfleet.artifacts"
 
-// ErrArtifactCredential: the control plane gave no credential for an
-// artifact's source (refused, or did not answer).
-var ErrArtifactCredential = errors.New("agent: no credential for the artifact's source")
+// ErrArtifactLogin: the artifact login the control plane gave was refused
+// or could not connect.
+var ErrArtifactLogin = errors.New("agent: the artifact login failed")
 
 // applyPrepareArtifact fetches and verifies one artifact for an attempt or
 // a prefetch. A failure is remembered for the attempt, so its launch fails
@@ -89,6 +89,11 @@ func (a *Agent) ensureArtifact(ctx context.Context, m schemas.ArtifactMount, run
 	src := &credentialedSource{a: a, content: m, runID: runID, prefetchID: prefetchID}
 	defer src.close()
 	res, err := a.artifacts.Ensure(ctx, artifactstore.Want{Digest: m.Digest, SizeBytes: m.SizeBytes, Source: src, Progress: progress})
+	if err == nil {
+		if terr := a.artifacts.Touch(m.Digest); terr != nil {
+			a.log.Warn("artifact use not recorded", zap.String("digest", m.Digest), zap.Error(terr))
+		}
+	}
 	if err == nil && !res.AlreadyPresent {
 		// A new replica: placement should hear of it before the next
 		// periodic report.
@@ -155,9 +160,9 @@ func (a *Agent) openSource(ctx context.Context, m schemas.ArtifactMount, runID, 
 	if cred.Login == nil || a.cfg.Credentials == nil {
 		return artifactstore.NewObjectSource(a.conn.JS, bus.ObjectBucketArtifacts, m.Source.Object, m.Digest), func() {}, nil
 	}
-	nc, err := bus.DialArtifactLogin(ctx, a.cfg.Credentials, *cred.Login)
+	nc, err := a.dialArtifactLogin(ctx, *cred.Login)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: log in to read %s: %w", ErrArtifactCredential, m.Digest, err)
+		return nil, nil, fmt.Errorf("%w: log in to read %s: %w", ErrArtifactLogin, m.Digest, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -184,7 +189,7 @@ func artifactFailureCode(err error) schemas.Code {
 	switch {
 	case errors.Is(err, artifactstore.ErrDigestMismatch):
 		return schemas.CodeArtifactDigestMismatch
-	case errors.Is(err, artifactstore.ErrSourceAuth), errors.Is(err, ErrArtifactCredential):
+	case errors.Is(err, artifactstore.ErrSourceAuth), errors.Is(err, ErrArtifactLogin), errors.As(err, new(*ArtifactCredentialError)):
 		return schemas.CodeArtifactSourceAuthFailed
 	}
 	return schemas.CodeArtifactFetchFailed

@@ -42,6 +42,8 @@ func attemptOf(c schemas.Command) string {
 		return c.Launch.AttemptID
 	case c.PrepareImage != nil && c.PrepareImage.AttemptID != "":
 		return c.PrepareImage.AttemptID
+	case c.PrepareArtifact != nil && c.PrepareArtifact.AttemptID != "":
+		return c.PrepareArtifact.AttemptID
 	case c.Stop != nil:
 		return c.Stop.AttemptID
 	}
@@ -57,6 +59,9 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	rc.RunID, rc.AttemptID = runOf(c)
 	if c.PrepareImage != nil {
 		rc.PrefetchID = c.PrepareImage.PrefetchID
+	}
+	if c.PrepareArtifact != nil {
+		rc.PrefetchID = c.PrepareArtifact.PrefetchID
 	}
 	enr := a.Enrollment()
 
@@ -97,6 +102,8 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	switch c.Kind {
 	case schemas.CmdPrepareImage:
 		a.applyPrepare(ctx, m, c, &rc)
+	case schemas.CmdPrepareArtifact:
+		a.applyPrepareArtifact(ctx, m, c, &rc)
 	case schemas.CmdLaunchWorkload:
 		a.applyLaunch(ctx, c, &rc)
 	case schemas.CmdStopWorkload:
@@ -166,6 +173,8 @@ func runOf(c schemas.Command) (string, string) {
 		return c.Launch.RunID, c.Launch.AttemptID
 	case c.PrepareImage != nil:
 		return c.PrepareImage.RunID, c.PrepareImage.AttemptID
+	case c.PrepareArtifact != nil:
+		return c.PrepareArtifact.RunID, c.PrepareArtifact.AttemptID
 	case c.Stop != nil:
 		return c.Stop.RunID, c.Stop.AttemptID
 	}
@@ -185,21 +194,8 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	if p.RunID != "" {
 		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPreparing})
 	}
-	// A pull can outlast AckWait; tell JetStream the command is in hand.
-	pctx, stop := context.WithCancel(ctx)
-	defer stop()
-	a.wg.Go(func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-pctx.Done():
-				return
-			case <-t.C:
-				_ = m.InProgress()
-			}
-		}
-	})
+	stopInProgress := a.inProgress(ctx, m)
+	defer stopInProgress()
 	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Platform: p.Platform, Unpack: p.Unpack,
 		Credentials: a.registryCredentials(p.Reference, p.RunID)}
 	stopProgress := func() {}
@@ -228,6 +224,25 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 	}
 }
 
+// inProgress tells JetStream every 10s that a command is in hand, until
+// the returned stop is called: a pull or a fetch can outlast AckWait.
+func (a *Agent) inProgress(ctx context.Context, m jetstream.Msg) (stop func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	a.wg.Go(func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	})
+	return cancel
+}
+
 // failureCode is the coded reason an image that could not be ensured
 // fails its Run with.
 func failureCode(err error) schemas.Code {
@@ -247,6 +262,14 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeCancelled, "attempt was stopped before launch: "+stop.StopReason
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
 			FailureReason: "stopped before launch", StopReason: stop.StopReason})
+		return
+	}
+	if f, ok := a.prepareFailure(l.AttemptID); ok {
+		// Its preparation already failed for a reason a retry here would
+		// meet again (wrong bytes, a refused credential).
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, f.code, "preparation failed: "+f.msg
+		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
+			FailureReason: rc.Message, FailureCode: f.code})
 		return
 	}
 	if !a.offersNetwork(l.Network) {
@@ -304,6 +327,24 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 		a.release(l.AttemptID)
 		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
 		return
+	}
+	if len(l.Artifacts) > 0 {
+		digests := make([]string, len(l.Artifacts))
+		for i, m := range l.Artifacts {
+			digests[i] = m.Digest
+		}
+		spec.Labels[LabelArtifacts] = strings.Join(digests, ",")
+		// Each replica is re-verified here: one corrupted on disk since
+		// its prepare is fetched again, never mounted.
+		am, err := a.artifactMounts(ctx, l)
+		if err != nil {
+			a.release(l.AttemptID)
+			rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, artifactFailureCode(err), err.Error()
+			a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
+				FailureReason: err.Error(), FailureCode: rc.Code})
+			return
+		}
+		mounts = append(mounts, am...)
 	}
 	spec.Mounts = mounts
 	withContainer(&spec, l)

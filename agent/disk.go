@@ -34,8 +34,9 @@ const keepTimeout = 5 * time.Second
 // heldItems is what one attempt holds on disk from its prepare or launch
 // until its workload is removed: its image, and its caches once launched.
 type heldItems struct {
-	digest string
-	caches []string // schemas.CacheItemID
+	digest    string
+	caches    []string // schemas.CacheItemID
+	artifacts []string // sha256 digests
 }
 
 // hold records what an attempt uses; a later call for it adds to it.
@@ -43,7 +44,9 @@ func (a *Agent) hold(attemptID, digest string, caches []schemas.CacheMount) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := a.held[attemptID]
-	h.digest = digest
+	if digest != "" {
+		h.digest = digest
+	}
 	for _, c := range caches {
 		h.caches = append(h.caches, schemas.CacheItemID(c.Name, c.CompatibilityKey))
 	}
@@ -56,6 +59,7 @@ func (a *Agent) release(attemptID string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.held, attemptID)
+	delete(a.failedPrep, attemptID)
 }
 
 // collectDisk runs a collection when the content disk is past its high
@@ -187,6 +191,14 @@ func (a *Agent) evict(ctx context.Context, it schemas.DiskItem) (int64, error) {
 		// The name's directory goes with its last key.
 		_ = os.Remove(c.nameDir(name))
 		return it.SizeBytes, nil
+	case schemas.DiskItemArtifact:
+		if a.artifacts == nil {
+			return 0, errors.New("this node keeps no artifact replicas")
+		}
+		if err := a.artifacts.Remove(it.ID); err != nil {
+			return 0, err
+		}
+		return it.SizeBytes, nil
 	}
 	return 0, fmt.Errorf("unknown disk item kind %q", it.Kind)
 }
@@ -213,6 +225,11 @@ func (a *Agent) diskSnapshot(ctx context.Context, keep schemas.DiskKeep, disk sc
 				s.Busy[diskKey(schemas.DiskItemCache, c)] = "mounted by workload " + st.ID
 			}
 		}
+		for _, d := range strings.Split(st.Labels[LabelArtifacts], ",") {
+			if d != "" {
+				s.Busy[diskKey(schemas.DiskItemArtifact, d)] = "mounted by workload " + st.ID
+			}
+		}
 	}
 	a.mu.Lock()
 	for attempt, h := range a.held {
@@ -224,6 +241,11 @@ func (a *Agent) diskSnapshot(ctx context.Context, keep schemas.DiskKeep, disk sc
 				s.Busy[diskKey(schemas.DiskItemCache, c)] = "mounted by attempt " + attempt
 			}
 		}
+		for _, d := range h.artifacts {
+			if s.Busy[diskKey(schemas.DiskItemArtifact, d)] == "" {
+				s.Busy[diskKey(schemas.DiskItemArtifact, d)] = "prepared for attempt " + attempt
+			}
+		}
 	}
 	a.mu.Unlock()
 	imgs, err := a.rt.ImageUsage(ctx)
@@ -232,6 +254,11 @@ func (a *Agent) diskSnapshot(ctx context.Context, keep schemas.DiskKeep, disk sc
 	}
 	for _, im := range imgs {
 		s.Items = append(s.Items, schemas.DiskItem{Kind: schemas.DiskItemImage, ID: im.ManifestDigest, SizeBytes: im.SizeBytes, LastUsedAt: im.LastUsedAt})
+	}
+	if a.artifacts != nil && (prune || sameFilesystem(a.cfg.ArtifactDir, a.cfg.ContentRoot)) {
+		for _, r := range a.artifacts.List() {
+			s.Items = append(s.Items, schemas.DiskItem{Kind: schemas.DiskItemArtifact, ID: r.Digest, SizeBytes: r.SizeBytes, LastUsedAt: r.LastUsedAt})
+		}
 	}
 	if !prune && !sameFilesystem(a.cfg.CacheDir, a.cfg.ContentRoot) {
 		// Removing these would free nothing on the disk being collected.

@@ -63,7 +63,7 @@ func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
 		h.Variant = p.Variant
 	}
 	support := a.support(info)
-	return schemas.NodeFacts{ObservedAt: a.cfg.Now(), Host: h, Images: imgs, Caches: caches, Support: &support}
+	return schemas.NodeFacts{ObservedAt: a.cfg.Now(), Host: h, Images: imgs, Caches: caches, Support: &support, Artifacts: a.artifactFacts()}
 }
 
 // support is what this agent declares it can do: what its runtime says of
@@ -77,6 +77,7 @@ func (a *Agent) support(info noderuntime.RuntimeInfo) schemas.NodeSupport {
 		CacheMounts:            info.BindMounts,
 		Prewarm:                true,
 		MaxConcurrentWorkloads: a.cfg.MaxWorkloads,
+		ArtifactReplicas:       a.artifacts != nil && info.BindMounts,
 	}
 	if w := a.cfg.DiskWatermarks; w != nil && a.cfg.ContentRoot != "" {
 		s.GarbageCollection = true
@@ -84,6 +85,20 @@ func (a *Agent) support(info noderuntime.RuntimeInfo) schemas.NodeSupport {
 		s.DiskWatermarks = &wm
 	}
 	return s
+}
+
+// artifactFacts lists the node's verified replicas, most recently used
+// first when there are more than a report holds.
+func (a *Agent) artifactFacts() *schemas.ArtifactInventory {
+	if a.artifacts == nil {
+		return nil
+	}
+	reps := a.artifacts.List()
+	if len(reps) > schemas.MaxFactArtifacts {
+		slices.SortFunc(reps, func(x, y schemas.ArtifactReplica) int { return y.LastUsedAt.Compare(x.LastUsedAt) })
+		reps = reps[:schemas.MaxFactArtifacts]
+	}
+	return &schemas.ArtifactInventory{Enumerated: true, Replicas: reps}
 }
 
 // imageFacts is the runtime's image inventory, trimmed to maxFactImages

@@ -227,6 +227,22 @@ func (s *Service) WantsArtifact(nodeID, digest string) bool {
 	return s.wants(wantKey{node: nodeID, artifact: digest})
 }
 
+// ArtifactWanted is WantsArtifact with the source the live prefetch names,
+// the form the artifact credential service takes.
+func (s *Service) ArtifactWanted(nodeID, digest string) (schemas.ArtifactSource, bool) {
+	if !s.WantsArtifact(nodeID, digest) {
+		return schemas.ArtifactSource{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.records {
+		if a := r.p.Artifact; a != nil && a.Digest == digest {
+			return a.Source, true
+		}
+	}
+	return schemas.ArtifactSource{}, false
+}
+
 func (s *Service) wants(k wantKey) bool {
 	now := s.now()
 	s.mu.Lock()
