@@ -57,7 +57,8 @@ type Output struct {
 	Burst          int64
 }
 
-// Mount is a bind mount of a host directory.
+// Mount is a bind mount of a host directory, or of a regular file when
+// ReadOnly (an artifact replica).
 type Mount struct {
 	Source   string // absolute host path
 	Target   string // absolute path in the container

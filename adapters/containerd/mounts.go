@@ -13,7 +13,8 @@ import (
 )
 
 // ErrInvalidMount reports a WorkloadSpec mount this adapter refuses: a
-// relative path, a target of "/", or a source that is not a directory.
+// relative path, a target of "/", or a source that is not a directory (or a
+// regular file mounted read-only: an artifact replica).
 var ErrInvalidMount = errors.New("invalid mount")
 
 // bindMounts turns a workload's mounts into OCI bind mounts. rbind carries
@@ -51,8 +52,8 @@ func checkMount(m noderuntime.Mount) error {
 	if err != nil {
 		return fmt.Errorf("%w: source %s: %w", ErrInvalidMount, m.Source, err)
 	}
-	if !st.IsDir() {
-		return fmt.Errorf("%w: source %s is not a directory", ErrInvalidMount, m.Source)
+	if !st.IsDir() && !(st.Mode().IsRegular() && m.ReadOnly) {
+		return fmt.Errorf("%w: source %s is neither a directory nor a regular file mounted read-only", ErrInvalidMount, m.Source)
 	}
 	return nil
 }
