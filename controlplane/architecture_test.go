@@ -62,6 +62,7 @@ func TestImportRules(t *testing.T) {
 		// The catalog is a leaf over its buckets; intake resolves through
 		// its own ArtifactResolver interface.
 		{pkgs: []string{"controlplane/artifacts"}, never: []string{"controlplane/...", "agent", "residency/..."}},
+		{pkgs: []string{"agent/artifactstore"}, never: []string{"agent", "controlplane/...", "residency/...", "noderuntime"}},
 		{pkgs: []string{"controlplane/intake", "controlplane/runs", "controlplane/dispatch", "controlplane/scheduler", "controlplane/placement"}, never: []string{"controlplane/artifacts"}},
 	}
 	matches := func(pattern, pkg string) bool {

@@ -85,6 +85,10 @@ func runArtifactBench(ctx context.Context, g *globals, o artifactOpts) (*Report,
 	if o.mib <= 0 || o.rounds <= 0 {
 		return nil, fmt.Errorf("--mib and --rounds must be positive")
 	}
+	// nats.go bounds an object Get or Put by its default timeout when ctx
+	// has no deadline, which a large object outlasts.
+	ctx, cancel := context.WithTimeout(ctx, time.Hour)
+	defer cancel()
 	e, err := newEnv(g, "artifact")
 	if err != nil {
 		return nil, err
