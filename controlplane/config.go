@@ -108,6 +108,9 @@ func (c *Config) defaults() {
 	if p.CacheBytesPerSecond <= 0 {
 		p.CacheBytesPerSecond = def.CacheBytesPerSecond
 	}
+	if p.ArtifactBytesPerSecond <= 0 {
+		p.ArtifactBytesPerSecond = def.ArtifactBytesPerSecond
+	}
 	if p.UnknownImageBytes <= 0 {
 		p.UnknownImageBytes = def.UnknownImageBytes
 	}

@@ -325,3 +325,60 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	c.n.Add(int64(n))
 	return n, err
 }
+
+// TestAcceptance_PrefetchArtifact: `warmfleet prefetch --artifact` warms a
+// node with no Run booked: the prefetch is a reason for the node to be given
+// the fetch's credential, the entry ends ready, the node's facts list the
+// replica, and the next Run naming the artifact goes there, fetching nothing.
+func TestAcceptance_PrefetchArtifact(t *testing.T) {
+	wa, wb := newWorld(t), newWorld(t)
+	f := newFleet(t, func(c *controlplane.Config) { c.PrefetchFlushInterval = 20 * time.Millisecond })
+	data := artifactBytes(24<<20, 6)
+	rec := f.putArtifact("weights", "v1", data)
+	f.startAgent(agentSpec{id: "node-a", world: wa})
+	f.startAgent(agentSpec{id: "node-b", world: wb})
+
+	body, _ := json.Marshal(schemas.PrefetchRequest{RequestID: "warm-b", Artifact: "weights:v1", Nodes: "node-b"})
+	resp, err := f.conn.NC.Request(bus.SubjectPrefetch, body, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep schemas.Reply[schemas.Prefetch]
+	if err := json.Unmarshal(resp.Data, &rep); err != nil || rep.OK == nil {
+		t.Fatalf("prefetch: %v %+v", err, rep.Refusal)
+	}
+	if len(rep.OK.Nodes) != 1 || rep.OK.Nodes[0].NodeID != "node-b" || rep.OK.Artifact == nil || rep.OK.Artifact.Digest != rec.Digest {
+		t.Fatalf("prefetch record %+v", rep.OK)
+	}
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketPrefetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.eventually(time.Minute, "node-b's prefetch entry to finish", func() bool {
+		e, err := kv.Get(context.Background(), rep.OK.ID)
+		if err != nil {
+			return false
+		}
+		var p schemas.Prefetch
+		if json.Unmarshal(e.Value(), &p) != nil || p.Node("node-b") == nil || !p.Node("node-b").State.Finished() {
+			return false
+		}
+		if n := p.Node("node-b"); n.State != schemas.PrefetchReady {
+			t.Fatalf("node-b's entry ended %s: %s %s", n.State, n.Code, n.Reason)
+		}
+		return true
+	})
+	f.waitReplica("node-b", rec.Digest, 30*time.Second)
+	f.eventually(5*time.Second, "a finished prefetch to want the artifact no more", func() bool {
+		return !f.plane.Prefetches().WantsArtifact("node-b", rec.Digest)
+	})
+
+	id := f.submit(readsArtifact("after-prefetch", wa.image.Reference, "weights"))
+	if r := f.waitPhase(id, schemas.PhaseSucceeded, time.Minute); r.NodeID != "node-b" {
+		d, _ := json.MarshalIndent(f.decision(id), "", " ")
+		t.Fatalf("ran on %s, want the prefetched node-b; decision %s", r.NodeID, d)
+	}
+	if c := candidate(f.decision(id), "node-b"); c.Components.ArtifactFetchBytes != 0 {
+		t.Fatalf("node-b would fetch %d artifact bytes after the prefetch", c.Components.ArtifactFetchBytes)
+	}
+}

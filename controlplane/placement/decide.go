@@ -271,7 +271,7 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	}
 	comp.CacheSeconds = float64(comp.CacheFillBytes) / cfg.CacheBytesPerSecond
 	comp.ArtifactsWarm, comp.ArtifactFetchBytes = warm, fetch
-	if cfg.ArtifactBytesPerSecond > 0 {
+	if fetch > 0 && cfg.ArtifactBytesPerSecond > 0 {
 		comp.ArtifactSeconds = float64(fetch) / cfg.ArtifactBytesPerSecond
 	}
 	// A queued booking prefetches while it waits, so only the longer of the
