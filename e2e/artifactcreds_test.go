@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -28,8 +29,10 @@ import (
 // gets a URL source's header by request/reply only. Nothing of the login's
 // token or the header's value is at rest.
 //
-// The Run is written into wf_runs directly, booked on the node, until a
-// Run with artifacts can be submitted end to end.
+// The Run is written into wf_runs directly, booked on the node and left
+// there, so the test can ask on the node's behalf without the agent's own
+// fetch racing it; TestAcceptance_ArtifactFetchUnderAuth is the agent's
+// fetch of a submitted Run under the same auth.
 func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	headerSecret := randomSecret(t)
 	urls, err := artifactauth.ParseURLSource("# the models host\nhttps://models.example.com/ Authorization: Bearer " + headerSecret + "\n")
@@ -237,5 +240,51 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 
 	for _, h := range sf.searchAtRest(tap) {
 		t.Error(h)
+	}
+}
+
+// TestAcceptance_ArtifactFetchUnderAuth: a submitted Run mounting an
+// artifact from the object store, on a fleet with NATS auth: the agent,
+// whose own session may not read the bucket, fetches through the one-time
+// login it is granted for that fetch, verifies the bytes and the Run
+// succeeds, with no permission violation on the server.
+func TestAcceptance_ArtifactFetchUnderAuth(t *testing.T) {
+	sf := newSecureFleet(t)
+	ctx := context.Background()
+	content := artifactBytes(12<<20, 9)
+	digest := sha256Of(content)
+	object := "sha256/" + strings.TrimPrefix(digest, "sha256:")
+	store, err := sf.conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutBytes(ctx, object, content); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(schemas.ArtifactRegistration{Record: schemas.ArtifactRecord{Name: "weights", Version: "v1", Digest: digest,
+		SizeBytes: int64(len(content)), Source: schemas.ArtifactSource{Object: object}}})
+	resp, err := sf.conn.NC.Request(bus.SubjectArtifactRegister, body, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep schemas.Reply[schemas.ArtifactRecord]
+	if err := json.Unmarshal(resp.Data, &rep); err != nil || rep.OK == nil {
+		t.Fatalf("register: %v %+v", err, rep.Refusal)
+	}
+	a := sf.startAgent("node-a")
+	_, pjs, _ := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
+	run, _ := json.Marshal(schemas.RunRequest{RequestID: "auth-fetch", Image: testImage, Command: []string{"true"},
+		Artifacts: []schemas.ArtifactUse{{Name: "weights", Path: "/models/weights"}}})
+	if _, err := pjs.Publish(ctx, bus.SubjectSubmit, run, jetstream.WithMsgID("auth-fetch")); err != nil {
+		t.Fatal(err)
+	}
+	sf.waitPhase(schemas.RunIDFor("auth-fetch"), schemas.PhaseSucceeded, time.Minute)
+	if got, err := os.ReadFile(replicaPath(a.dataDir, digest)); err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("no verified replica on the node (err %v)", err)
+	}
+	for _, e := range sf.logs.All() {
+		if strings.Contains(strings.ToLower(e.Message), "violation") && !strings.Contains(e.Message, "Authorization Violation") {
+			t.Errorf("nats-server: %s", e.Message)
+		}
 	}
 }
