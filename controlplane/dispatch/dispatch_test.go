@@ -22,17 +22,7 @@ import (
 // (or declares nothing, as agents before NodeSupport), never to one that
 // declares it does not take such work.
 func TestPrepareOnlyWhereThePrewarmIsDeclared(t *testing.T) {
-	n := testenv.StartNATS(t)
-	conn, err := bus.Connect(n.URL(), "dispatch-test", zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
-		t.Fatal(err)
-	}
+	conn, ctx := provisioned(t)
 	c := cache.New()
 	for i, sup := range map[string]*schemas.NodeSupport{
 		"prewarm":    {ContainerRuntime: "containerd", ExactImageInventory: true, Prewarm: true},
@@ -74,17 +64,7 @@ func TestPrepareOnlyWhereThePrewarmIsDeclared(t *testing.T) {
 // launch carrying the artifacts' mounts, all of one attempt and each with
 // its own operation id.
 func TestLaunchPreparesArtifactsFirst(t *testing.T) {
-	n := testenv.StartNATS(t)
-	conn, err := bus.Connect(n.URL(), "dispatch-test", zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
-		t.Fatal(err)
-	}
+	conn, ctx := provisioned(t)
 	c := cache.New()
 	c.NoteNode(schemas.NodeRecord{NodeID: "n1", FencingToken: 3, Generation: 1, State: schemas.NodeReady, Facts: &schemas.NodeFacts{}}, 1)
 	d := New(conn.JS, c, time.Now, zap.NewNop())
@@ -138,17 +118,7 @@ func TestLaunchPreparesArtifactsFirst(t *testing.T) {
 // prefetch (and no Run) to a node that declares a replica store, stamped
 // with its session, and to no other node.
 func TestPrefetchArtifactOnlyWhereReplicasAreDeclared(t *testing.T) {
-	n := testenv.StartNATS(t)
-	conn, err := bus.Connect(n.URL(), "dispatch-test", zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
-		t.Fatal(err)
-	}
+	conn, ctx := provisioned(t)
 	c := cache.New()
 	for id, sup := range map[string]*schemas.NodeSupport{
 		"replicas":    {ContainerRuntime: "containerd", Prewarm: true, ArtifactReplicas: true},
@@ -190,4 +160,22 @@ func TestPrefetchArtifactOnlyWhereReplicasAreDeclared(t *testing.T) {
 			t.Errorf("%s declares no replica store, yet got a command (err %v)", node, err)
 		}
 	}
+}
+
+// provisioned is a connection to a fresh NATS with warmfleet's streams and
+// buckets, and a context bounding the test.
+func provisioned(t *testing.T) (*bus.Conn, context.Context) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	conn, err := bus.Connect(n.URL(), "dispatch-test", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
+		t.Fatal(err)
+	}
+	return conn, ctx
 }
