@@ -16,8 +16,8 @@ func ParseArtifactRef(field, s string) (ArtifactUse, error) {
 	name, digest, pinned := strings.Cut(s, "@")
 	if pinned {
 		u.Digest = digest
-		if err := ValidateSHA256(field, digest); err != nil {
-			return ArtifactUse{}, err
+		if ValidateSHA256(field, digest) != nil {
+			return ArtifactUse{}, refuse(CodeInvalidDigest, field, "the part after @ must be sha256:<64 lowercase hex digits>")
 		}
 	}
 	name, version, versioned := strings.Cut(name, ":")
@@ -25,13 +25,13 @@ func ParseArtifactRef(field, s string) (ArtifactUse, error) {
 		if pinned {
 			return ArtifactUse{}, refuse(CodeInvalidArtifact, field, "pin by version (NAME:VERSION) or by digest (NAME@sha256:<hex>), not both")
 		}
-		if err := ValidateArtifactVersion(field, version); err != nil {
-			return ArtifactUse{}, err
+		if ValidateArtifactVersion(field, version) != nil {
+			return ArtifactUse{}, refuse(CodeInvalidArtifact, field, "the version after : must be [A-Za-z0-9._-], 1-64 characters, starting with a letter or digit")
 		}
 		u.Version = version
 	}
-	if err := ValidateArtifactName(field, name); err != nil {
-		return ArtifactUse{}, err
+	if !ValidArtifactName(name) {
+		return ArtifactUse{}, refuse(CodeInvalidArtifact, field, "the name must be lowercase [a-z0-9._-], 1-63 characters, starting with a letter or digit (NAME, NAME:VERSION or NAME@sha256:<hex>)")
 	}
 	u.Name = name
 	return u, nil

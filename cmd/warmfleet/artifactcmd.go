@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -32,42 +31,15 @@ catalog and identified by their sha256 digest. A Run mounts them read-only:
 	return cmd
 }
 
-// artifactRef is a NAME, NAME:VERSION or NAME@sha256:<hex> argument.
-type artifactRef struct {
-	Name, Version, Digest string
-}
-
-func (r artifactRef) String() string {
-	switch {
-	case r.Version != "":
-		return r.Name + ":" + r.Version
-	case r.Digest != "":
-		return r.Name + "@" + r.Digest
+// parseArtifactRef reads a NAME, NAME:VERSION or NAME@sha256:<hex>
+// argument with the parser a prefetch's artifact is read with, quoting the
+// argument in the refusal.
+func parseArtifactRef(arg string) (schemas.ArtifactUse, error) {
+	u, err := schemas.ParseArtifactRef("artifact", arg)
+	if err != nil {
+		return schemas.ArtifactUse{}, fmt.Errorf("%q: %w", arg, err)
 	}
-	return r.Name
-}
-
-// parseArtifactRef parses NAME, NAME:VERSION or NAME@sha256:<hex>.
-func parseArtifactRef(arg string) (artifactRef, error) {
-	var r artifactRef
-	switch {
-	case strings.Contains(arg, "@"):
-		r.Name, r.Digest, _ = strings.Cut(arg, "@")
-		if err := schemas.ValidateSHA256("digest", r.Digest); err != nil {
-			return artifactRef{}, fmt.Errorf("%q: the part after @ must be sha256:<64 lowercase hex digits>", arg)
-		}
-	case strings.Contains(arg, ":"):
-		r.Name, r.Version, _ = strings.Cut(arg, ":")
-		if err := schemas.ValidateArtifactVersion("version", r.Version); err != nil {
-			return artifactRef{}, fmt.Errorf("%q: the version after : must be [A-Za-z0-9._-], 1-64 characters, starting with a letter or digit", arg)
-		}
-	default:
-		r.Name = arg
-	}
-	if !schemas.ValidArtifactName(r.Name) {
-		return artifactRef{}, fmt.Errorf("%q: the name must be lowercase [a-z0-9._-], 1-63 characters, starting with a letter or digit (NAME, NAME:VERSION or NAME@sha256:<hex>)", arg)
-	}
-	return r, nil
+	return u, nil
 }
 
 // defaultArtifactVersion is a version named for when it was made.
@@ -352,13 +324,13 @@ func newArtifactGet(g *globals) *cobra.Command {
 				// The newest, or the one with the digest, as intake resolves a use.
 				ms, err := cat.Resolve(cmd.Context(), []schemas.ArtifactUse{{Name: ref.Name, Digest: ref.Digest}})
 				if err != nil {
-					return fmt.Errorf("%s: %w", ref, err)
+					return fmt.Errorf("%s: %w", ref.Ref(), err)
 				}
 				version = ms[0].Version
 			}
 			r, err := cat.Get(cmd.Context(), ref.Name, version)
 			if err != nil {
-				return fmt.Errorf("%s: %w", ref, err)
+				return fmt.Errorf("%s: %w", ref.Ref(), err)
 			}
 			out := *g
 			out.output = "json"
@@ -388,7 +360,7 @@ func newArtifactRm(g *globals) *cobra.Command {
 			r, err := admin[schemas.ArtifactRecord](cmd.Context(), conn, bus.SubjectArtifactRemove,
 				schemas.ArtifactRemoval{Version: schemas.SchemaVersion, Name: ref.Name, ArtifactVersion: ref.Version})
 			if err != nil {
-				return fmt.Errorf("rm %s: %w", ref, err)
+				return fmt.Errorf("rm %s: %w", ref.Ref(), err)
 			}
 			if g.output == "json" {
 				return g.render(cmd.OutOrStdout(), r, nil)

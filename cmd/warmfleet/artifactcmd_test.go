@@ -253,7 +253,7 @@ func FuzzParseArtifactRef(f *testing.F) {
 		}
 		if !schemas.ValidArtifactName(r.Name) || (r.Version != "" && r.Digest != "") ||
 			(r.Version != "" && schemas.ValidateArtifactVersion("v", r.Version) != nil) ||
-			(r.Digest != "" && schemas.ValidateSHA256("d", r.Digest) != nil) || r.String() != arg {
+			(r.Digest != "" && schemas.ValidateSHA256("d", r.Digest) != nil) || r.Ref() != arg {
 			t.Fatalf("%q parsed as %+v", arg, r)
 		}
 	})
