@@ -396,9 +396,10 @@ func TestEventsSeenOnce(t *testing.T) {
 }
 
 // TestIntakeRecordsFirstDecision: while no node fits, intake stores a new
-// Run with its first decision in the Create (one wf_runs revision, events
-// accepted then decided), so the scheduler writes nothing more. Once a node
-// that fits enrolls, intake decides nothing and the scheduler books it.
+// Run with its first decision in the Create (one wf_runs revision, one
+// accepted event carrying the decision), so the scheduler writes nothing
+// more. Once a node that fits enrolls, intake decides nothing and the
+// scheduler books it.
 func TestIntakeRecordsFirstDecision(t *testing.T) {
 	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 20 * time.Millisecond, OpenEnrollment: true})
 	kv, err := pl.conn.JS.KeyValue(context.Background(), bus.BucketRuns)
@@ -440,14 +441,15 @@ func TestIntakeRecordsFirstDecision(t *testing.T) {
 			mu.Lock()
 			evs = slices.Clone(events[id])
 			mu.Unlock()
-			return decided(id) && len(evs) >= 2
+			return decided(id) && len(evs) >= 1
 		})
 		hist, err := kv.History(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(hist) != 1 || len(evs) != 2 || evs[0].Type != schemas.EventAccepted || evs[1].Type != schemas.EventDecided || evs[1].Code != schemas.CodeNoCapacity {
-			t.Fatalf("%s: %d wf_runs revisions and events %+v; want one revision, accepted then decided no_capacity", id, len(hist), evs)
+		if len(hist) != 1 || len(evs) != 1 || evs[0].Type != schemas.EventAccepted || !evs[0].Decided() || evs[0].Code != schemas.CodeNoCapacity ||
+			evs[0].Decision.RunID != id || len(evs[0].Decision.Candidates) != 0 {
+			t.Fatalf("%s: %d wf_runs revisions and events %+v; want one revision and one accepted event carrying the no_capacity decision", id, len(hist), evs)
 		}
 	}
 

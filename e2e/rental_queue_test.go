@@ -48,7 +48,7 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 	}
 	var decided *schemas.RunEvent
 	for _, ev := range f.events(next) {
-		if ev.Type == schemas.EventDecided && ev.Code == rentals.CodeRentBeatsQueue {
+		if ev.Decided() && ev.Code == rentals.CodeRentBeatsQueue {
 			decided = &ev
 			break
 		}
@@ -86,7 +86,7 @@ func TestAcceptance_QueueBeatsRent(t *testing.T) {
 		if ev.Code == rentals.CodeRentBeatsQueue {
 			t.Fatalf("a rent decision was recorded: %+v", ev)
 		}
-		if ev.Type == schemas.EventDecided && ev.Decision != nil && ev.Decision.Winner == busy.spec.id && ev.Decision.WinnerQueued {
+		if ev.Decided() && ev.Decision != nil && ev.Decision.Winner == busy.spec.id && ev.Decision.WinnerQueued {
 			queued = true
 		}
 	}

@@ -110,7 +110,7 @@ func TestAcceptance_ProvisionEnrollRun(t *testing.T) {
 	// The Run's log shows what it waited for: the rental, by id and stage.
 	var waits []string
 	for _, ev := range f.events(first) {
-		if ev.Type == schemas.EventDecided && ev.Code == schemas.CodeNoCapacity {
+		if ev.Decided() && ev.Code == schemas.CodeNoCapacity {
 			waits = append(waits, ev.Message)
 		}
 	}

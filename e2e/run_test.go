@@ -69,7 +69,7 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 			if ev.Type == schemas.EventAccepted || ev.Type == schemas.EventPhase {
 				phases = append(phases, ev.Phase)
 			}
-			if ev.Type == schemas.EventDecided && ev.Decision != nil && ev.Decision.Winner == "node-a" {
+			if ev.Decided() && ev.Decision != nil && ev.Decision.Winner == "node-a" {
 				decided = true
 			}
 		}

@@ -47,6 +47,13 @@ type RunEvent struct {
 	Progress   *TransferProgress `json:"progress,omitempty"`
 }
 
+// Decided reports whether ev records a placement decision: a decided
+// event, or the accepted event of a Run that intake decided as it stored
+// it (no node fits now), which carries that first decision.
+func (ev RunEvent) Decided() bool {
+	return ev.Type == EventDecided || (ev.Type == EventAccepted && ev.Decision != nil)
+}
+
 // BookingDecision records a placement: the winner and why every other
 // candidate lost (invariant 4).
 type BookingDecision struct {

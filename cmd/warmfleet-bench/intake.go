@@ -47,9 +47,9 @@ The baseline is the same number of producers publishing the same payload
 size, with the same headers and Nats-Msg-Id, to a plain work-queue file
 stream on the same server, measured just before. Both publish a body
 encoded once: intake's producers splice each request id into it. No node
-is enrolled, so every Run waits in accepted (the scheduler still runs: each
-Run gets one "decided: no capacity" event). Each round starts a fresh server and
-control plane.`,
+is enrolled, so every Run waits in accepted, its accepted event carrying
+the first decision (no capacity) that intake stored with it. Each round
+starts a fresh server and control plane.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rep, err := runIntake(cmd.Context(), g, o)
 			if err != nil {
@@ -249,8 +249,9 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	windowEnd := start.Add(elapsed)
 	res.Submitted = int(n)
 	res.SubmitRate = float64(n) / elapsed.Seconds()
-	// Every Run here gets two events, accepted and its first decision.
-	drainErr := waitEvents(ctx, prod.JS, from+2*uint64(n), time.Now().Add(o.drain))
+	// Every Run here gets its accepted event and its first decision, in
+	// one event (decided at intake) or two (decided by the scheduler).
+	drainErr := waitEvents(ctx, prod.JS, from+uint64(n), time.Now().Add(o.drain))
 	res.IntakeCores, _ = meter.cores()
 	if prof != nil {
 		prof.stop()
@@ -258,25 +259,37 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	if drainErr != nil && !errors.Is(drainErr, errDrain) {
 		return res, drainErr
 	}
-	evs, err := readEvents(ctx, prod.JS, from)
-	if err != nil {
-		return res, err
-	}
-	accepted := map[string]time.Time{}
-	var lastAccepted, lastDecided time.Time
-	decided := map[string]bool{}
-	for _, ev := range evs {
-		switch ev.typ {
-		case string(schemas.EventAccepted):
-			if _, ok := accepted[ev.runID]; !ok {
+	var (
+		accepted                  map[string]time.Time
+		decided                   map[string]bool
+		lastAccepted, lastDecided time.Time
+		stored                    int
+	)
+	for deadline := time.Now().Add(o.drain); ; {
+		evs, err := readEvents(ctx, prod.JS, from)
+		if err != nil {
+			return res, err
+		}
+		stored = len(evs)
+		accepted, decided = map[string]time.Time{}, map[string]bool{}
+		lastAccepted, lastDecided = time.Time{}, time.Time{}
+		for _, ev := range evs {
+			if _, ok := accepted[ev.runID]; !ok && ev.typ == string(schemas.EventAccepted) {
 				accepted[ev.runID] = ev.at
 				lastAccepted = later(lastAccepted, ev.at)
 			}
-		case string(schemas.EventDecided):
-			if !decided[ev.runID] {
+			if ev.decided && !decided[ev.runID] {
 				decided[ev.runID] = true
 				lastDecided = later(lastDecided, ev.at)
 			}
+		}
+		if drainErr != nil || len(decided) >= int(n) {
+			break
+		}
+		// Decisions still to come from the scheduler: one event each.
+		next := from + uint64(len(evs)) + uint64(int(n)-len(decided))
+		if drainErr = waitEvents(ctx, prod.JS, next, deadline); drainErr != nil && !errors.Is(drainErr, errDrain) {
+			return res, drainErr
 		}
 	}
 	if drainErr != nil {
@@ -307,7 +320,7 @@ func intakeOnce(ctx context.Context, g *globals, o intakeOpts, enc codec.Encodin
 	}
 	res.DecidedAtIntake = e.cp.Metrics().DecidedAtIntake
 	res.EventPublishes = e.cp.Metrics().EventsPublished - published0
-	res.EventsStored = uint64(len(evs))
+	res.EventsStored = uint64(stored)
 	if o.idle > 0 {
 		// What the waiting Runs cost with no traffic at all.
 		idleFrom, err := eventsFrom(ctx, prod.JS)

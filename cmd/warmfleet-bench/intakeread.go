@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // submitTemplate is a sample submit body split around its request id. Each
@@ -39,7 +40,10 @@ func (t submitTemplate) body(rid string) []byte {
 // server stored it: the moment it became durable.
 type storedEvent struct {
 	runID, typ string
-	at         time.Time
+	// decided: the event records a decision (a decided event, or an
+	// accepted one carrying the decision made at intake).
+	decided bool
+	at      time.Time
 }
 
 // readEvents reads WF_EVENTS from sequence from to the stream's end, after
@@ -75,12 +79,14 @@ func readEvents(ctx context.Context, js jetstream.JetStream, from uint64) ([]sto
 			return out, err
 		}
 		var ev struct {
-			Type string `json:"type"`
+			Type     string          `json:"type"`
+			Decision json.RawMessage `json:"decision"`
 		}
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			return out, fmt.Errorf("event %d: %w", meta.Sequence.Stream, err)
 		}
-		out = append(out, storedEvent{runID: strings.TrimPrefix(m.Subject(), bus.RunEvents("")), typ: ev.Type, at: meta.Timestamp})
+		decided := ev.Type == string(schemas.EventDecided) || (ev.Type == string(schemas.EventAccepted) && len(ev.Decision) > 0 && string(ev.Decision) != "null")
+		out = append(out, storedEvent{runID: strings.TrimPrefix(m.Subject(), bus.RunEvents("")), typ: ev.Type, decided: decided, at: meta.Timestamp})
 		if meta.Sequence.Stream >= last {
 			return out, nil
 		}
