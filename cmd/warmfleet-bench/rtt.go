@@ -202,7 +202,7 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	fl := summarise(floor)
 	rep.add("command floor p50: two JetStream hops, no logic", fl.P50, "ms", bs.P50, "core request/reply p50")
 	rep.add("command floor p99: two JetStream hops, no logic", fl.P99, "ms", bs.P99, "core request/reply p99")
-	rep.add("command round trip p99 vs its floor", cs.P99, "ms", fl.P99, "command floor p99")
+	rep.add("command round trip p99 vs its floor", cs.P99, "ms", fl.P99, "command floor p99").goal("p99 ≤ 1.3× its floor", cs.P99 <= 1.3*fl.P99)
 	rep.Details["command_floor"] = fl
 	ds, fs := summarise(deliver), summarise(fsyncLat)
 	rep.add("  of which publish → agent starts handling, p50", ds.P50, "ms", 0, "")
