@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -38,16 +39,9 @@ type JournalEntry struct {
 	AppliedAt  time.Time `json:"applied_at"`
 }
 
-// Journal is the agent's durable record of applied operations: a
-// JSON-lines file, synced before each command is acked, compacted when it
-// grows past twice its retention.
-//
-// The file is grown ahead of its entries in zero-filled steps
-// (journalGrowBytes), and entries overwrite the zeros. Appending to a file
-// changes its size, and every sync of a size change commits the
-// filesystem's own journal too; an overwrite inside the file needs only
-// fdatasync of the data block, so a command's sync costs the disk one write.
-// A step's full fsync is paid once per journalGrowBytes.
+// Journal is the agent's durable record of applied operations: an
+// append-only JSON-lines file, fsynced before each command is acked,
+// compacted when it grows past twice its retention.
 type Journal struct {
 	// syncMu orders fsyncs; mu guards the rest and is never held across an
 	// fsync, so a Lookup or Append for the next command does not wait for
@@ -58,11 +52,8 @@ type Journal struct {
 	mu     sync.Mutex
 	// appended counts every append since open (under mu).
 	appended uint64
-	// end is where the next entry is written; size is the file's size,
-	// zeros from end on; grown says the size changed since the last sync,
-	// which then must be a full fsync (all under mu).
-	end, size int64
-	grown     bool
+	// end is the length of the file's whole lines when it was opened.
+	end       int64
 	path      string
 	f         *os.File
 	retention int
@@ -71,10 +62,6 @@ type Journal struct {
 	byOp      map[string]JournalEntry
 	stopped   map[string]JournalEntry // attempt id → its stop entry
 }
-
-// journalGrowBytes is the zero-filled step the file grows by: about 4,000
-// entries.
-const journalGrowBytes = 1 << 20
 
 // OpenJournal opens (or creates) the journal in dir.
 func OpenJournal(dir string, retention int) (*Journal, error) {
@@ -88,22 +75,22 @@ func OpenJournal(dir string, retention int) (*Journal, error) {
 	if err := j.load(); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(j.path, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(j.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("journal: open %s: %w", j.path, err)
 	}
-	st, err := f.Stat()
-	if err != nil {
+	// A torn last line is cut off: appended after, it would swallow the
+	// next entry into one line that does not decode.
+	if err := f.Truncate(j.end); err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("journal: %w", err)
+		return nil, fmt.Errorf("journal: cut torn tail: %w", err)
 	}
-	j.f, j.size = f, st.Size()
+	j.f = f
 	return j, nil
 }
 
 // load reads the entries up to the first line that does not end in a
-// newline or starts with a zero byte: the rest is a torn write or the
-// zeros the file was grown by, and the next entry overwrites it.
+// newline (a torn write), and sets end just before it.
 func (j *Journal) load() error {
 	b, err := os.ReadFile(j.path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -112,10 +99,10 @@ func (j *Journal) load() error {
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	for len(b) > int(j.end) && b[j.end] != 0 {
+	for {
 		n := bytes.IndexByte(b[j.end:], '\n')
 		if n < 0 {
-			break
+			return nil
 		}
 		var e JournalEntry
 		// A line that does not decode is skipped: its operation was not
@@ -126,7 +113,6 @@ func (j *Journal) load() error {
 		j.lines++
 		j.end += int64(n) + 1
 	}
-	return nil
 }
 
 func (j *Journal) remember(e JournalEntry) {
@@ -180,16 +166,11 @@ func (j *Journal) Append(e JournalEntry) error {
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if err := j.reserve(int64(len(b))); err != nil {
-		return err
-	}
-	if _, err := j.f.WriteAt(b, j.end); err != nil {
+	if _, err := j.f.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("journal: append: %w", err)
 	}
-	j.end += int64(len(b))
 	j.remember(e)
 	j.lines++
 	j.appended++
@@ -199,23 +180,10 @@ func (j *Journal) Append(e JournalEntry) error {
 	return nil
 }
 
-// reserve grows the file by zero-filled steps until n more bytes fit
-// (under mu).
-func (j *Journal) reserve(n int64) error {
-	for j.end+n > j.size {
-		if _, err := j.f.WriteAt(make([]byte, journalGrowBytes), j.size); err != nil {
-			return fmt.Errorf("journal: grow: %w", err)
-		}
-		j.size += journalGrowBytes
-		j.grown = true
-	}
-	return nil
-}
-
 // Sync flushes every entry appended before it was called to disk. Syncs
-// commit as a group: one that finds a sync begun after its entries were
+// commit as a group: one that finds an fsync begun after its entries were
 // written has nothing left to do, so a burst of commands costs a few
-// syncs, not one each in a queue.
+// fsyncs, not one each in a queue.
 func (j *Journal) Sync() error {
 	j.mu.Lock()
 	want := j.appended
@@ -226,65 +194,49 @@ func (j *Journal) Sync() error {
 		return nil
 	}
 	j.mu.Lock()
-	f, upto, full := j.f, j.appended, j.grown
-	j.grown = false
+	f, upto := j.f, j.appended
 	j.mu.Unlock()
-	if err := syncFile(f, full); err != nil {
-		if full {
-			j.mu.Lock()
-			j.grown = j.grown || j.f == f
-			j.mu.Unlock()
-		}
+	if err := syncFile(f); err != nil {
 		return err
 	}
 	j.synced = upto
 	return nil
 }
 
-// syncFile flushes the journal file f: its data alone (fdatasync), or with
-// its size when full. Finding f closed means a compaction replaced it,
-// after writing every retained entry to the new file and syncing that:
-// nothing written to f is left unsynced.
-func syncFile(f *os.File, full bool) error {
-	var err error
-	if full {
-		err = f.Sync()
-	} else {
-		err = datasync(f)
-	}
-	if err != nil && !errors.Is(err, os.ErrClosed) {
+// syncFile fsyncs the journal file f. Finding f closed means a compaction
+// replaced it, after writing every retained entry to the new file and
+// syncing that: nothing appended to f is left unsynced.
+func syncFile(f *os.File) error {
+	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
 		return fmt.Errorf("journal: sync: %w", err)
 	}
 	return nil
 }
 
-// compact rewrites the file with only the retained entries, atomically,
-// grown as Append grows it.
+// compact rewrites the file with only the retained entries, atomically.
 func (j *Journal) compact() error {
 	tmp := j.path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("journal: compact: %w", err)
 	}
-	var buf bytes.Buffer
+	w := bufio.NewWriter(f)
 	for _, op := range j.order {
 		b, _ := json.Marshal(j.byOp[op])
-		buf.Write(append(b, '\n'))
+		_, _ = w.Write(append(b, '\n'))
 	}
-	end := int64(buf.Len())
-	size := (end/journalGrowBytes + 1) * journalGrowBytes
-	buf.Write(make([]byte, size-end))
-	_, werr := f.Write(buf.Bytes())
-	if err := errors.Join(werr, f.Sync()); err != nil {
-		_ = f.Close()
+	if err := errors.Join(w.Flush(), f.Sync(), f.Close()); err != nil {
 		return fmt.Errorf("journal: compact: %w", err)
 	}
 	if err := os.Rename(tmp, j.path); err != nil {
-		_ = f.Close()
 		return fmt.Errorf("journal: compact: %w", err)
 	}
+	nf, err := os.OpenFile(j.path, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal: reopen: %w", err)
+	}
 	_ = j.f.Close()
-	j.f, j.lines, j.end, j.size, j.grown = f, len(j.order), end, size, false
+	j.f, j.lines = nf, len(j.order)
 	return nil
 }
 
