@@ -71,7 +71,7 @@ func TestReadEventsReturnsEachEventWithItsStoreTime(t *testing.T) {
 	before := time.Now().Add(-time.Second)
 	for _, ev := range []schemas.RunEvent{
 		{RunID: "r-a", Seq: 1, Type: schemas.EventAccepted},
-		{RunID: "r-b", Seq: 1, Type: schemas.EventAccepted},
+		{RunID: "r-b", Seq: 1, Type: schemas.EventAccepted, Code: schemas.CodeNoCapacity, Decision: &schemas.BookingDecision{RunID: "r-b"}},
 		{RunID: "r-a", Seq: 2, Type: schemas.EventDecided},
 	} {
 		b, err := codec.Encode(codec.JSON, ev)
@@ -86,13 +86,17 @@ func TestReadEventsReturnsEachEventWithItsStoreTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []struct{ run, typ string }{{"r-a", "accepted"}, {"r-b", "accepted"}, {"r-a", "decided"}}
+	// r-b was decided at intake: its accepted event carries the decision.
+	want := []struct {
+		run, typ string
+		decided  bool
+	}{{"r-a", "accepted", false}, {"r-b", "accepted", true}, {"r-a", "decided", true}}
 	if len(evs) != len(want) {
 		t.Fatalf("read %d events, want %d", len(evs), len(want))
 	}
 	for i, w := range want {
-		if evs[i].runID != w.run || evs[i].typ != w.typ || evs[i].at.Before(before) || evs[i].at.After(time.Now()) {
-			t.Errorf("event %d = %+v, want run %s type %s stored just now", i, evs[i], w.run, w.typ)
+		if evs[i].runID != w.run || evs[i].typ != w.typ || evs[i].decided != w.decided || evs[i].at.Before(before) || evs[i].at.After(time.Now()) {
+			t.Errorf("event %d = %+v, want run %s type %s decided %v stored just now", i, evs[i], w.run, w.typ, w.decided)
 		}
 	}
 	// Reading from where the stream ends returns nothing new.
