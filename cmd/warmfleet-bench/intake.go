@@ -146,9 +146,17 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 		row := rep.add(fmt.Sprintf("intake, %d producer(s)", p), recRate, "Runs/s", baseRate, "raw JetStream publish-with-ack")
 		row.unitOfBaseline("msgs/s")
 		row.goal("≥ 5000 Runs/s and ≥ 30% of baseline", recRate >= 5000 && recRate >= 0.3*baseRate)
+		// Each round's intake and floor run seconds apart; the ratio is the
+		// median of the rounds' own ratios, not of two medians from
+		// different rounds.
+		perRound := make([]float64, 0, len(rounds))
+		for _, x := range rounds {
+			perRound = append(perRound, x.RecordedRate/x.FloorRate)
+		}
 		fr := rep.add(fmt.Sprintf("intake vs its floor, %d producer(s)", p), recRate, "Runs/s", median(floor), "floor: the 3 writes with no logic").unitOfBaseline("Runs/s")
+		fr.Ratio = median(perRound)
 		if p >= 4 {
-			fr.goal("≥ 0.8 of its floor", recRate >= 0.8*median(floor))
+			fr.goal("≥ 0.8 of its floor", fr.Ratio >= 0.8)
 		}
 		rep.add(fmt.Sprintf("floor vs raw publish, %d producer(s)", p), median(floor), "Runs/s", baseRate, "raw JetStream publish-with-ack").unitOfBaseline("msgs/s")
 		rep.add(fmt.Sprintf("intake with first decision stored, %d producer(s)", p), median(decided), "Runs/s", baseRate, "raw JetStream publish-with-ack").unitOfBaseline("msgs/s")
@@ -163,6 +171,7 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 	rep.Details["rounds"] = all
 	rep.note("recorded = the Run's accepted event is in WF_EVENTS (after the wf_runs Create), timed by the server's store stamp; rate = Runs / (first submit → last accepted event), drain included")
 	rep.note("events are read back after the window, not watched during it; producers splice each request id into one encoded body, as the baseline publishes one body")
+	rep.note("intake vs its floor: the ratio is the median of each round's intake / floor, so it may differ from the two medians shown")
 	rep.note("with first decision stored = Runs / (first submit → last accepted event + the time until every Run's first decided event is stored): the rate a sustained load gets")
 	rep.note("floor = the same producers into a work-queue stream, and a 64-worker consumer doing only KV Create + one event publish-with-ack + ack per message: the ceiling for these three writes on this server")
 	rep.note("submit → accepted grows with the backlog: producers outrun the control plane, so it is queueing delay, not service time")
