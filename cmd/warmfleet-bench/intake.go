@@ -172,7 +172,7 @@ func runIntake(ctx context.Context, g *globals, o intakeOpts) (*Report, error) {
 	rep.note("recorded = the Run's accepted event is in WF_EVENTS (after the wf_runs Create), timed by the server's store stamp; rate = Runs / (first submit → last accepted event), drain included")
 	rep.note("events are read back after the window, not watched during it; producers splice each request id into one encoded body, as the baseline publishes one body")
 	rep.note("intake vs its floor: the ratio is the median of each round's intake / floor, so it may differ from the two medians shown")
-	rep.note("with first decision stored = Runs / (first submit → last accepted event + the time until every Run's first decided event is stored): the rate a sustained load gets")
+	rep.note("with first decision stored = Runs / (first submit → last accepted event + the time until every Run's first decision is stored): the rate a sustained load gets")
 	rep.note("floor = the same producers into a work-queue stream, and a 64-worker consumer doing only KV Create + one event publish-with-ack + ack per message: the ceiling for these three writes on this server")
 	rep.note("submit → accepted grows with the backlog: producers outrun the control plane, so it is queueing delay, not service time")
 	rep.note("encoding %s; one fresh embedded NATS + control plane per round; %d round(s) per row, median shown", o.encoding, o.rounds)
