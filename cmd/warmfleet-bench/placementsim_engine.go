@@ -46,8 +46,9 @@ type simulator struct {
 	rng      *rand.Rand
 	events   simEvents
 	waiting  []int // arrived, not booked, in arrival order
-	// decisions counts the policy's choices.
-	decisions int
+	// decisions counts the policy's choices; bookedBusy those that booked
+	// a Run to start now on a node whose cards were all held.
+	decisions, bookedBusy int
 }
 
 func newSimulator(t *simTrace, policy simPolicy, cfg placement.Config) *simulator {
@@ -156,6 +157,12 @@ func (s *simulator) pass(now float64) []int {
 			continue
 		}
 		n := s.nodes[node]
+		if !queued && (len(n.queued) > 0 || n.freeCards() < s.runs[run].gpus) {
+			// Booked to start now on a node without the cards: no Run
+			// can start so; it waits there, and the result counts it.
+			s.bookedBusy++
+			queued = true
+		}
 		st := &s.state[run]
 		st.node, st.queued = node, queued
 		st.readyAt, st.pulled, st.fetch = s.fetch(n, run, now)
