@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,22 +88,52 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		q.named = buildKey(*p)
 		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
 	}
-	best := -1
+	best, bestQueued := -1, false
+	// soonest is the lowest cost of any eligible node but the best were
+	// it free now: what waiting for the first node to free could give.
+	soonest, second := math.Inf(1), math.Inf(1)
 	for i, n := range fleet.Nodes {
-		c := q.evaluate(i, n)
+		c, queued := q.evaluate(i, n)
 		d.Candidates = append(d.Candidates, c)
 		if c.Eligible {
 			i := len(d.Candidates) - 1
 			if best < 0 || c.Cost < d.Candidates[best].Cost || (c.Cost == d.Candidates[best].Cost && c.NodeID < d.Candidates[best].NodeID) {
-				best = i
+				best, bestQueued = i, queued
 			}
+			if free := costIfFree(c); free < soonest {
+				soonest, second = free, soonest
+			} else if free < second {
+				second = free
+			}
+		}
+	}
+	if best >= 0 && bestQueued {
+		w := &d.Candidates[best]
+		// The best is a busy node's queue. A queued booking stays on its
+		// node, and a node with a queue takes nobody else, so booking
+		// one is worth it only when no other node could start the Run
+		// sooner even if it freed now (queue estimates come from max
+		// runtimes: upper bounds). Otherwise the Run waits unbooked and
+		// takes whichever node frees first.
+		other := soonest
+		if costIfFree(*w) == soonest {
+			other = second
+		}
+		if w.Cost > other {
+			for i := range d.Candidates {
+				if c := &d.Candidates[i]; c.Eligible {
+					c.Eligible, c.Reason = false, schemas.ReasonAtCapacity
+					c.Detail = fmt.Sprintf("no room now; a node could start the Run in %.0fs if it freed, sooner than the %.0fs estimated behind the best queue, so the Run waits for the first node to free", other, w.Cost)
+				}
+			}
+			best = -1
 		}
 	}
 	// Candidates stay in fleet order: sorting 10k of them would cost more
 	// than scoring them. Readers (the CLI) sort for display.
 	if best >= 0 {
 		w := d.Candidates[best]
-		d.Winner, d.WinnerQueued = w.NodeID, w.Components.QueueSeconds > 0
+		d.Winner, d.WinnerQueued = w.NodeID, bestQueued
 		if !d.WinnerQueued {
 			d.GPUs, _, _ = fleet.Node(w.NodeID).PickGPUs(req.Run.Resources.GPUCount, req.Run.GPU)
 		}
@@ -113,6 +144,13 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		}
 	}
 	return d
+}
+
+// costIfFree is c's cost were its node free now: its fetches and price,
+// no queue.
+func costIfFree(c schemas.Candidate) float64 {
+	k := c.Components
+	return c.Cost - k.StartSeconds + k.PullSeconds + k.CacheSeconds + k.ArtifactSeconds
 }
 
 // query is one decision's request with the fleet's indexes looked up once:
@@ -138,15 +176,16 @@ type query struct {
 }
 
 // evaluate applies the hard constraints in a fixed order (the first that
-// fails is the reason) and then scores node i.
-func (q *query) evaluate(i int, n *Node) schemas.Candidate {
+// fails is the reason) and then scores node i; queued reports that the Run
+// does not fit there now and would wait in the node's queue.
+func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	req, cfg, now, ref, refKnown := q.req, q.cfg, q.now, q.ref, q.refKnown
 	rec := &n.Record
 	need := req.Run.Resources
 	c := schemas.Candidate{NodeID: rec.NodeID}
-	reject := func(code schemas.Code, format string, args ...any) schemas.Candidate {
+	reject := func(code schemas.Code, format string, args ...any) (schemas.Candidate, bool) {
 		c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
-		return c
+		return c, false
 	}
 	var reserved schemas.Resources
 	for _, b := range n.Running {
@@ -279,7 +318,7 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
 	c.Eligible, c.Components = true, comp
 	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
-	return c
+	return c, !fitsNow
 }
 
 // artifactFetch returns the bytes of the Run's artifacts node i would
@@ -312,6 +351,14 @@ func (q *query) usableCards(n *Node) int64 {
 // first, in order).
 func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg Config) float64 {
 	running := slices.Clone(n.Running)
+	for i, b := range running {
+		if !b.ExpectedEnd.After(now) {
+			// Past its expected end yet still booked (a long fetch, or
+			// no max runtime): it is assumed to hold its place as long
+			// again as a booking without one.
+			running[i].ExpectedEnd = now.Add(cfg.UnknownRuntime)
+		}
+	}
 	slices.SortFunc(running, func(a, b Booking) int { return a.ExpectedEnd.Compare(b.ExpectedEnd) })
 	free := n.Record.Capacity
 	for _, b := range running {
