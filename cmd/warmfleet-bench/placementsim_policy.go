@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // simPolicy chooses where a Run goes. choose returns the node's position
@@ -45,7 +46,9 @@ func (s *simulator) fitsNow(fleet *placement.Fleet, req placement.Request, now f
 	d := placement.Decide(req, fleet, s.clock(now), s.cfg)
 	var fits []int
 	for _, c := range d.Candidates {
-		if !c.Eligible {
+		// A node placement declines to queue on (at capacity) passed
+		// the hard constraints: that is warmfleet's choice, not a fit.
+		if !c.Eligible && c.Reason != schemas.ReasonAtCapacity {
 			continue
 		}
 		i := s.nodeIndex(c.NodeID)

@@ -88,52 +88,54 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		q.named = buildKey(*p)
 		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
 	}
-	best, bestQueued := -1, false
-	// soonest is the lowest cost of any eligible node but the best were
-	// it free now: what waiting for the first node to free could give.
+	best, fitsNow := -1, false
+	queued := make([]bool, 0, len(fleet.Nodes))
+	// soonest and second are the two lowest costs of eligible nodes were
+	// they free now.
 	soonest, second := math.Inf(1), math.Inf(1)
 	for i, n := range fleet.Nodes {
-		c, queued := q.evaluate(i, n)
-		d.Candidates = append(d.Candidates, c)
-		if c.Eligible {
-			i := len(d.Candidates) - 1
-			if best < 0 || c.Cost < d.Candidates[best].Cost || (c.Cost == d.Candidates[best].Cost && c.NodeID < d.Candidates[best].NodeID) {
-				best, bestQueued = i, queued
-			}
-			if free := costIfFree(c); free < soonest {
-				soonest, second = free, soonest
-			} else if free < second {
-				second = free
-			}
+		c, busy := q.evaluate(i, n)
+		d.Candidates, queued = append(d.Candidates, c), append(queued, busy)
+		if !c.Eligible {
+			continue
+		}
+		fitsNow = fitsNow || !busy
+		if best < 0 || better(c, d.Candidates[best]) {
+			best = i
+		}
+		if free := costIfFree(c); free < soonest {
+			soonest, second = free, soonest
+		} else if free < second {
+			second = free
 		}
 	}
-	if best >= 0 && bestQueued {
-		w := &d.Candidates[best]
-		// The best is a busy node's queue. A queued booking stays on its
-		// node, and a node with a queue takes nobody else, so booking
-		// one is worth it only when no other node could start the Run
-		// sooner even if it freed now (queue estimates come from max
-		// runtimes: upper bounds). Otherwise the Run waits unbooked and
-		// takes whichever node frees first.
+	if best >= 0 && !fitsNow {
+		// Every node is busy. A queued booking stays on its node, and a
+		// node with a queue starts nobody else, so the best queue is
+		// booked only when no other node could start the Run sooner even
+		// were it free now (queue estimates come from max runtimes:
+		// upper bounds). Otherwise the Run waits unbooked and takes the
+		// first node to free.
+		w := d.Candidates[best]
 		other := soonest
-		if costIfFree(*w) == soonest {
+		if costIfFree(w) == soonest {
 			other = second
 		}
 		if w.Cost > other {
+			best = -1
 			for i := range d.Candidates {
 				if c := &d.Candidates[i]; c.Eligible {
 					c.Eligible, c.Reason = false, schemas.ReasonAtCapacity
-					c.Detail = fmt.Sprintf("no room now; a node could start the Run in %.0fs if it freed, sooner than the %.0fs estimated behind the best queue, so the Run waits for the first node to free", other, w.Cost)
+					c.Detail = fmt.Sprintf("busy: the Run would start here in about %.0fs; every node is busy and one could start it in %.0fs were it free, so it waits for the first to free rather than in one node's queue", c.Components.StartSeconds, other)
 				}
 			}
-			best = -1
 		}
 	}
 	// Candidates stay in fleet order: sorting 10k of them would cost more
 	// than scoring them. Readers (the CLI) sort for display.
 	if best >= 0 {
 		w := d.Candidates[best]
-		d.Winner, d.WinnerQueued = w.NodeID, bestQueued
+		d.Winner, d.WinnerQueued = w.NodeID, queued[best]
 		if !d.WinnerQueued {
 			d.GPUs, _, _ = fleet.Node(w.NodeID).PickGPUs(req.Run.Resources.GPUCount, req.Run.GPU)
 		}
@@ -144,6 +146,12 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		}
 	}
 	return d
+}
+
+// better reports whether candidate a beats b: the lower cost, then the
+// lower id.
+func better(a, b schemas.Candidate) bool {
+	return a.Cost < b.Cost || (a.Cost == b.Cost && a.NodeID < b.NodeID)
 }
 
 // costIfFree is c's cost were its node free now: its fetches and price,
