@@ -13,7 +13,7 @@ import (
 )
 
 // simEpoch is the simulated clock's zero: trace seconds count from it.
-var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+func simEpoch() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }
 
 // simRunState is what happened to one Run.
 type simRunState struct {
@@ -89,7 +89,7 @@ func newSimulator(t *simTrace, policy simPolicy, cfg placement.Config) *simulato
 }
 
 func (s *simulator) clock(sec float64) time.Time {
-	return simEpoch.Add(time.Duration(sec * float64(time.Second)))
+	return simEpoch().Add(time.Duration(sec * float64(time.Second)))
 }
 
 // run simulates until every Run has ended, or ctx is done.

@@ -111,12 +111,12 @@ func traceErr(format string, args ...any) error {
 
 // Bounds that keep a hostile trace from exhausting memory or time.
 const (
-	maxSimNodes   = 4096
-	maxSimGPUs    = 64
-	maxSimRuns    = 200_000
-	maxSimImages  = 10_000
-	maxSimLayers  = 64
-	maxSimPerNode = 1 << 50 // bytes of disk
+	maxSimNodes  = 4096
+	maxSimGPUs   = 64
+	maxSimRuns   = 200_000
+	maxSimImages = 10_000
+	maxSimLayers = 64
+	maxSimDisk   = 1 << 50 // bytes
 )
 
 // decodeTrace reads one trace and refuses unknown fields and values the
@@ -147,8 +147,8 @@ func (t *simTrace) validate() error {
 		return traceErr("fleet.nodes %d outside 1..%d", f.Nodes, maxSimNodes)
 	case f.GPUsPerNode < 1 || f.GPUsPerNode > maxSimGPUs:
 		return traceErr("fleet.gpus_per_node %d outside 1..%d", f.GPUsPerNode, maxSimGPUs)
-	case f.DiskBytes < 1 || f.DiskBytes > maxSimPerNode:
-		return traceErr("fleet.disk_bytes %d outside 1..%d", f.DiskBytes, int64(maxSimPerNode))
+	case f.DiskBytes < 1 || f.DiskBytes > maxSimDisk:
+		return traceErr("fleet.disk_bytes %d outside 1..%d", f.DiskBytes, int64(maxSimDisk))
 	case !pos(f.PullBytesPerSecond) || !pos(f.ArtifactBytesPerSecond) || !pos(f.UnpackBytesPerSecond):
 		return traceErr("fleet bandwidths and unpack rate must be positive")
 	case f.LowWatermark < 1 || f.HighWatermark > 99 || f.LowWatermark >= f.HighWatermark:
