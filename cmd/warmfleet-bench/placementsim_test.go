@@ -51,7 +51,7 @@ func TestPlacementSimDeterministic(t *testing.T) {
 	for _, p := range []simPolicy{warmfleetPolicy{cfg: cfg}, randomPolicy{}} {
 		var got []simResult
 		for range 2 {
-			s := newSimulator(shortTrace(t, "bursty", 300), p, cfg)
+			s := newSimulator(shortTrace(t, "bursty", 120), p, cfg)
 			if err := s.run(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func TestPlacementSimDeterministic(t *testing.T) {
 		if !reflect.DeepEqual(got[0], got[1]) {
 			t.Errorf("%s: two runs of one trace differ:\n%+v\n%+v", p.name(), got[0], got[1])
 		}
-		other := shortTrace(t, "bursty", 300)
+		other := shortTrace(t, "bursty", 120)
 		other.Seed++
 		s := newSimulator(other, p, cfg)
 		if err := s.run(context.Background()); err != nil {
