@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,14 +88,46 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		q.named = buildKey(*p)
 		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
 	}
-	best := -1
+	best, fitsNow := -1, false
+	queued := make([]bool, 0, len(fleet.Nodes))
+	// soonest and second are the two lowest costs of eligible nodes were
+	// they free now.
+	soonest, second := math.Inf(1), math.Inf(1)
 	for i, n := range fleet.Nodes {
-		c := q.evaluate(i, n)
-		d.Candidates = append(d.Candidates, c)
-		if c.Eligible {
-			i := len(d.Candidates) - 1
-			if best < 0 || c.Cost < d.Candidates[best].Cost || (c.Cost == d.Candidates[best].Cost && c.NodeID < d.Candidates[best].NodeID) {
-				best = i
+		c, busy := q.evaluate(i, n)
+		d.Candidates, queued = append(d.Candidates, c), append(queued, busy)
+		if !c.Eligible {
+			continue
+		}
+		fitsNow = fitsNow || !busy
+		if best < 0 || better(c, d.Candidates[best]) {
+			best = i
+		}
+		if free := costIfFree(c); free < soonest {
+			soonest, second = free, soonest
+		} else if free < second {
+			second = free
+		}
+	}
+	if best >= 0 && !fitsNow {
+		// Every node is busy. A queued booking stays on its node, and a
+		// node with a queue starts nobody else, so the best queue is
+		// booked only when no other node could start the Run sooner even
+		// were it free now (queue estimates come from max runtimes:
+		// upper bounds). Otherwise the Run waits unbooked and takes the
+		// first node to free.
+		w := d.Candidates[best]
+		other := soonest
+		if costIfFree(w) == soonest {
+			other = second
+		}
+		if w.Cost > other {
+			best = -1
+			for i := range d.Candidates {
+				if c := &d.Candidates[i]; c.Eligible {
+					c.Eligible, c.Reason = false, schemas.ReasonAtCapacity
+					c.Detail = fmt.Sprintf("busy: the Run would start here in about %.0fs; every node is busy and one could start it in %.0fs were it free, so it waits for the first to free rather than in one node's queue", c.Components.StartSeconds, other)
+				}
 			}
 		}
 	}
@@ -102,7 +135,7 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	// than scoring them. Readers (the CLI) sort for display.
 	if best >= 0 {
 		w := d.Candidates[best]
-		d.Winner, d.WinnerQueued = w.NodeID, w.Components.QueueSeconds > 0
+		d.Winner, d.WinnerQueued = w.NodeID, queued[best]
 		if !d.WinnerQueued {
 			d.GPUs, _, _ = fleet.Node(w.NodeID).PickGPUs(req.Run.Resources.GPUCount, req.Run.GPU)
 		}
@@ -113,6 +146,19 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		}
 	}
 	return d
+}
+
+// better reports whether candidate a beats b: the lower cost, then the
+// lower id.
+func better(a, b schemas.Candidate) bool {
+	return a.Cost < b.Cost || (a.Cost == b.Cost && a.NodeID < b.NodeID)
+}
+
+// costIfFree is c's cost were its node free now: its fetches and price,
+// no queue.
+func costIfFree(c schemas.Candidate) float64 {
+	k := c.Components
+	return c.Cost - k.StartSeconds + k.PullSeconds + k.CacheSeconds + k.ArtifactSeconds
 }
 
 // query is one decision's request with the fleet's indexes looked up once:
@@ -138,15 +184,16 @@ type query struct {
 }
 
 // evaluate applies the hard constraints in a fixed order (the first that
-// fails is the reason) and then scores node i.
-func (q *query) evaluate(i int, n *Node) schemas.Candidate {
+// fails is the reason) and then scores node i; queued reports that the Run
+// does not fit there now and would wait in the node's queue.
+func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	req, cfg, now, ref, refKnown := q.req, q.cfg, q.now, q.ref, q.refKnown
 	rec := &n.Record
 	need := req.Run.Resources
 	c := schemas.Candidate{NodeID: rec.NodeID}
-	reject := func(code schemas.Code, format string, args ...any) schemas.Candidate {
+	reject := func(code schemas.Code, format string, args ...any) (schemas.Candidate, bool) {
 		c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
-		return c
+		return c, false
 	}
 	var reserved schemas.Resources
 	for _, b := range n.Running {
@@ -279,7 +326,7 @@ func (q *query) evaluate(i int, n *Node) schemas.Candidate {
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
 	c.Eligible, c.Components = true, comp
 	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
-	return c
+	return c, !fitsNow
 }
 
 // artifactFetch returns the bytes of the Run's artifacts node i would
@@ -312,6 +359,14 @@ func (q *query) usableCards(n *Node) int64 {
 // first, in order).
 func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg Config) float64 {
 	running := slices.Clone(n.Running)
+	for i, b := range running {
+		if !b.ExpectedEnd.After(now) {
+			// Past its expected end yet still booked (a long fetch, or
+			// no max runtime): it is assumed to hold its place as long
+			// again as a booking without one.
+			running[i].ExpectedEnd = now.Add(cfg.UnknownRuntime)
+		}
+	}
 	slices.SortFunc(running, func(a, b Booking) int { return a.ExpectedEnd.Compare(b.ExpectedEnd) })
 	free := n.Record.Capacity
 	for _, b := range running {

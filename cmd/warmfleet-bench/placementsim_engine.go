@@ -1,0 +1,248 @@
+package main
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// simEpoch is the simulated clock's zero: trace seconds count from it.
+func simEpoch() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }
+
+// simRunState is what happened to one Run.
+type simRunState struct {
+	node    int // -1 until booked
+	cards   []string
+	queued  bool    // it waited in a busy node's queue
+	cardsAt float64 // when it got its cards
+	readyAt float64 // when its bytes were all on the node
+	// runningAt is when it started: its cards and its bytes both there.
+	runningAt     float64
+	pulled, fetch int64
+	done          bool
+}
+
+// simulator runs one policy over one trace: a discrete-event simulation
+// whose only events are arrivals and ends; at each it does what a
+// scheduling pass does (start queued Runs that now fit, then place waiting
+// Runs oldest first).
+type simulator struct {
+	trace    *simTrace
+	cat      simCatalogue
+	runs     []simRun
+	state    []simRunState
+	nodes    []*simNode
+	nodePos  map[string]int
+	accel    []schemas.AcceleratorFacts
+	locality []schemas.ImageLocality // per image, as a node reports it hot
+	cfg      placement.Config
+	policy   simPolicy
+	rng      *rand.Rand
+	events   simEvents
+	waiting  []int // arrived, not booked, in arrival order
+	// decisions counts the policy's choices; bookedBusy those that booked
+	// a Run to start now on a node whose cards were all held.
+	decisions, bookedBusy int
+}
+
+func newSimulator(t *simTrace, policy simPolicy, cfg placement.Config) *simulator {
+	cat, runs := t.expand()
+	s := &simulator{trace: t, cat: cat, runs: runs, state: make([]simRunState, len(runs)), cfg: cfg, policy: policy,
+		rng: rand.New(rand.NewPCG(t.Seed, 0x5eed)), nodePos: map[string]int{}}
+	for i := range s.state {
+		s.state[i].node = -1
+	}
+	for i := range t.Fleet.Nodes {
+		n := &simNode{id: fmt.Sprintf("node-%03d", i), layers: map[int]*simContent{}, arts: map[int]*simContent{},
+			images: map[int]*simHeld{}, artUse: map[int]*simHeld{}}
+		var cards []schemas.GPUCard
+		for j := range t.Fleet.GPUsPerNode {
+			uuid := fmt.Sprintf("GPU-%03d-%d", i, j)
+			n.cards, n.holder = append(n.cards, uuid), append(n.holder, -1)
+			cards = append(cards, schemas.GPUCard{Index: j, UUID: uuid, Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30,
+				Health: schemas.GPUHealthOK, CDIDevices: []string{"nvidia.com/gpu=" + strconv.Itoa(j)}})
+		}
+		s.nodePos[n.id] = len(s.nodes)
+		s.nodes = append(s.nodes, n)
+		s.accel = append(s.accel, schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverCapability: "12.4",
+			Devices: []schemas.AcceleratorDevice{{Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30, Count: int64(t.Fleet.GPUsPerNode)}}, Cards: cards})
+	}
+	for _, im := range cat.images {
+		l := schemas.ImageLocality{ManifestDigest: im.digest, State: schemas.LocalityHot, ContentPresent: true,
+			Platform: schemas.Platform{OS: "linux", Architecture: "amd64"}}
+		for _, id := range im.layers {
+			l.LayerDigests = append(l.LayerDigests, cat.layerID[id])
+			l.LayerSizes = append(l.LayerSizes, cat.layerBytes[id])
+		}
+		s.locality = append(s.locality, l)
+	}
+	for i, r := range runs {
+		heap.Push(&s.events, simEvent{at: r.arrival, seq: i, run: i, arrive: true})
+	}
+	return s
+}
+
+func (s *simulator) clock(sec float64) time.Time {
+	return simEpoch().Add(time.Duration(sec * float64(time.Second)))
+}
+
+// run simulates until every Run has ended, or ctx is done.
+func (s *simulator) run(ctx context.Context) error {
+	seq := len(s.runs)
+	for s.events.Len() > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		now := s.events[0].at
+		for s.events.Len() > 0 && s.events[0].at == now {
+			e := heap.Pop(&s.events).(simEvent)
+			if e.arrive {
+				s.waiting = append(s.waiting, e.run)
+				continue
+			}
+			s.end(e.run, now)
+		}
+		for _, started := range s.pass(now) {
+			seq++
+			st := s.state[started]
+			heap.Push(&s.events, simEvent{at: st.runningAt + s.runs[started].duration, seq: seq, run: started})
+		}
+	}
+	if len(s.waiting) > 0 {
+		return fmt.Errorf("%s on %s: %d Runs never placed", s.policy.name(), s.trace.Name, len(s.waiting))
+	}
+	return nil
+}
+
+func (s *simulator) end(run int, now float64) {
+	st := &s.state[run]
+	n := s.nodes[st.node]
+	n.release(run)
+	s.unpin(n, run, now)
+	st.done = true
+	for i, r := range n.running {
+		if r == run {
+			n.running = append(n.running[:i], n.running[i+1:]...)
+			break
+		}
+	}
+}
+
+// pass starts the Runs queued on nodes that now have their cards free,
+// then offers every waiting Run, oldest first, to the policy. It returns
+// the Runs given cards.
+func (s *simulator) pass(now float64) []int {
+	started := s.startQueued(now, nil)
+	var fleet *placement.Fleet
+	left := s.waiting[:0]
+	for _, run := range s.waiting {
+		if !s.mayPlace(run) {
+			left = append(left, run)
+			continue
+		}
+		if fleet == nil {
+			fleet = s.snapshot(now)
+		}
+		req := s.request(run)
+		s.decisions++
+		node, queued, ok := s.policy.choose(s, fleet, run, req, now)
+		if !ok {
+			left = append(left, run)
+			continue
+		}
+		n := s.nodes[node]
+		if !queued && (len(n.queued) > 0 || n.freeCards() < s.runs[run].gpus) {
+			// Booked to start now on a node without the cards: no Run
+			// can start so; it waits there, and the result counts it.
+			s.bookedBusy++
+			queued = true
+		}
+		st := &s.state[run]
+		st.node, st.queued = node, queued
+		st.readyAt, st.pulled, st.fetch = s.fetch(n, run, now)
+		b := placement.Booking{RunID: req.RunID, Resources: req.Run.Resources, Want: req.Run.GPU}
+		if queued {
+			n.queued = append(n.queued, run)
+		} else {
+			s.start(n, run, now)
+			started = append(started, run)
+			b.GPUs = st.cards
+		}
+		b.ExpectedEnd = s.expectedEnd(run, now)
+		fleet.Book(n.id, b, queued)
+	}
+	s.waiting = left
+	// A Run queued behind one that just started may fit too.
+	return s.startQueued(now, started)
+}
+
+// startQueued gives their cards to the Runs at the head of node queues
+// that now fit, appending them to started.
+func (s *simulator) startQueued(now float64, started []int) []int {
+	for _, n := range s.nodes {
+		for len(n.queued) > 0 && n.freeCards() >= s.runs[n.queued[0]].gpus {
+			run := n.queued[0]
+			n.queued = n.queued[1:]
+			s.start(n, run, now)
+			started = append(started, run)
+		}
+	}
+	return started
+}
+
+// start gives run its cards on n at now.
+func (s *simulator) start(n *simNode, run int, now float64) {
+	st := &s.state[run]
+	st.cards = n.take(run, s.runs[run].gpus)
+	st.cardsAt = now
+	st.runningAt = max(now, st.readyAt)
+	n.running = append(n.running, run)
+}
+
+// mayPlace is a cheap necessary condition for any policy to book run now:
+// some node has its cards free with no queue, or (for a policy that
+// queues) some node's queue has room. It only saves Decide calls whose
+// answer would be "wait".
+func (s *simulator) mayPlace(run int) bool {
+	for _, n := range s.nodes {
+		if len(n.queued) == 0 && n.freeCards() >= s.runs[run].gpus {
+			return true
+		}
+		if s.policy.queues() && len(n.queued) < placement.MaxQueued {
+			return true
+		}
+	}
+	return false
+}
+
+// simEvent is a Run arriving or ending; seq keeps the order stable.
+type simEvent struct {
+	at     float64
+	seq    int
+	run    int
+	arrive bool
+}
+
+type simEvents []simEvent
+
+func (h simEvents) Len() int { return len(h) }
+func (h simEvents) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h simEvents) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *simEvents) Push(x any)   { *h = append(*h, x.(simEvent)) }
+func (h *simEvents) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
