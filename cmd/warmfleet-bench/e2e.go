@@ -100,6 +100,10 @@ path (NATS, placement, commands, journal, reports, credentials) adds.`,
 }
 
 func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
+	// nats.go bounds an object Get or Put by its default timeout when ctx
+	// has no deadline, which a large artifact outlasts.
+	ctx, cancel := context.WithTimeout(ctx, 6*time.Hour)
+	defer cancel()
 	if _, err := os.Stat(ociimage.BusyboxPath); err != nil {
 		return nil, fmt.Errorf("%s missing (apt-get install -y busybox-static): %w", ociimage.BusyboxPath, err)
 	}
@@ -364,9 +368,9 @@ func (r *runTimings) merge(o *runTimings) {
 }
 
 // directLaunch is the baseline: EnsureImage then Launch of the same
-// container spec, timed until Launch returns a running task; then the
+// container spec (with the Run's artifact mounts, when given), timed until Launch returns a running task; then the
 // workload is waited for and removed.
-func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string) (time.Duration, error) {
+func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string, mounts ...noderuntime.Mount) (time.Duration, error) {
 	t0 := time.Now()
 	if _, err := rt.EnsureImage(ctx, img); err != nil {
 		return 0, err
@@ -379,7 +383,7 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.I
 		env = append(env, k+"="+v)
 	}
 	st, err := rt.Launch(ctx, noderuntime.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
-		Env: env, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
+		Env: env, Mounts: mounts, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
 		Labels: map[string]string{agent.LabelRunID: id, agent.LabelAttemptID: id, agent.LabelMaxRuntime: strconv.FormatInt(req.MaxRuntimeSeconds, 10)}})
 	if err != nil {
 		return 0, err

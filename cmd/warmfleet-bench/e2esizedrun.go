@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -41,6 +43,12 @@ type sizedResult struct {
 
 func (s *sizedRun) uses() []schemas.ArtifactUse {
 	return []schemas.ArtifactUse{{Name: s.art.rec.Name, Version: s.art.rec.Version, Path: "/data/weights"}}
+}
+
+// mount is the artifact as the agent mounts it, for the direct floor: the
+// agent's own replica, read-only.
+func (s *sizedRun) mount() noderuntime.Mount {
+	return noderuntime.Mount{Source: filepath.Join(s.art.storeDir, "blobs", "sha256", strings.TrimPrefix(s.art.rec.Digest, "sha256:")), Target: "/data/weights", ReadOnly: true}
 }
 
 // run measures every case at one link speed: warm, partial, then cold
@@ -88,7 +96,7 @@ func (s *sizedRun) run(ctx context.Context, mbit int) (*sizedResult, error) {
 		if n > 0 {
 			res.RawImageMbit = float64(n) * 8 / 1e6 / raw.Seconds()
 		}
-		d, err := directLaunch(ctx, s.direct, s.world.directSpec(ref), "direct-"+name, s.command)
+		d, err := directLaunch(ctx, s.direct, s.world.directSpec(ref), "direct-"+name, s.command, s.mount())
 		if err != nil {
 			return fmt.Errorf("direct %s: %w", name, err)
 		}
@@ -98,14 +106,14 @@ func (s *sizedRun) run(ctx context.Context, mbit int) (*sizedResult, error) {
 
 	for i := range s.o.runs {
 		time.Sleep(s.gap)
-		d, err := directLaunch(ctx, s.direct, s.world.directSpec(a), fmt.Sprintf("direct-%d-warm-%d", mbit, i), s.command)
+		d, err := directLaunch(ctx, s.direct, s.world.directSpec(a), fmt.Sprintf("direct-%d-warm-%d", mbit, i), s.command, s.mount())
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("direct warm: %w", err)
 		}
 		res.warm.floor, res.warm.direct = append(res.warm.floor, d), append(res.warm.direct, d)
 		time.Sleep(s.gap)
 		if err := timed(res.warm, fmt.Sprintf("warm-%d", i), a.via.String()); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("warm run: %w", err)
 		}
 	}
 	root := s.world.fam.rootLayers
@@ -113,31 +121,31 @@ func (s *sizedRun) run(ctx context.Context, mbit int) (*sizedResult, error) {
 	for i := range s.o.runs {
 		top, shared := layersOf(b.img, base), layersOf(b.img, 0)[:base]
 		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(b.direct.Digest)}, top, shared, ns...); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("partial drop: %w", err)
 		}
 		time.Sleep(s.gap)
 		if err := timed(res.part, fmt.Sprintf("partial-%d", i), b.via.String()); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("partial run: %w", err)
 		}
 		if err := floor(res.part, fmt.Sprintf("%d-partial-%d", mbit, i), b, top, false); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("partial floor: %w", err)
 		}
 	}
 	for i := range s.o.runs {
 		// The busybox root stays: the busybox cases' images hold it too.
 		all := append(layersOf(a.img, root), layersOf(b.img, base)...)
 		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(a.direct.Digest), digest.Digest(b.direct.Digest)}, all, nil, ns...); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cold drop: %w", err)
 		}
 		if err := s.art.removeReplica(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cold artifact removal: %w", err)
 		}
 		time.Sleep(s.gap)
 		if err := timed(res.cld, fmt.Sprintf("cold-%d", i), a.via.String()); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cold run: %w", err)
 		}
 		if err := floor(res.cld, fmt.Sprintf("%d-cold-%d", mbit, i), a, layersOf(a.img, root), true); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cold floor: %w", err)
 		}
 	}
 	return res, nil
