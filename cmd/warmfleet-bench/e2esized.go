@@ -199,7 +199,13 @@ type benchArtifact struct {
 // bucket and registers them in the catalog as the control plane's admin
 // API does for `warmfleet artifact put`.
 func putArtifact(ctx context.Context, conn *bus.Conn, mib int) (schemas.ArtifactRecord, error) {
-	obs, err := conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	// Few chunks in flight: a GB-sized put otherwise overruns the stream's
+	// inbound queue on a busy machine (429 too many requests).
+	js, err := jetstream.New(conn.NC, jetstream.WithPublishAsyncMaxPending(64))
+	if err != nil {
+		return schemas.ArtifactRecord{}, err
+	}
+	obs, err := js.ObjectStore(ctx, bus.ObjectBucketArtifacts)
 	if err != nil {
 		return schemas.ArtifactRecord{}, err
 	}

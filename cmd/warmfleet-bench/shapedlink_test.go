@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -57,4 +58,26 @@ func TestParseLinks(t *testing.T) {
 			t.Fatalf("%q accepted", bad)
 		}
 	}
+}
+
+// FuzzParseLinks: --link either is refused or yields one speed in range per
+// comma-separated field.
+func FuzzParseLinks(f *testing.F) {
+	for _, s := range []string{"1000,100", "1", " 100 ", "0", "1,,2", "1e3", "-5", "99999999999999999999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parseLinks(s)
+		if err != nil {
+			return
+		}
+		if len(got) != strings.Count(s, ",")+1 {
+			t.Fatalf("%q: %v", s, got)
+		}
+		for _, v := range got {
+			if v < 1 || v > 100_000 {
+				t.Fatalf("%q: %d out of range", s, v)
+			}
+		}
+	})
 }
