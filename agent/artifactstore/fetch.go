@@ -88,9 +88,10 @@ func (f *flight) watch(p func(done, total int64)) (unwatch func()) {
 }
 
 // Ensure makes a verified replica of w.Digest present and returns its
-// path. A replica on disk is re-hashed first (every Ensure hands the
-// replica to a workload, and a replica corrupted on disk must be caught
-// at use); one that does not match is deleted and fetched again. A fetch
+// path. A replica on disk is handed out as is while its stat still equals
+// the seal taken when it was last hashed; otherwise it is re-hashed first
+// (a replica changed on disk must be caught at use), and one that does not
+// match is deleted and fetched again. A fetch
 // streams into partial/, hashing as it writes, resumes a partial left by
 // an earlier attempt, retries transient source errors with backoff, and
 // moves the file into blobs/ only when size and sha256 match; otherwise the
@@ -161,11 +162,20 @@ func (s *Store) run(ctx context.Context, f *flight, w Want) {
 func (s *Store) ensure(ctx context.Context, w Want, progress func(done, total int64)) (Result, error) {
 	blob := s.Path(w.Digest)
 	refetched := false
-	ok, size, err := hashMatches(ctx, blob, w.Digest)
+	if m, err := readMeta(s.metaPath(w.Digest), w.Digest); err == nil && sealHolds(blob, m, w.SizeBytes) {
+		// Unchanged since it was hashed: no need to read it again.
+		m.LastUsedAt = s.now().UTC()
+		if err := writeMeta(s.metaPath(w.Digest), m); err != nil {
+			return Result{}, err
+		}
+		progress(w.SizeBytes, w.SizeBytes)
+		return Result{Path: blob, AlreadyPresent: true, Verified: m.VerifiedAt}, nil
+	}
+	ok, size, sl, err := hashSealed(ctx, blob, w.Digest)
 	switch {
 	case err == nil && ok && size == w.SizeBytes:
 		now := s.now().UTC()
-		if err := writeMeta(s.metaPath(w.Digest), meta{Digest: w.Digest, SizeBytes: size, VerifiedAt: now, LastUsedAt: now}); err != nil {
+		if err := writeMeta(s.metaPath(w.Digest), meta{Digest: w.Digest, SizeBytes: size, VerifiedAt: now, LastUsedAt: now, Seal: sl}); err != nil {
 			return Result{}, err
 		}
 		progress(size, size)
@@ -191,7 +201,12 @@ func (s *Store) ensure(ctx context.Context, w Want, progress func(done, total in
 		return Result{}, err
 	}
 	now := s.now().UTC()
-	if err := writeMeta(s.metaPath(w.Digest), meta{Digest: w.Digest, SizeBytes: w.SizeBytes, VerifiedAt: now, LastUsedAt: now}); err != nil {
+	m := meta{Digest: w.Digest, SizeBytes: w.SizeBytes, VerifiedAt: now, LastUsedAt: now}
+	// Hashed while written; sealed as it lies now, read-only in blobs/.
+	if sl, err := sealOf(blob); err == nil {
+		m.Seal = &sl
+	}
+	if err := writeMeta(s.metaPath(w.Digest), m); err != nil {
 		return Result{}, err
 	}
 	return Result{Path: blob, FetchedBytes: fetched, Verified: now, Refetched: refetched}, nil

@@ -13,12 +13,14 @@ import (
 const maxMetaBytes = 4096
 
 // meta is a replica's sidecar record, kept beside the blob. The blob is the
-// truth (it is re-hashed on every use); the sidecar only remembers times.
+// truth; the sidecar remembers times and the seal under which a use may
+// skip re-hashing it.
 type meta struct {
 	Digest     string    `json:"digest"`
 	SizeBytes  int64     `json:"size_bytes"`
 	VerifiedAt time.Time `json:"verified_at"`
 	LastUsedAt time.Time `json:"last_used_at,omitzero"`
+	Seal       *seal     `json:"seal,omitempty"`
 }
 
 // decodeMeta parses a sidecar and refuses one that does not describe the

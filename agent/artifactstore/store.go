@@ -147,8 +147,8 @@ func (s *Store) Remove(digest string) error {
 	return nil
 }
 
-// List reports the replicas on disk (verified when they were stored;
-// every use re-verifies), sorted by digest.
+// List reports the replicas on disk (verified when they were stored; a
+// use re-verifies one whose seal no longer holds), sorted by digest.
 func (s *Store) List() []schemas.ArtifactReplica {
 	ents, _ := os.ReadDir(s.dir("blobs"))
 	out := make([]schemas.ArtifactReplica, 0, len(ents))
@@ -220,14 +220,14 @@ func (s *Store) Touch(digest string) error {
 	return writeMeta(s.metaPath(digest), m)
 }
 
-// Verify re-hashes digest's replica. A replica that does not match is
+// Verify re-hashes digest's replica, whatever its seal says (a scrub). A replica that does not match is
 // deleted (unless a fetch of it is running, which verifies on its own)
 // and the error wraps ErrDigestMismatch; a missing one is ErrNotFound.
 func (s *Store) Verify(ctx context.Context, digest string) error {
 	if err := checkDigest(digest); err != nil {
 		return err
 	}
-	ok, size, err := hashMatches(ctx, s.Path(digest), digest)
+	ok, size, sl, err := hashSealed(ctx, s.Path(digest), digest)
 	if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("artifact %s: %w", digest, ErrNotFound)
 	}
@@ -247,7 +247,7 @@ func (s *Store) Verify(ctx context.Context, digest string) error {
 	if err != nil {
 		m = meta{Digest: digest}
 	}
-	m.SizeBytes, m.VerifiedAt = size, s.now().UTC()
+	m.SizeBytes, m.VerifiedAt, m.Seal = size, s.now().UTC(), sl
 	return writeMeta(s.metaPath(digest), m)
 }
 

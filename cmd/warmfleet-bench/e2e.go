@@ -6,15 +6,16 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	digest "github.com/opencontainers/go-digest"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/ociimage"
@@ -26,9 +27,8 @@ type e2eOpts struct {
 	runs    int
 	command []string
 	gap     time.Duration
-	// The private-registry case: a large image pulled cold from
-	// docker-registry behind htpasswd, registryRuns times (0: skipped).
-	registryRuns, registryMiB, registryLayers int
+	// The production-sized cases (0 runs: skipped).
+	sized sizedOpts
 }
 
 func newE2ECmd(g *globals) *cobra.Command {
@@ -48,18 +48,35 @@ Each Run's phases come from its events (accepted, placed, preparing,
 launching, running; the control plane's clock), and submit → running is
 timed on this process's clock from the publish to the running event.
 
-  private  a large image (busybox plus --registry-mib of random layers, as
-        incompressible as model weights) in a private docker-registry on
-        loopback with htpasswd; the control plane holds the account (as
-        serve --registry-auth does) and the agent asks for it at pull time.
-        Before each timed pull the image is deleted and collected, so every
-        pull fetches every byte. The agent's credential asks are timed
-        beside its fetches.
+Production-sized cases (--sized-runs each per link speed; 0 skips them): an
+image of --image-mib incompressible MiB in --image-layers gzip layers on
+busybox, of which --base-layers are a base shared with a second variant,
+pushed to a private docker-registry (htpasswd; the control plane holds the
+account, the agent asks for it at pull time), and an --artifact-mib
+artifact in the artifact object store that every timed Run mounts. The
+node reaches both through one shaped link: TCP proxies on loopback in front
+of the registry and of the agent's NATS connection, whose bytes towards the
+node share one token bucket at each --link speed (Mbit/s), checked by a raw
+transfer through it.
+
+  warm     the image and the artifact are present
+  partial  the variant's base layers and the artifact are present: a new
+           build of the same service on the same base and weights
+  cold     nothing is present: before each Run both images are deleted in
+           every namespace and collected, the artifact replica removed, and
+           the bench checks no layer content, snapshot or replica is left
+
+Each Run's stages come from its events and from the agent's runtime calls
+(queue, decision, dispatch, artifact fetch, image pull + unpack, launch).
+The floor, measured in the same run beside each Run, is the transfer of the
+bytes the Run fetched through the same link (plain HTTP GETs of the blobs,
+an object Get of the artifact), plus the adapter's EnsureImage (unpack only:
+the content is on the machine by then) and Launch called directly.
 
 The baseline calls the containerd adapter directly on the same daemon (its
 own namespace): EnsureImage then Launch, until Launch returns a running
 task, with the same warm and cold images and the same command (for the
-private image, presenting the account itself). The ratio is what warmfleet's
+sized images, presenting the registry account itself). The ratio is what warmfleet's
 path (NATS, placement, commands, journal, reports, credentials) adds.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rep, err := runE2E(cmd.Context(), g, o)
@@ -72,14 +89,21 @@ path (NATS, placement, commands, journal, reports, credentials) adds.`,
 	f := cmd.Flags()
 	f.IntVar(&o.runs, "runs", 20, "timed Runs per case (warm, cold), and as many direct launches")
 	f.StringSliceVar(&o.command, "command", []string{"true"}, "the container's command")
-	f.IntVar(&o.registryRuns, "registry-runs", 3, "timed cold pulls of the private image, each side (0 skips the case)")
-	f.IntVar(&o.registryMiB, "registry-mib", 1024, "size of the private image's random layers, in MiB")
-	f.IntVar(&o.registryLayers, "registry-layers", 4, "how many layers the random MiB are split into")
+	f.IntVar(&o.sized.runs, "sized-runs", 3, "timed Runs per production-sized case (warm, partial, cold) per link speed (0 skips them)")
+	f.IntVar(&o.sized.imageMiB, "image-mib", 2048, "the sized image's random bytes, in MiB")
+	f.IntVar(&o.sized.layers, "image-layers", 6, "how many equal layers the image's random bytes are split into")
+	f.IntVar(&o.sized.baseLayers, "base-layers", 4, "how many of those layers are a base shared with the partial case's variant")
+	f.IntVar(&o.sized.artifactMiB, "artifact-mib", 2048, "the artifact every sized Run mounts, in MiB")
+	f.StringVar(&o.sized.links, "link", "1000,100", "the node's link speeds to measure at, in Mbit/s, comma-separated")
 	f.DurationVar(&o.gap, "gap", 500*time.Millisecond, "pause between one Run's end and the next submit (both sides), so the last container's teardown is not on the next one's clock")
 	return cmd
 }
 
 func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
+	// nats.go bounds an object Get or Put by its default timeout when ctx
+	// has no deadline, which a large artifact outlasts.
+	ctx, cancel := context.WithTimeout(ctx, 6*time.Hour)
+	defer cancel()
 	if _, err := os.Stat(ociimage.BusyboxPath); err != nil {
 		return nil, fmt.Errorf("%s missing (apt-get install -y busybox-static): %w", ociimage.BusyboxPath, err)
 	}
@@ -121,19 +145,28 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		return nil, err
 	}
 
-	var private *privateImage
-	if o.registryRuns > 0 {
-		if o.registryLayers < 1 || o.registryMiB < o.registryLayers {
-			return nil, fmt.Errorf("--registry-mib %d over --registry-layers %d: give at least one layer of at least 1 MiB", o.registryMiB, o.registryLayers)
+	var (
+		world *sizedWorld
+		links []int
+	)
+	if o.sized.runs > 0 {
+		if err := o.sized.check(); err != nil {
+			return nil, err
 		}
+		links, _ = parseLinks(o.sized.links)
 		dir := filepath.Join(cd.Dir, "registry")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, err
 		}
-		if private, err = newPrivateImage(ctx, dir, warm, o.registryMiB, o.registryLayers); err != nil {
-			return nil, fmt.Errorf("private registry: %w", err)
+		link, err := newShapedLink(links[0])
+		if err != nil {
+			return nil, err
 		}
-		defer private.stop()
+		defer link.close()
+		if world, err = newSizedWorld(ctx, dir, warm, o.sized, link); err != nil {
+			return nil, fmt.Errorf("sized images: %w", err)
+		}
+		defer world.stop()
 	}
 
 	e, err := newEnv(g, "e2e")
@@ -142,18 +175,44 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	}
 	defer e.close()
 	cpCfg := controlplane.Config{OpenEnrollment: true}
-	if private != nil {
-		cpCfg.RegistryAuth = private.source
+	if world != nil {
+		cpCfg.RegistryAuth = world.source
 	}
 	if err := e.startCP(cpCfg); err != nil {
 		return nil, err
 	}
 	imageTimes := &imageRecorder{}
-	_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agent.Config{NodeID: "bench-ctrd-1", ImageMetrics: imageTimes}, nil)
-	if err != nil {
-		return nil, err
+	rt := &timedRuntime{}
+	agentCfg := agent.Config{NodeID: "bench-ctrd-1", ImageMetrics: imageTimes, DataDir: filepath.Join(e.dir, "agent-bench-ctrd-1")}
+	var via *bus.Conn
+	if world != nil {
+		// The agent, and one bench connection for the transfer floor,
+		// reach NATS through the link: connections made while e.url names
+		// the link's proxy.
+		natsVia, err := world.link.proxy(strings.TrimPrefix(e.url, "nats://"))
+		if err != nil {
+			return nil, err
+		}
+		direct := e.url
+		e.url = "nats://" + natsVia
+		via, err = e.connect("bench-via-link")
+		if err == nil {
+			_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agentCfg, func(r noderuntime.Runtime) noderuntime.Runtime { rt.Runtime = r; return rt })
+			if err == nil {
+				defer stopAgent()
+			}
+		}
+		e.url = direct
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agentCfg, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer stopAgent()
 	}
-	defer stopAgent()
 	client, err := e.connect("bench-client")
 	if err != nil {
 		return nil, err
@@ -179,24 +238,32 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	}
 	defer func() { _ = w.sub.Unsubscribe() }()
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	submit := func(rid, image string) (*runTimings, error) {
-		t := &runTimings{byStage: map[string][]time.Duration{}}
+	// send publishes one Run and waits for its end; submit times it.
+	send := func(rid, image string, arts []schemas.ArtifactUse) (t0, acc time.Time, ph, seen map[schemas.Phase]time.Time, err error) {
 		req := runRequest(rid, image)
-		req.Command = o.command
+		req.Command, req.Artifacts = o.command, arts
 		m, err := submitMsg(req, codec.JSON)
 		if err != nil {
-			return nil, err
+			return t0, acc, nil, nil, err
 		}
-		t0 := time.Now()
+		t0 = time.Now()
 		if _, err := client.JS.PublishMsg(ctx, m, jetstream.WithMsgID(rid)); err != nil {
-			return nil, err
+			return t0, acc, nil, nil, err
 		}
-		ph, seen, acc, err := w.waitTerminal(ctx, schemas.RunIDFor(rid), 600*time.Second)
+		ph, seen, acc, err = w.waitTerminal(ctx, schemas.RunIDFor(rid), 30*time.Minute)
 		if err != nil {
-			return nil, err
+			return t0, acc, nil, nil, err
 		}
 		if _, ok := ph[schemas.PhaseSucceeded]; !ok {
-			return nil, fmt.Errorf("run %s did not succeed (phases %v); see %s", rid, keys(ph), filepath.Join(e.dir, "cp.log"))
+			return t0, acc, nil, nil, fmt.Errorf("run %s did not succeed (phases %v); see %s", rid, keys(ph), filepath.Join(e.dir, "cp.log"))
+		}
+		return t0, acc, ph, seen, nil
+	}
+	submit := func(rid, image string) (*runTimings, error) {
+		t := &runTimings{byStage: map[string][]time.Duration{}}
+		t0, acc, ph, seen, err := send(rid, image, nil)
+		if err != nil {
+			return nil, err
 		}
 		t.add(t0, acc, ph, seen)
 		return t, nil
@@ -238,30 +305,31 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		}
 		coldT.merge(t)
 	}
-	// Private: the same large image, deleted and collected before each
-	// pull on either side.
-	var directPrivate []time.Duration
-	privateT := &runTimings{byStage: map[string][]time.Duration{}}
-	for i := range o.registryRuns {
-		spec := noderuntime.ImageSpec{Reference: private.ref.String(), ManifestDigest: private.ref.Digest, Unpack: true, Credentials: private.credentials}
-		if err := dropImage(ctx, cd.Address, digest.Digest(private.ref.Digest), cd.Namespace, cd.Namespace+"-direct"); err != nil {
-			return nil, err
-		}
-		time.Sleep(o.gap)
-		d, err := directLaunch(ctx, direct, spec, "direct-private-"+strconv.Itoa(i), o.command)
-		if err != nil {
-			return nil, fmt.Errorf("direct private pull: %w", err)
-		}
-		directPrivate = append(directPrivate, d)
-		if err := dropImage(ctx, cd.Address, digest.Digest(private.ref.Digest), cd.Namespace, cd.Namespace+"-direct"); err != nil {
-			return nil, err
-		}
-		time.Sleep(o.gap)
-		t, err := submit(fmt.Sprintf("e2e-%s-private-%03d", nonce, i), private.ref.String())
+	var sized []*sizedResult
+	var art benchArtifact
+	if world != nil {
+		rec, err := putArtifact(ctx, client, o.sized.artifactMiB)
 		if err != nil {
 			return nil, err
 		}
-		privateT.merge(t)
+		art = benchArtifact{rec: rec, storeDir: filepath.Join(agentCfg.DataDir, "artifacts")}
+		sr := &sizedRun{o: o.sized, gap: o.gap, nonce: nonce, cd: cd, direct: direct, world: world, art: art, via: via, rt: rt, submit: send, command: o.command}
+		// Untimed: the image and artifact brought in over a fast link, so
+		// the first speed's warm case starts warm; and the direct side's.
+		world.link.setRate(100_000)
+		if _, _, _, _, err := send("e2e-"+nonce+"-sized-warmup", world.a.via.String(), sr.uses()); err != nil {
+			return nil, fmt.Errorf("sized warm-up run: %w", err)
+		}
+		if _, err := directLaunch(ctx, direct, world.directSpec(world.a), "direct-sized-warmup", o.command); err != nil {
+			return nil, fmt.Errorf("direct sized warm-up: %w", err)
+		}
+		for _, mbit := range links {
+			res, err := sr.run(ctx, mbit)
+			if err != nil {
+				return nil, fmt.Errorf("at %d Mbit/s: %w", mbit, err)
+			}
+			sized = append(sized, res)
+		}
 	}
 	prof.stop()
 
@@ -278,23 +346,15 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 	rep.note("warm stages p50: %s", stageTable(warmT.stages()))
 	rep.note("cold stages p50: %s", stageTable(coldT.stages()))
 	rep.note("%d Runs per case, one at a time, %s apart, alternating direct and warmfleet; command %q; image %d-byte OCI archive of busybox-static", o.runs, o.gap, o.command, warm.SizeBytes)
-	if private != nil {
-		creds, fetches, failed := imageTimes.snapshot()
-		if failed > 0 || len(creds) != o.registryRuns || len(fetches) != o.registryRuns {
-			return nil, fmt.Errorf("private pulls: %d credential asks answered (%d failed) and %d registry fetches for %d Runs, want one each", len(creds), failed, len(fetches), o.registryRuns)
+	if world != nil {
+		reportSized(rep, o.sized, world, art, sized)
+		creds, _, failed := imageTimes.snapshot()
+		if failed > 0 {
+			return nil, fmt.Errorf("%d registry credential asks failed", failed)
 		}
-		ps, dp := summarise(privateT.submitToRunning), summarise(directPrivate)
-		cs, fs := summarise(creds), summarise(fetches)
-		rep.add("private: submit → running p50", ps.P50, "ms", dp.P50, "containerd adapter direct, same pull p50")
-		rep.add("private: credential ask p50", cs.P50, "ms", fs.P50, "the agent's registry fetch + unpack p50")
-		rep.Details["private_stages"] = privateT.stages()
-		rep.Details["private_direct"] = dp
-		rep.Details["private_credential_asks"] = cs
-		rep.Details["private_fetches"] = fs
-		rep.note("private: a credential ask is %.3f %% of its pull (p50 %.2f ms of %.0f ms)", 100*cs.P50/fs.P50, cs.P50, fs.P50)
-		rep.note("private stages p50: %s", stageTable(privateT.stages()))
-		rep.note("private image: %d MiB in %d random layers + busybox (%d bytes compressed), %d cold pulls per side from docker-registry (htpasswd) on loopback; the agent's fetch + unpack p50 is %.0f MiB/s",
-			o.registryMiB, o.registryLayers, private.bytes, o.registryRuns, float64(private.bytes)/(1<<20)/(fs.P50/1000))
+		cs := summarise(creds)
+		rep.Details["registry_credential_asks"] = cs
+		rep.note("registry credential asks: %d, p50 %.2f ms (one per pull that fetched)", cs.N, cs.P50)
 	}
 	return rep, nil
 }
@@ -308,9 +368,9 @@ func (r *runTimings) merge(o *runTimings) {
 }
 
 // directLaunch is the baseline: EnsureImage then Launch of the same
-// container spec, timed until Launch returns a running task; then the
+// container spec (with the Run's artifact mounts, when given), timed until Launch returns a running task; then the
 // workload is waited for and removed.
-func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string) (time.Duration, error) {
+func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string, mounts ...noderuntime.Mount) (time.Duration, error) {
 	t0 := time.Now()
 	if _, err := rt.EnsureImage(ctx, img); err != nil {
 		return 0, err
@@ -323,7 +383,7 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.I
 		env = append(env, k+"="+v)
 	}
 	st, err := rt.Launch(ctx, noderuntime.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
-		Env: env, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
+		Env: env, Mounts: mounts, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
 		Labels: map[string]string{agent.LabelRunID: id, agent.LabelAttemptID: id, agent.LabelMaxRuntime: strconv.FormatInt(req.MaxRuntimeSeconds, 10)}})
 	if err != nil {
 		return 0, err

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+
+	"github.com/warmfleet/warmfleet/adapters/containerd"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// sizedRun is everything the production-sized cases need from runE2E.
+type sizedRun struct {
+	o      sizedOpts
+	gap    time.Duration
+	nonce  string
+	cd     *benchContainerd
+	direct *containerd.Runtime
+	world  *sizedWorld
+	art    benchArtifact
+	// via is a bench connection through the link, for the artifact's
+	// transfer floor.
+	via *bus.Conn
+	rt  *timedRuntime
+	// submit publishes a Run and waits for its end.
+	submit  func(rid, image string, arts []schemas.ArtifactUse) (t0, accepted time.Time, ph, seen map[schemas.Phase]time.Time, err error)
+	command []string
+}
+
+// sizedResult is one link speed's cases.
+type sizedResult struct {
+	Mbit            int
+	AchievedMbit    float64 // the link check's rate
+	RawImageMbit    float64 // the floor's last raw transfer's rate
+	warm, part, cld *sizedCase
+}
+
+func (s *sizedRun) uses() []schemas.ArtifactUse {
+	return []schemas.ArtifactUse{{Name: s.art.rec.Name, Version: s.art.rec.Version, Path: "/data/weights"}}
+}
+
+// mount is the artifact as the agent mounts it, for the direct floor: the
+// agent's own replica, read-only.
+func (s *sizedRun) mount() noderuntime.Mount {
+	return noderuntime.Mount{Source: filepath.Join(s.art.storeDir, "blobs", "sha256", strings.TrimPrefix(s.art.rec.Digest, "sha256:")), Target: "/data/weights", ReadOnly: true}
+}
+
+// run measures every case at one link speed: warm, partial, then cold
+// (which leaves image a and the artifact present for the next speed's warm).
+func (s *sizedRun) run(ctx context.Context, mbit int) (*sizedResult, error) {
+	s.world.link.setRate(mbit)
+	res := &sizedResult{Mbit: mbit, warm: newSizedCase(), part: newSizedCase(), cld: newSizedCase()}
+	check := min(int64(3*s.world.link.bytesPerSecond()), 512<<20)
+	took, err := measureLink(ctx, s.world.link, check)
+	if err != nil {
+		return nil, fmt.Errorf("link check: %w", err)
+	}
+	res.AchievedMbit = float64(check) * 8 / 1e6 / took.Seconds()
+	a, b := s.world.a, s.world.b
+	ns := []string{s.cd.Namespace, s.cd.Namespace + "-direct"}
+	timed := func(c *sizedCase, name, image string) error {
+		t0, acc, ph, seen, err := s.submit(fmt.Sprintf("e2e-%s-%d-%s", s.nonce, mbit, name), image, s.uses())
+		if err != nil {
+			return err
+		}
+		ensure, launch, ok := s.rt.since(t0)
+		if !ok {
+			return fmt.Errorf("run %s: no image ensure and launch seen", name)
+		}
+		c.addRun(t0, acc, ph, seen, ensure, launch)
+		return nil
+	}
+	// floor is the transfer of the bytes the Run had to fetch, through the
+	// same link, then the adapter's unpack and start on this machine.
+	floor := func(c *sizedCase, name string, ref sizedRef, blobs []familyLayer, artifact bool) error {
+		time.Sleep(s.gap)
+		start := time.Now()
+		n, err := s.world.rawBlobs(ctx, blobs)
+		if err != nil {
+			return err
+		}
+		if artifact {
+			m, err := rawArtifact(ctx, s.via, s.art.rec.Source.Object)
+			if err != nil {
+				return err
+			}
+			n += m
+		}
+		raw := time.Since(start)
+		if n > 0 {
+			res.RawImageMbit = float64(n) * 8 / 1e6 / raw.Seconds()
+		}
+		d, err := directLaunch(ctx, s.direct, s.world.directSpec(ref), "direct-"+name, s.command, s.mount())
+		if err != nil {
+			return fmt.Errorf("direct %s: %w", name, err)
+		}
+		c.raw, c.direct, c.floor = append(c.raw, raw), append(c.direct, d), append(c.floor, raw+d)
+		return nil
+	}
+
+	for i := range s.o.runs {
+		time.Sleep(s.gap)
+		d, err := directLaunch(ctx, s.direct, s.world.directSpec(a), fmt.Sprintf("direct-%d-warm-%d", mbit, i), s.command, s.mount())
+		if err != nil {
+			return nil, fmt.Errorf("direct warm: %w", err)
+		}
+		res.warm.floor, res.warm.direct = append(res.warm.floor, d), append(res.warm.direct, d)
+		time.Sleep(s.gap)
+		if err := timed(res.warm, fmt.Sprintf("warm-%d", i), a.via.String()); err != nil {
+			return nil, fmt.Errorf("warm run: %w", err)
+		}
+	}
+	root := s.world.fam.rootLayers
+	base := len(b.img.layers) - len(b.img.top)
+	for i := range s.o.runs {
+		top, shared := layersOf(b.img, base), layersOf(b.img, 0)[:base]
+		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(b.direct.Digest)}, top, shared, ns...); err != nil {
+			return nil, fmt.Errorf("partial drop: %w", err)
+		}
+		time.Sleep(s.gap)
+		if err := timed(res.part, fmt.Sprintf("partial-%d", i), b.via.String()); err != nil {
+			return nil, fmt.Errorf("partial run: %w", err)
+		}
+		if err := floor(res.part, fmt.Sprintf("%d-partial-%d", mbit, i), b, top, false); err != nil {
+			return nil, fmt.Errorf("partial floor: %w", err)
+		}
+	}
+	for i := range s.o.runs {
+		// The busybox root stays: the busybox cases' images hold it too.
+		all := append(layersOf(a.img, root), layersOf(b.img, base)...)
+		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(a.direct.Digest), digest.Digest(b.direct.Digest)}, all, nil, ns...); err != nil {
+			return nil, fmt.Errorf("cold drop: %w", err)
+		}
+		if err := s.art.removeReplica(); err != nil {
+			return nil, fmt.Errorf("cold artifact removal: %w", err)
+		}
+		time.Sleep(s.gap)
+		if err := timed(res.cld, fmt.Sprintf("cold-%d", i), a.via.String()); err != nil {
+			return nil, fmt.Errorf("cold run: %w", err)
+		}
+		if err := floor(res.cld, fmt.Sprintf("%d-cold-%d", mbit, i), a, layersOf(a.img, root), true); err != nil {
+			return nil, fmt.Errorf("cold floor: %w", err)
+		}
+	}
+	return res, nil
+}
+
+// reportSized adds each speed's cases: p50 against the floor's p50, p95s,
+// the stages, and the link's achieved rate.
+func reportSized(rep *Report, o sizedOpts, w *sizedWorld, art benchArtifact, res []*sizedResult) {
+	a, b := w.a.img, w.b.img
+	rep.note("sized: image %d MiB random in %d gzip layers (%d shared with the partial variant) on busybox, %.0f MiB compressed; partial fetches %.0f MiB; artifact %.0f MiB; %d Runs per case per speed, alternating with the floor",
+		o.imageMiB, o.layers, o.baseLayers, float64(a.bytes)/(1<<20), float64(b.topBytes)/(1<<20), float64(art.rec.SizeBytes)/(1<<20), o.runs)
+	var details []map[string]any
+	for _, r := range res {
+		rep.note("link %d Mbit/s: check %.0f Mbit/s through the link; the floor's raw transfer %.0f Mbit/s", r.Mbit, r.AchievedMbit, r.RawImageMbit)
+		d := map[string]any{"link_mbit": r.Mbit, "link_check_mbit": r.AchievedMbit, "raw_transfer_mbit": r.RawImageMbit}
+		for _, c := range []struct {
+			name, goal string
+			limit      float64
+			c          *sizedCase
+		}{{"warm", "≤ 1.1", 1.1, r.warm}, {"partial", "", 0, r.part}, {"cold", "≤ 1.2", 1.2, r.cld}} {
+			p50, f50 := pct(c.c.total, 0.5), pct(c.c.floor, 0.5)
+			row := rep.add(fmt.Sprintf("%s @ %d Mbit/s: submit → running p50", c.name, r.Mbit), p50, "ms", f50, "floor p50: raw transfer + adapter unpack + start")
+			if c.limit > 0 && f50 > 0 {
+				row.goal(c.goal, p50/f50 <= c.limit)
+			}
+			stages := map[string]Latencies{}
+			var parts []string
+			for _, k := range sizedStages {
+				if v, ok := c.c.stages[k]; ok {
+					stages[k] = summarise(v)
+					parts = append(parts, fmt.Sprintf("%s %.0f", k, pct(v, 0.5)))
+				}
+			}
+			rep.note("%s @ %d: p95 %.0f ms vs floor p95 %.0f ms; floor p50 = raw %.0f + direct %.0f ms; stages p50 (ms): %s",
+				c.name, r.Mbit, pct(c.c.total, 0.95), pct(c.c.floor, 0.95), pct(c.c.raw, 0.5), pct(c.c.direct, 0.5), strings.Join(parts, ", "))
+			d[c.name] = map[string]any{"submit_to_running": summarise(c.c.total), "p95_ms": pct(c.c.total, 0.95),
+				"floor": summarise(c.c.floor), "floor_p95_ms": pct(c.c.floor, 0.95), "floor_raw": summarise(c.c.raw), "floor_direct": summarise(c.c.direct), "stages": stages}
+		}
+		details = append(details, d)
+	}
+	rep.Details["sized"] = details
+}
