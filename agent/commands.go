@@ -52,8 +52,9 @@ func attemptOf(c schemas.Command) string {
 
 // handle applies one command at most once and acks it after the outcome is
 // journaled. The order matters: effect, journal append, receipt (while the
-// journal syncs), ack. A crash before the ack redelivers the command and
-// the runtime's own idempotency absorbs the repeat.
+// journal syncs, for the kinds syncBeforeAck names), ack. A crash before
+// the ack redelivers the command and the runtime's own idempotency
+// absorbs the repeat.
 func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) {
 	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
 	rc.RunID, rc.AttemptID = runOf(c)
@@ -127,12 +128,18 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 	}
 	// The disk flushes while the receipt travels. The ack waits for both:
 	// until then a crash redelivers the command, and the runtime's
-	// idempotency and the receipt's Nats-Msg-Id absorb the repeat.
-	synced := make(chan error, 1)
-	go func() { synced <- a.journal.Sync() }()
+	// idempotency and the receipt's Nats-Msg-Id absorb the repeat. A
+	// prepare is acked without the flush (syncBeforeAck).
+	var synced chan error
+	if syncBeforeAck(c.Kind) {
+		synced = make(chan error, 1)
+		go func() { synced <- a.journal.Sync() }()
+	}
 	if f := a.cfg.Faults; f != nil && f.LeaveUnacked != nil && f.LeaveUnacked(c) {
 		_ = a.publishReceipt(ctx, c, rc)
-		<-synced
+		if synced != nil {
+			<-synced
+		}
 		return
 	}
 	a.finish(ctx, m, c, rc, true, synced)
@@ -398,4 +405,18 @@ func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.Op
 			FailureReason: "stopped before launch", StopReason: s.Reason})
 	}
 	rc.Outcome = outcomeOf(err, rc)
+}
+
+// syncBeforeAck says whether a command's journal entry must be on disk
+// before its ack. A launch or a stop must: applied again it could start a
+// workload a second time, or let a launch through after its stop. A prepare need not:
+// its effect is content held by digest, the same however often applied,
+// and its entry only answers a repeat as a duplicate. Written before the
+// ack, the entry survives the agent process dying (the page cache keeps
+// it); only the machine failing can lose it, and then a repeat is applied
+// again to the same effect, its receipt stored once by its Nats-Msg-Id.
+// The next synced entry flushes it too. Prepares are most of the commands,
+// and an fsync slows everything else on the machine while it runs.
+func syncBeforeAck(k schemas.CommandKind) bool {
+	return k != schemas.CmdPrepareImage && k != schemas.CmdPrepareArtifact
 }

@@ -221,3 +221,38 @@ func FuzzJournalLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestJournalAppendSurvivesProcessDeath: an entry appended and never
+// synced is read back by the next process, which opens the file while the
+// dead one never closed it. Prepares are acked on this (syncBeforeAck): the
+// append must reach the file, not a buffer in the process.
+func TestJournalAppendSurvivesProcessDeath(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenJournal(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	if err := j.Append(JournalEntry{OperationID: "p.prepare", Kind: schemas.CmdPrepareImage, Outcome: schemas.OutcomeApplied}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := OpenJournal(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if e, ok := next.Lookup("p.prepare"); !ok || e.Outcome != schemas.OutcomeApplied {
+		t.Fatalf("an appended, unsynced entry was not read back: %+v %v", e, ok)
+	}
+}
+
+func TestSyncBeforeAck(t *testing.T) {
+	for k, want := range map[schemas.CommandKind]bool{
+		schemas.CmdPrepareImage: false, schemas.CmdPrepareArtifact: false,
+		schemas.CmdLaunchWorkload: true, schemas.CmdStopWorkload: true, schemas.CmdReconcile: true,
+	} {
+		if got := syncBeforeAck(k); got != want {
+			t.Errorf("syncBeforeAck(%s) = %v, want %v", k, got, want)
+		}
+	}
+}
