@@ -30,6 +30,7 @@ type rttOpts struct {
 	warmup  int
 	runs    int
 	pace    time.Duration
+	stops   bool
 }
 
 // sampling is how many round trips a measurement times, and the pause
@@ -116,6 +117,7 @@ commands, four reports, every CAS), from the Run's events.`,
 	f.IntVar(&o.samples, "samples", 2000, "commands (and requests) timed")
 	f.IntVar(&o.warmup, "warmup", 100, "untimed commands (and requests) first")
 	f.IntVar(&o.runs, "runs", 100, "whole Runs timed submit → running (0 skips)")
+	f.BoolVar(&o.stops, "stops", true, "also time stop commands, whose journal entry is synced before the ack, in turn with the rest")
 	f.DurationVar(&o.pace, "pace", 0, "pause before each timed command, request and floor round trip (0: back to back), as sporadic commands arrive")
 	return cmd
 }
@@ -173,7 +175,11 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 		return nil, err
 	}
 	defer floorRT.close()
-	lats, err := interleave(ctx, sampling{warmup: o.warmup, samples: o.samples, pace: o.pace}, base.roundTrip, cmds.roundTrip, floorRT.roundTrip)
+	trips := []roundTrip{base.roundTrip, cmds.roundTrip, floorRT.roundTrip}
+	if o.stops {
+		trips = append(trips, cmds.stops)
+	}
+	lats, err := interleave(ctx, sampling{warmup: o.warmup, samples: o.samples, pace: o.pace}, trips...)
 	if err != nil {
 		return nil, err
 	}
@@ -204,6 +210,13 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 	rep.add("command floor p99: two JetStream hops, no logic", fl.P99, "ms", bs.P99, "core request/reply p99")
 	rep.add("command round trip p99 vs its floor", cs.P99, "ms", fl.P99, "command floor p99").goal("p99 ≤ 1.3× its floor", cs.P99 <= 1.3*fl.P99)
 	rep.Details["command_floor"] = fl
+	if o.stops {
+		ss := summarise(lats[3])
+		rep.add("stop command p50 (entry synced before its ack)", ss.P50, "ms", fl.P50, "command floor p50")
+		rep.add("stop command p99 (entry synced before its ack)", ss.P99, "ms", fl.P99, "command floor p99")
+		rep.Details["stop_round_trip"] = ss
+		rep.note("stop command = StopWorkload of an attempt never launched: journal append synced before the ack, and a workload report published before the receipt")
+	}
 	ds, fs := summarise(deliver), summarise(fsyncLat)
 	rep.add("  of which publish → agent starts handling, p50", ds.P50, "ms", 0, "")
 	rep.add("journal floor: append + fsync p50", fs.P50, "ms", 0, "")
@@ -224,7 +237,7 @@ func runRTT(ctx context.Context, g *globals, o rttOpts) (*Report, error) {
 		rep.note("Run stages p50: %s", stageTable(runs.stages()))
 	}
 	rep.note("command floor = publish-with-ack into a stream configured as WF_CMDS, the node consumer's config and Consume, receipt publish-with-ack into one configured as WF_OBS, ack; no decode, fencing, journal or runtime")
-	rep.note("command = PrepareImage with no Run, image already held: the agent's journal append (fsync) is on the path")
+	rep.note("command = PrepareImage with no Run, image already held: journal append, acked without waiting for the fsync (a prepare is idempotent)")
 	rep.note("one in flight, %d samples after %d warm-up, same embedded NATS; payload %d bytes", o.samples, o.warmup, len(cmdBytes))
 	rep.note("request/reply, command and floor timed in turn within each sample; each command and floor trip then waits, untimed, for its ack")
 	if o.pace > 0 {
@@ -335,11 +348,25 @@ func requestReply(e *env, client *bus.Conn, size int) (*probe, error) {
 	}, nil
 }
 
-// commandProbe publishes commands as dispatch does and times each receipt.
+// rttStop is a stop for an attempt this node never launched: its journal
+// entry is synced before the ack (syncBeforeAck), and the agent reports the
+// attempt failed before the receipt, one more publish-with-ack than a
+// prepare makes.
+func rttStop(nodeID string, enr schemas.Enrollment, op string) schemas.Command {
+	return schemas.Command{
+		OperationID: op, NodeID: nodeID, FencingToken: enr.FencingToken, Generation: enr.Generation,
+		Kind: schemas.CmdStopWorkload, IssuedAt: time.Now(),
+		Stop: &schemas.StopWorkload{AttemptID: op + "-a1", Reason: "bench"},
+	}
+}
+
+// commandProbe publishes commands as dispatch does and times each receipt:
+// roundTrip sends prepares, stops sends stops (rttStop).
 type commandProbe struct {
 	probe
+	stops roundTrip
 	// deliver is publish → the agent's AcceptedAt (same machine clock), one
-	// per round trip, warm-up included.
+	// per prepare round trip, warm-up included.
 	deliver []time.Duration
 }
 
@@ -377,9 +404,7 @@ func commandRTT(client *bus.Conn, nodeID string, enr schemas.Enrollment, digest 
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
 	p := &commandProbe{}
 	p.close = func() { _ = sub.Unsubscribe(); stopAcks() }
-	p.roundTrip = roundTrip{name: "command", once: func(ctx context.Context, i int) (time.Duration, error) {
-		op := fmt.Sprintf("bench-rtt-%s-%06d", nonce, i)
-		c := rttCommand(nodeID, enr, op, digest)
+	trip := func(ctx context.Context, op string, c schemas.Command, deliver *[]time.Duration) (time.Duration, error) {
 		b, err := codec.Encode(codec.MsgPack, c)
 		if err != nil {
 			return 0, err
@@ -398,15 +423,26 @@ func commandRTT(client *bus.Conn, nodeID string, enr schemas.Enrollment, digest 
 		}
 		select {
 		case r := <-ch:
-			p.deliver = append(p.deliver, r.acceptedAt.Sub(t0))
-			// Untimed: the agent's ack (after its journal sync) ends the
-			// command's work, so the next probe starts on a settled machine.
+			if deliver != nil {
+				*deliver = append(*deliver, r.acceptedAt.Sub(t0))
+			}
+			// Untimed: the agent's ack (after the journal sync, for a
+			// stop) ends the command's work, so the next probe starts on a
+			// settled machine.
 			return r.seen.Sub(t0), waitAck(ctx, acked, op)
 		case <-time.After(10 * time.Second):
 			return 0, fmt.Errorf("no receipt for %s in 10s (%s)", op, consumerState(ctx, client, bus.StreamCmds, bus.NodeConsumer(nodeID)))
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
+	}
+	p.roundTrip = roundTrip{name: "command", once: func(ctx context.Context, i int) (time.Duration, error) {
+		op := fmt.Sprintf("bench-rtt-%s-%06d", nonce, i)
+		return trip(ctx, op, rttCommand(nodeID, enr, op, digest), &p.deliver)
+	}}
+	p.stops = roundTrip{name: "stop command", once: func(ctx context.Context, i int) (time.Duration, error) {
+		op := fmt.Sprintf("bench-rtt-stop-%s-%06d", nonce, i)
+		return trip(ctx, op, rttStop(nodeID, enr, op), nil)
 	}}
 	return p, nil
 }
