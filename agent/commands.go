@@ -224,7 +224,13 @@ func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Com
 		rc.Code = failureCode(err)
 		return
 	}
-	a.log.Info("image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
+	// A held image is the warm path, one per command: logged at debug,
+	// so info keeps to transfers.
+	level := zap.InfoLevel
+	if res.AlreadyPresent {
+		level = zap.DebugLevel
+	}
+	a.log.Log(level, "image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
 		zap.String("source", res.Source), zap.Int64("fetched_bytes", res.FetchedBytes))
 	if p.RunID != "" {
 		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPrepared})
