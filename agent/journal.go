@@ -40,8 +40,9 @@ type JournalEntry struct {
 }
 
 // Journal is the agent's durable record of applied operations: an
-// append-only JSON-lines file, fsynced before each command is acked,
-// compacted when it grows past twice its retention.
+// append-only JSON-lines file, fsynced before a command whose repeat would
+// be a second effect is acked (syncBeforeAck), compacted when it grows
+// past twice its retention.
 type Journal struct {
 	// syncMu orders fsyncs; mu guards the rest and is never held across an
 	// fsync, so a Lookup or Append for the next command does not wait for
