@@ -92,8 +92,12 @@ func commandFloor(ctx context.Context, e *env, client *bus.Conn, size int) (*pro
 	stops = append(stops, stopAcks)
 	payload := make([]byte, size)
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	return &probe{close: closeAll, roundTrip: roundTrip{name: "command floor", once: func(ctx context.Context, i int) (time.Duration, error) {
-		op := fmt.Sprintf("floor-%s-%06d", nonce, i)
+	// The floor runs in more than one pass: its ids count across them, or
+	// the stream's dedupe would drop a second pass's publishes.
+	sent := 0
+	return &probe{close: closeAll, roundTrip: roundTrip{name: "command floor", once: func(ctx context.Context, _ int) (time.Duration, error) {
+		op := fmt.Sprintf("floor-%s-%06d", nonce, sent)
+		sent++
 		t0 := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := client.JS.PublishMsg(pctx, &nats.Msg{Subject: cmds.Subjects[0], Data: payload}, jetstream.WithMsgID(op))
