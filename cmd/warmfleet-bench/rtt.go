@@ -87,7 +87,13 @@ published on wf.node.<id>.obs. One command is in flight at a time. The
 prepare names no Run, so the agent sends the receipt and no workload
 report; the image is held, so the runtime returns at once. The path is: JetStream
 store, pull delivery to the agent, decode, fencing checks, journal lookup,
-EnsureImage, journal append (fsync), receipt publish-with-ack into WF_OBS.
+EnsureImage, journal append (a prepare is acked without waiting for an
+fsync), receipt publish-with-ack into WF_OBS.
+
+Stops (--stops): in a second pass, StopWorkload commands for attempts the
+node never launched, timed the same way against the floor: their journal
+entry is synced before the ack, and the agent reports the attempt failed
+before it sends the receipt.
 
 Baseline: core NATS request/reply of the same payload size on the same
 server, one in flight.
