@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/agent"
@@ -94,6 +93,7 @@ path (NATS, placement, commands, journal, reports, credentials) adds.`,
 	f.IntVar(&o.sized.layers, "image-layers", 6, "how many equal layers the image's random bytes are split into")
 	f.IntVar(&o.sized.baseLayers, "base-layers", 4, "how many of those layers are a base shared with the partial case's variant")
 	f.IntVar(&o.sized.artifactMiB, "artifact-mib", 2048, "the artifact every sized Run mounts, in MiB")
+	f.StringSliceVar(&o.sized.cases, "cases", nil, "the production-sized cases to measure, of warm, partial and cold (default all)")
 	f.StringVar(&o.sized.links, "link", "1000,100", "the node's link speeds to measure at, in Mbit/s, comma-separated")
 	f.DurationVar(&o.gap, "gap", 500*time.Millisecond, "pause between one Run's end and the next submit (both sides), so the last container's teardown is not on the next one's clock")
 	return cmd
@@ -223,7 +223,7 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 
 	// Baseline: the adapter called directly, in its own namespace.
 	direct, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace + "-direct", ImageDir: imgDir,
-		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: zap.NewNop()})
+		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: e.log.Named("direct")})
 	if err != nil {
 		return nil, err
 	}

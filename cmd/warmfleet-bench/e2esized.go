@@ -44,6 +44,15 @@ type sizedOpts struct {
 	baseLayers  int
 	artifactMiB int
 	links       string
+	cases       []string // of warm, partial, cold; empty is all three
+}
+
+// sizedCases are the production-sized cases, in the order they run.
+var sizedCases = []string{"warm", "partial", "cold"}
+
+// has reports whether case name is to be measured.
+func (o sizedOpts) has(name string) bool {
+	return len(o.cases) == 0 || slices.Contains(o.cases, name)
 }
 
 func (o sizedOpts) check() error {
@@ -54,6 +63,11 @@ func (o sizedOpts) check() error {
 		return fmt.Errorf("--image-mib %d over %d layers: at least 1 MiB a layer", o.imageMiB, o.layers)
 	case o.artifactMiB < 1:
 		return fmt.Errorf("--artifact-mib %d: must be positive", o.artifactMiB)
+	}
+	for _, c := range o.cases {
+		if !slices.Contains(sizedCases, c) {
+			return fmt.Errorf("--cases %q: want some of %s", c, strings.Join(sizedCases, ","))
+		}
 	}
 	_, err := parseLinks(o.links)
 	return err
