@@ -74,7 +74,8 @@ the content is on the machine by then) and Launch called directly.
 
 The baseline calls the containerd adapter directly on the same daemon (its
 own namespace): EnsureImage then Launch, until Launch returns a running
-task, with the same warm and cold images and the same command (for the
+task, with the same warm and cold images, the same command and the same
+network (a Run's default, the bridge, on the agent's bridge) (for the
 sized images, presenting the registry account itself). The ratio is what warmfleet's
 path (NATS, placement, commands, journal, reports, credentials) adds.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -221,9 +222,12 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		return nil, err
 	}
 
-	// Baseline: the adapter called directly, in its own namespace.
+	// Baseline: the adapter called directly, in its own namespace, on the
+	// agent's bridge (sharing its address leases, as runtimes on one
+	// bridge must).
 	direct, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace + "-direct", ImageDir: imgDir,
-		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: e.log.Named("direct")})
+		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: e.log.Named("direct"),
+		Network: containerd.NetworkOptions{IPAMDir: filepath.Join(agentCfg.DataDir, "runtime", "ipam")}})
 	if err != nil {
 		return nil, err
 	}
@@ -368,8 +372,10 @@ func (r *runTimings) merge(o *runTimings) {
 }
 
 // directLaunch is the baseline: EnsureImage then Launch of the same
-// container spec (with the Run's artifact mounts, when given), timed until Launch returns a running task; then the
-// workload is waited for and removed.
+// container spec (with the Run's artifact mounts, when given, and its
+// network: a Run's default is the bridge, whose setup any runtime that
+// gives a container a network does), timed until Launch returns a running
+// task; then the workload is waited for and removed.
 func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string, mounts ...noderuntime.Mount) (time.Duration, error) {
 	t0 := time.Now()
 	if _, err := rt.EnsureImage(ctx, img); err != nil {
@@ -384,6 +390,7 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.I
 	}
 	st, err := rt.Launch(ctx, noderuntime.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
 		Env: env, Mounts: mounts, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
+		Network: noderuntime.NetworkMode(schemas.NetworkModeOf(req.Network)), ShmBytes: req.ShmBytes,
 		Labels: map[string]string{agent.LabelRunID: id, agent.LabelAttemptID: id, agent.LabelMaxRuntime: strconv.FormatInt(req.MaxRuntimeSeconds, 10)}})
 	if err != nil {
 		return 0, err
