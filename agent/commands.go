@@ -334,8 +334,8 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			digests[i] = m.Digest
 		}
 		spec.Labels[LabelArtifacts] = strings.Join(digests, ",")
-		// Each replica is re-verified here: one corrupted on disk since
-		// its prepare is fetched again, never mounted.
+		// Each replica is checked here (its seal, else a re-hash): one
+		// changed on disk since its prepare is fetched again, never mounted.
 		am, err := a.artifactMounts(ctx, l)
 		if err != nil {
 			a.release(l.AttemptID)
