@@ -1,9 +1,11 @@
 package main
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzSizedCases: --cases is accepted only when every name is a case, and
@@ -35,4 +37,30 @@ func FuzzSizedCases(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPairedRatio: each Run is divided by the floor measured beside it,
+// so a burst that slows both sides of one pair leaves the ratio alone.
+func TestPairedRatio(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		total, floor []time.Duration
+		want         float64
+	}{
+		{ms(110, 220, 1100), ms(100, 200, 1000), 1.1},
+		{ms(100, 300), ms(100, 200), 1.25},
+		{ms(100), ms(0), 0},
+		{nil, nil, 0},
+	} {
+		c := &sizedCase{total: tc.total, floor: tc.floor}
+		if got := c.pairedRatio(); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("total %v floor %v: %v, want %v", tc.total, tc.floor, got, tc.want)
+		}
+	}
 }

@@ -436,6 +436,27 @@ func (c *sizedCase) addRun(t0, accepted time.Time, ph, seen map[schemas.Phase]ti
 	}
 }
 
+// pairedRatio is the median of each Run's time over the floor measured
+// beside it (the i-th of each): on a shared machine load comes in bursts,
+// and a pair sees the same burst where two medians need not.
+func (c *sizedCase) pairedRatio() float64 {
+	n := min(len(c.total), len(c.floor))
+	r := make([]float64, 0, n)
+	for i := range n {
+		if c.floor[i] > 0 {
+			r = append(r, float64(c.total[i])/float64(c.floor[i]))
+		}
+	}
+	if len(r) == 0 {
+		return 0
+	}
+	slices.Sort(r)
+	if len(r)%2 == 1 {
+		return r[len(r)/2]
+	}
+	return (r[len(r)/2-1] + r[len(r)/2]) / 2
+}
+
 // pct is the p-th percentile (nearest rank) in ms.
 func pct(ds []time.Duration, p float64) float64 {
 	if len(ds) == 0 {
