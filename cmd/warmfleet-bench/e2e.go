@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/agent"
@@ -443,5 +444,23 @@ func startContainerdAgent(e *env, cd *benchContainerd, imgDir, ns string, cfg ag
 	if wrap != nil {
 		seen = wrap(rt)
 	}
-	return startAgent(e, cfg, seen, func() { _ = rt.Close() })
+	return startAgent(e, cfg, seen, func() { removeLeft(rt, e.log); _ = rt.Close() })
+}
+
+// removeLeft removes the workloads a stopped agent had not removed yet (the
+// last Run's, whose removal follows its exit report), so no namespace,
+// veth, address lease or masquerade rule of the bench outlives it.
+func removeLeft(rt *containerd.Runtime, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	left, err := rt.List(ctx)
+	if err != nil {
+		log.Warn("list workloads left by the agent", zap.Error(err))
+		return
+	}
+	for _, st := range left {
+		if err := rt.Remove(ctx, st.ID); err != nil {
+			log.Warn("remove a workload left by the agent", zap.String("workload", st.ID), zap.Error(err))
+		}
+	}
 }
