@@ -64,9 +64,10 @@ func (a *Agent) applyPrepareArtifact(ctx context.Context, m jetstream.Msg, c sch
 		zap.Bool("refetched", res.Refetched), zap.Int64("fetched_bytes", res.FetchedBytes))
 }
 
-// artifactMounts ensures each of a launch's artifacts (re-verifying a
-// replica already here) and returns their read-only bind mounts. The caller
-// holds diskMu for reading.
+// artifactMounts ensures each of a launch's artifacts (a replica already
+// here is checked against its seal, a stat; one changed since it was
+// hashed is hashed again) and returns their read-only bind mounts. The
+// caller holds diskMu for reading.
 func (a *Agent) artifactMounts(ctx context.Context, l *schemas.LaunchWorkload) ([]noderuntime.Mount, error) {
 	out := make([]noderuntime.Mount, 0, len(l.Artifacts))
 	for _, m := range l.Artifacts {

@@ -329,6 +329,7 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	// is removed: no disk sweep takes either from under it.
 	a.diskMu.RLock()
 	defer a.diskMu.RUnlock()
+	prepared := a.preparedImage(l.AttemptID, l.ManifestDigest)
 	a.hold(l.AttemptID, l.ManifestDigest, l.Caches)
 	// Caches become bind mounts, created on first use and marked used now.
 	mounts, err := a.caches().mounts(l.Caches)
@@ -347,8 +348,8 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 			digests[i] = m.Digest
 		}
 		spec.Labels[LabelArtifacts] = strings.Join(digests, ",")
-		// Each replica is re-verified here: one corrupted on disk since
-		// its prepare is fetched again, never mounted.
+		// Each replica is checked here (its seal, else a re-hash): one
+		// changed on disk since its prepare is fetched again, never mounted.
 		am, err := a.artifactMounts(ctx, l)
 		if err != nil {
 			a.release(l.AttemptID)
@@ -363,13 +364,21 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	withContainer(&spec, l)
 	// A launch does not depend on its prepare having been applied first:
 	// commands of one attempt can be redelivered out of order (a superseded
-	// process hands one back), and EnsureImage is cheap when the image is here.
-	if _, err := a.ensureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
-		Credentials: a.registryCredentials(l.Reference, l.RunID)}); err != nil {
-		a.release(l.AttemptID)
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
-			FailureReason: err.Error(), FailureCode: rc.Code})
+	// process hands one back), so without a prepare here the image is
+	// ensured. After one, Launch's own check of the image suffices (the
+	// hold kept sweeps off it); one removed all the same is ensured then.
+	ensure := func() bool {
+		_, err := a.ensureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
+			Credentials: a.registryCredentials(l.Reference, l.RunID)})
+		if err != nil {
+			a.release(l.AttemptID)
+			rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
+			a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
+				FailureReason: err.Error(), FailureCode: rc.Code})
+		}
+		return err == nil
+	}
+	if !prepared && !ensure() {
 		return
 	}
 	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {
@@ -381,6 +390,14 @@ func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.
 	spec.Output.BytesPerSecond, spec.Output.Burst = max(a.cfg.LogRate, 0), a.cfg.LogBurst
 	a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadStarting})
 	st, err := a.rt.Launch(ctx, spec)
+	if prepared && errors.Is(err, noderuntime.ErrImageNotFound) {
+		a.log.Warn("image gone since its prepare; ensuring it again", zap.String("workload", l.AttemptID), zap.String("digest", l.ManifestDigest))
+		if !ensure() {
+			_ = os.RemoveAll(spec.Output.Dir) // nothing ran, nothing was written
+			return
+		}
+		st, err = a.rt.Launch(ctx, spec)
+	}
 	switch {
 	case errors.Is(err, noderuntime.ErrWorkloadExists):
 		// Launched by an earlier delivery whose journal write was lost.

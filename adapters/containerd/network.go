@@ -214,27 +214,49 @@ func (n *network) Modes() []noderuntime.NetworkMode {
 	return out
 }
 
-// attach gives workload id its network and returns the spec options that
-// put the container in it. On failure nothing is left behind.
-func (n *network) attach(ctx context.Context, id string, mode noderuntime.NetworkMode) ([]oci.SpecOpts, error) {
+// attachment is a workload's network as attach hands it over: the spec
+// options that put the container in it are known at once; the interfaces
+// may still be being set up until wait returns.
+type attachment struct {
+	opts []oci.SpecOpts
+	done <-chan struct{} // nil: nothing in flight
+	err  error           // set before done closes
+}
+
+// wait blocks until the network is set up and reports whether it was.
+// Launch calls it before the task starts, and before releasing the
+// network on failure, so no setup outlives the Launch that began it.
+func (a *attachment) wait() error {
+	if a.done != nil {
+		<-a.done
+	}
+	return a.err
+}
+
+// attach gives workload id its network. For a bridge the CNI setup runs
+// in the background, into a namespace that exists on return: the container
+// and its task can be created in the meantime, since only the process's
+// start needs the interfaces. On failure nothing is left behind; a setup
+// that fails later is reported by wait, and the caller releases.
+func (n *network) attach(ctx context.Context, id string, mode noderuntime.NetworkMode) (*attachment, error) {
 	switch mode {
 	case "", noderuntime.NetworkNone:
 		// containerd's default spec: a fresh namespace, runc brings lo up.
-		return nil, nil
+		return &attachment{}, nil
 	case noderuntime.NetworkHost:
 		dir, err := n.begin(netRecord{ID: id, Mode: mode})
 		if err != nil {
 			return nil, err
 		}
 		opts := []oci.SpecOpts{oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostHostsFile}
-		return append(opts, n.resolvMount(dir)...), nil
+		return &attachment{opts: append(opts, n.resolvMount(dir)...)}, nil
 	case noderuntime.NetworkBridge:
 		return n.attachBridge(ctx, id)
 	}
 	return nil, fmt.Errorf("%w: unknown network mode %q", ErrNetworkUnavailable, mode)
 }
 
-func (n *network) attachBridge(ctx context.Context, id string) (_ []oci.SpecOpts, err error) {
+func (n *network) attachBridge(ctx context.Context, id string) (*attachment, error) {
 	if n.unavailable != nil {
 		return nil, n.unavailable
 	}
@@ -251,24 +273,23 @@ func (n *network) attachBridge(ctx context.Context, id string) (_ []oci.SpecOpts
 		}
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			if derr := n.detach(ctx, id); derr != nil {
-				n.log.Warn("undo network", zap.String("workload", id), zap.Error(derr))
-			}
-		}
-	}()
-	res, err := n.cni.Setup(ctx, id, ns.GetPath())
-	if err != nil {
-		return nil, fmt.Errorf("network: attach %s to the bridge: %w", id, err)
-	}
-	fields := []zap.Field{zap.String("workload", id), zap.String("netns", ns.GetPath())}
-	if eth, ok := res.Interfaces["eth0"]; ok && len(eth.IPConfigs) > 0 {
-		fields = append(fields, zap.Stringer("ip", eth.IPConfigs[0].IP))
-	}
-	n.log.Debug("bridge network attached", fields...)
 	opts := []oci.SpecOpts{oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: ns.GetPath()})}
-	return append(opts, n.resolvMount(dir)...), nil
+	done := make(chan struct{})
+	a := &attachment{opts: append(opts, n.resolvMount(dir)...), done: done}
+	go func() {
+		defer close(done)
+		res, err := n.cni.Setup(ctx, id, ns.GetPath())
+		if err != nil {
+			a.err = fmt.Errorf("network: attach %s to the bridge: %w", id, err)
+			return
+		}
+		fields := []zap.Field{zap.String("workload", id), zap.String("netns", ns.GetPath())}
+		if eth, ok := res.Interfaces["eth0"]; ok && len(eth.IPConfigs) > 0 {
+			fields = append(fields, zap.Stringer("ip", eth.IPConfigs[0].IP))
+		}
+		n.log.Debug("bridge network attached", fields...)
+	}()
+	return a, nil
 }
 
 // begin creates the workload's directory and writes its record.

@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	ctrd "github.com/containerd/containerd"
 	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/pkg/netns"
@@ -125,6 +127,54 @@ func (f *fixture) testNetwork(t *testing.T) {
 		nr.nothingLeft(t)
 		if err := nr.Remove(testCtx(t), "net-bridge"); err != nil {
 			t.Fatalf("second Remove: %v", err)
+		}
+	})
+
+	t.Run("BridgeSetupFailureLeavesNothing", func(t *testing.T) {
+		t.Parallel()
+		nr := f.newNetRuntime(t)
+		spec := noderuntime.WorkloadSpec{ID: "net-fail", Network: noderuntime.NetworkBridge, Command: []string{"true"},
+			ImageReference: f.image.Reference, ManifestDigest: f.image.ManifestDigest}
+		// One launch first, so the bridge exists with its address: the
+		// bridge plugin cannot finish a bridge whose first setup failed.
+		if _, err := nr.Launch(testCtx(t), spec); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, nr.Runtime, "net-fail")
+		if err := nr.Remove(testCtx(t), "net-fail"); err != nil {
+			t.Fatal(err)
+		}
+		// Every address of the subnet leased: the CNI setup, which runs
+		// while the container and task are created, fails in IPAM.
+		leases := filepath.Join(nr.stateDir, "ipam", "warmfleet-"+nr.bridge.Name)
+		if err := os.MkdirAll(leases, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		prefix := strings.TrimSuffix(nr.bridge.Gateway.String(), "1")
+		for i := 2; i < 255; i++ {
+			if err := os.WriteFile(filepath.Join(leases, prefix+strconv.Itoa(i)), []byte("taken\neth0"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := nr.Launch(testCtx(t), spec); err == nil || !strings.Contains(err.Error(), "attach net-fail to the bridge") {
+			t.Fatalf("Launch with no address free: %v, want the bridge attach's failure", err)
+		}
+		if _, err := nr.Inspect(testCtx(t), "net-fail"); !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
+			t.Errorf("container left after the failed Launch (Inspect: %v)", err)
+		}
+		ctx := namespaces.WithNamespace(testCtx(t), f.env.Namespace)
+		if _, err := nr.client.SnapshotService(nr.Snapshotter()).Stat(ctx, "net-fail"); !errdefs.IsNotFound(err) {
+			t.Errorf("snapshot left after the failed Launch (Stat: %v)", err)
+		}
+		if err := os.RemoveAll(leases); err != nil {
+			t.Fatal(err)
+		}
+		nr.nothingLeft(t)
+		// With addresses free again the same id launches: nothing of the
+		// failed one stands in its way.
+		f.launchOn(t, nr.Runtime, spec)
+		if st := wait(t, nr.Runtime, "net-fail"); st.ExitCode != 0 {
+			t.Fatalf("relaunch exited %d", st.ExitCode)
 		}
 	})
 
@@ -257,12 +307,15 @@ func TestNetworkSpecOptions(t *testing.T) {
 	}
 	spec := func(mode noderuntime.NetworkMode) *oci.Spec {
 		t.Helper()
-		opts, err := n.attach(context.Background(), "w-"+string(mode), mode)
+		att, err := n.attach(context.Background(), "w-"+string(mode), mode)
 		if err != nil {
 			t.Fatalf("attach %q: %v", mode, err)
 		}
+		if err := att.wait(); err != nil {
+			t.Fatalf("attach %q: %v", mode, err)
+		}
 		ctx := namespaces.WithNamespace(context.Background(), "test")
-		s, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: "w"}, opts...)
+		s, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: "w"}, att.opts...)
 		if err != nil {
 			t.Fatal(err)
 		}

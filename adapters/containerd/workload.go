@@ -41,11 +41,14 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	}
 	unlock := r.workloadLocks.Lock(spec.ID)
 	defer unlock()
+	steps := newLaunchSteps()
+	defer func() { r.log.Debug("launch steps", zap.String("workload", spec.ID), steps.fields()) }()
 	if _, err := r.client.LoadContainer(ctx, spec.ID); err == nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, noderuntime.ErrWorkloadExists)
 	} else if !errdefs.IsNotFound(err) {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: look up container: %w", spec.ID, err)
 	}
+	steps.mark("lookup")
 
 	mounts, err := bindMounts(spec.Mounts)
 	if err != nil {
@@ -58,16 +61,20 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	if err := r.checkDevices(spec.Devices); err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
+	steps.mark("checks")
 	img, err := r.imageForLaunch(ctx, spec)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
+	steps.mark("image")
 	// The network comes last before the container: everything that can be
-	// refused cheaply has been, and undoLaunch releases it.
-	netOpts, err := r.net.attach(ctx, spec.ID, spec.Network)
+	// refused cheaply has been, and undoLaunch releases it. Its setup goes
+	// on while the container and task are created.
+	att, err := r.net.attach(ctx, spec.ID, spec.Network)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
+	steps.mark("network_ns")
 
 	labels := make(map[string]string, len(spec.Labels)+1)
 	for k, v := range spec.Labels {
@@ -78,7 +85,7 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	if spec.Output.Dir == "" {
 		labels[labelOwnOutput] = "true"
 	}
-	opts := slices.Concat(specOpts(img, spec), []oci.SpecOpts{mounts}, limits, netOpts)
+	opts := slices.Concat(specOpts(img, spec), []oci.SpecOpts{mounts}, limits, att.opts)
 	if len(spec.Devices) > 0 {
 		labels[labelDevices] = deviceLabel(spec.Devices)
 		opts = append(opts, r.withDevices(spec.Devices))
@@ -92,7 +99,7 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		ctrd.WithContainerLabels(labels),
 	)
 	if err != nil {
-		r.releaseNetwork(ctx, spec.ID)
+		r.releaseNetwork(ctx, spec.ID, att)
 		if errdefs.IsAlreadyExists(err) {
 			// Only a container makes the workload exist; a stray snapshot
 			// of the same key is a different failure.
@@ -106,32 +113,44 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 		}
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create container: %w", spec.ID, err)
 	}
+	steps.mark("container")
 
 	if spec.Output.Dir == "" {
 		// A reused id must not inherit an earlier workload's output.
 		if err := os.RemoveAll(r.OutputDir(spec.ID)); err != nil {
-			r.undoLaunch(ctx, container, nil)
+			r.undoLaunch(ctx, container, nil, att)
 			return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: clear old output: %w", spec.ID, err)
 		}
 	}
+	steps.mark("output")
 	// The shim runs the log writer, so output keeps reaching disk while
 	// the agent is down and never passes through the agent's own stdio.
 	task, err := container.NewTask(ctx, cio.BinaryIO(r.logWriter, map[string]string{nodelog.WriterFlag: r.writerSpec(spec).Encode()}))
 	if err != nil {
-		r.undoLaunch(ctx, container, nil)
+		r.undoLaunch(ctx, container, nil, att)
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: create task: %w", spec.ID, err)
 	}
+	steps.mark("task")
+	// The process starts in a namespace whose interfaces are up.
+	if err := att.wait(); err != nil {
+		r.undoLaunch(ctx, container, task, att)
+		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	steps.mark("network")
 	if err := task.Start(ctx); err != nil {
-		r.undoLaunch(ctx, container, task)
+		r.undoLaunch(ctx, container, task, att)
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("launch %s: start task: %w", spec.ID, err)
 	}
+	steps.mark("start")
 	started := time.Now()
 	if _, err := container.SetLabels(ctx, map[string]string{labelStartedAt: formatTime(started)}); err != nil {
 		// The workload runs; failing Launch now would hide it. Later
 		// readers fall back to the container's creation time.
 		r.log.Warn("record start time", zap.String("workload", spec.ID), zap.Error(err))
 	}
+	steps.mark("label")
 	r.markUsed(ctx, img.Target().Digest)
+	steps.mark("mark_used")
 	r.log.Info("launched workload", zap.String("workload", spec.ID), zap.Uint32("pid", task.Pid()), zap.Strings("devices", spec.Devices))
 	return noderuntime.WorkloadStatus{
 		ID:             spec.ID,
@@ -204,7 +223,7 @@ func specOpts(img ctrd.Image, spec noderuntime.WorkloadSpec) []oci.SpecOpts {
 }
 
 // undoLaunch removes what a failed Launch created, even if ctx has ended.
-func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task ctrd.Task) {
+func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task ctrd.Task, att *attachment) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if task != nil {
@@ -215,12 +234,14 @@ func (r *Runtime) undoLaunch(ctx context.Context, container ctrd.Container, task
 	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		r.log.Warn("undo launch: delete container", zap.String("workload", container.ID()), zap.Error(err))
 	}
-	r.releaseNetwork(ctx, container.ID())
+	r.releaseNetwork(ctx, container.ID(), att)
 }
 
-// releaseNetwork undoes a launch's network, logging what it could not
-// release: the record stays, and Remove or the next start retries.
-func (r *Runtime) releaseNetwork(ctx context.Context, id string) {
+// releaseNetwork undoes a launch's network once its setup has ended,
+// logging what it could not release: the record stays, and Remove or the
+// next start retries.
+func (r *Runtime) releaseNetwork(ctx context.Context, id string, att *attachment) {
+	_ = att.wait() // a failed setup is the caller's to report; the release is the same
 	if err := r.net.detach(ctx, id); err != nil {
 		r.log.Warn("undo launch: release network", zap.String("workload", id), zap.Error(err))
 	}

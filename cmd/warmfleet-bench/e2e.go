@@ -75,7 +75,8 @@ the content is on the machine by then) and Launch called directly.
 
 The baseline calls the containerd adapter directly on the same daemon (its
 own namespace): EnsureImage then Launch, until Launch returns a running
-task, with the same warm and cold images and the same command (for the
+task, with the same warm and cold images, the same command and the same
+network (a Run's default, the bridge, on the agent's bridge) (for the
 sized images, presenting the registry account itself). The ratio is what warmfleet's
 path (NATS, placement, commands, journal, reports, credentials) adds.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -94,6 +95,7 @@ path (NATS, placement, commands, journal, reports, credentials) adds.`,
 	f.IntVar(&o.sized.layers, "image-layers", 6, "how many equal layers the image's random bytes are split into")
 	f.IntVar(&o.sized.baseLayers, "base-layers", 4, "how many of those layers are a base shared with the partial case's variant")
 	f.IntVar(&o.sized.artifactMiB, "artifact-mib", 2048, "the artifact every sized Run mounts, in MiB")
+	f.StringSliceVar(&o.sized.cases, "cases", nil, "the production-sized cases to measure, of warm, partial and cold (default all)")
 	f.StringVar(&o.sized.links, "link", "1000,100", "the node's link speeds to measure at, in Mbit/s, comma-separated")
 	f.DurationVar(&o.gap, "gap", 500*time.Millisecond, "pause between one Run's end and the next submit (both sides), so the last container's teardown is not on the next one's clock")
 	return cmd
@@ -221,9 +223,12 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		return nil, err
 	}
 
-	// Baseline: the adapter called directly, in its own namespace.
+	// Baseline: the adapter called directly, in its own namespace, on the
+	// agent's bridge (sharing its address leases, as runtimes on one
+	// bridge must).
 	direct, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace + "-direct", ImageDir: imgDir,
-		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: zap.NewNop()})
+		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: e.log.Named("direct"),
+		Network: containerd.NetworkOptions{IPAMDir: filepath.Join(agentCfg.DataDir, "runtime", "ipam")}})
 	if err != nil {
 		return nil, err
 	}
@@ -368,8 +373,10 @@ func (r *runTimings) merge(o *runTimings) {
 }
 
 // directLaunch is the baseline: EnsureImage then Launch of the same
-// container spec (with the Run's artifact mounts, when given), timed until Launch returns a running task; then the
-// workload is waited for and removed.
+// container spec (with the Run's artifact mounts, when given, and its
+// network: a Run's default is the bridge, whose setup any runtime that
+// gives a container a network does), timed until Launch returns a running
+// task; then the workload is waited for and removed.
 func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.ImageSpec, id string, command []string, mounts ...noderuntime.Mount) (time.Duration, error) {
 	t0 := time.Now()
 	if _, err := rt.EnsureImage(ctx, img); err != nil {
@@ -384,6 +391,7 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.I
 	}
 	st, err := rt.Launch(ctx, noderuntime.WorkloadSpec{ID: id, ImageReference: img.Reference, ManifestDigest: img.ManifestDigest, Command: command,
 		Env: env, Mounts: mounts, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes,
+		Network: noderuntime.NetworkMode(schemas.NetworkModeOf(req.Network)), ShmBytes: req.ShmBytes,
 		Labels: map[string]string{agent.LabelRunID: id, agent.LabelAttemptID: id, agent.LabelMaxRuntime: strconv.FormatInt(req.MaxRuntimeSeconds, 10)}})
 	if err != nil {
 		return 0, err
@@ -436,5 +444,23 @@ func startContainerdAgent(e *env, cd *benchContainerd, imgDir, ns string, cfg ag
 	if wrap != nil {
 		seen = wrap(rt)
 	}
-	return startAgent(e, cfg, seen, func() { _ = rt.Close() })
+	return startAgent(e, cfg, seen, func() { removeLeft(rt, e.log); _ = rt.Close() })
+}
+
+// removeLeft removes the workloads a stopped agent had not removed yet (the
+// last Run's, whose removal follows its exit report), so no namespace,
+// veth, address lease or masquerade rule of the bench outlives it.
+func removeLeft(rt *containerd.Runtime, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	left, err := rt.List(ctx)
+	if err != nil {
+		log.Warn("list workloads left by the agent", zap.Error(err))
+		return
+	}
+	for _, st := range left {
+		if err := rt.Remove(ctx, st.ID); err != nil {
+			log.Warn("remove a workload left by the agent", zap.String("workload", st.ID), zap.Error(err))
+		}
+	}
 }

@@ -44,6 +44,15 @@ type sizedOpts struct {
 	baseLayers  int
 	artifactMiB int
 	links       string
+	cases       []string // of warm, partial, cold; empty is all three
+}
+
+// sizedCases are the production-sized cases, in the order they run.
+var sizedCases = []string{"warm", "partial", "cold"}
+
+// has reports whether case name is to be measured.
+func (o sizedOpts) has(name string) bool {
+	return len(o.cases) == 0 || slices.Contains(o.cases, name)
 }
 
 func (o sizedOpts) check() error {
@@ -54,6 +63,11 @@ func (o sizedOpts) check() error {
 		return fmt.Errorf("--image-mib %d over %d layers: at least 1 MiB a layer", o.imageMiB, o.layers)
 	case o.artifactMiB < 1:
 		return fmt.Errorf("--artifact-mib %d: must be positive", o.artifactMiB)
+	}
+	for _, c := range o.cases {
+		if !slices.Contains(sizedCases, c) {
+			return fmt.Errorf("--cases %q: want some of %s", c, strings.Join(sizedCases, ","))
+		}
 	}
 	_, err := parseLinks(o.links)
 	return err
@@ -420,6 +434,27 @@ func (c *sizedCase) addRun(t0, accepted time.Time, ph, seen map[schemas.Phase]ti
 			c.stages[name] = append(c.stages[name], marks[i+1].Sub(marks[i]))
 		}
 	}
+}
+
+// pairedRatio is the median of each Run's time over the floor measured
+// beside it (the i-th of each): on a shared machine load comes in bursts,
+// and a pair sees the same burst where two medians need not.
+func (c *sizedCase) pairedRatio() float64 {
+	n := min(len(c.total), len(c.floor))
+	r := make([]float64, 0, n)
+	for i := range n {
+		if c.floor[i] > 0 {
+			r = append(r, float64(c.total[i])/float64(c.floor[i]))
+		}
+	}
+	if len(r) == 0 {
+		return 0
+	}
+	slices.Sort(r)
+	if len(r)%2 == 1 {
+		return r[len(r)/2]
+	}
+	return (r[len(r)/2-1] + r[len(r)/2]) / 2
 }
 
 // pct is the p-th percentile (nearest rank) in ms.
