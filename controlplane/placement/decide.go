@@ -37,6 +37,14 @@ type Config struct {
 	// FactsMaxAge is how old a node's facts may be before it is not
 	// trusted with a booking.
 	FactsMaxAge time.Duration
+	// WholeNodeSeconds is added to the cost of starting a Run on a node
+	// whose GPUs are all free when the Run needs fewer than all of them:
+	// taking part of the last whole nodes makes a later Run that needs a
+	// whole node wait for one to drain. A partly used node wins unless
+	// the whole one starts the Run this much sooner. Zero or less prices
+	// nothing (controlplane.Config gives 0 the default: set it negative
+	// there to turn this off).
+	WholeNodeSeconds float64
 }
 
 // DefaultConfig is what the control plane uses unless configured.
@@ -49,6 +57,7 @@ func DefaultConfig() Config {
 		UnknownRuntime:         10 * time.Minute,
 		SecondsPerDollarHour:   60,
 		FactsMaxAge:            2 * time.Minute,
+		WholeNodeSeconds:       30,
 	}
 }
 
@@ -326,6 +335,10 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
 	c.Eligible, c.Components = true, comp
 	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
+	if gpus := rec.Capacity.GPUCount; fitsNow && cfg.WholeNodeSeconds > 0 && need.GPUCount > 0 && need.GPUCount < gpus && free.GPUCount == gpus {
+		c.Cost += cfg.WholeNodeSeconds
+		c.Detail = fmt.Sprintf("all %d GPUs free: +%.0fs for breaking a whole node (the Run needs %d)", gpus, cfg.WholeNodeSeconds, need.GPUCount)
+	}
 	return c, !fitsNow
 }
 
