@@ -91,7 +91,8 @@ func policyNamesOf(ps []simPolicy) []string {
 
 // runTrace simulates each policy on one trace.
 func runTrace(ctx context.Context, t *simTrace, policies []simPolicy, cfg placement.Config) (simTraceResult, error) {
-	tr := simTraceResult{Trace: t.Name, Description: t.Description, Nodes: t.Fleet.Nodes, GPUs: t.Fleet.Nodes * t.Fleet.GPUsPerNode, Runs: t.Workload.Runs}
+	tr := simTraceResult{Trace: t.Name, Description: t.Description, Nodes: t.Fleet.Nodes, GPUs: t.Fleet.Nodes * t.Fleet.GPUsPerNode, Runs: t.Workload.Runs,
+		FloorBytes: t.floorBytes()}
 	for _, p := range policies {
 		s := newSimulator(t, p, cfg)
 		if err := s.run(ctx); err != nil {

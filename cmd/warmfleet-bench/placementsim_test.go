@@ -243,3 +243,27 @@ func FuzzDecodeTrace(f *testing.F) {
 		}
 	})
 }
+
+// TestPlacementSimFloorBytes: one node that never collects pulls exactly
+// the floor (each distinct layer and artifact once); a fleet pulls no less.
+func TestPlacementSimFloorBytes(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	for _, nodes := range []int{1, 16} {
+		tr := shortTrace(t, "artifact-heavy", 150)
+		tr.Fleet.Nodes, tr.Fleet.DiskBytes = nodes, 1<<50
+		floor := tr.floorBytes()
+		s := newSimulator(tr, randomPolicy{}, cfg)
+		if err := s.run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		r := s.result()
+		switch got := r.BytesPulled(); {
+		case floor == 0 || r.ArtifactBytes == 0:
+			t.Fatalf("%d node(s): floor %d, artifact bytes %d: the trace should pull both images and artifacts", nodes, floor, r.ArtifactBytes)
+		case nodes == 1 && got != floor:
+			t.Errorf("one node pulled %d bytes, want the floor %d", got, floor)
+		case got < floor:
+			t.Errorf("%d nodes pulled %d bytes, below the floor %d", nodes, got, floor)
+		}
+	}
+}
