@@ -267,3 +267,21 @@ func TestPlacementSimFloorBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementSimReseed: each reseeded copy keeps the trace's shape, has
+// its own name and seed, and draws another workload.
+func TestPlacementSimReseed(t *testing.T) {
+	base := shortTrace(t, "zipf", 50)
+	got := withSeeds([]*simTrace{base}, 2)
+	if len(got) != 3 || got[0] != base || got[1].Name != "zipf-s1" || got[2].Name != "zipf-s2" || got[2].Seed != base.Seed*1000+2 {
+		t.Fatalf("reseeded traces: %d, names/seeds %v", len(got), []any{got[1].Name, got[2].Name, got[2].Seed})
+	}
+	_, a := base.expand()
+	_, b := got[1].expand()
+	if len(a) != len(b) || reflect.DeepEqual(a, b) {
+		t.Errorf("seed %d drew the same %d Runs as seed %d", got[1].Seed, len(b), base.Seed)
+	}
+	if base.Name != "zipf" || base.Seed == got[1].Seed {
+		t.Errorf("the original trace changed: %s seed %d", base.Name, base.Seed)
+	}
+}
