@@ -19,6 +19,7 @@ import (
 func newPlacementSimCmd(g *globals) *cobra.Command {
 	var traces, policies []string
 	var reseed int
+	var wholeNode float64
 	cmd := &cobra.Command{
 		Use:   "placement-sim",
 		Short: "Simulate placement policies (warmfleet, random, least-allocated, bin-pack, image-locality) over a trace corpus",
@@ -36,7 +37,11 @@ the luck of one seed.`,
 			if reseed < 0 || reseed > maxReseed {
 				return fmt.Errorf("--reseed %d: want 0 to %d", reseed, maxReseed)
 			}
-			rep, err := placementSim(cmd.Context(), traces, policies, reseed)
+			cfg := placement.DefaultConfig()
+			if cmd.Flags().Changed("whole-node-seconds") {
+				cfg.WholeNodeSeconds = wholeNode
+			}
+			rep, err := placementSim(cmd.Context(), traces, policies, reseed, cfg)
 			if err != nil {
 				return err
 			}
@@ -52,6 +57,7 @@ the luck of one seed.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&traces, "trace", nil, "trace files to run (default: the committed corpus)")
 	f.IntVar(&reseed, "reseed", 0, fmt.Sprintf("also run each trace with this many other seeds (seed×1000+k, named TRACE-sK), up to %d", maxReseed))
+	f.Float64Var(&wholeNode, "whole-node-seconds", placement.DefaultConfig().WholeNodeSeconds, "warmfleet's price for breaking a whole free node (placement.Config.WholeNodeSeconds; 0 or less: none), to A/B it")
 	f.StringSliceVar(&policies, "policies", nil, "policies to run (default: all of warmfleet, random, least-allocated, bin-pack, image-locality)")
 	return cmd
 }
@@ -62,13 +68,12 @@ const maxReseed = 20
 // placementSim runs every policy over every trace (and reseed variants of
 // each) and states the issue's two goals against the other policies in
 // the same run.
-func placementSim(ctx context.Context, traceFiles, policyNames []string, reseed int) (*Report, error) {
+func placementSim(ctx context.Context, traceFiles, policyNames []string, reseed int, cfg placement.Config) (*Report, error) {
 	traces, err := loadTraces(traceFiles, os.ReadFile)
 	if err != nil {
 		return nil, err
 	}
 	traces = withSeeds(traces, reseed)
-	cfg := placement.DefaultConfig()
 	all := simPolicies(cfg)
 	var chosen []simPolicy
 	for _, p := range all {
