@@ -38,10 +38,11 @@ type Config struct {
 	// trusted with a booking.
 	FactsMaxAge time.Duration
 	// WholeNodeSeconds is added to the cost of starting a Run on a node
-	// whose GPUs are all free when the Run needs fewer than all of them:
-	// taking part of the last whole nodes makes a later Run that needs a
-	// whole node wait for one to drain. A partly used node wins unless
-	// the whole one starts the Run this much sooner. Zero or less prices
+	// whose GPUs are all free when the Run needs fewer than all of them
+	// and a partly used node could start it now: taking part of the last
+	// whole nodes makes a later Run that needs a whole node wait for one
+	// to drain. The partly used node wins unless the whole one starts the
+	// Run this much sooner. Zero or less prices
 	// nothing (controlplane.Config gives 0 the default: set it negative
 	// there to turn this off).
 	WholeNodeSeconds float64
@@ -102,17 +103,33 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	// soonest and second are the two lowest costs of eligible nodes were
 	// they free now.
 	soonest, second := math.Inf(1), math.Inf(1)
+	whole := make([]bool, 0, len(fleet.Nodes))
+	partlyUsedFits := false
 	for i, n := range fleet.Nodes {
 		c, busy := q.evaluate(i, n)
 		d.Candidates, queued = append(d.Candidates, c), append(queued, busy)
+		w := wholeNode(c, busy, n, req.Run.Resources.GPUCount)
+		whole = append(whole, w)
+		partlyUsedFits = partlyUsedFits || (c.Eligible && !busy && req.Run.Resources.GPUCount > 0 && !w)
+	}
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
 		if !c.Eligible {
 			continue
 		}
+		if whole[i] && partlyUsedFits && cfg.WholeNodeSeconds > 0 {
+			// Only where a partly used node could start the Run now: were
+			// every free node whole, the price would send it to a queue.
+			c.Cost += cfg.WholeNodeSeconds
+			c.Detail = fmt.Sprintf("all %d GPUs free: +%.0fs for breaking a whole node while a partly used one fits (the Run needs %d)",
+				fleet.Nodes[i].Record.Capacity.GPUCount, cfg.WholeNodeSeconds, req.Run.Resources.GPUCount)
+		}
+		busy := queued[i]
 		fitsNow = fitsNow || !busy
-		if best < 0 || better(c, d.Candidates[best]) {
+		if best < 0 || better(*c, d.Candidates[best]) {
 			best = i
 		}
-		if free := costIfFree(c); free < soonest {
+		if free := costIfFree(*c); free < soonest {
 			soonest, second = free, soonest
 		} else if free < second {
 			second = free
@@ -155,6 +172,13 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		}
 	}
 	return d
+}
+
+// wholeNode reports whether the Run, needing gpus but fewer than the
+// node has, fits now on node n whose GPUs are all free.
+func wholeNode(c schemas.Candidate, busy bool, n *Node, gpus int64) bool {
+	all := n.Record.Capacity.GPUCount
+	return c.Eligible && !busy && gpus > 0 && gpus < all && c.Free.GPUCount == all
 }
 
 // better reports whether candidate a beats b: the lower cost, then the
@@ -335,10 +359,6 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
 	c.Eligible, c.Components = true, comp
 	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
-	if gpus := rec.Capacity.GPUCount; fitsNow && cfg.WholeNodeSeconds > 0 && need.GPUCount > 0 && need.GPUCount < gpus && free.GPUCount == gpus {
-		c.Cost += cfg.WholeNodeSeconds
-		c.Detail = fmt.Sprintf("all %d GPUs free: +%.0fs for breaking a whole node (the Run needs %d)", gpus, cfg.WholeNodeSeconds, need.GPUCount)
-	}
 	return c, !fitsNow
 }
 
