@@ -112,6 +112,7 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		whole = append(whole, w)
 		partlyUsedFits = partlyUsedFits || (c.Eligible && !busy && req.Run.Resources.GPUCount > 0 && !w)
 	}
+	wholeDetail := ""
 	for i := range d.Candidates {
 		c := &d.Candidates[i]
 		if !c.Eligible {
@@ -120,9 +121,15 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		if whole[i] && partlyUsedFits && cfg.WholeNodeSeconds > 0 {
 			// Only where a partly used node could start the Run now: were
 			// every free node whole, the price would send it to a queue.
+			if wholeDetail == "" {
+				// One string for every such node: formatting one each
+				// would cost a decision over 10k nodes thousands of
+				// allocations.
+				wholeDetail = fmt.Sprintf("all GPUs free: +%.0fs for breaking a whole node while a partly used one fits (the Run needs %d)",
+					cfg.WholeNodeSeconds, req.Run.Resources.GPUCount)
+			}
 			c.Cost += cfg.WholeNodeSeconds
-			c.Detail = fmt.Sprintf("all %d GPUs free: +%.0fs for breaking a whole node while a partly used one fits (the Run needs %d)",
-				fleet.Nodes[i].Record.Capacity.GPUCount, cfg.WholeNodeSeconds, req.Run.Resources.GPUCount)
+			c.Detail = wholeDetail
 		}
 		busy := queued[i]
 		fitsNow = fitsNow || !busy
