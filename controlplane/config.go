@@ -123,6 +123,9 @@ func (c *Config) defaults() {
 	if p.FactsMaxAge <= 0 {
 		p.FactsMaxAge = def.FactsMaxAge
 	}
+	if p.WholeNodeSeconds == 0 {
+		p.WholeNodeSeconds = def.WholeNodeSeconds
+	}
 }
 
 // Metrics is a snapshot of the control plane's counters and of its cached

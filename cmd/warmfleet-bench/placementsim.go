@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -17,6 +18,8 @@ import (
 // driven by the committed trace corpus.
 func newPlacementSimCmd(g *globals) *cobra.Command {
 	var traces, policies []string
+	var reseed int
+	var wholeNode float64
 	cmd := &cobra.Command{
 		Use:   "placement-sim",
 		Short: "Simulate placement policies (warmfleet, random, least-allocated, bin-pack, image-locality) over a trace corpus",
@@ -27,9 +30,18 @@ watermarks, Runs holding their cards for a duration — and the same traces
 under random, least-allocated (Kubernetes' default spread), bin-pack (Nomad's
 default) and Kubernetes' ImageLocality. Without --trace it runs the committed
 corpus. Per policy: time-to-start percentiles, queueing delay, bytes pulled,
-GPU-hours held while bytes arrive.`,
+GPU-hours held while bytes arrive. --reseed N also runs each trace with N
+other seeds: the same shape, other draws, to tell a placement change from
+the luck of one seed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := placementSim(cmd.Context(), traces, policies)
+			if reseed < 0 || reseed > maxReseed {
+				return fmt.Errorf("--reseed %d: want 0 to %d", reseed, maxReseed)
+			}
+			cfg := placement.DefaultConfig()
+			if cmd.Flags().Changed("whole-node-seconds") {
+				cfg.WholeNodeSeconds = wholeNode
+			}
+			rep, err := placementSim(cmd.Context(), traces, policies, reseed, cfg)
 			if err != nil {
 				return err
 			}
@@ -44,18 +56,24 @@ GPU-hours held while bytes arrive.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&traces, "trace", nil, "trace files to run (default: the committed corpus)")
+	f.IntVar(&reseed, "reseed", 0, fmt.Sprintf("also run each trace with this many other seeds (seed×1000+k, named TRACE-sK), up to %d", maxReseed))
+	f.Float64Var(&wholeNode, "whole-node-seconds", placement.DefaultConfig().WholeNodeSeconds, "warmfleet's price for breaking a whole free node (placement.Config.WholeNodeSeconds; 0 or less: none), to A/B it")
 	f.StringSliceVar(&policies, "policies", nil, "policies to run (default: all of warmfleet, random, least-allocated, bin-pack, image-locality)")
 	return cmd
 }
 
-// placementSim runs every policy over every trace and states the issue's
-// two goals against the other policies in the same run.
-func placementSim(ctx context.Context, traceFiles, policyNames []string) (*Report, error) {
+// maxReseed bounds --reseed: each seed is another full run of every trace.
+const maxReseed = 20
+
+// placementSim runs every policy over every trace (and reseed variants of
+// each) and states the issue's two goals against the other policies in
+// the same run.
+func placementSim(ctx context.Context, traceFiles, policyNames []string, reseed int, cfg placement.Config) (*Report, error) {
 	traces, err := loadTraces(traceFiles, os.ReadFile)
 	if err != nil {
 		return nil, err
 	}
-	cfg := placement.DefaultConfig()
+	traces = withSeeds(traces, reseed)
 	all := simPolicies(cfg)
 	var chosen []simPolicy
 	for _, p := range all {
@@ -76,9 +94,54 @@ func placementSim(ctx context.Context, traceFiles, policyNames []string) (*Repor
 		results = append(results, tr)
 		addSimGoals(rep, tr)
 	}
+	if reseed > 0 {
+		addSeedSummary(rep, results)
+	}
 	rep.Details["traces"] = results
 	rep.note("time-to-start is submit → running; queue delay is submit → cards held; GPU-h pull wait is cards held while bytes arrive")
 	return rep, nil
+}
+
+// withSeeds appends, after each trace, n copies drawn from other seeds.
+func withSeeds(traces []*simTrace, n int) []*simTrace {
+	out := make([]*simTrace, 0, len(traces)*(n+1))
+	for _, t := range traces {
+		out = append(out, t)
+		for k := 1; k <= n; k++ {
+			c := *t // expand only reads the trace, so the copies share its slices
+			c.Seed, c.Name = t.Seed*1000+uint64(k), fmt.Sprintf("%s-s%d", t.Name, k)
+			out = append(out, &c)
+		}
+	}
+	return out
+}
+
+// addSeedSummary counts the traces, reseeded ones included, on which
+// warmfleet's p95 time-to-start is the lowest, and the geometric mean of
+// its ratio to the best other policy's.
+func addSeedSummary(rep *Report, results []simTraceResult) {
+	wins, n, logSum := 0, 0, 0.0
+	for _, tr := range results {
+		wf, ok := tr.policy("warmfleet")
+		best := math.Inf(1)
+		for _, p := range tr.Policies {
+			if p.Policy != "warmfleet" {
+				best = min(best, p.TimeToStart.P95)
+			}
+		}
+		if !ok || math.IsInf(best, 1) || best <= 0 || wf.TimeToStart.P95 <= 0 {
+			continue
+		}
+		n++
+		if wf.TimeToStart.P95 <= best {
+			wins++
+		}
+		logSum += math.Log(wf.TimeToStart.P95 / best)
+	}
+	if n > 0 {
+		rep.add("all seeds: traces where warmfleet's p95 is lowest", float64(wins), "", float64(n), "traces")
+		rep.add("all seeds: warmfleet p95 / best other's, geometric mean", math.Exp(logSum/float64(n)), "×", 1, "parity")
+	}
 }
 
 func policyNamesOf(ps []simPolicy) []string {
@@ -91,7 +154,8 @@ func policyNamesOf(ps []simPolicy) []string {
 
 // runTrace simulates each policy on one trace.
 func runTrace(ctx context.Context, t *simTrace, policies []simPolicy, cfg placement.Config) (simTraceResult, error) {
-	tr := simTraceResult{Trace: t.Name, Description: t.Description, Nodes: t.Fleet.Nodes, GPUs: t.Fleet.Nodes * t.Fleet.GPUsPerNode, Runs: t.Workload.Runs}
+	tr := simTraceResult{Trace: t.Name, Description: t.Description, Nodes: t.Fleet.Nodes, GPUs: t.Fleet.Nodes * t.Fleet.GPUsPerNode, Runs: t.Workload.Runs,
+		FloorBytes: t.floorBytes()}
 	for _, p := range policies {
 		s := newSimulator(t, p, cfg)
 		if err := s.run(ctx); err != nil {

@@ -88,12 +88,15 @@ func (s *simulator) result() simResult {
 
 // simTraceResult is every policy's outcome on one trace.
 type simTraceResult struct {
-	Trace       string      `json:"trace"`
-	Description string      `json:"description"`
-	Nodes       int         `json:"nodes"`
-	GPUs        int         `json:"gpus"`
-	Runs        int         `json:"runs"`
-	Policies    []simResult `json:"policies"`
+	Trace       string `json:"trace"`
+	Description string `json:"description"`
+	Nodes       int    `json:"nodes"`
+	GPUs        int    `json:"gpus"`
+	Runs        int    `json:"runs"`
+	// FloorBytes are the distinct layers and artifacts the Runs use, each
+	// counted once: the least any placement could pull.
+	FloorBytes int64       `json:"floor_bytes"`
+	Policies   []simResult `json:"policies"`
 }
 
 func (t simTraceResult) policy(name string) (simResult, bool) {
@@ -108,7 +111,7 @@ func (t simTraceResult) policy(name string) (simResult, bool) {
 // printSimTables writes one table per trace, policies as rows.
 func printSimTables(w io.Writer, results []simTraceResult) error {
 	for _, t := range results {
-		fmt.Fprintf(w, "\ntrace %s — %d nodes, %d GPUs, %d Runs: %s\n", t.Trace, t.Nodes, t.GPUs, t.Runs, t.Description)
+		fmt.Fprintf(w, "\ntrace %s — %d nodes, %d GPUs, %d Runs: %s; distinct bytes the Runs use (the least any placement pulls): %.1f GB\n", t.Trace, t.Nodes, t.GPUs, t.Runs, t.Description, gb(t.FloorBytes))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "POLICY\tSTART p50 s\tp95 s\tp99 s\tQUEUE mean s\tp95 s\tPULLED GB\tIMAGE GB\tARTIFACT GB\tGPU-h PULL WAIT\tQUEUED ON NODE\tBOOKED BUSY\tEVICTIONS\t")
 		for _, p := range t.Policies {

@@ -243,3 +243,45 @@ func FuzzDecodeTrace(f *testing.F) {
 		}
 	})
 }
+
+// TestPlacementSimFloorBytes: one node that never collects pulls exactly
+// the floor (each distinct layer and artifact once); a fleet pulls no less.
+func TestPlacementSimFloorBytes(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	for _, nodes := range []int{1, 16} {
+		tr := shortTrace(t, "artifact-heavy", 150)
+		tr.Fleet.Nodes, tr.Fleet.DiskBytes = nodes, 1<<50
+		floor := tr.floorBytes()
+		s := newSimulator(tr, randomPolicy{}, cfg)
+		if err := s.run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		r := s.result()
+		switch got := r.BytesPulled(); {
+		case floor == 0 || r.ArtifactBytes == 0:
+			t.Fatalf("%d node(s): floor %d, artifact bytes %d: the trace should pull both images and artifacts", nodes, floor, r.ArtifactBytes)
+		case nodes == 1 && got != floor:
+			t.Errorf("one node pulled %d bytes, want the floor %d", got, floor)
+		case got < floor:
+			t.Errorf("%d nodes pulled %d bytes, below the floor %d", nodes, got, floor)
+		}
+	}
+}
+
+// TestPlacementSimReseed: each reseeded copy keeps the trace's shape, has
+// its own name and seed, and draws another workload.
+func TestPlacementSimReseed(t *testing.T) {
+	base := shortTrace(t, "zipf", 50)
+	got := withSeeds([]*simTrace{base}, 2)
+	if len(got) != 3 || got[0] != base || got[1].Name != "zipf-s1" || got[2].Name != "zipf-s2" || got[2].Seed != base.Seed*1000+2 {
+		t.Fatalf("reseeded traces: %d, names/seeds %v", len(got), []any{got[1].Name, got[2].Name, got[2].Seed})
+	}
+	_, a := base.expand()
+	_, b := got[1].expand()
+	if len(a) != len(b) || reflect.DeepEqual(a, b) {
+		t.Errorf("seed %d drew the same %d Runs as seed %d", got[1].Seed, len(b), base.Seed)
+	}
+	if base.Name != "zipf" || base.Seed == got[1].Seed {
+		t.Errorf("the original trace changed: %s seed %d", base.Name, base.Seed)
+	}
+}

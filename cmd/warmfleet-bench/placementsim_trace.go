@@ -415,3 +415,24 @@ func loadTraces(files []string, read func(string) ([]byte, error)) ([]*simTrace,
 	}
 	return out, nil
 }
+
+// floorBytes are the bytes of the distinct layers and artifacts the
+// trace's Runs use: what a fleet pulls if each reaches one node once.
+func (t *simTrace) floorBytes() int64 {
+	cat, runs := t.expand()
+	layers, arts := map[int]bool{}, map[int]bool{}
+	var sum int64
+	for _, r := range runs {
+		for _, l := range cat.images[r.image].layers {
+			if !layers[l] {
+				layers[l] = true
+				sum += cat.layerBytes[l]
+			}
+		}
+		if r.artifact >= 0 && !arts[r.artifact] {
+			arts[r.artifact] = true
+			sum += cat.artifacts[r.artifact].bytes
+		}
+	}
+	return sum
+}

@@ -37,6 +37,15 @@ type Config struct {
 	// FactsMaxAge is how old a node's facts may be before it is not
 	// trusted with a booking.
 	FactsMaxAge time.Duration
+	// WholeNodeSeconds is added to the cost of starting a Run on a node
+	// whose GPUs are all free when the Run needs fewer than all of them
+	// and a partly used node could start it now: taking part of the last
+	// whole nodes makes a later Run that needs a whole node wait for one
+	// to drain. The partly used node wins unless the whole one starts the
+	// Run this much sooner. Zero or less prices
+	// nothing (controlplane.Config gives 0 the default: set it negative
+	// there to turn this off).
+	WholeNodeSeconds float64
 }
 
 // DefaultConfig is what the control plane uses unless configured.
@@ -49,6 +58,7 @@ func DefaultConfig() Config {
 		UnknownRuntime:         10 * time.Minute,
 		SecondsPerDollarHour:   60,
 		FactsMaxAge:            2 * time.Minute,
+		WholeNodeSeconds:       30,
 	}
 }
 
@@ -93,17 +103,40 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	// soonest and second are the two lowest costs of eligible nodes were
 	// they free now.
 	soonest, second := math.Inf(1), math.Inf(1)
+	whole := make([]bool, 0, len(fleet.Nodes))
+	partlyUsedFits := false
 	for i, n := range fleet.Nodes {
 		c, busy := q.evaluate(i, n)
 		d.Candidates, queued = append(d.Candidates, c), append(queued, busy)
+		w := wholeNode(c, busy, n, req.Run.Resources.GPUCount)
+		whole = append(whole, w)
+		partlyUsedFits = partlyUsedFits || (c.Eligible && !busy && req.Run.Resources.GPUCount > 0 && !w)
+	}
+	wholeDetail := ""
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
 		if !c.Eligible {
 			continue
 		}
+		if whole[i] && partlyUsedFits && cfg.WholeNodeSeconds > 0 {
+			// Only where a partly used node could start the Run now: were
+			// every free node whole, the price would send it to a queue.
+			if wholeDetail == "" {
+				// One string for every such node: formatting one each
+				// would cost a decision over 10k nodes thousands of
+				// allocations.
+				wholeDetail = fmt.Sprintf("all GPUs free: +%.0fs for breaking a whole node while a partly used one fits (the Run needs %d)",
+					cfg.WholeNodeSeconds, req.Run.Resources.GPUCount)
+			}
+			c.Cost += cfg.WholeNodeSeconds
+			c.Detail = wholeDetail
+		}
+		busy := queued[i]
 		fitsNow = fitsNow || !busy
-		if best < 0 || better(c, d.Candidates[best]) {
+		if best < 0 || better(*c, d.Candidates[best]) {
 			best = i
 		}
-		if free := costIfFree(c); free < soonest {
+		if free := costIfFree(*c); free < soonest {
 			soonest, second = free, soonest
 		} else if free < second {
 			second = free
@@ -146,6 +179,13 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		}
 	}
 	return d
+}
+
+// wholeNode reports whether the Run, needing gpus but fewer than the
+// node has, fits now on node n whose GPUs are all free.
+func wholeNode(c schemas.Candidate, busy bool, n *Node, gpus int64) bool {
+	all := n.Record.Capacity.GPUCount
+	return c.Eligible && !busy && gpus > 0 && gpus < all && c.Free.GPUCount == all
 }
 
 // better reports whether candidate a beats b: the lower cost, then the

@@ -1,0 +1,72 @@
+package placement
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+func loadScenario(t *testing.T, file string) scenario {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s scenario
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return s
+}
+
+func candidate(t *testing.T, cs []schemas.Candidate, id string) schemas.Candidate {
+	t.Helper()
+	for _, c := range cs {
+		if c.NodeID == id {
+			return c
+		}
+	}
+	t.Fatalf("no candidate %s", id)
+	return schemas.Candidate{}
+}
+
+// TestWholeNodePrice: the price is what sends a part-node Run away from a
+// whole free node, it shows in that node's cost and detail, and a Run that
+// needs the whole node pays nothing.
+func TestWholeNodePrice(t *testing.T) {
+	s := loadScenario(t, "testdata/scenarios/partly_used_beats_whole_free.json")
+	cfg := DefaultConfig()
+
+	fleet, req := s.fleet(t)
+	d := Decide(req, fleet, scenarioNow, cfg)
+	whole, part := candidate(t, d.Candidates, "a-whole"), candidate(t, d.Candidates, "b-part")
+	if d.Winner != "b-part" {
+		t.Fatalf("winner %q, want b-part", d.Winner)
+	}
+	if got := whole.Cost - part.Cost; got != cfg.WholeNodeSeconds {
+		t.Errorf("whole node costs %.1fs more than the partly used one, want %.1fs", got, cfg.WholeNodeSeconds)
+	}
+	if !strings.Contains(whole.Detail, "whole node") || part.Detail != "" {
+		t.Errorf("details: whole %q, part %q", whole.Detail, part.Detail)
+	}
+
+	off := cfg
+	off.WholeNodeSeconds = -1
+	fleet, req = s.fleet(t)
+	if d := Decide(req, fleet, scenarioNow, off); d.Winner != "a-whole" {
+		t.Errorf("price off: winner %q, want a-whole (the lower id among equal costs)", d.Winner)
+	}
+
+	fleet, req = s.fleet(t)
+	req.Run.Resources.GPUCount, req.Run.Resources.CPUMillis = 8, 64000
+	d = Decide(req, fleet, scenarioNow, cfg)
+	whole = candidate(t, d.Candidates, "a-whole")
+	if d.Winner != "a-whole" || d.WinnerQueued || whole.Cost != whole.Components.StartSeconds || whole.Detail != "" {
+		t.Errorf("8-GPU Run: winner %q queued %v, whole node cost %.1f (start %.1f) detail %q; want it unpriced", d.Winner, d.WinnerQueued, whole.Cost, whole.Components.StartSeconds, whole.Detail)
+	}
+}
