@@ -227,20 +227,20 @@ type query struct {
 // fails is the reason) and then scores node i; queued reports that the Run
 // does not fit there now and would wait in the node's queue.
 func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
-	req, cfg, now, ref, refKnown := q.req, q.cfg, q.now, q.ref, q.refKnown
+	// Pointers, not copies: the request and config are read for every node.
+	req, cfg, now, ref, refKnown := &q.req, &q.cfg, q.now, &q.ref, q.refKnown
 	rec := &n.Record
 	need := req.Run.Resources
-	c := schemas.Candidate{NodeID: rec.NodeID}
-	reject := func(code schemas.Code, format string, args ...any) (schemas.Candidate, bool) {
-		c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
-		return c, false
-	}
 	var reserved schemas.Resources
 	for _, b := range n.Running {
 		reserved = reserved.Add(b.Resources)
 	}
 	free := rec.Capacity.Sub(reserved)
-	c.Free = free
+	// reject takes its fields as arguments, not by closing over a
+	// Candidate, so the Candidate of every node scored stays off the heap.
+	reject := func(code schemas.Code, format string, args ...any) (schemas.Candidate, bool) {
+		return schemas.Candidate{NodeID: rec.NodeID, Free: free, Reason: code, Detail: fmt.Sprintf(format, args...)}, false
+	}
 	var host *schemas.HostFacts
 	if rec.Facts != nil {
 		host = &rec.Facts.Host
@@ -317,7 +317,7 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	slots := n.MaxWorkloads()
 	fitsNow := need.Fits(free) && (slots == 0 || len(n.Running) < slots) && len(n.Queued) == 0
 	if fitsNow && need.GPUCount > 0 {
-		fitsNow = int64(len(n.freeCards(req.Run.GPU, q.model, need.GPUCount))) == need.GPUCount
+		fitsNow = n.freeCount(req.Run.GPU, q.model, need.GPUCount) == need.GPUCount
 	}
 	if !fitsNow {
 		if len(n.Queued) >= MaxQueued {
@@ -364,9 +364,8 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	// A queued booking prefetches while it waits, so only the longer of the
 	// two counts.
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
-	c.Eligible, c.Components = true, comp
-	c.Cost = comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour
-	return c, !fitsNow
+	return schemas.Candidate{NodeID: rec.NodeID, Free: free, Eligible: true, Components: comp,
+		Cost: comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour}, !fitsNow
 }
 
 // artifactFetch returns the bytes of the Run's artifacts node i would
@@ -386,9 +385,9 @@ func (q *query) artifactFetch(i int) (fetch int64, warm int) {
 // booked (healthy, with a CDI device), held or not.
 func (q *query) usableCards(n *Node) int64 {
 	var count int64
-	for _, c := range n.cards {
-		if c.usable() && c.matches(q.req.Run.GPU, q.model) {
-			count++
+	for _, k := range n.usableKinds {
+		if (card{model: k.model, memoryBytes: k.memoryBytes}).matches(q.req.Run.GPU, q.model) {
+			count += k.count
 		}
 	}
 	return count
@@ -397,7 +396,7 @@ func (q *query) usableCards(n *Node) int64 {
 // waitSeconds estimates when enough running bookings end for need to fit
 // behind whatever is already queued on the node (queued bookings start
 // first, in order).
-func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg Config) float64 {
+func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg *Config) float64 {
 	running := slices.Clone(n.Running)
 	for i, b := range running {
 		if !b.ExpectedEnd.After(now) {
@@ -433,7 +432,7 @@ func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg Config) flo
 }
 
 // wantPlatform is the platform the Run needs: its own, else its image's.
-func wantPlatform(req Request, ref imageRef, known bool) *schemas.Platform {
+func wantPlatform(req *Request, ref *imageRef, known bool) *schemas.Platform {
 	if req.Run.Platform != nil {
 		return req.Run.Platform
 	}

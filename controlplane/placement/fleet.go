@@ -36,6 +36,10 @@ type Node struct {
 	models []string
 	// cards are the node's cards by identity, in index order.
 	cards []card
+	// usableKinds counts the usable cards by model and memory: a node's
+	// cards are usually one kind, so matching a request costs one string
+	// search per kind rather than one per card.
+	usableKinds []cardKind
 	// support is what the node declared it can do (schemas.NodeFacts.Supports).
 	support schemas.NodeSupport
 	// build is the node's own platform, normalized (buildKey): the build
@@ -51,6 +55,13 @@ type card struct {
 	// when the agent cannot inject it.
 	device  string
 	healthy bool
+}
+
+// cardKind is a count of usable cards of one model and memory size.
+type cardKind struct {
+	model       string // lowercased
+	memoryBytes int64
+	count       int64
 }
 
 // usable reports whether the card can be booked to a workload.
@@ -79,9 +90,22 @@ func NewNode(rec schemas.NodeRecord) *Node {
 				cd.device = c.CDIDevices[0]
 			}
 			n.cards = append(n.cards, cd)
+			if cd.usable() {
+				n.countUsable(cd)
+			}
 		}
 	}
 	return n
+}
+
+func (n *Node) countUsable(c card) {
+	for i := range n.usableKinds {
+		if k := &n.usableKinds[i]; k.model == c.model && k.memoryBytes == c.memoryBytes {
+			k.count++
+			return
+		}
+	}
+	n.usableKinds = append(n.usableKinds, cardKind{model: c.model, memoryBytes: c.memoryBytes, count: 1})
 }
 
 // MaxWorkloads is how many workloads the node runs at once, 0 for no cap:
@@ -122,6 +146,20 @@ func (n *Node) freeCards(want *schemas.GPURequirement, model string, limit int64
 		}
 	}
 	return free
+}
+
+// freeCount is len(freeCards(want, model, limit)) without building the list.
+func (n *Node) freeCount(want *schemas.GPURequirement, model string, limit int64) int64 {
+	var count int64
+	for _, c := range n.cards {
+		if count == limit {
+			break
+		}
+		if c.usable() && c.matches(want, model) && !n.held(c.uuid) {
+			count++
+		}
+	}
+	return count
 }
 
 // PickGPUs chooses count free cards matching want, in index order, and
