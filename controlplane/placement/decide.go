@@ -77,7 +77,9 @@ type Request struct {
 // Decide scores every node for req and returns the decision: the winner
 // (lowest cost) and every other node with its reason.
 func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.BookingDecision {
-	d := schemas.BookingDecision{RunID: req.RunID, Attempt: req.Attempt, DecidedAt: now, Candidates: make([]schemas.Candidate, 0, len(fleet.Nodes))}
+	// Candidates are scored in place: returning and appending each one
+	// copied 10k of them twice, most of a decision's time.
+	d := schemas.BookingDecision{RunID: req.RunID, Attempt: req.Attempt, DecidedAt: now, Candidates: make([]schemas.Candidate, len(fleet.Nodes))}
 	q := query{req: req, cfg: cfg, now: now, hot: fleet.hot[req.Digest]}
 	q.ref, q.refKnown = fleet.images[req.Digest]
 	for _, l := range q.ref.layers {
@@ -99,17 +101,17 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
 	}
 	best, fitsNow := -1, false
-	queued := make([]bool, 0, len(fleet.Nodes))
+	queued := make([]bool, len(fleet.Nodes))
 	// soonest and second are the two lowest costs of eligible nodes were
 	// they free now.
 	soonest, second := math.Inf(1), math.Inf(1)
-	whole := make([]bool, 0, len(fleet.Nodes))
+	whole := make([]bool, len(fleet.Nodes))
 	partlyUsedFits := false
 	for i, n := range fleet.Nodes {
-		c, busy := q.evaluate(i, n)
-		d.Candidates, queued = append(d.Candidates, c), append(queued, busy)
+		c := &d.Candidates[i]
+		busy := q.evaluate(i, n, c)
 		w := wholeNode(c, busy, n, req.Run.Resources.GPUCount)
-		whole = append(whole, w)
+		queued[i], whole[i] = busy, w
 		partlyUsedFits = partlyUsedFits || (c.Eligible && !busy && req.Run.Resources.GPUCount > 0 && !w)
 	}
 	wholeDetail := ""
@@ -183,7 +185,7 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 
 // wholeNode reports whether the Run, needing gpus but fewer than the
 // node has, fits now on node n whose GPUs are all free.
-func wholeNode(c schemas.Candidate, busy bool, n *Node, gpus int64) bool {
+func wholeNode(c *schemas.Candidate, busy bool, n *Node, gpus int64) bool {
 	all := n.Record.Capacity.GPUCount
 	return c.Eligible && !busy && gpus > 0 && gpus < all && c.Free.GPUCount == all
 }
@@ -224,9 +226,10 @@ type query struct {
 }
 
 // evaluate applies the hard constraints in a fixed order (the first that
-// fails is the reason) and then scores node i; queued reports that the Run
-// does not fit there now and would wait in the node's queue.
-func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
+// fails is the reason) and then scores node i into c, which must be zero;
+// queued reports that the Run does not fit there now and would wait in the
+// node's queue.
+func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	// Pointers, not copies: the request and config are read for every node.
 	req, cfg, now, ref, refKnown := &q.req, &q.cfg, q.now, &q.ref, q.refKnown
 	rec := &n.Record
@@ -236,10 +239,10 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 		reserved = reserved.Add(b.Resources)
 	}
 	free := rec.Capacity.Sub(reserved)
-	// reject takes its fields as arguments, not by closing over a
-	// Candidate, so the Candidate of every node scored stays off the heap.
-	reject := func(code schemas.Code, format string, args ...any) (schemas.Candidate, bool) {
-		return schemas.Candidate{NodeID: rec.NodeID, Free: free, Reason: code, Detail: fmt.Sprintf(format, args...)}, false
+	c.NodeID, c.Free = rec.NodeID, free
+	reject := func(code schemas.Code, format string, args ...any) bool {
+		c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
+		return false
 	}
 	var host *schemas.HostFacts
 	if rec.Facts != nil {
@@ -276,6 +279,7 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	if fetch > 0 && host.Disk.Known && host.Disk.FreeBytes < fetch+need.DiskBytes {
 		return reject(schemas.ReasonInsufficientDisk, "needs %d free bytes for artifacts it would fetch (plus %d asked), node has %d", fetch, need.DiskBytes, host.Disk.FreeBytes)
 	}
+	var usable int64 // matching usable cards, held or not
 	if need.GPUCount > 0 {
 		acc := host.Accelerator
 		if req.Run.GPU != nil && req.Run.GPU.MinDriverCapability != "" {
@@ -292,7 +296,8 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 			}
 			return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs; node has %d", need.GPUCount, matching)
 		}
-		if usable := q.usableCards(n); usable < need.GPUCount {
+		usable = q.usableCards(n)
+		if usable < need.GPUCount {
 			return reject(schemas.ReasonGPUNotInjectable, "needs %d GPUs it can hand a container; %d of the node's matching cards have a CDI device and are healthy (see the node's facts)", need.GPUCount, usable)
 		}
 	}
@@ -317,7 +322,7 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	slots := n.MaxWorkloads()
 	fitsNow := need.Fits(free) && (slots == 0 || len(n.Running) < slots) && len(n.Queued) == 0
 	if fitsNow && need.GPUCount > 0 {
-		fitsNow = n.freeCount(req.Run.GPU, q.model, need.GPUCount) == need.GPUCount
+		fitsNow = n.freeCount(req.Run.GPU, q.model, need.GPUCount, usable) == need.GPUCount
 	}
 	if !fitsNow {
 		if len(n.Queued) >= MaxQueued {
@@ -327,7 +332,8 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	}
 
 	// Score: seconds until the workload could start, plus price.
-	comp := schemas.ScoreComponents{QueueSeconds: queue, PricePerHour: rec.PricePerHour}
+	comp := &c.Components
+	comp.QueueSeconds, comp.PricePerHour = queue, rec.PricePerHour
 	hot := q.hot.has(i)
 	if q.named != "" && q.named != n.build {
 		hot = q.hotAs.has(i)
@@ -364,8 +370,8 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	// A queued booking prefetches while it waits, so only the longer of the
 	// two counts.
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
-	return schemas.Candidate{NodeID: rec.NodeID, Free: free, Eligible: true, Components: comp,
-		Cost: comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour}, !fitsNow
+	c.Eligible, c.Cost = true, comp.StartSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+	return !fitsNow
 }
 
 // artifactFetch returns the bytes of the Run's artifacts node i would
@@ -397,7 +403,10 @@ func (q *query) usableCards(n *Node) int64 {
 // behind whatever is already queued on the node (queued bookings start
 // first, in order).
 func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg *Config) float64 {
-	running := slices.Clone(n.Running)
+	// A node runs a few bookings: sorting a copy on the stack spares an
+	// allocation per busy node.
+	var buf [8]Booking
+	running := append(buf[:0], n.Running...)
 	for i, b := range running {
 		if !b.ExpectedEnd.After(now) {
 			// Past its expected end yet still booked (a long fetch, or

@@ -122,6 +122,16 @@ func (n *Node) MaxWorkloads() int {
 	return min(a, b)
 }
 
+// holdsCards reports whether any running booking holds a card.
+func (n *Node) holdsCards() bool {
+	for _, b := range n.Running {
+		if len(b.GPUs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // held reports whether a running booking holds the card.
 func (n *Node) held(uuid string) bool {
 	for _, b := range n.Running {
@@ -148,8 +158,14 @@ func (n *Node) freeCards(want *schemas.GPURequirement, model string, limit int64
 	return free
 }
 
-// freeCount is len(freeCards(want, model, limit)) without building the list.
-func (n *Node) freeCount(want *schemas.GPURequirement, model string, limit int64) int64 {
+// freeCount is len(freeCards(want, model, limit)) without building the list;
+// usable is how many of the node's usable cards match want, held or not.
+func (n *Node) freeCount(want *schemas.GPURequirement, model string, limit, usable int64) int64 {
+	if !n.holdsCards() {
+		// Nothing held: every matching usable card is free, so the
+		// per-card search over the bookings is skipped.
+		return min(limit, usable)
+	}
 	var count int64
 	for _, c := range n.cards {
 		if count == limit {
