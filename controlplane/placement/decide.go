@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -218,6 +219,10 @@ type query struct {
 	// artifactHolders are the nodes holding each of req.Artifacts.
 	artifactHolders []bitset
 	model           string
+	// seen, lastModel and lastMatch are modelMatches' last answer.
+	seen      bool
+	lastModel unique.Handle[string]
+	lastMatch bool
 	// named is the build of an index the Run names (buildKey), and hotAs
 	// the nodes holding the index hot as that build when it is not their
 	// own; "" when the Run names none or the image is no index.
@@ -290,7 +295,7 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 				return reject(schemas.ReasonDriverTooOld, "needs driver capability %s, node has %s", req.Run.GPU.MinDriverCapability, acc.DriverCapability)
 			}
 		}
-		if matching := gpuMatches(n, acc, req.Run.GPU, q.model); matching < need.GPUCount {
+		if matching := q.gpuMatches(n); matching < need.GPUCount {
 			if req.Run.GPU != nil && (req.Run.GPU.Model != "" || req.Run.GPU.MinMemoryBytes > 0) && acc.GPUCount() >= need.GPUCount {
 				return reject(schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need.GPUCount, gpuWant(req.Run.GPU), describeGPUs(acc))
 			}
@@ -387,16 +392,49 @@ func (q *query) artifactFetch(i int) (fetch int64, warm int) {
 	return fetch, warm
 }
 
+// gpuMatches counts the node's GPUs that satisfy the request.
+func (q *query) gpuMatches(n *Node) int64 {
+	if q.req.Run.GPU == nil {
+		return n.gpuCount
+	}
+	var count int64
+	for _, d := range n.devices {
+		if q.kindMatches(d) {
+			count += d.count
+		}
+	}
+	return count
+}
+
 // usableCards counts the node's cards that match the request and can be
 // booked (healthy, with a CDI device), held or not.
 func (q *query) usableCards(n *Node) int64 {
 	var count int64
 	for _, k := range n.usableKinds {
-		if (card{model: k.model, memoryBytes: k.memoryBytes}).matches(q.req.Run.GPU, q.model) {
+		if q.req.Run.GPU == nil || q.kindMatches(k) {
 			count += k.count
 		}
 	}
 	return count
+}
+
+// kindMatches reports whether cards of kind k satisfy the request's
+// GPU requirement, which must not be nil (card.matches, by kind).
+func (q *query) kindMatches(k cardKind) bool {
+	return k.memoryBytes >= q.req.Run.GPU.MinMemoryBytes && q.modelMatches(k.model)
+}
+
+// modelMatches reports whether model contains the requested one. The last
+// answer is kept: a fleet has few models, so the search runs about once
+// per decision rather than twice per node.
+func (q *query) modelMatches(model unique.Handle[string]) bool {
+	if q.model == "" {
+		return true
+	}
+	if !q.seen || model != q.lastModel {
+		q.seen, q.lastModel, q.lastMatch = true, model, strings.Contains(model.Value(), q.model)
+	}
+	return q.lastMatch
 }
 
 // waitSeconds estimates when enough running bookings end for need to fit
