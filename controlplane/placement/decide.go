@@ -97,6 +97,10 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	if req.Run.GPU != nil {
 		q.model = strings.ToLower(req.Run.GPU.Model)
 	}
+	if p := wantPlatform(&q.req, &q.ref, q.refKnown); p != nil {
+		q.platform, q.needsPlatform = *p, true
+	}
+	q.network = schemas.NetworkModeOf(req.Run.Network)
 	if p := req.Run.Platform; p != nil && q.refKnown && q.ref.index {
 		q.named = buildKey(*p)
 		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
@@ -219,6 +223,11 @@ type query struct {
 	// artifactHolders are the nodes holding each of req.Artifacts.
 	artifactHolders []bitset
 	model           string
+	// platform is the build the Run needs (wantPlatform) when
+	// needsPlatform, and network the mode it asks for.
+	platform      schemas.Platform
+	needsPlatform bool
+	network       string
 	// seen, lastModel and lastMatch are modelMatches' last answer.
 	seen      bool
 	lastModel unique.Handle[string]
@@ -266,12 +275,10 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	case rec.Facts == nil || now.Sub(rec.FactsReceivedAt) > cfg.FactsMaxAge:
 		return reject(schemas.ReasonFactsStale, "facts are older than %s", cfg.FactsMaxAge)
 	}
-	if p := wantPlatform(req, ref, refKnown); p != nil && !runsOn(host, *p) {
-		// Strings, not p itself: p points into this call's image record,
-		// which must not escape to the heap for every node scored.
-		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", p.String(), hostPlatform(host).String())
+	if q.needsPlatform && !runsOn(host, q.platform) {
+		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", q.platform.String(), hostPlatform(host).String())
 	}
-	if mode := schemas.NetworkModeOf(req.Run.Network); len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
+	if mode := q.network; len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
 		return reject(schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
 	}
 	if len(req.Run.Caches) > 0 && !n.support.CacheMounts {
@@ -286,7 +293,7 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	}
 	var usable int64 // matching usable cards, held or not
 	if need.GPUCount > 0 {
-		acc := host.Accelerator
+		acc := &host.Accelerator
 		if req.Run.GPU != nil && req.Run.GPU.MinDriverCapability != "" {
 			switch {
 			case acc.Vendor == "":
@@ -297,7 +304,7 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 		}
 		if matching := q.gpuMatches(n); matching < need.GPUCount {
 			if req.Run.GPU != nil && (req.Run.GPU.Model != "" || req.Run.GPU.MinMemoryBytes > 0) && acc.GPUCount() >= need.GPUCount {
-				return reject(schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need.GPUCount, gpuWant(req.Run.GPU), describeGPUs(acc))
+				return reject(schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need.GPUCount, gpuWant(req.Run.GPU), describeGPUs(*acc))
 			}
 			return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs; node has %d", need.GPUCount, matching)
 		}
