@@ -107,6 +107,28 @@ func BenchmarkPlacementBaselineFit(b *testing.B) {
 	}
 }
 
+// BenchmarkPlacementCandidateList is the floor of a decision that explains
+// every node: it allocates the Candidate list and writes each node's id and
+// capacity into it. At 10k nodes that is 2 MB of fresh memory a decision,
+// whose first touch the kernel pays for.
+func BenchmarkPlacementCandidateList(b *testing.B) {
+	for _, n := range []int{100, 1_000, 10_000} {
+		fleet, _ := benchFleet(n)
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				cs := make([]schemas.Candidate, len(fleet.Nodes))
+				for i, node := range fleet.Nodes {
+					cs[i].NodeID, cs[i].Free = node.Record.NodeID, node.Record.Capacity
+				}
+				if cs[len(cs)-1].NodeID == "" {
+					b.Fatal("no candidates")
+				}
+			}
+		})
+	}
+}
+
 // h100s are node i's eight cards by identity, each with a CDI device.
 func h100s(i int) []schemas.GPUCard {
 	cards := make([]schemas.GPUCard, 8)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -77,7 +78,9 @@ type Request struct {
 // Decide scores every node for req and returns the decision: the winner
 // (lowest cost) and every other node with its reason.
 func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.BookingDecision {
-	d := schemas.BookingDecision{RunID: req.RunID, Attempt: req.Attempt, DecidedAt: now, Candidates: make([]schemas.Candidate, 0, len(fleet.Nodes))}
+	// Candidates are scored in place: returning and appending each one
+	// copied 10k of them twice, most of a decision's time.
+	d := schemas.BookingDecision{RunID: req.RunID, Attempt: req.Attempt, DecidedAt: now, Candidates: make([]schemas.Candidate, len(fleet.Nodes))}
 	q := query{req: req, cfg: cfg, now: now, hot: fleet.hot[req.Digest]}
 	q.ref, q.refKnown = fleet.images[req.Digest]
 	for _, l := range q.ref.layers {
@@ -94,22 +97,26 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	if req.Run.GPU != nil {
 		q.model = strings.ToLower(req.Run.GPU.Model)
 	}
+	if p := wantPlatform(&q.req, &q.ref, q.refKnown); p != nil {
+		q.platform, q.needsPlatform = *p, true
+	}
+	q.network = schemas.NetworkModeOf(req.Run.Network)
 	if p := req.Run.Platform; p != nil && q.refKnown && q.ref.index {
 		q.named = buildKey(*p)
 		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
 	}
 	best, fitsNow := -1, false
-	queued := make([]bool, 0, len(fleet.Nodes))
+	queued := make([]bool, len(fleet.Nodes))
 	// soonest and second are the two lowest costs of eligible nodes were
 	// they free now.
 	soonest, second := math.Inf(1), math.Inf(1)
-	whole := make([]bool, 0, len(fleet.Nodes))
+	whole := make([]bool, len(fleet.Nodes))
 	partlyUsedFits := false
 	for i, n := range fleet.Nodes {
-		c, busy := q.evaluate(i, n)
-		d.Candidates, queued = append(d.Candidates, c), append(queued, busy)
+		c := &d.Candidates[i]
+		busy := q.evaluate(i, n, c)
 		w := wholeNode(c, busy, n, req.Run.Resources.GPUCount)
-		whole = append(whole, w)
+		queued[i], whole[i] = busy, w
 		partlyUsedFits = partlyUsedFits || (c.Eligible && !busy && req.Run.Resources.GPUCount > 0 && !w)
 	}
 	wholeDetail := ""
@@ -183,7 +190,7 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 
 // wholeNode reports whether the Run, needing gpus but fewer than the
 // node has, fits now on node n whose GPUs are all free.
-func wholeNode(c schemas.Candidate, busy bool, n *Node, gpus int64) bool {
+func wholeNode(c *schemas.Candidate, busy bool, n *Node, gpus int64) bool {
 	all := n.Record.Capacity.GPUCount
 	return c.Eligible && !busy && gpus > 0 && gpus < all && c.Free.GPUCount == all
 }
@@ -216,6 +223,15 @@ type query struct {
 	// artifactHolders are the nodes holding each of req.Artifacts.
 	artifactHolders []bitset
 	model           string
+	// platform is the build the Run needs (wantPlatform) when
+	// needsPlatform, and network the mode it asks for.
+	platform      schemas.Platform
+	needsPlatform bool
+	network       string
+	// seen, lastModel and lastMatch are modelMatches' last answer.
+	seen      bool
+	lastModel unique.Handle[string]
+	lastMatch bool
 	// named is the build of an index the Run names (buildKey), and hotAs
 	// the nodes holding the index hot as that build when it is not their
 	// own; "" when the Run names none or the image is no index.
@@ -224,9 +240,10 @@ type query struct {
 }
 
 // evaluate applies the hard constraints in a fixed order (the first that
-// fails is the reason) and then scores node i; queued reports that the Run
-// does not fit there now and would wait in the node's queue.
-func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
+// fails is the reason) and then scores node i into c, which must be zero;
+// queued reports that the Run does not fit there now and would wait in the
+// node's queue.
+func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	// Pointers, not copies: the request and config are read for every node.
 	req, cfg, now, ref, refKnown := &q.req, &q.cfg, q.now, &q.ref, q.refKnown
 	rec := &n.Record
@@ -236,10 +253,10 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 		reserved = reserved.Add(b.Resources)
 	}
 	free := rec.Capacity.Sub(reserved)
-	// reject takes its fields as arguments, not by closing over a
-	// Candidate, so the Candidate of every node scored stays off the heap.
-	reject := func(code schemas.Code, format string, args ...any) (schemas.Candidate, bool) {
-		return schemas.Candidate{NodeID: rec.NodeID, Free: free, Reason: code, Detail: fmt.Sprintf(format, args...)}, false
+	c.NodeID, c.Free = rec.NodeID, free
+	reject := func(code schemas.Code, format string, args ...any) bool {
+		c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
+		return false
 	}
 	var host *schemas.HostFacts
 	if rec.Facts != nil {
@@ -258,12 +275,10 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	case rec.Facts == nil || now.Sub(rec.FactsReceivedAt) > cfg.FactsMaxAge:
 		return reject(schemas.ReasonFactsStale, "facts are older than %s", cfg.FactsMaxAge)
 	}
-	if p := wantPlatform(req, ref, refKnown); p != nil && !runsOn(host, *p) {
-		// Strings, not p itself: p points into this call's image record,
-		// which must not escape to the heap for every node scored.
-		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", p.String(), hostPlatform(host).String())
+	if q.needsPlatform && !runsOn(host, q.platform) {
+		return reject(schemas.ReasonPlatformMismatch, "needs %s, node is %s", q.platform.String(), hostPlatform(host).String())
 	}
-	if mode := schemas.NetworkModeOf(req.Run.Network); len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
+	if mode := q.network; len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
 		return reject(schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
 	}
 	if len(req.Run.Caches) > 0 && !n.support.CacheMounts {
@@ -276,8 +291,9 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	if fetch > 0 && host.Disk.Known && host.Disk.FreeBytes < fetch+need.DiskBytes {
 		return reject(schemas.ReasonInsufficientDisk, "needs %d free bytes for artifacts it would fetch (plus %d asked), node has %d", fetch, need.DiskBytes, host.Disk.FreeBytes)
 	}
+	var usable int64 // matching usable cards, held or not
 	if need.GPUCount > 0 {
-		acc := host.Accelerator
+		acc := &host.Accelerator
 		if req.Run.GPU != nil && req.Run.GPU.MinDriverCapability != "" {
 			switch {
 			case acc.Vendor == "":
@@ -286,13 +302,14 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 				return reject(schemas.ReasonDriverTooOld, "needs driver capability %s, node has %s", req.Run.GPU.MinDriverCapability, acc.DriverCapability)
 			}
 		}
-		if matching := gpuMatches(n, acc, req.Run.GPU, q.model); matching < need.GPUCount {
+		if matching := q.gpuMatches(n); matching < need.GPUCount {
 			if req.Run.GPU != nil && (req.Run.GPU.Model != "" || req.Run.GPU.MinMemoryBytes > 0) && acc.GPUCount() >= need.GPUCount {
-				return reject(schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need.GPUCount, gpuWant(req.Run.GPU), describeGPUs(acc))
+				return reject(schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need.GPUCount, gpuWant(req.Run.GPU), describeGPUs(*acc))
 			}
 			return reject(schemas.ReasonInsufficientGPU, "needs %d GPUs; node has %d", need.GPUCount, matching)
 		}
-		if usable := q.usableCards(n); usable < need.GPUCount {
+		usable = q.usableCards(n)
+		if usable < need.GPUCount {
 			return reject(schemas.ReasonGPUNotInjectable, "needs %d GPUs it can hand a container; %d of the node's matching cards have a CDI device and are healthy (see the node's facts)", need.GPUCount, usable)
 		}
 	}
@@ -317,7 +334,7 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	slots := n.MaxWorkloads()
 	fitsNow := need.Fits(free) && (slots == 0 || len(n.Running) < slots) && len(n.Queued) == 0
 	if fitsNow && need.GPUCount > 0 {
-		fitsNow = n.freeCount(req.Run.GPU, q.model, need.GPUCount) == need.GPUCount
+		fitsNow = n.freeCount(req.Run.GPU, q.model, need.GPUCount, usable) == need.GPUCount
 	}
 	if !fitsNow {
 		if len(n.Queued) >= MaxQueued {
@@ -327,7 +344,8 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	}
 
 	// Score: seconds until the workload could start, plus price.
-	comp := schemas.ScoreComponents{QueueSeconds: queue, PricePerHour: rec.PricePerHour}
+	comp := &c.Components
+	comp.QueueSeconds, comp.PricePerHour = queue, rec.PricePerHour
 	hot := q.hot.has(i)
 	if q.named != "" && q.named != n.build {
 		hot = q.hotAs.has(i)
@@ -364,8 +382,8 @@ func (q *query) evaluate(i int, n *Node) (_ schemas.Candidate, queued bool) {
 	// A queued booking prefetches while it waits, so only the longer of the
 	// two counts.
 	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
-	return schemas.Candidate{NodeID: rec.NodeID, Free: free, Eligible: true, Components: comp,
-		Cost: comp.StartSeconds + cfg.SecondsPerDollarHour*comp.PricePerHour}, !fitsNow
+	c.Eligible, c.Cost = true, comp.StartSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+	return !fitsNow
 }
 
 // artifactFetch returns the bytes of the Run's artifacts node i would
@@ -381,23 +399,59 @@ func (q *query) artifactFetch(i int) (fetch int64, warm int) {
 	return fetch, warm
 }
 
+// gpuMatches counts the node's GPUs that satisfy the request.
+func (q *query) gpuMatches(n *Node) int64 {
+	if q.req.Run.GPU == nil {
+		return n.gpuCount
+	}
+	var count int64
+	for _, d := range n.devices {
+		if q.kindMatches(d) {
+			count += d.count
+		}
+	}
+	return count
+}
+
 // usableCards counts the node's cards that match the request and can be
 // booked (healthy, with a CDI device), held or not.
 func (q *query) usableCards(n *Node) int64 {
 	var count int64
 	for _, k := range n.usableKinds {
-		if (card{model: k.model, memoryBytes: k.memoryBytes}).matches(q.req.Run.GPU, q.model) {
+		if q.req.Run.GPU == nil || q.kindMatches(k) {
 			count += k.count
 		}
 	}
 	return count
 }
 
+// kindMatches reports whether cards of kind k satisfy the request's
+// GPU requirement, which must not be nil (card.matches, by kind).
+func (q *query) kindMatches(k cardKind) bool {
+	return k.memoryBytes >= q.req.Run.GPU.MinMemoryBytes && q.modelMatches(k.model)
+}
+
+// modelMatches reports whether model contains the requested one. The last
+// answer is kept: a fleet has few models, so the search runs about once
+// per decision rather than twice per node.
+func (q *query) modelMatches(model unique.Handle[string]) bool {
+	if q.model == "" {
+		return true
+	}
+	if !q.seen || model != q.lastModel {
+		q.seen, q.lastModel, q.lastMatch = true, model, strings.Contains(model.Value(), q.model)
+	}
+	return q.lastMatch
+}
+
 // waitSeconds estimates when enough running bookings end for need to fit
 // behind whatever is already queued on the node (queued bookings start
 // first, in order).
 func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg *Config) float64 {
-	running := slices.Clone(n.Running)
+	// A node runs a few bookings: sorting a copy on the stack spares an
+	// allocation per busy node.
+	var buf [8]Booking
+	running := append(buf[:0], n.Running...)
 	for i, b := range running {
 		if !b.ExpectedEnd.After(now) {
 			// Past its expected end yet still booked (a long fetch, or

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -32,8 +33,11 @@ type Node struct {
 	Running []Booking
 	Queued  []Booking
 
-	// models are the node's GPU models, lowercased once for matching.
-	models []string
+	// devices are the node's reported GPUs (AcceleratorFacts.Devices) and
+	// gpuCount their total as AcceleratorFacts.GPUCount counts it: read
+	// here, a decision does not touch the facts for them.
+	devices  []cardKind
+	gpuCount int64
 	// cards are the node's cards by identity, in index order.
 	cards []card
 	// usableKinds counts the usable cards by model and memory: a node's
@@ -57,9 +61,11 @@ type card struct {
 	healthy bool
 }
 
-// cardKind is a count of usable cards of one model and memory size.
+// cardKind is a count of cards of one model and memory size.
 type cardKind struct {
-	model       string // lowercased
+	// model is lowercased and interned: nodes share a few models, so a
+	// decision matches each once (query.modelMatches) by handle.
+	model       unique.Handle[string]
 	memoryBytes int64
 	count       int64
 }
@@ -81,8 +87,9 @@ func NewNode(rec schemas.NodeRecord) *Node {
 		n.build = buildKey(schemas.Platform{OS: h.OS, Architecture: h.Architecture, Variant: h.Variant})
 		acc := rec.Facts.Host.Accelerator
 		for _, d := range acc.Devices {
-			n.models = append(n.models, strings.ToLower(d.Model))
+			n.devices = append(n.devices, cardKind{model: unique.Make(strings.ToLower(d.Model)), memoryBytes: d.MemoryBytes, count: d.Count})
 		}
+		n.gpuCount = acc.GPUCount()
 		for _, c := range acc.Cards {
 			cd := card{uuid: c.UUID, model: strings.ToLower(c.Model), memoryBytes: c.MemoryBytes,
 				healthy: c.Health == "" || c.Health == schemas.GPUHealthOK}
@@ -100,12 +107,12 @@ func NewNode(rec schemas.NodeRecord) *Node {
 
 func (n *Node) countUsable(c card) {
 	for i := range n.usableKinds {
-		if k := &n.usableKinds[i]; k.model == c.model && k.memoryBytes == c.memoryBytes {
+		if k := &n.usableKinds[i]; k.model.Value() == c.model && k.memoryBytes == c.memoryBytes {
 			k.count++
 			return
 		}
 	}
-	n.usableKinds = append(n.usableKinds, cardKind{model: c.model, memoryBytes: c.memoryBytes, count: 1})
+	n.usableKinds = append(n.usableKinds, cardKind{model: unique.Make(c.model), memoryBytes: c.memoryBytes, count: 1})
 }
 
 // MaxWorkloads is how many workloads the node runs at once, 0 for no cap:
@@ -120,6 +127,16 @@ func (n *Node) MaxWorkloads() int {
 		return a
 	}
 	return min(a, b)
+}
+
+// holdsCards reports whether any running booking holds a card.
+func (n *Node) holdsCards() bool {
+	for _, b := range n.Running {
+		if len(b.GPUs) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // held reports whether a running booking holds the card.
@@ -148,8 +165,14 @@ func (n *Node) freeCards(want *schemas.GPURequirement, model string, limit int64
 	return free
 }
 
-// freeCount is len(freeCards(want, model, limit)) without building the list.
-func (n *Node) freeCount(want *schemas.GPURequirement, model string, limit int64) int64 {
+// freeCount is len(freeCards(want, model, limit)) without building the list;
+// usable is how many of the node's usable cards match want, held or not.
+func (n *Node) freeCount(want *schemas.GPURequirement, model string, limit, usable int64) int64 {
+	if !n.holdsCards() {
+		// Nothing held: every matching usable card is free, so the
+		// per-card search over the bookings is skipped.
+		return min(limit, usable)
+	}
 	var count int64
 	for _, c := range n.cards {
 		if count == limit {
@@ -305,25 +328,6 @@ func (f *Fleet) learn(im schemas.ImageLocality) {
 		ref.total += s
 	}
 	f.images[im.ManifestDigest] = ref
-}
-
-// gpuMatches counts the node's cards that satisfy req; model is req.Model
-// lowercased by the caller once per decision.
-func gpuMatches(n *Node, a schemas.AcceleratorFacts, req *schemas.GPURequirement, model string) int64 {
-	if req == nil {
-		return a.GPUCount()
-	}
-	var count int64
-	for i, d := range a.Devices {
-		if model != "" && (i >= len(n.models) || !strings.Contains(n.models[i], model)) {
-			continue
-		}
-		if d.MemoryBytes < req.MinMemoryBytes {
-			continue
-		}
-		count += d.Count
-	}
-	return count
 }
 
 // Node returns the node with id, or nil.
