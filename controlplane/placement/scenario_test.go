@@ -215,16 +215,7 @@ func TestAcceptance_PlacementScenarios(t *testing.T) {
 	}
 	for _, file := range files {
 		t.Run(strings.TrimSuffix(filepath.Base(file), ".json"), func(t *testing.T) {
-			b, err := os.ReadFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var s scenario
-			dec := json.NewDecoder(strings.NewReader(string(b)))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&s); err != nil {
-				t.Fatalf("%s: %v", file, err)
-			}
+			s := loadScenario(t, file)
 			fleet, req := s.fleet(t)
 			d := Decide(req, fleet, scenarioNow, DefaultConfig())
 			if d.Winner != s.Expect.Winner || d.WinnerQueued != s.Expect.Queued {
@@ -253,4 +244,19 @@ func TestAcceptance_PlacementScenarios(t *testing.T) {
 			}
 		})
 	}
+}
+
+func loadScenario(t *testing.T, file string) scenario {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s scenario
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return s
 }

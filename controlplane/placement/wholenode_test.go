@@ -1,28 +1,11 @@
 package placement
 
 import (
-	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/warmfleet/warmfleet/schemas"
 )
-
-func loadScenario(t *testing.T, file string) scenario {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s scenario
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
-	return s
-}
 
 func candidate(t *testing.T, cs []schemas.Candidate, id string) schemas.Candidate {
 	t.Helper()
