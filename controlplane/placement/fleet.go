@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -149,18 +150,26 @@ func (n *Node) held(uuid string) bool {
 	return false
 }
 
-// freeCards returns up to limit of the node's usable cards that match want
-// (model is want.Model lowercased) and that no running booking holds, in
-// index order.
+// free yields the node's usable cards that match want (model is
+// want.Model lowercased) and that no running booking holds, in index order.
+func (n *Node) free(want *schemas.GPURequirement, model string) iter.Seq[card] {
+	return func(yield func(card) bool) {
+		for _, c := range n.cards {
+			if c.usable() && c.matches(want, model) && !n.held(c.uuid) && !yield(c) {
+				return
+			}
+		}
+	}
+}
+
+// freeCards returns up to limit of the cards free yields.
 func (n *Node) freeCards(want *schemas.GPURequirement, model string, limit int64) []card {
 	var free []card
-	for _, c := range n.cards {
+	for c := range n.free(want, model) {
 		if int64(len(free)) == limit {
 			break
 		}
-		if c.usable() && c.matches(want, model) && !n.held(c.uuid) {
-			free = append(free, c)
-		}
+		free = append(free, c)
 	}
 	return free
 }
@@ -174,13 +183,11 @@ func (n *Node) freeCount(want *schemas.GPURequirement, model string, limit, usab
 		return min(limit, usable)
 	}
 	var count int64
-	for _, c := range n.cards {
+	for range n.free(want, model) {
 		if count == limit {
 			break
 		}
-		if c.usable() && c.matches(want, model) && !n.held(c.uuid) {
-			count++
-		}
+		count++
 	}
 	return count
 }
