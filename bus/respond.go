@@ -39,8 +39,9 @@ func (s Subscriptions) Stop() {
 }
 
 // QueueSubscribeAll subscribes each handler in the control plane's queue
-// group. On failure it stops the subscriptions it made and returns the
-// error.
+// group and returns once the server holds every subscription, so a request
+// sent from any connection after it returns finds its responder. On
+// failure it stops the subscriptions it made and returns the error.
 func QueueSubscribeAll(nc *nats.Conn, handlers map[string]nats.MsgHandler) (Subscriptions, error) {
 	var subs Subscriptions
 	for subj, h := range handlers {
@@ -50,6 +51,12 @@ func QueueSubscribeAll(nc *nats.Conn, handlers map[string]nats.MsgHandler) (Subs
 			return nil, fmt.Errorf("bus: subscribe %s: %w", subj, err)
 		}
 		subs = append(subs, s)
+	}
+	// The subscriptions travel to the server asynchronously; a request from
+	// another connection could otherwise meet "no responders".
+	if err := nc.Flush(); err != nil {
+		subs.Stop()
+		return nil, fmt.Errorf("bus: flush subscriptions: %w", err)
 	}
 	return subs, nil
 }
