@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	ctrd "github.com/containerd/containerd"
 	"github.com/containerd/containerd/content"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/images"
@@ -21,8 +22,9 @@ import (
 	"github.com/containerd/containerd/leases"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"github.com/warmfleet/warmfleet/noderuntime"
 	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
 // maxIndexDepth bounds the search through nested indexes of an archive
@@ -33,19 +35,27 @@ const maxIndexDepth = 3
 // died mid-import (containerd's own default for a client lease).
 const importLeaseExpiry = 24 * time.Hour
 
-// findArchive returns the archive in ImageDir that should hold want:
+// archiveDir is the directory of OCI image archives EnsureImage imports
+// from before it tries a registry.
+type archiveDir struct {
+	dir    string // "" disables archives
+	client *ctrd.Client
+	log    *zap.Logger
+}
+
+// find returns the archive in the directory that should hold want:
 // <hex>.tar when it exists, else the first *.tar whose blobs include want.
-func (r *Runtime) findArchive(ctx context.Context, want digest.Digest) (string, bool, error) {
-	if r.imageDir == "" {
+func (a archiveDir) find(ctx context.Context, want digest.Digest) (string, bool, error) {
+	if a.dir == "" {
 		return "", false, nil
 	}
-	named := filepath.Join(r.imageDir, want.Encoded()+".tar")
+	named := filepath.Join(a.dir, want.Encoded()+".tar")
 	if _, err := os.Stat(named); err == nil {
 		return named, true, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return "", false, fmt.Errorf("image archive %s: %w", named, err)
 	}
-	entries, err := os.ReadDir(r.imageDir)
+	entries, err := os.ReadDir(a.dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return "", false, nil
@@ -61,10 +71,10 @@ func (r *Runtime) findArchive(ctx context.Context, want digest.Digest) (string, 
 		if err := ctx.Err(); err != nil {
 			return "", false, err
 		}
-		p := filepath.Join(r.imageDir, e.Name())
+		p := filepath.Join(a.dir, e.Name())
 		ok, err := archiveHasEntry(p, blobName)
 		if err != nil {
-			r.log.Warn("skipping unreadable image archive", zap.String("archive", p), zap.Error(err))
+			a.log.Warn("skipping unreadable image archive", zap.String("archive", p), zap.Error(err))
 			continue
 		}
 		if ok {
@@ -98,13 +108,13 @@ func archiveHasEntry(p, name string) (bool, error) {
 	}
 }
 
-// importArchive loads an OCI (or Docker) archive into the content store and
+// importImage loads an OCI (or Docker) archive into the content store and
 // names only the image whose digest is want: names the archive itself
 // carries are ignored, so importing cannot retarget other images. Of an
 // index only spec.Platform's build is kept: the rest of the archive is
 // referenced by nothing once the import's lease ends, and that lease's
 // deletion collects it before this returns.
-func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Digest, name string, spec noderuntime.ImageSpec) (images.Image, int64, error) {
+func (a archiveDir) importImage(ctx context.Context, p string, want digest.Digest, name string, spec noderuntime.ImageSpec) (images.Image, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return images.Image{}, 0, fmt.Errorf("open image archive: %w", err)
@@ -117,7 +127,7 @@ func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Diges
 
 	// The lease keeps imported blobs from garbage collection until the
 	// image record references them.
-	ls := r.client.LeasesService()
+	ls := a.client.LeasesService()
 	lease, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(importLeaseExpiry))
 	if err != nil {
 		return images.Image{}, 0, fmt.Errorf("lease for import: %w", err)
@@ -125,11 +135,11 @@ func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Diges
 	ctx = leases.WithLease(ctx, lease.ID)
 	defer func() {
 		if err := ls.Delete(context.WithoutCancel(ctx), lease, leases.SynchronousDelete); err != nil {
-			r.log.Warn("end import lease", zap.String("archive", p), zap.Error(err))
+			a.log.Warn("end import lease", zap.String("archive", p), zap.Error(err))
 		}
 	}()
 
-	cs := r.client.ContentStore()
+	cs := a.client.ContentStore()
 	var src io.Reader = f
 	if spec.Progress != nil {
 		src = &countingReader{r: f, total: st.Size(), fn: spec.Progress}
@@ -164,14 +174,14 @@ func (r *Runtime) importArchive(ctx context.Context, p string, want digest.Diges
 		}
 		return images.Image{}, 0, fmt.Errorf("label content of %s: %w", want, err)
 	}
-	complete, err := r.complete(ctx, *target, spec.Platform)
+	complete, err := complete(ctx, cs, *target, spec.Platform)
 	if err != nil {
 		return images.Image{}, 0, err
 	}
 	if !complete {
 		return images.Image{}, 0, fmt.Errorf("image archive %s lacks layers of %s for %s", p, want, platformName(spec.Platform))
 	}
-	img, err := r.nameImage(ctx, name, *target)
+	img, err := nameImage(ctx, a.client.ImageService(), name, *target)
 	if err != nil {
 		return images.Image{}, 0, err
 	}

@@ -6,10 +6,8 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/cdispec"
 	"github.com/warmfleet/warmfleet/noderuntime"
@@ -20,36 +18,46 @@ import (
 // what each workload holds.
 const labelDevices = labelPrefix + "devices"
 
-// checkDevices resolves devices against the host's CDI specs without
-// creating anything, so a Launch that cannot give them fails before it
-// makes a snapshot. Failures match noderuntime.ErrDeviceUnavailable.
-func (r *Runtime) checkDevices(devices []string) error {
-	if len(devices) == 0 {
+// devices gives workloads the devices their specs name, as the host's CDI
+// specs describe them.
+type devices struct {
+	cdi *cdispec.Registry
+}
+
+// check resolves names against the host's CDI specs without creating
+// anything, so a Launch that cannot give them fails before it makes a
+// snapshot. Failures match noderuntime.ErrDeviceUnavailable.
+func (d devices) check(names []string) error {
+	if len(names) == 0 {
 		return nil
 	}
-	for _, d := range devices {
-		if strings.Contains(d, ",") {
-			return fmt.Errorf("%w: %w: %q", noderuntime.ErrDeviceUnavailable, cdispec.ErrInvalidName, d)
+	for _, name := range names {
+		if strings.Contains(name, ",") {
+			return fmt.Errorf("%w: %w: %q", noderuntime.ErrDeviceUnavailable, cdispec.ErrInvalidName, name)
 		}
 	}
 	probe := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{Resources: &specs.LinuxResources{}}}
-	if err := r.cdi.Inject(probe, devices); err != nil {
+	if err := d.cdi.Inject(probe, names); err != nil {
 		return fmt.Errorf("%w: %w", noderuntime.ErrDeviceUnavailable, err)
 	}
 	return nil
 }
 
-// withDevices applies the CDI edits of devices to the container's spec.
-// It runs after the image config, so a device's env wins over the image's;
-// the workload's own env (spec.Env, applied before it) is kept unless a
-// device sets the same variable.
-func (r *Runtime) withDevices(devices []string) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
-		if err := r.cdi.Inject(s, devices); err != nil {
+// opts applies the CDI edits of the devices names to the container's
+// spec; none when no device is named. They run after the image config,
+// so a device's env wins over the image's; the workload's own env
+// (spec.Env, applied before it) is kept unless a device sets the same
+// variable.
+func (d devices) opts(names []string) []oci.SpecOpts {
+	if len(names) == 0 {
+		return nil
+	}
+	return []oci.SpecOpts{func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if err := d.cdi.Inject(s, names); err != nil {
 			return fmt.Errorf("%w: %w", noderuntime.ErrDeviceUnavailable, err)
 		}
 		return nil
-	}
+	}}
 }
 
 // deviceLabel is the label value recording devices.
@@ -62,13 +70,4 @@ func labelledDevices(labels map[string]string) []string {
 		return nil
 	}
 	return strings.Split(v, ",")
-}
-
-// removeSnapshot undoes the snapshot NewContainer made before it failed.
-func (r *Runtime) removeSnapshot(ctx context.Context, key string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	if err := r.client.SnapshotService(r.snapshotter).Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
-		r.log.Warn("undo launch: remove snapshot", zap.String("snapshot", key), zap.Error(err))
-	}
 }

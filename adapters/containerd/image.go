@@ -5,16 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	ctrd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/content"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/images"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -30,22 +31,32 @@ const (
 	sourceRegistry = "registry"
 )
 
-// EnsureImage makes the build for spec.Platform of the image pinned by
-// spec.ManifestDigest present (from containerd, else an archive in
-// ImageDir, else a registry pull) under the name spec.Reference, and
-// unpacks it when asked. Of a multi-platform index only that build is
-// fetched; an image without it is noderuntime.ErrPlatformNotInImage. Each
-// success marks the image used now.
-func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
-	ctx = r.ctx(ctx)
-	res, err := r.ensureImage(ctx, spec)
+// imageStore puts the images workloads run into containerd and finds them
+// there: from containerd itself, else an archive in the image directory,
+// else a registry. It also takes them out again (RemoveImage). Its lock
+// keeps an ensure and a removal of one image from overlapping.
+type imageStore struct {
+	client      *ctrd.Client
+	snapshotter string
+	archives    archiveDir
+	registry    *registry
+	inventory   *inventory  // what a removal frees
+	locks       keyed.Mutex // by image digest
+	log         *zap.Logger
+}
+
+// ensure is Runtime.EnsureImage: each success marks the image used now.
+func (s *imageStore) ensure(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
+	res, err := s.obtain(ctx, spec)
 	if err == nil {
-		r.markUsed(ctx, digest.Digest(spec.ManifestDigest))
+		s.markUsed(ctx, digest.Digest(spec.ManifestDigest))
 	}
 	return res, err
 }
 
-func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
+// obtain finds the image in containerd, else imports it from an archive,
+// else pulls it, under the image's lock, which it takes.
+func (s *imageStore) obtain(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
 	want, err := digest.Parse(spec.ManifestDigest)
 	if err != nil {
 		return noderuntime.ImageResult{}, fmt.Errorf("ensure image %q: invalid manifest digest %q: %w", spec.Reference, spec.ManifestDigest, err)
@@ -57,41 +68,41 @@ func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 	if name == "" {
 		name = want.String()
 	}
-	log := r.log.With(zap.String("image", name))
+	log := s.log.With(zap.String("image", name))
 
 	// Concurrent Runs of one image import it once; the rest see it present.
-	unlock, err := r.imageLocks.LockContext(ctx, want.String())
+	unlock, err := s.locks.LockContext(ctx, want.String())
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}
 	defer unlock()
 
-	img, found, err := r.findImage(ctx, want, name, spec.Platform)
+	img, found, err := s.find(ctx, want, name, spec.Platform)
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}
 	if found {
 		if img.Name != name {
-			if img, err = r.nameImage(ctx, name, img.Target); err != nil {
+			if img, err = nameImage(ctx, s.client.ImageService(), name, img.Target); err != nil {
 				return noderuntime.ImageResult{}, err
 			}
 		}
-		if err := r.unpackIfAsked(ctx, img, spec); err != nil {
+		if err := s.unpackIfAsked(ctx, img, spec); err != nil {
 			return noderuntime.ImageResult{}, err
 		}
 		return noderuntime.ImageResult{AlreadyPresent: true, Source: sourceLocal}, nil
 	}
 
-	archivePath, found, err := r.findArchive(ctx, want)
+	archivePath, found, err := s.archives.find(ctx, want)
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}
 	if found {
-		img, size, err := r.importArchive(ctx, archivePath, want, name, spec)
+		img, size, err := s.archives.importImage(ctx, archivePath, want, name, spec)
 		if err != nil {
 			return noderuntime.ImageResult{}, err
 		}
-		if err := r.unpackIfAsked(ctx, img, spec); err != nil {
+		if err := s.unpackIfAsked(ctx, img, spec); err != nil {
 			return noderuntime.ImageResult{}, err
 		}
 		log.Info("imported image archive", zap.String("archive", archivePath), zap.Int64("bytes", size))
@@ -100,9 +111,9 @@ func (r *Runtime) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (
 
 	if spec.Reference == "" {
 		return noderuntime.ImageResult{}, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and no reference to pull was given",
-			noderuntime.ErrImageNotFound, want, r.imageDir)
+			noderuntime.ErrImageNotFound, want, s.archives.dir)
 	}
-	fetched, err := r.pull(ctx, spec, want)
+	fetched, err := s.registry.pull(ctx, spec, want)
 	if err != nil {
 		return noderuntime.ImageResult{}, err
 	}
@@ -122,19 +133,20 @@ func checkReference(ref string, want digest.Digest) error {
 	return nil
 }
 
-// findImage returns an image record targeting want whose content for
+// find returns an image record targeting want whose content for
 // platform p is all present, preferring the one called name. A record whose
 // image has no build for p is ErrPlatformNotInImage: the digest pins the
 // content, so no source can have that build.
-func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string, p *schemas.Platform) (images.Image, bool, error) {
-	recs, err := r.client.ImageService().List(ctx, "target.digest=="+want.String())
+func (s *imageStore) find(ctx context.Context, want digest.Digest, name string, p *schemas.Platform) (images.Image, bool, error) {
+	recs, err := s.client.ImageService().List(ctx, "target.digest=="+want.String())
 	if err != nil {
 		return images.Image{}, false, fmt.Errorf("list images with digest %s: %w", want, err)
 	}
+	cs := s.client.ContentStore()
 	var best images.Image
 	found := false
 	for _, rec := range recs {
-		complete, err := r.complete(ctx, rec.Target, p)
+		complete, err := complete(ctx, cs, rec.Target, p)
 		if err != nil {
 			return images.Image{}, false, err
 		}
@@ -150,8 +162,7 @@ func (r *Runtime) findImage(ctx context.Context, want digest.Digest, name string
 
 // complete says whether the manifest, config and layers of p's build are
 // all in the content store. A record alone can outlive its content.
-func (r *Runtime) complete(ctx context.Context, target ocispec.Descriptor, p *schemas.Platform) (bool, error) {
-	cs := r.client.ContentStore()
+func complete(ctx context.Context, cs content.Store, target ocispec.Descriptor, p *schemas.Platform) (bool, error) {
 	if _, err := buildFor(ctx, cs, target, p); errdefs.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {
@@ -165,8 +176,7 @@ func (r *Runtime) complete(ctx context.Context, target ocispec.Descriptor, p *sc
 }
 
 // nameImage points the record called name at target, creating it if needed.
-func (r *Runtime) nameImage(ctx context.Context, name string, target ocispec.Descriptor) (images.Image, error) {
-	is := r.client.ImageService()
+func nameImage(ctx context.Context, is images.Store, name string, target ocispec.Descriptor) (images.Image, error) {
 	rec := images.Image{Name: name, Target: target}
 	img, err := is.Update(ctx, rec, "target")
 	if errdefs.IsNotFound(err) {
@@ -181,102 +191,127 @@ func (r *Runtime) nameImage(ctx context.Context, name string, target ocispec.Des
 	return img, nil
 }
 
-func (r *Runtime) unpackIfAsked(ctx context.Context, rec images.Image, spec noderuntime.ImageSpec) error {
+func (s *imageStore) unpackIfAsked(ctx context.Context, rec images.Image, spec noderuntime.ImageSpec) error {
 	if !spec.Unpack {
 		return nil
 	}
-	img := ctrd.NewImageWithPlatform(r.client, rec, platformMatcher(spec.Platform))
-	return r.unpack(ctx, img)
+	img := ctrd.NewImageWithPlatform(s.client, rec, platformMatcher(spec.Platform))
+	return s.unpack(ctx, img)
 }
 
 // unpack makes the image's layers available in the snapshotter.
-func (r *Runtime) unpack(ctx context.Context, img ctrd.Image) error {
-	ok, err := img.IsUnpacked(ctx, r.snapshotter)
+func (s *imageStore) unpack(ctx context.Context, img ctrd.Image) error {
+	ok, err := img.IsUnpacked(ctx, s.snapshotter)
 	if err != nil {
 		return fmt.Errorf("check unpacked %s: %w", img.Name(), err)
 	}
 	if ok {
 		return nil
 	}
-	if err := img.Unpack(ctx, r.snapshotter); err != nil {
-		return fmt.Errorf("unpack %s into %s: %w", img.Name(), r.snapshotter, err)
+	if err := img.Unpack(ctx, s.snapshotter); err != nil {
+		return fmt.Errorf("unpack %s into %s: %w", img.Name(), s.snapshotter, err)
 	}
 	return nil
 }
 
-// pull fetches p's build from the reference's registry, counting bytes it
-// had to download (content already present is not fetched again). Of an
-// index, containerd fetches the one manifest the matcher picks first and
-// only its config and layers.
-func (r *Runtime) pull(ctx context.Context, spec noderuntime.ImageSpec, want digest.Digest) (int64, error) {
-	// Our own lease keeps what the pull fetched (the index above all) until
-	// it is checked below, whether or not containerd named an image.
-	ctx, done, err := r.client.WithLease(ctx)
+// forLaunch finds the pinned image in containerd and makes sure it is
+// unpacked. It does not fetch: that is ensure's job.
+func (s *imageStore) forLaunch(ctx context.Context, spec noderuntime.WorkloadSpec) (ctrd.Image, error) {
+	want, err := digest.Parse(spec.ManifestDigest)
 	if err != nil {
-		return 0, fmt.Errorf("lease for pull: %w", err)
+		return nil, fmt.Errorf("invalid manifest digest %q: %w", spec.ManifestDigest, err)
 	}
-	defer func() { _ = done(context.WithoutCancel(ctx)) }()
-	cs := r.client.ContentStore()
-	// Whether a record already carried this name: only one this pull made
-	// is removed below.
-	_, err = r.client.ImageService().Get(ctx, spec.Reference)
-	named := !errdefs.IsNotFound(err)
-	var fetched atomic.Int64
-	count := images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
-		// Runs before the fetch handler, so absent content is about to be downloaded.
-		if _, err := cs.Info(ctx, desc.Digest); errdefs.IsNotFound(err) {
-			fetched.Add(desc.Size)
+	rec, found, err := s.find(ctx, want, spec.ImageReference, spec.Platform)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: %s (%s) is not in containerd; EnsureImage first", noderuntime.ErrImageNotFound, spec.ImageReference, want)
+	}
+	// The platform names which build of an index runs; a single manifest
+	// of another platform was refused by find.
+	img := ctrd.NewImageWithPlatform(s.client, rec, platformMatcher(spec.Platform))
+	if err := s.unpack(ctx, img); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// markUsed records now as the image's last use on every record naming it.
+// A failure is logged, not returned: the image is usable, and collection
+// then falls back to when the record was last updated.
+func (s *imageStore) markUsed(ctx context.Context, want digest.Digest) {
+	is := s.client.ImageService()
+	recs, err := is.List(ctx, "target.digest=="+want.String())
+	if err != nil {
+		s.log.Warn("mark image used", zap.Stringer("digest", want), zap.Error(err))
+		return
+	}
+	now := formatTime(time.Now())
+	for _, rec := range recs {
+		rec.Labels = map[string]string{labelImageLastUsed: now}
+		if _, err := is.Update(ctx, rec, "labels."+labelImageLastUsed); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Warn("mark image used", zap.String("image", rec.Name), zap.Error(err))
 		}
-		return nil, nil
-	})
-	ref, err := schemas.ParseImageRef("reference", spec.Reference)
+	}
+}
+
+// remove deletes every record naming the image, letting containerd's
+// garbage collector take the content and snapshots nothing else references
+// (the last delete waits for it), then removes what is left of its layer
+// chain that no other image shares. It returns the bytes that are gone.
+func (s *imageStore) remove(ctx context.Context, manifestDigest string) (noderuntime.RemovedImage, error) {
+	want, err := digest.Parse(manifestDigest)
 	if err != nil {
-		return 0, fmt.Errorf("pull %s: %w", spec.Reference, err)
+		return noderuntime.RemovedImage{}, fmt.Errorf("remove image: invalid manifest digest %q: %w", manifestDigest, err)
 	}
-	resolver, auth := r.resolver(ctx, spec, ref)
-	opts := []ctrd.RemoteOpt{
-		ctrd.WithResolver(resolver),
-		ctrd.WithImageHandler(count),
-		ctrd.WithPlatformMatcher(platformMatcher(spec.Platform)),
-		ctrd.WithPullSnapshotter(r.snapshotter),
+	// An ensure of the same image waits, and then finds it gone.
+	unlock, err := s.locks.LockContext(ctx, want.String())
+	if err != nil {
+		return noderuntime.RemovedImage{}, err
 	}
-	if spec.Unpack {
-		opts = append(opts, ctrd.WithPullUnpack)
+	defer unlock()
+
+	is := s.client.ImageService()
+	recs, err := is.List(ctx, "target.digest=="+want.String())
+	if err != nil {
+		return noderuntime.RemovedImage{}, fmt.Errorf("remove image %s: list: %w", want, err)
 	}
-	if spec.Progress != nil {
-		var p pullProgress
-		opts = append(opts, ctrd.WithImageHandlerWrapper(p.wrap(cs)))
-		pctx, stop := context.WithCancel(ctx)
-		polled := make(chan struct{})
-		go func() { defer close(polled); p.poll(pctx, cs, 250*time.Millisecond, spec.Progress) }()
-		defer func() { stop(); <-polled }()
+	if len(recs) == 0 {
+		return noderuntime.RemovedImage{}, nil
 	}
-	img, err := r.client.Pull(ctx, spec.Reference, opts...)
-	// An index without p's build pulls as the index alone (or fails to
-	// unpack): say so, and leave no record naming it.
-	if target, ok := storedDescriptor(ctx, cs, want); ok {
-		if _, berr := buildFor(ctx, cs, target, spec.Platform); errors.Is(berr, noderuntime.ErrPlatformNotInImage) {
-			if !named {
-				_ = r.client.ImageService().Delete(ctx, spec.Reference)
+	before, err := s.inventory.footprint(ctx, recs[0].Target)
+	if err != nil {
+		return noderuntime.RemovedImage{}, fmt.Errorf("remove image %s: %w", want, err)
+	}
+	shared, err := s.inventory.otherChains(ctx, want)
+	if err != nil {
+		return noderuntime.RemovedImage{}, fmt.Errorf("remove image %s: %w", want, err)
+	}
+	for i, rec := range recs {
+		var opts []images.DeleteOpt
+		if i == len(recs)-1 {
+			opts = append(opts, images.SynchronousDelete())
+		}
+		if err := is.Delete(ctx, rec.Name, opts...); err != nil && !errdefs.IsNotFound(err) {
+			return noderuntime.RemovedImage{}, fmt.Errorf("remove image %s: delete %s: %w", want, rec.Name, err)
+		}
+	}
+	// The collector takes an unpacked chain with its config; a snapshot it
+	// left (one a lease or an interrupted unpack held) goes here, top
+	// first, stopping at one that still has children.
+	chains := before.chain
+	sn := s.client.SnapshotService(s.snapshotter)
+	for i := len(chains) - 1; i >= 0; i-- {
+		if shared[chains[i]] {
+			break
+		}
+		if err := sn.Remove(ctx, chains[i]); err != nil && !errdefs.IsNotFound(err) {
+			if errdefs.IsFailedPrecondition(err) {
+				break // a container's or another image's layer sits on it
 			}
-			return 0, berr
+			return noderuntime.RemovedImage{}, fmt.Errorf("remove image %s: snapshot %s: %w", want, chains[i], err)
 		}
 	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("pull %s: %w", spec.Reference, ctx.Err())
-		}
-		if err := auth.authFailure(err, spec.Reference); errors.Is(err, noderuntime.ErrRegistryAuth) {
-			return 0, err
-		}
-		// The error carries the registry's answer but never a credential:
-		// the authorizer sends it in a header the client does not log.
-		return 0, fmt.Errorf("%w: %s is neither in containerd nor in image dir %q, and pulling it failed: %w",
-			noderuntime.ErrImageNotFound, spec.Reference, r.imageDir, err)
-	}
-	if got := img.Target().Digest; got != want {
-		_ = r.client.ImageService().Delete(ctx, img.Name())
-		return 0, fmt.Errorf("%w: registry served %s for %s, the run pins %s", ErrDigestMismatch, got, spec.Reference, want)
-	}
-	return fetched.Load(), nil
+	return noderuntime.RemovedImage{Freed: s.inventory.gone(ctx, before)}, nil
 }

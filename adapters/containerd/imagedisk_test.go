@@ -50,14 +50,14 @@ func (f *fixture) testImageDisk(t *testing.T) {
 		f.ensure(t, gone, true)
 		f.ensure(t, stays, true)
 		// A second name must go too.
-		if _, err := f.rt.nameImage(ctx, "localhost/evicted-alias:latest", f.targetOf(t, gone)); err != nil {
+		if _, err := nameImage(ctx, f.rt.client.ImageService(), "localhost/evicted-alias:latest", f.targetOf(t, gone)); err != nil {
 			t.Fatal(err)
 		}
-		goneFP, err := f.rt.footprint(ctx, f.targetOf(t, gone))
+		goneFP, err := f.rt.inventory.footprint(ctx, f.targetOf(t, gone))
 		if err != nil {
 			t.Fatal(err)
 		}
-		staysFP, err := f.rt.footprint(ctx, f.targetOf(t, stays))
+		staysFP, err := f.rt.inventory.footprint(ctx, f.targetOf(t, stays))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +131,7 @@ func (f *fixture) testImageDisk(t *testing.T) {
 		// A second image (another manifest digest) over the same layer: an
 		// index wrapping the manifest.
 		idx := f.indexOver(t, img)
-		fp, err := f.rt.footprint(ctx, f.targetOf(t, img))
+		fp, err := f.rt.inventory.footprint(ctx, f.targetOf(t, img))
 		if err != nil {
 			t.Fatal(err)
 		}

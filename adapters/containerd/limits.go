@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/warmfleet/warmfleet/noderuntime"
@@ -22,19 +24,43 @@ import (
 // unknown name, or a soft limit above the hard one.
 var ErrInvalidUlimit = errors.New("invalid ulimit")
 
-// limitOpts sizes /dev/shm and sets the process limits: memlock as high as
-// memlockMax when asked for unlimited or when the workload is given
-// devices (GPU work pins memory), then each of spec.Ulimits over
-// containerd's defaults.
-func limitOpts(spec noderuntime.WorkloadSpec, memlockMax uint64) ([]oci.SpecOpts, error) {
+// limits puts a workload's limits in its spec, within what this host
+// allows: its CPU and memory, /dev/shm's size and its process limits.
+type limits struct {
+	// memlockMax is what MemlockUnlimited gives (memlockCeiling).
+	memlockMax uint64
+	// swap says whether memory+swap can be capped (swapLimitSupported).
+	swap bool
+}
+
+// newLimits finds this host's ceilings once; they hold for the process's
+// life.
+func newLimits(log *zap.Logger) (limits, error) {
+	memlockMax, err := memlockCeiling()
+	if err != nil {
+		return limits{}, err
+	}
+	if memlockMax != noderuntime.Unlimited {
+		log.Warn("without CAP_SYS_RESOURCE, workloads that need unlimited memlock get this process's own hard limit", zap.Uint64("memlock_bytes", memlockMax))
+	}
+	return limits{memlockMax: memlockMax, swap: swapLimitSupported()}, nil
+}
+
+// opts caps CPU and memory, sizes /dev/shm and sets the process limits:
+// memlock as high as memlockMax when asked for unlimited or when the
+// workload is given devices (GPU work pins memory), then each of
+// spec.Ulimits over containerd's defaults. A ulimit runc would refuse is
+// ErrInvalidUlimit.
+func (l limits) opts(spec noderuntime.WorkloadSpec) ([]oci.SpecOpts, error) {
+	opts := l.resources(spec)
 	shm := spec.ShmBytes
 	if shm <= 0 {
 		shm = noderuntime.DefaultShmBytes(spec.MemoryBytes)
 	}
-	opts := []oci.SpecOpts{oci.WithDevShmSize((shm + 1023) / 1024)}
+	opts = append(opts, oci.WithDevShmSize((shm+1023)/1024))
 	var rl []specs.POSIXRlimit
 	if spec.MemlockUnlimited || len(spec.Devices) > 0 {
-		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_MEMLOCK", Soft: memlockMax, Hard: memlockMax})
+		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_MEMLOCK", Soft: l.memlockMax, Hard: l.memlockMax})
 	}
 	for _, u := range spec.Ulimits {
 		if !slices.Contains(schemas.UlimitNames(), u.Name) {
@@ -49,6 +75,28 @@ func limitOpts(spec noderuntime.WorkloadSpec, memlockMax uint64) ([]oci.SpecOpts
 		opts = append(opts, withRlimits(rl))
 	}
 	return opts, nil
+}
+
+// resources caps the workload's CPU time and memory.
+func (l limits) resources(spec noderuntime.WorkloadSpec) []oci.SpecOpts {
+	var opts []oci.SpecOpts
+	if spec.CPUMillis > 0 {
+		const period = 100_000 // µs, the kernel's default CFS period
+		quota := spec.CPUMillis * period / 1000
+		if quota < 1000 { // the kernel's minimum quota
+			quota = 1000
+		}
+		opts = append(opts, oci.WithCPUCFS(quota, period))
+	}
+	if spec.MemoryBytes > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(spec.MemoryBytes)))
+		if l.swap {
+			// memory+swap == memory: the limit cannot be dodged by swapping,
+			// so exceeding it is an OOM kill, not a slowdown.
+			opts = append(opts, oci.WithMemorySwap(spec.MemoryBytes))
+		}
+	}
+	return opts
 }
 
 // withRlimits sets each limit, replacing one of the same type; a later
@@ -102,4 +150,15 @@ func hasCapability(capability uint) bool {
 		}
 	}
 	return false
+}
+
+// swapLimitSupported says whether runc can cap memory+swap. On cgroup v1
+// that needs swap accounting (memory.memsw.*), which kernels may lack; runc
+// fails the start if asked for it then. On v2 runc skips it when absent.
+func swapLimitSupported() bool {
+	if isCgroup2(cgroupRoot) {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(cgroupRoot, "memory", "memory.memsw.limit_in_bytes"))
+	return err == nil
 }

@@ -16,12 +16,12 @@ import (
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
-// TestLimitOpts checks the spec limitOpts builds over containerd's
+// TestLimitOpts checks the spec limits.opts builds over containerd's
 // default one, without a daemon.
 func TestLimitOpts(t *testing.T) {
 	gen := func(spec noderuntime.WorkloadSpec) *oci.Spec {
 		t.Helper()
-		opts, err := limitOpts(spec, noderuntime.Unlimited)
+		opts, err := limits{memlockMax: noderuntime.Unlimited}.opts(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +85,7 @@ func TestLimitOpts(t *testing.T) {
 		t.Errorf("core %+v", r)
 	}
 	// Without CAP_SYS_RESOURCE, "unlimited" is the ceiling the host allows.
-	opts, err := limitOpts(noderuntime.WorkloadSpec{MemlockUnlimited: true}, 8<<20)
+	opts, err := limits{memlockMax: 8 << 20}.opts(noderuntime.WorkloadSpec{MemlockUnlimited: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +101,8 @@ func TestLimitOpts(t *testing.T) {
 	}
 
 	for _, bad := range [][]noderuntime.Ulimit{{{Name: "files", Soft: 1, Hard: 1}}, {{Name: "nofile", Soft: 2, Hard: 1}}, {{Name: "NOFILE", Soft: 1, Hard: 1}}} {
-		if _, err := limitOpts(noderuntime.WorkloadSpec{Ulimits: bad}, noderuntime.Unlimited); !errors.Is(err, ErrInvalidUlimit) {
-			t.Errorf("limitOpts(%+v) = %v, want ErrInvalidUlimit", bad, err)
+		if _, err := (limits{memlockMax: noderuntime.Unlimited}).opts(noderuntime.WorkloadSpec{Ulimits: bad}); !errors.Is(err, ErrInvalidUlimit) {
+			t.Errorf("limits.opts(%+v) = %v, want ErrInvalidUlimit", bad, err)
 		}
 	}
 }
@@ -117,8 +117,8 @@ func (f *fixture) testLimits(t *testing.T) {
 		st := wait(t, f.rt, "limits")
 		log, _ := finishedOutput(t, f.rt, "limits")
 		memlock := "memlock unlimited"
-		if f.rt.memlockMax != noderuntime.Unlimited { // a host that withholds CAP_SYS_RESOURCE
-			memlock = "memlock " + strconv.FormatUint(f.rt.memlockMax/1024, 10)
+		if f.rt.workloads.limits.memlockMax != noderuntime.Unlimited { // a host that withholds CAP_SYS_RESOURCE
+			memlock = "memlock " + strconv.FormatUint(f.rt.workloads.limits.memlockMax/1024, 10)
 		}
 		for _, want := range []string{"size=32768k", "nofile 2048 4096", memlock} {
 			if !strings.Contains(string(log), want) {

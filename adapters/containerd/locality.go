@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	ctrd "github.com/containerd/containerd"
 	"github.com/containerd/containerd/content"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/images"
@@ -24,12 +25,20 @@ import (
 // unreadable or unknown blob): the image is reported unknown, never guessed.
 var errUnverifiable = errors.New("image content cannot be verified")
 
-// Images reports every image in this Runtime's namespace, once per target
-// digest (several names may point at one image), sorted by digest. Each is
-// verified now against the content store and the snapshotter Launch uses.
-func (r *Runtime) Images(ctx context.Context) ([]schemas.ImageLocality, error) {
-	ctx = r.ctx(ctx)
-	recs, err := r.client.ImageService().List(ctx)
+// inventory reads what this node holds of each image, as verified now
+// against the content store and the snapshotter Launch uses: where each
+// image stands on the way to a start (its locality, here) and its bytes on
+// disk (imagedisk.go). It changes nothing.
+type inventory struct {
+	client      *ctrd.Client
+	snapshotter string
+	log         *zap.Logger
+}
+
+// localities reports every image in this Runtime's namespace, once per
+// target digest (several names may point at one image), sorted by digest.
+func (inv *inventory) localities(ctx context.Context) ([]schemas.ImageLocality, error) {
+	recs, err := inv.client.ImageService().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list images: %w", err)
 	}
@@ -43,13 +52,13 @@ func (r *Runtime) Images(ctx context.Context) ([]schemas.ImageLocality, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("images: %w", err)
 		}
-		loc, err := r.locality(ctx, rec.Target)
+		loc, err := inv.locality(ctx, rec.Target)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("images: %w", ctx.Err())
 			}
 			// One unreadable image must not hide the others.
-			r.log.Warn("image locality unknown", zap.String("image", rec.Name), zap.Stringer("digest", rec.Target.Digest), zap.Error(err))
+			inv.log.Warn("image locality unknown", zap.String("image", rec.Name), zap.Stringer("digest", rec.Target.Digest), zap.Error(err))
 		}
 		out = append(out, loc)
 	}
@@ -59,9 +68,9 @@ func (r *Runtime) Images(ctx context.Context) ([]schemas.ImageLocality, error) {
 
 // locality measures the build of one image this node holds. On error it still
 // returns what it established, with State unknown.
-func (r *Runtime) locality(ctx context.Context, target ocispec.Descriptor) (schemas.ImageLocality, error) {
+func (inv *inventory) locality(ctx context.Context, target ocispec.Descriptor) (schemas.ImageLocality, error) {
 	loc := schemas.ImageLocality{ManifestDigest: target.Digest.String(), State: schemas.LocalityUnknown, LastVerifiedAt: time.Now()}
-	cs := r.client.ContentStore()
+	cs := inv.client.ContentStore()
 
 	loc.Index = images.IsIndexType(target.MediaType)
 	// An index names one image per platform; what is here is the build a
@@ -119,7 +128,7 @@ func (r *Runtime) locality(ctx context.Context, target ocispec.Descriptor) (sche
 
 	unpacked := 0
 	if configHere && len(config.RootFS.DiffIDs) > 0 {
-		if unpacked, err = r.unpackedLayers(ctx, config.RootFS.DiffIDs); err != nil {
+		if unpacked, err = inv.unpackedLayers(ctx, config.RootFS.DiffIDs); err != nil {
 			return loc, err
 		}
 	}
@@ -138,8 +147,8 @@ func (r *Runtime) locality(ctx context.Context, target ocispec.Descriptor) (sche
 // unpackedLayers is how many leading layers of diffIDs are assembled in the
 // snapshotter: a committed snapshot is keyed by the chain ID of its layer
 // and every layer beneath it, so a chain's presence proves its prefix.
-func (r *Runtime) unpackedLayers(ctx context.Context, diffIDs []digest.Digest) (int, error) {
-	sn := r.client.SnapshotService(r.snapshotter)
+func (inv *inventory) unpackedLayers(ctx context.Context, diffIDs []digest.Digest) (int, error) {
+	sn := inv.client.SnapshotService(inv.snapshotter)
 	chains := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
 	for n := len(chains); n > 0; n-- {
 		_, err := sn.Stat(ctx, chains[n-1].String())
@@ -147,7 +156,7 @@ func (r *Runtime) unpackedLayers(ctx context.Context, diffIDs []digest.Digest) (
 			return n, nil
 		}
 		if !errdefs.IsNotFound(err) {
-			return 0, fmt.Errorf("stat snapshot %s in %s: %w", chains[n-1], r.snapshotter, err)
+			return 0, fmt.Errorf("stat snapshot %s in %s: %w", chains[n-1], inv.snapshotter, err)
 		}
 	}
 	return 0, nil

@@ -31,7 +31,7 @@ func (f *fixture) testImages(t *testing.T) {
 		t.Parallel()
 		ctx := testCtx(t)
 		// A second name for the same image must not make a second entry.
-		if _, err := f.rt.nameImage(f.rt.ctx(ctx), "localhost/second-name:latest", f.manifestDesc(t)); err != nil {
+		if _, err := nameImage(f.rt.ctx(ctx), f.rt.client.ImageService(), "localhost/second-name:latest", f.manifestDesc(t)); err != nil {
 			t.Fatal(err)
 		}
 		want := expectedLocality(t, f.image)

@@ -1,13 +1,10 @@
 package containerd
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,26 +20,9 @@ import (
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
-// Defaults for NetworkOptions.
-const (
-	DefaultBridge = "wf0"
-	// DefaultSubnet is a /16 that Docker, Podman, Kubernetes CNIs and the
-	// usual cloud VPC defaults leave alone.
-	DefaultSubnet = "10.231.0.0/16"
-	// DefaultResolvConf is the host file a workload's /etc/resolv.conf is
-	// copied from, unless it only names systemd-resolved's stub.
-	DefaultResolvConf = "/etc/resolv.conf"
-	// systemdResolvConf lists the upstream servers behind the stub
-	// 127.0.0.53, which a bridged workload cannot reach.
-	systemdResolvConf = "/run/systemd/resolve/resolv.conf"
-	// networkTimeout bounds a network teardown that runs after the
-	// caller's context ended.
-	networkTimeout = 30 * time.Second
-)
-
-// DefaultCNIPluginDirs are searched for CNI plugins: Debian's
-// containernetworking-plugins package, then the upstream location.
-func DefaultCNIPluginDirs() []string { return []string{"/usr/lib/cni", "/opt/cni/bin"} }
+// networkTimeout bounds a network teardown that runs after the caller's
+// context ended.
+const networkTimeout = 30 * time.Second
 
 // cniPlugins are the CNI plugins the bridge network runs.
 func cniPlugins() []string { return []string{"bridge", "host-local", "loopback"} }
@@ -50,30 +30,6 @@ func cniPlugins() []string { return []string{"bridge", "host-local", "loopback"}
 // ErrNetworkUnavailable reports a workload asking for a network this
 // runtime cannot give (the CNI plugins are missing, or the mode is unknown).
 var ErrNetworkUnavailable = errors.New("network unavailable")
-
-// NetworkOptions configures the bridge network workloads get with
-// noderuntime.NetworkBridge, and the DNS every networked workload gets.
-type NetworkOptions struct {
-	// PluginDirs are searched for the CNI plugins bridge, host-local and
-	// loopback; DefaultCNIPluginDirs when empty.
-	PluginDirs []string
-	// Bridge is the Linux bridge the workloads' veths join; DefaultBridge
-	// when empty. The bridge plugin creates it.
-	Bridge string
-	// Subnet is the bridge network's IPv4 CIDR; DefaultSubnet when empty.
-	// Its first address is the bridge's own (the workloads' gateway), and
-	// traffic leaving it is masqueraded.
-	Subnet string
-	// IPAMDir is the host-local IPAM plugin's data dir; <StateDir>/ipam
-	// when empty. Runtimes that share a bridge must share it, or they hand
-	// out the same addresses.
-	IPAMDir string
-	// ResolvConf is copied into bridge and host workloads as
-	// /etc/resolv.conf. Empty means DefaultResolvConf, or
-	// /run/systemd/resolve/resolv.conf when the host's file names only the
-	// systemd-resolved stub 127.0.0.53.
-	ResolvConf string
-}
 
 // netRecord is what the runtime keeps on disk about one workload's
 // network, written before anything is attached, so a restarted runtime can
@@ -99,30 +55,10 @@ type network struct {
 	log          *zap.Logger
 }
 
-// newNetwork prepares the bridge network under stateDir. Missing CNI
-// plugins do not fail it: bridge workloads are then refused and
-// Modes leaves bridge out.
+// newNetwork prepares the bridge network under stateDir, from options
+// NetworkOptions.resolve has checked. Missing CNI plugins do not fail it:
+// bridge workloads are then refused and Modes leaves bridge out.
 func newNetwork(opts NetworkOptions, stateDir string, log *zap.Logger) (*network, error) {
-	if len(opts.PluginDirs) == 0 {
-		opts.PluginDirs = DefaultCNIPluginDirs()
-	}
-	if opts.Bridge == "" {
-		opts.Bridge = DefaultBridge
-	}
-	if opts.Subnet == "" {
-		opts.Subnet = DefaultSubnet
-	}
-	if opts.IPAMDir == "" {
-		opts.IPAMDir = filepath.Join(stateDir, "ipam")
-	}
-	if ip, _, err := net.ParseCIDR(opts.Subnet); err != nil {
-		return nil, fmt.Errorf("network: subnet %q: %w", opts.Subnet, err)
-	} else if ip.To4() == nil {
-		return nil, fmt.Errorf("network: subnet %q is not IPv4", opts.Subnet)
-	}
-	if len(opts.Bridge) > 15 {
-		return nil, fmt.Errorf("network: bridge name %q is longer than 15 bytes", opts.Bridge)
-	}
 	n := &network{
 		name:         "warmfleet-" + opts.Bridge,
 		workloadsDir: filepath.Join(stateDir, "workloads"),
@@ -313,58 +249,6 @@ func (n *network) begin(rec netRecord) (string, error) {
 		return "", fmt.Errorf("network: record: %w", err)
 	}
 	return dir, nil
-}
-
-// resolvMount copies the host's DNS configuration into dir and mounts the
-// copy read-only at /etc/resolv.conf. A host without one gives the
-// workload its image's own.
-func (n *network) resolvMount(dir string) []oci.SpecOpts {
-	src := n.resolvConf
-	if src == "" {
-		src = hostResolvConf()
-	}
-	b, err := os.ReadFile(src)
-	if err != nil {
-		n.log.Warn("no resolv.conf for workload; it keeps its image's", zap.String("source", src), zap.Error(err))
-		return nil
-	}
-	dst := filepath.Join(dir, "resolv.conf")
-	if err := os.WriteFile(dst, b, 0o644); err != nil {
-		n.log.Warn("copy resolv.conf for workload; it keeps its image's", zap.String("path", dst), zap.Error(err))
-		return nil
-	}
-	return []oci.SpecOpts{oci.WithMounts([]specs.Mount{{Destination: "/etc/resolv.conf", Type: "bind", Source: dst, Options: []string{"rbind", "ro"}}})}
-}
-
-// hostResolvConf is DefaultResolvConf, or systemd-resolved's list of
-// upstream servers when the host's file names only its stub.
-func hostResolvConf() string {
-	b, err := os.ReadFile(DefaultResolvConf)
-	if err != nil || !onlyStubResolver(b) {
-		return DefaultResolvConf
-	}
-	if _, err := os.Stat(systemdResolvConf); err == nil {
-		return systemdResolvConf
-	}
-	return DefaultResolvConf
-}
-
-// onlyStubResolver reports whether every nameserver in a resolv.conf is
-// systemd-resolved's stub.
-func onlyStubResolver(b []byte) bool {
-	stub := false
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 2 || f[0] != "nameserver" {
-			continue
-		}
-		if f[1] != "127.0.0.53" {
-			return false
-		}
-		stub = true
-	}
-	return stub
 }
 
 // detach releases what attach gave workload id: its address and veth (a

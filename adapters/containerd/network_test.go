@@ -301,7 +301,11 @@ func TestNetworkSpecOptions(t *testing.T) {
 	if err := os.WriteFile(resolv, []byte("nameserver 192.0.2.1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n, err := newNetwork(NetworkOptions{PluginDirs: []string{t.TempDir()}, ResolvConf: resolv}, state, zap.NewNop())
+	opts, err := NetworkOptions{PluginDirs: []string{t.TempDir()}, ResolvConf: resolv}.resolve(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := newNetwork(opts, state, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +414,7 @@ func TestNetworkOptionsRefused(t *testing.T) {
 		"ipv6 subnet":      {Subnet: "fd00::/64"},
 		"long bridge name": {Bridge: "a-bridge-name-too-long"},
 	} {
-		if _, err := newNetwork(o, t.TempDir(), zap.NewNop()); err == nil {
+		if _, err := o.resolve(t.TempDir()); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

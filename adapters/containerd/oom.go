@@ -28,17 +28,44 @@ import (
 
 const cgroupRoot = "/sys/fs/cgroup"
 
-// watchOOM records OOM events as container labels until ctx ends,
-// resubscribing when the stream breaks (e.g. containerd restarts).
-func (r *Runtime) watchOOM(ctx context.Context) {
-	filter := fmt.Sprintf(`topic=="/tasks/oom",namespace==%q`, r.namespace)
+// oomWatcher records the OOM events of one namespace's containers as
+// their labels, from its start until close.
+type oomWatcher struct {
+	client *ctrd.Client
+	log    *zap.Logger
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+// watchOOM starts watching namespace; ctx (scoped to it) carries values
+// only: the watcher ends with close, not with ctx.
+func watchOOM(ctx context.Context, client *ctrd.Client, namespace string, log *zap.Logger) *oomWatcher {
+	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	w := &oomWatcher{client: client, log: log, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.watch(ctx, namespace)
+	}()
+	return w
+}
+
+// close stops the watcher and waits for it to end.
+func (w *oomWatcher) close() {
+	w.stop()
+	<-w.done
+}
+
+// watch records OOM events until ctx ends, resubscribing when the stream
+// breaks (e.g. containerd restarts).
+func (w *oomWatcher) watch(ctx context.Context, namespace string) {
+	filter := fmt.Sprintf(`topic=="/tasks/oom",namespace==%q`, namespace)
 	backoff := 100 * time.Millisecond
 	for {
-		err := r.consumeOOM(ctx, filter)
+		err := w.consume(ctx, filter)
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("OOM event stream ended; resubscribing", zap.Error(err), zap.Duration("after", backoff))
+		w.log.Warn("OOM event stream ended; resubscribing", zap.Error(err), zap.Duration("after", backoff))
 		select {
 		case <-time.After(backoff):
 		case <-ctx.Done():
@@ -48,11 +75,11 @@ func (r *Runtime) watchOOM(ctx context.Context) {
 	}
 }
 
-// consumeOOM handles one subscription until it fails or ctx ends, and
+// consume handles one subscription until it fails or ctx ends, and
 // returns only after the client's receiving goroutine has exited.
-func (r *Runtime) consumeOOM(ctx context.Context, filter string) error {
+func (w *oomWatcher) consume(ctx context.Context, filter string) error {
 	subCtx, cancel := context.WithCancel(ctx)
-	envs, errs := r.client.Subscribe(subCtx, filter)
+	envs, errs := w.client.Subscribe(subCtx, filter)
 	defer func() {
 		cancel()
 		for range errs { // closed when the receiver goroutine returns
@@ -61,7 +88,7 @@ func (r *Runtime) consumeOOM(ctx context.Context, filter string) error {
 	for {
 		select {
 		case env := <-envs:
-			r.handleOOM(ctx, env)
+			w.handle(ctx, env)
 		case err := <-errs:
 			return err
 		case <-ctx.Done():
@@ -70,21 +97,22 @@ func (r *Runtime) consumeOOM(ctx context.Context, filter string) error {
 	}
 }
 
-func (r *Runtime) handleOOM(ctx context.Context, env *events.Envelope) {
+// handle records one event's OOM kill on its container.
+func (w *oomWatcher) handle(ctx context.Context, env *events.Envelope) {
 	if env == nil || env.Event == nil {
 		return
 	}
 	v, err := typeurl.UnmarshalAny(env.Event)
 	if err != nil {
-		r.log.Warn("decode OOM event", zap.Error(err))
+		w.log.Warn("decode OOM event", zap.Error(err))
 		return
 	}
 	ev, ok := v.(*apievents.TaskOOM)
 	if !ok {
 		return
 	}
-	log := r.log.With(zap.String("workload", ev.ContainerID))
-	container, err := r.client.LoadContainer(ctx, ev.ContainerID)
+	log := w.log.With(zap.String("workload", ev.ContainerID))
+	container, err := w.client.LoadContainer(ctx, ev.ContainerID)
 	if err != nil {
 		if !errdefs.IsNotFound(err) {
 			log.Warn("load container for OOM event", zap.Error(err))
@@ -100,14 +128,14 @@ func (r *Runtime) handleOOM(ctx context.Context, env *events.Envelope) {
 
 // cgroupOOMKilled reads the kernel's OOM-kill counter of the container's
 // memory cgroup. It exists until the task is deleted; false when unreadable.
-func (r *Runtime) cgroupOOMKilled(ctx context.Context, container ctrd.Container) bool {
+func (w *workloads) cgroupOOMKilled(ctx context.Context, container ctrd.Container) bool {
 	spec, err := container.Spec(ctx)
 	if err != nil || spec.Linux == nil {
 		return false
 	}
 	n, err := oomKillCount(cgroupRoot, spec.Linux.CgroupsPath)
 	if err != nil {
-		r.log.Debug("read OOM-kill counter", zap.String("workload", container.ID()), zap.Error(err))
+		w.log.Debug("read OOM-kill counter", zap.String("workload", container.ID()), zap.Error(err))
 		return false
 	}
 	return n > 0
@@ -141,16 +169,5 @@ func oomKillCount(root, cgroupsPath string) (uint64, error) {
 
 func isCgroup2(root string) bool {
 	_, err := os.Stat(filepath.Join(root, "cgroup.controllers"))
-	return err == nil
-}
-
-// swapLimitSupported says whether runc can cap memory+swap. On cgroup v1
-// that needs swap accounting (memory.memsw.*), which kernels may lack; runc
-// fails the start if asked for it then. On v2 runc skips it when absent.
-func swapLimitSupported() bool {
-	if isCgroup2(cgroupRoot) {
-		return true
-	}
-	_, err := os.Stat(filepath.Join(cgroupRoot, "memory", "memory.memsw.limit_in_bytes"))
 	return err == nil
 }

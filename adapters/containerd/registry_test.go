@@ -92,7 +92,7 @@ func (f *fixture) testRegistryAuth(t *testing.T) {
 // TestPlainHTTP: loopback registries and those named insecure are spoken
 // to over plain HTTP, any spelling of the name alike; others over HTTPS.
 func TestPlainHTTP(t *testing.T) {
-	r := &Runtime{insecure: map[string]bool{}}
+	r := &registry{insecure: map[string]bool{}}
 	for _, h := range []string{"Registry.Internal:5000", "http://10.0.0.5:5000/v2/"} {
 		r.insecure[schemas.CanonicalRegistry(h)] = true
 	}

@@ -8,95 +8,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	ctrd "github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/cdispec"
-	"github.com/warmfleet/warmfleet/internal/keyed"
-	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// Defaults for Options.
-const (
-	DefaultAddress   = "/run/containerd/containerd.sock"
-	DefaultNamespace = "warmfleet"
-	// runcRuntime is containerd's runc shim v2, the only runtime we use.
-	runcRuntime = "io.containerd.runc.v2"
-)
-
-// Options configures a Runtime.
-type Options struct {
-	// Address is containerd's gRPC socket; DefaultAddress when empty.
-	Address string
-	// Namespace isolates this agent's images and containers in containerd;
-	// DefaultNamespace when empty.
-	Namespace string
-	// ImageDir holds OCI image archives (<hex>.tar) EnsureImage imports
-	// before it tries a registry. Empty disables archive lookup.
-	ImageDir string
-	// Snapshotter is the containerd snapshotter for rootfs. Empty means
-	// "overlayfs", falling back to "native" when overlayfs did not load.
-	Snapshotter string
-	// LogDir holds the output directories of workloads whose spec names
-	// none, as <LogDir>/<id>. Empty means a directory under os.TempDir
-	// named for the namespace.
-	LogDir string
-	// LogWriter is the binary containerd's shim runs beside each workload
-	// to keep its output (package nodelog's writer: any binary that calls
-	// nodelog.WriterMain first, warmfleet-agent among them). Empty means
-	// this process's own executable. New checks that it answers.
-	LogWriter string
-	// StateDir holds what the runtime keeps per workload beside containerd:
-	// network records, resolv.conf copies, network namespaces and (by
-	// default) the IPAM leases. Empty means a directory under os.TempDir
-	// named for the namespace. Give each runtime its own.
-	StateDir string
-	// Network configures the bridge network and workloads' DNS (network.go).
-	Network NetworkOptions
-	// Logger gets the adapter's logs; zap.NewNop when nil.
-	Logger *zap.Logger
-	// CDISpecDirs are the directories of the CDI specs a workload's
-	// Devices are resolved against, lowest priority first;
-	// cdispec.DefaultDirs (/etc/cdi, /var/run/cdi) when empty. They are
-	// reread at every Launch that names devices.
-	CDISpecDirs []string
-	// InsecureRegistries are registry hosts (host[:port]) pulled from over
-	// plain HTTP, besides loopback hosts, which always are.
-	InsecureRegistries []string
-}
-
 // Runtime runs workloads through containerd. It implements noderuntime.Runtime
-// and is safe for concurrent use.
+// and is safe for concurrent use. It composes the parts that do the work:
+// the image store and inventory, the workloads with their network,
+// devices, limits and output, and the OOM watcher. Every call is scoped
+// here to the Runtime's namespace before a part sees it.
 type Runtime struct {
 	client      *ctrd.Client
 	namespace   string
-	imageDir    string
+	clientLog   *logrus.Entry // the containerd client's logrus lines, into the Runtime's logger
 	snapshotter string
-	logDir      string
-	logWriter   string
-	log         *zap.Logger
-	clientLog   *logrus.Entry // the containerd client's logrus lines, into log
-	cdi         *cdispec.Registry
-	insecure    map[string]bool // Options.InsecureRegistries, canonical
 
-	imageLocks    keyed.Mutex // by image digest
-	workloadLocks keyed.Mutex // by workload id: a launch and a remove of one id never overlap
-	net           *network
-	memlockMax    uint64 // what MemlockUnlimited gives (limits.go)
+	images    *imageStore
+	inventory *inventory
+	workloads *workloads
+	oom       *oomWatcher
 
-	// stop ends background work (the OOM watcher); done says it ended.
-	stop      context.CancelFunc
-	done      sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -106,108 +46,78 @@ var _ noderuntime.Runtime = (*Runtime)(nil)
 // New connects to containerd and starts watching for OOM events. ctx bounds
 // only the connection and the checks New makes; Close ends the Runtime.
 func New(ctx context.Context, opts Options) (*Runtime, error) {
-	if opts.Address == "" {
-		opts.Address = DefaultAddress
-	}
-	if opts.Namespace == "" {
-		opts.Namespace = DefaultNamespace
-	}
-	if opts.LogDir == "" {
-		opts.LogDir = filepath.Join(os.TempDir(), "warmfleet-"+opts.Namespace+"-logs")
-	}
-	if opts.StateDir == "" {
-		opts.StateDir = filepath.Join(os.TempDir(), "warmfleet-"+opts.Namespace+"-state")
-	}
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
-	}
-	if opts.LogWriter == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("containerd runtime: find this executable for the log writer: %w", err)
-		}
-		opts.LogWriter = self
-	}
-	if err := nodelog.Probe(ctx, opts.LogWriter); err != nil {
+	opts, err := opts.resolve(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
 	log := opts.Logger.With(zap.String("runtime", "containerd"), zap.String("namespace", opts.Namespace))
-
-	// The shim opens the log file itself, from another working directory.
-	abs, err := filepath.Abs(opts.LogDir)
-	if err != nil {
-		return nil, fmt.Errorf("containerd: log dir %q: %w", opts.LogDir, err)
-	}
-	opts.LogDir = abs
-	if err := os.MkdirAll(opts.LogDir, 0o700); err != nil {
-		return nil, fmt.Errorf("containerd runtime: create log dir: %w", err)
-	}
-	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
-		return nil, fmt.Errorf("containerd runtime: state dir: %w", err)
-	}
 	netw, err := newNetwork(opts.Network, opts.StateDir, log)
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
-	memlockMax, err := memlockCeiling()
+	lim, err := newLimits(log)
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
-	if memlockMax != noderuntime.Unlimited {
-		log.Warn("without CAP_SYS_RESOURCE, workloads that need unlimited memlock get this process's own hard limit", zap.Uint64("memlock_bytes", memlockMax))
+	r := &Runtime{namespace: opts.Namespace, clientLog: newClientLog(log)}
+	nsctx := r.ctx(ctx)
+	if r.client, r.snapshotter, err = connect(nsctx, opts); err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
+	log.Info("connected", zap.String("address", opts.Address), zap.String("snapshotter", r.snapshotter))
+
+	r.inventory = &inventory{client: r.client, snapshotter: r.snapshotter, log: log}
+	r.images = &imageStore{
+		client:      r.client,
+		snapshotter: r.snapshotter,
+		archives:    archiveDir{dir: opts.ImageDir, client: r.client, log: log},
+		registry:    newRegistry(r.client, r.snapshotter, opts.ImageDir, opts.InsecureRegistries),
+		inventory:   r.inventory,
+		log:         log,
+	}
+	r.workloads = &workloads{
+		client:      r.client,
+		snapshotter: r.snapshotter,
+		images:      r.images,
+		net:         netw,
+		devices:     devices{cdi: cdispec.New(opts.CDISpecDirs, log)},
+		limits:      lim,
+		output:      outputs{dir: opts.LogDir, writer: opts.LogWriter, log: log},
+		log:         log,
+	}
+	// What a crashed predecessor attached to workloads that are gone is
+	// released before anything new is attached.
+	if err := netw.reconcile(nsctx, r.workloads.exists); err != nil {
+		log.Warn("network reconcile left some state behind; it is retried at the next start", zap.Error(err))
+	}
+	r.oom = watchOOM(nsctx, r.client, opts.Namespace, log)
+	return r, nil
+}
+
+// connect opens the client, checks that the daemon answers and chooses
+// the snapshotter. ctx bounds it; its deadline, if any, is the client's
+// timeout.
+func connect(ctx context.Context, opts Options) (*ctrd.Client, string, error) {
 	timeout := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		if timeout = time.Until(dl); timeout <= 0 {
-			return nil, fmt.Errorf("containerd runtime: connect: %w", context.DeadlineExceeded)
+			return nil, "", fmt.Errorf("connect: %w", context.DeadlineExceeded)
 		}
 	}
 	client, err := ctrd.New(opts.Address, ctrd.WithDefaultNamespace(opts.Namespace), ctrd.WithTimeout(timeout))
 	if err != nil {
-		return nil, fmt.Errorf("containerd runtime: connect to %s: %w", opts.Address, err)
+		return nil, "", fmt.Errorf("connect to %s: %w", opts.Address, err)
 	}
-	r := &Runtime{
-		client:     client,
-		namespace:  opts.Namespace,
-		imageDir:   opts.ImageDir,
-		logDir:     opts.LogDir,
-		logWriter:  opts.LogWriter,
-		net:        netw,
-		memlockMax: memlockMax,
-		log:        log,
-		clientLog:  newClientLog(log),
-		cdi:        cdispec.New(opts.CDISpecDirs, log),
-		insecure:   map[string]bool{},
-	}
-	for _, h := range opts.InsecureRegistries {
-		r.insecure[schemas.CanonicalRegistry(h)] = true
-	}
-	nsctx := r.ctx(ctx)
-	if _, err := client.Version(nsctx); err != nil {
+	if _, err := client.Version(ctx); err != nil {
 		client.Close()
-		return nil, fmt.Errorf("containerd runtime: daemon at %s does not answer: %w", opts.Address, err)
+		return nil, "", fmt.Errorf("daemon at %s does not answer: %w", opts.Address, err)
 	}
-	r.snapshotter, err = chooseSnapshotter(nsctx, client, opts.Snapshotter)
+	snapshotter, err := chooseSnapshotter(ctx, client, opts.Snapshotter)
 	if err != nil {
 		client.Close()
-		return nil, fmt.Errorf("containerd runtime: %w", err)
+		return nil, "", err
 	}
-	log.Info("connected", zap.String("address", opts.Address), zap.String("snapshotter", r.snapshotter))
-	// What a crashed predecessor attached to workloads that are gone is
-	// released before anything new is attached.
-	if err := r.net.reconcile(nsctx, r.containerExists); err != nil {
-		log.Warn("network reconcile left some state behind; it is retried at the next start", zap.Error(err))
-	}
-
-	// The watcher must not die with New's ctx, only with Close.
-	watchCtx, stop := context.WithCancel(context.WithoutCancel(nsctx))
-	r.stop = stop
-	r.done.Add(1)
-	go func() {
-		defer r.done.Done()
-		r.watchOOM(watchCtx)
-	}()
-	return r, nil
+	return client, snapshotter, nil
 }
 
 // Close stops background work and closes the connection; calling it again
@@ -215,8 +125,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 // this process.
 func (r *Runtime) Close() error {
 	r.closeOnce.Do(func() {
-		r.stop()
-		r.done.Wait()
+		r.oom.close()
 		r.closeErr = r.client.Close()
 	})
 	return r.closeErr
@@ -227,25 +136,11 @@ func (r *Runtime) Snapshotter() string { return r.snapshotter }
 
 // OutputDir is the output directory of a workload whose spec names none.
 // Remove deletes it, so read it before removing the workload.
-func (r *Runtime) OutputDir(id string) string {
-	return filepath.Join(r.logDir, id)
-}
+func (r *Runtime) OutputDir(id string) string { return r.workloads.output.dirOf(id) }
 
 // NetworkModes are the network modes this runtime gives workloads:
 // bridge only when its CNI plugins were found.
-func (r *Runtime) NetworkModes() []noderuntime.NetworkMode { return r.net.Modes() }
-
-// containerExists reports whether containerd holds container id.
-func (r *Runtime) containerExists(ctx context.Context, id string) (bool, error) {
-	_, err := r.client.LoadContainer(r.ctx(ctx), id)
-	switch {
-	case err == nil:
-		return true, nil
-	case errdefs.IsNotFound(err):
-		return false, nil
-	}
-	return false, fmt.Errorf("look up container %s: %w", id, err)
-}
+func (r *Runtime) NetworkModes() []noderuntime.NetworkMode { return r.workloads.net.Modes() }
 
 // Info names containerd and its version.
 func (r *Runtime) Info(ctx context.Context) (noderuntime.RuntimeInfo, error) {
@@ -254,6 +149,85 @@ func (r *Runtime) Info(ctx context.Context) (noderuntime.RuntimeInfo, error) {
 		return noderuntime.RuntimeInfo{}, fmt.Errorf("containerd version: %w", err)
 	}
 	return noderuntime.RuntimeInfo{Name: "containerd", Version: v.Version, Platform: hostPlatform(), ExactImageInventory: true, BindMounts: true}, nil
+}
+
+// EnsureImage makes the build for spec.Platform of the image pinned by
+// spec.ManifestDigest present (from containerd, else an archive in
+// ImageDir, else a registry pull) under the name spec.Reference, and
+// unpacks it when asked. Of a multi-platform index only that build is
+// fetched; an image without it is noderuntime.ErrPlatformNotInImage. Each
+// success marks the image used now.
+func (r *Runtime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
+	return r.images.ensure(r.ctx(ctx), spec)
+}
+
+// Images reports every image in this Runtime's namespace, once per target
+// digest (several names may point at one image), sorted by digest. Each is
+// verified now against the content store and the snapshotter Launch uses.
+func (r *Runtime) Images(ctx context.Context) ([]schemas.ImageLocality, error) {
+	return r.inventory.localities(r.ctx(ctx))
+}
+
+// ImageUsage reports each image's bytes on disk (content for this host's
+// platform, plus its unpacked layers) and its last use.
+func (r *Runtime) ImageUsage(ctx context.Context) ([]noderuntime.ImageUse, error) {
+	return r.inventory.usage(r.ctx(ctx))
+}
+
+// RemoveImage deletes every record naming the image and what is left of
+// its content and layers that no other image shares, and returns the
+// bytes that are gone.
+func (r *Runtime) RemoveImage(ctx context.Context, manifestDigest string) (noderuntime.RemovedImage, error) {
+	return r.images.remove(r.ctx(ctx), manifestDigest)
+}
+
+// Launch creates the container (new snapshot, OCI spec from the image plus
+// spec's command, env and limits) and starts its task with stdout and
+// stderr going to its output directory. On failure nothing is left behind.
+func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
+	return r.workloads.launch(r.ctx(ctx), spec)
+}
+
+// Inspect reports the workload's current status.
+func (r *Runtime) Inspect(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
+	return r.workloads.inspect(r.ctx(ctx), id)
+}
+
+// List returns the workloads this adapter created in its namespace.
+func (r *Runtime) List(ctx context.Context) ([]noderuntime.WorkloadStatus, error) {
+	return r.workloads.list(r.ctx(ctx))
+}
+
+// Wait blocks until the workload's task exits and returns its final status.
+// It reattaches to a task started by an earlier process: containerd's shim
+// keeps the task (and its exit status) while the agent is down. A workload
+// without a task returns at once with what its labels recorded.
+func (r *Runtime) Wait(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
+	return r.workloads.wait(r.ctx(ctx), id)
+}
+
+// Stop sends SIGTERM to the workload's main process, waits up to grace for
+// it to exit, then SIGKILLs every process in the container. A workload that
+// has exited or never got a task is not an error; an unknown id returns
+// noderuntime.ErrWorkloadNotFound.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	return r.workloads.stop(r.ctx(ctx), id, grace)
+}
+
+// Finish deletes an exited workload's task (its exit is recorded in the
+// container's labels first), which closes the workload's output pipes; the
+// shim then waits for the log writer to read them to their end and exit.
+// The container stays for Inspect, Wait and Remove.
+func (r *Runtime) Finish(ctx context.Context, id string) error {
+	return r.workloads.finish(r.ctx(ctx), id)
+}
+
+// Remove deletes the workload's task (killing it if it still runs), its
+// container, snapshot and log, and releases its network. A missing
+// workload is not an error; its network, if a failed Remove left it, is
+// released all the same.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	return r.workloads.remove(r.ctx(ctx), id)
 }
 
 // ctx scopes a call to this Runtime's namespace and routes the client's

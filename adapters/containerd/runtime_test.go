@@ -45,6 +45,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Platforms", f.testPlatforms)
 	t.Run("Mounts", f.testMounts)
 	t.Run("Workload", f.testWorkload)
+	t.Run("Launch", f.testLaunch)
 	t.Run("Output", f.testOutput)
 	t.Run("Stop", f.testStop)
 	t.Run("OOM", f.testOOM)

@@ -13,19 +13,18 @@ import (
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
-// Wait blocks until the workload's task exits and returns its final status.
+// wait blocks until the workload's task exits and returns its final status.
 // It reattaches to a task started by an earlier process: containerd's shim
 // keeps the task (and its exit status) while the agent is down. A workload
 // without a task returns at once with what its labels recorded.
-func (r *Runtime) Wait(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
-	ctx = r.ctx(ctx)
-	container, err := r.load(ctx, id)
+func (w *workloads) wait(ctx context.Context, id string) (noderuntime.WorkloadStatus, error) {
+	container, err := w.load(ctx, id)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, err
 	}
 	task, err := container.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
-		return r.status(ctx, container)
+		return w.status(ctx, container)
 	}
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("wait %s: load task: %w", id, err)
@@ -33,11 +32,11 @@ func (r *Runtime) Wait(ctx context.Context, id string) (noderuntime.WorkloadStat
 	es, err := waitExit(ctx, task)
 	if err != nil {
 		if errdefs.IsNotFound(err) { // task deleted while we waited
-			return r.status(ctx, container)
+			return w.status(ctx, container)
 		}
 		return noderuntime.WorkloadStatus{}, fmt.Errorf("wait %s: %w", id, err)
 	}
-	st, err := r.status(ctx, container)
+	st, err := w.status(ctx, container)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, err
 	}
@@ -48,7 +47,7 @@ func (r *Runtime) Wait(ctx context.Context, id string) (noderuntime.WorkloadStat
 		st.ExitCode = int(es.ExitCode())
 		st.FinishedAt = es.ExitTime()
 		clampStart(&st)
-		r.recordExit(ctx, container, nil, st)
+		w.recordExit(ctx, container, nil, st)
 	}
 	return st, nil
 }
@@ -79,13 +78,12 @@ func waitExit(ctx context.Context, task ctrd.Task) (ctrd.ExitStatus, error) {
 	}
 }
 
-// Stop sends SIGTERM to the workload's main process, waits up to grace for
+// stop sends SIGTERM to the workload's main process, waits up to grace for
 // it to exit, then SIGKILLs every process in the container. A workload that
 // has exited or never got a task is not an error; an unknown id returns
 // noderuntime.ErrWorkloadNotFound.
-func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
-	ctx = r.ctx(ctx)
-	container, err := r.load(ctx, id)
+func (w *workloads) stop(ctx context.Context, id string, grace time.Duration) error {
+	container, err := w.load(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -120,7 +118,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	select {
 	case <-exited:
 	case <-timer.C:
-		r.log.Info("workload ignored SIGTERM; killing", zap.String("workload", id), zap.Duration("grace", grace))
+		w.log.Info("workload ignored SIGTERM; killing", zap.String("workload", id), zap.Duration("grace", grace))
 		if err := task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("stop %s: SIGKILL: %w", id, err)
 		}
@@ -133,23 +131,22 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 		return fmt.Errorf("stop %s: %w", id, ctx.Err())
 	}
 	// Record the exit now, while the task still holds it.
-	if _, err := r.status(ctx, container); err != nil {
-		r.log.Warn("record exit after stop", zap.String("workload", id), zap.Error(err))
+	if _, err := w.status(ctx, container); err != nil {
+		w.log.Warn("record exit after stop", zap.String("workload", id), zap.Error(err))
 	}
 	return nil
 }
 
-// Finish deletes an exited workload's task (its exit is recorded in the
+// finish deletes an exited workload's task (its exit is recorded in the
 // container's labels first), which closes the workload's output pipes; the
 // shim then waits for the log writer to read them to their end and exit.
 // The container stays for Inspect, Wait and Remove.
-func (r *Runtime) Finish(ctx context.Context, id string) error {
-	ctx = r.ctx(ctx)
-	container, err := r.load(ctx, id)
+func (w *workloads) finish(ctx context.Context, id string) error {
+	container, err := w.load(ctx, id)
 	if err != nil {
 		return err
 	}
-	st, err := r.status(ctx, container)
+	st, err := w.status(ctx, container)
 	if err != nil {
 		return fmt.Errorf("finish %s: %w", id, err)
 	}

@@ -71,7 +71,7 @@ func (f *fixture) testOOM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !f.rt.cgroupOOMKilled(f.rt.ctx(testCtx(t)), c) {
+	if !f.rt.workloads.cgroupOOMKilled(f.rt.ctx(testCtx(t)), c) {
 		t.Error("cgroup oom_kill counter did not show the kill")
 	}
 	// ...and the /tasks/oom event, which lands as a label.
