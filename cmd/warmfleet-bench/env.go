@@ -63,6 +63,19 @@ func newEnv(g *globals, name string) (*env, error) {
 	return e, nil
 }
 
+// startEnv is newEnv with a control plane of cfg running in it.
+func startEnv(g *globals, name string, cfg controlplane.Config) (*env, error) {
+	e, err := newEnv(g, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.startCP(cfg); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
 // newFileLogger is the production JSON logger `warmfleet serve` uses, into a
 // file: the control plane pays for its logging here as it does in service.
 func newFileLogger(level, path string) (*zap.Logger, error) {
@@ -97,6 +110,15 @@ func (e *env) connect(name string, extra ...nats.Option) (*bus.Conn, error) {
 	}
 	e.conns = append(e.conns, c)
 	return c, nil
+}
+
+// through runs start with e's new connections made to url (a proxy in
+// front of NATS) instead of to NATS itself.
+func (e *env) through(url string, start func() error) error {
+	direct := e.url
+	e.url = url
+	defer func() { e.url = direct }()
+	return start()
 }
 
 // startCP runs a control plane in this process and waits until it serves.
