@@ -67,21 +67,18 @@ func waitEnrolled(ctx context.Context, conn *bus.Conn, nodeID string, a *agent.A
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	return poll(ctx, 20*time.Millisecond, time.Now().Add(30*time.Second), func() (bool, error) {
 		var rec schemas.NodeRecord
 		if _, err := bus.GetJSON(ctx, kv, nodeID, &rec); err == nil && rec.FencingToken != 0 && rec.FencingToken == a.Enrollment().FencingToken {
-			return nil
+			return true, nil
 		}
 		select {
 		case err := <-done:
-			return fmt.Errorf("agent stopped: %w", err)
-		case <-time.After(20 * time.Millisecond):
+			return false, fmt.Errorf("agent stopped: %w", err)
+		default:
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return errors.New("agent did not enroll in 30s")
-		}
-	}
+	}, func() error { return errors.New("agent did not enroll in 30s") })
 }
 
 // startContainerdAgent runs a real agent on the containerd runtime and waits

@@ -59,7 +59,7 @@ func intakeFloor(ctx context.Context, e *env, producers int, d time.Duration, pa
 	if err != nil {
 		return 0, fmt.Errorf("floor publish: %w", err)
 	}
-	if err := f.wait(n, time.Minute); err != nil {
+	if err := f.wait(ctx, n, time.Minute); err != nil {
 		return 0, err
 	}
 	return float64(n) / time.Unix(0, f.lastNs.Load()).Sub(start).Seconds(), nil
@@ -138,15 +138,14 @@ func (f *floorStore) record(ctx context.Context, work <-chan jetstream.Msg) {
 }
 
 // wait waits until the workers have recorded n messages.
-func (f *floorStore) wait(n int64, within time.Duration) error {
-	for deadline := time.Now().Add(within); f.done.Load() < n; {
+func (f *floorStore) wait(ctx context.Context, n int64, within time.Duration) error {
+	return poll(ctx, 5*time.Millisecond, time.Now().Add(within), func() (bool, error) {
+		if f.done.Load() >= n {
+			return true, nil
+		}
 		if err, _ := f.failed.Load().(error); err != nil {
-			return fmt.Errorf("floor consumer: %w", err)
+			return false, fmt.Errorf("floor consumer: %w", err)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("floor: %d of %d recorded after a minute", f.done.Load(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
+		return false, nil
+	}, func() error { return fmt.Errorf("floor: %d of %d recorded after a minute", f.done.Load(), n) })
 }

@@ -449,19 +449,10 @@ func suffix(ns string) string {
 	return "-" + ns
 }
 
+// waitFile waits until path exists.
 func waitFile(ctx context.Context, path string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not there after %s", path, within)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return poll(ctx, 5*time.Millisecond, time.Now().Add(within), func() (bool, error) {
+		_, err := os.Stat(path)
+		return err == nil, nil
+	}, func() error { return fmt.Errorf("%s not there after %s", path, within) })
 }

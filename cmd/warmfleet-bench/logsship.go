@@ -351,24 +351,15 @@ func storedPhase(ctx context.Context, stream jetstream.Stream, prof *profiler, r
 // waitEmpty waits until dir holds nothing (the agent removed every output
 // directory it stored).
 func waitEmpty(ctx context.Context, dir string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
+	var left int
+	return poll(ctx, 10*time.Millisecond, time.Now().Add(within), func() (bool, error) {
 		ents, err := os.ReadDir(dir)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
+			return false, err
 		}
-		if len(ents) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d output dirs still in %s after %s", len(ents), dir, within)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		left = len(ents)
+		return left == 0, nil
+	}, func() error { return fmt.Errorf("%d output dirs still in %s after %s", left, dir, within) })
 }
 
 // shipCounter is the agent's LogMetrics: what it stored, what the writer
