@@ -187,7 +187,7 @@ func PermsNodeLogs(nodeID, runID string) Permissions {
 // subject is in the request's body, which a permission cannot confine
 // (docs/security.md).
 func PermsArtifactReader(nodeID string) Permissions {
-	stream := "OBJ_" + ObjectBucketArtifacts
+	stream := ObjectStream(ObjectBucketArtifacts)
 	return Permissions{
 		Publish: []string{
 			"$JS.API.STREAM.INFO." + stream,

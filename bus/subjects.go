@@ -1,6 +1,9 @@
 package bus
 
-import "strings"
+import (
+	"encoding/base64"
+	"strings"
+)
 
 // Subjects. Operators publish and subscribe to these with the nats CLI.
 const (
@@ -97,3 +100,21 @@ func NodeDiskKeep(nodeID string) string { return subjectNodePrefix + nodeID + ".
 // NodeDiskPrune is where the control plane asks one node's agent to prune
 // its disk (core request/reply; the agent answers a PruneReport).
 func NodeDiskPrune(nodeID string) string { return subjectNodePrefix + nodeID + ".disk.prune" }
+
+// The NATS object store's layout, as nats.go's ObjectStore reads and writes
+// it: a bucket is the stream OBJ_<bucket>; an object's chunks are the
+// messages on $O.<bucket>.C.<nuid>, its info the last message on
+// $O.<bucket>.M.<name in base64url>. Writers (PutObject) and readers that
+// address chunks themselves name these subjects only through here.
+
+// ObjectStream is the stream holding object store bucket's objects.
+func ObjectStream(bucket string) string { return "OBJ_" + bucket }
+
+// ObjectChunks is the subject of the chunks of the object stored under
+// nuid (an object's ObjectInfo.NUID).
+func ObjectChunks(bucket, nuid string) string { return "$O." + bucket + ".C." + nuid }
+
+// ObjectMeta is the subject of object name's info record.
+func ObjectMeta(bucket, name string) string {
+	return "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+}

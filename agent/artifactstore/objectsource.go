@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -48,36 +49,24 @@ func NewObjectSource(js jetstream.JetStream, bucket, object, digest string) Sour
 }
 
 // Open starts at offset by arithmetic, each step checked: the object's
-// chunks are the messages on $O.<bucket>.C.<nuid>. Byte offset is chunk
-// k = offset/ChunkSize if every chunk but the last is full, which holds iff
-// (chunks-1)*ChunkSize + len(last chunk) == size. If the chunks are also
-// contiguous in the stream, chunk k is at last-chunk-sequence - (chunks-1)
-// + k; the consumer starts there, and the first delivery's pending count
-// must say exactly chunks-k-1 follow it, which holds only if exactly k
-// chunks precede the start. Any check that fails (short or interleaved
-// chunks) is ErrNoResume, and the store starts over from byte 0.
+// chunks are the messages on bus.ObjectChunks(bucket, nuid). Byte offset is
+// chunk k = offset/ChunkSize if every chunk but the last is full, which
+// holds iff (chunks-1)*ChunkSize + len(last chunk) == size. If the chunks
+// are also contiguous in the stream, chunk k is at last-chunk-sequence -
+// (chunks-1) + k; the consumer starts there, and the first delivery's
+// pending count must say exactly chunks-k-1 follow it, which holds only if
+// exactly k chunks precede the start. Any check that fails (short or
+// interleaved chunks) is ErrNoResume, and the store starts over from byte 0.
 func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, error) {
 	where := fmt.Sprintf("object %s in %s", s.object, s.bucket)
-	obs, err := s.js.ObjectStore(ctx, s.bucket)
+	info, err := s.info(ctx, where, offset)
 	if err != nil {
-		return nil, s.classifyNATS(where, err)
+		return nil, err
 	}
-	info, err := obs.GetInfo(ctx, s.object)
-	if err != nil {
-		return nil, s.classifyNATS(where, err)
-	}
-	want := schemas.ObjectStoreDigest(s.digest)
-	switch {
-	case info.Opts != nil && info.Opts.Link != nil:
-		return nil, &permanent{fmt.Errorf("%s is a link; the catalog names content objects", where)}
-	case want == "" || info.Digest != want:
-		return nil, fmt.Errorf("%s carries digest %s, not %s: %w", where, info.Digest, s.digest, ErrDigestMismatch)
-	case offset > int64(info.Size):
-		return nil, fmt.Errorf("%s has %d bytes, asked from %d: %w", where, info.Size, offset, ErrNoResume)
-	case offset == int64(info.Size) || info.Chunks == 0:
+	if offset == int64(info.Size) || info.Chunks == 0 {
 		return io.NopCloser(eofReader{}), nil
 	}
-	chunk := int64(128 * 1024)
+	chunk := int64(bus.ObjectChunkSize)
 	if info.Opts != nil && info.Opts.ChunkSize > 0 {
 		chunk = int64(info.Opts.ChunkSize)
 	}
@@ -85,53 +74,15 @@ func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, e
 	if k >= int64(info.Chunks) {
 		return nil, fmt.Errorf("%s: offset %d past its %d chunks: %w", where, offset, info.Chunks, ErrNoResume)
 	}
-	stream := "OBJ_" + s.bucket
-	subject := "$O." + s.bucket + ".C." + info.NUID
-	cfg := jetstream.ConsumerConfig{
-		Name:              "wf_artifact_" + rand.Text(),
-		FilterSubject:     subject,
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		FlowControl:       true,
-		IdleHeartbeat:     objectHeartbeat,
-		InactiveThreshold: objectInactive,
-		MemoryStorage:     true,
-		Replicas:          1,
-	}
-	if k > 0 {
-		str, err := s.js.Stream(ctx, stream)
-		if err != nil {
-			return nil, s.classifyNATS(where, err)
-		}
-		last, err := str.GetLastMsgForSubject(ctx, subject)
-		if err != nil {
-			return nil, s.classifyNATS(where, err)
-		}
-		// nats.go's Put makes a chunk of each Read, so a chunk may be
-		// short. If the sizes add up with every chunk but the last full,
-		// every chunk but the last is full, and chunk k starts at k*chunk.
-		if int64(info.Chunks-1)*chunk+int64(len(last.Data)) != int64(info.Size) {
-			return nil, fmt.Errorf("%s: chunks are not of its chunk size: %w", where, ErrNoResume)
-		}
-		start := int64(last.Sequence) - int64(info.Chunks-1) + k
-		if start < 1 {
-			return nil, fmt.Errorf("%s: chunks are not contiguous: %w", where, ErrNoResume)
-		}
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, uint64(start)
-	}
-
-	nc := s.js.Conn()
-	cfg.DeliverSubject = nc.NewInbox()
-	sub, err := nc.SubscribeSync(cfg.DeliverSubject)
+	start, err := s.chunkSequence(ctx, where, info, k, chunk)
 	if err != nil {
-		return nil, fmt.Errorf("%s: subscribe: %w", where, err)
+		return nil, err
 	}
-	r := &objectReader{nc: nc, sub: sub, js: s.js, stream: stream, consumer: cfg.Name, where: where,
-		ctx: ctx, remaining: int64(info.Size) - k*chunk, chunks: uint64(int64(info.Chunks) - k)}
-	if _, err := s.js.CreatePushConsumer(ctx, stream, cfg); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, s.classifyNATS(where, err)
+	r, err := s.deliver(ctx, where, info, start)
+	if err != nil {
+		return nil, err
 	}
+	r.remaining, r.chunks = int64(info.Size)-k*chunk, uint64(int64(info.Chunks)-k)
 	// The first delivery proves the start (see above) before the store
 	// appends a byte.
 	if err := r.next(); err != nil {
@@ -149,6 +100,90 @@ func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, e
 	r.cur = r.cur[skip:]
 	r.remaining -= skip
 	return r, nil
+}
+
+// info is the object's info, checked: a content object carrying the
+// digest asked for, at least offset bytes long.
+func (s *objectSource) info(ctx context.Context, where string, offset int64) (*jetstream.ObjectInfo, error) {
+	obs, err := s.js.ObjectStore(ctx, s.bucket)
+	if err != nil {
+		return nil, s.classifyNATS(where, err)
+	}
+	info, err := obs.GetInfo(ctx, s.object)
+	if err != nil {
+		return nil, s.classifyNATS(where, err)
+	}
+	want := schemas.ObjectStoreDigest(s.digest)
+	switch {
+	case info.Opts != nil && info.Opts.Link != nil:
+		return nil, &permanent{fmt.Errorf("%s is a link; the catalog names content objects", where)}
+	case want == "" || info.Digest != want:
+		return nil, fmt.Errorf("%s carries digest %s, not %s: %w", where, info.Digest, s.digest, ErrDigestMismatch)
+	case offset > int64(info.Size):
+		return nil, fmt.Errorf("%s has %d bytes, asked from %d: %w", where, info.Size, offset, ErrNoResume)
+	}
+	return info, nil
+}
+
+// chunkSequence is the stream sequence of chunk k (of chunk bytes each but
+// the last), 0 for the first chunk (the consumer then starts at the
+// subject's first message). It fails with ErrNoResume where the chunks'
+// sizes do not add up.
+func (s *objectSource) chunkSequence(ctx context.Context, where string, info *jetstream.ObjectInfo, k, chunk int64) (uint64, error) {
+	if k == 0 {
+		return 0, nil
+	}
+	str, err := s.js.Stream(ctx, bus.ObjectStream(s.bucket))
+	if err != nil {
+		return 0, s.classifyNATS(where, err)
+	}
+	last, err := str.GetLastMsgForSubject(ctx, bus.ObjectChunks(s.bucket, info.NUID))
+	if err != nil {
+		return 0, s.classifyNATS(where, err)
+	}
+	// nats.go's Put makes a chunk of each Read, so a chunk may be short.
+	// If the sizes add up with every chunk but the last full, every chunk
+	// but the last is full, and chunk k starts at k*chunk.
+	if int64(info.Chunks-1)*chunk+int64(len(last.Data)) != int64(info.Size) {
+		return 0, fmt.Errorf("%s: chunks are not of its chunk size: %w", where, ErrNoResume)
+	}
+	start := int64(last.Sequence) - int64(info.Chunks-1) + k
+	if start < 1 {
+		return 0, fmt.Errorf("%s: chunks are not contiguous: %w", where, ErrNoResume)
+	}
+	return uint64(start), nil
+}
+
+// deliver starts a push consumer of the object's chunks from stream
+// sequence start (0: the first chunk), delivered to a fresh inbox, and
+// returns the reader of its deliveries.
+func (s *objectSource) deliver(ctx context.Context, where string, info *jetstream.ObjectInfo, start uint64) (*objectReader, error) {
+	stream := bus.ObjectStream(s.bucket)
+	nc := s.js.Conn()
+	cfg := jetstream.ConsumerConfig{
+		Name:              "wf_artifact_" + rand.Text(),
+		DeliverSubject:    nc.NewInbox(),
+		FilterSubject:     bus.ObjectChunks(s.bucket, info.NUID),
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		FlowControl:       true,
+		IdleHeartbeat:     objectHeartbeat,
+		InactiveThreshold: objectInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	}
+	if start > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	sub, err := nc.SubscribeSync(cfg.DeliverSubject)
+	if err != nil {
+		return nil, fmt.Errorf("%s: subscribe: %w", where, err)
+	}
+	if _, err := s.js.CreatePushConsumer(ctx, stream, cfg); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, s.classifyNATS(where, err)
+	}
+	return &objectReader{nc: nc, sub: sub, js: s.js, stream: stream, consumer: cfg.Name, where: where, ctx: ctx}, nil
 }
 
 // objectReader hands out an object's chunks in order.
@@ -261,7 +296,7 @@ func (s *objectSource) classifyNATS(where string, err error) error {
 		return fmt.Errorf("%s: %v: %w", where, err, ErrSourceAuth)
 	}
 	if last := s.js.Conn().LastError(); last != nil && errors.Is(last, nats.ErrPermissionViolation) &&
-		strings.Contains(last.Error(), "OBJ_"+s.bucket) {
+		strings.Contains(last.Error(), bus.ObjectStream(s.bucket)) {
 		return fmt.Errorf("%s: %v: %w", where, last, ErrSourceAuth)
 	}
 	return fmt.Errorf("%s: %w", where, err)

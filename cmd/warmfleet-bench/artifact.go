@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -41,13 +38,7 @@ which goes first:
 The ratio is raw time / store time (≥ 0.9 is the goal). Then a warm Ensure
 (the replica present) is timed: it must fetch 0 bytes and open no source;
 its time is the re-verification every use pays.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := runArtifactBench(cmd.Context(), g, o)
-			if err != nil {
-				return err
-			}
-			return rep.print(cmd.OutOrStdout(), g.output)
-		},
+		RunE: g.reporting(func(ctx context.Context) (*Report, error) { return runArtifactBench(ctx, g, o) }),
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.mib, "mib", 2048, "artifact size in MiB")
@@ -85,8 +76,8 @@ func runArtifactBench(ctx context.Context, g *globals, o artifactOpts) (*Report,
 	if o.mib <= 0 || o.rounds <= 0 {
 		return nil, fmt.Errorf("--mib and --rounds must be positive")
 	}
-	// nats.go bounds an object Get or Put by its default timeout when ctx
-	// has no deadline, which a large object outlasts.
+	// nats.go bounds an object Get by its default timeout when ctx has no
+	// deadline, which a large object outlasts.
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
 	e, err := newEnv(g, "artifact")
@@ -94,6 +85,36 @@ func runArtifactBench(ctx context.Context, g *globals, o artifactOpts) (*Report,
 		return nil, err
 	}
 	defer e.close()
+	b, err := newArtifactBench(ctx, e, int64(o.mib)<<20)
+	if err != nil {
+		return nil, err
+	}
+	raws, stores, err := b.rounds(ctx, o.rounds)
+	if err != nil {
+		return nil, err
+	}
+	warm, err := b.warmUse(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return b.report(o, raws, stores, warm), nil
+}
+
+// artifactBench is one object in the artifact bucket of a fresh NATS, and
+// what fetching it takes.
+type artifactBench struct {
+	dir     string
+	conn    *bus.Conn
+	obs     jetstream.ObjectStore
+	object  string
+	digest  string
+	size    int64
+	putTook time.Duration
+}
+
+// newArtifactBench provisions the bucket and puts size incompressible
+// bytes into it.
+func newArtifactBench(ctx context.Context, e *env, size int64) (*artifactBench, error) {
 	conn, err := e.connect("bench")
 	if err != nil {
 		return nil, err
@@ -105,110 +126,127 @@ func runArtifactBench(ctx context.Context, g *globals, o artifactOpts) (*Report,
 	if err != nil {
 		return nil, err
 	}
-	size := int64(o.mib) << 20
 	var key [32]byte
 	key[0] = 7
-	h := sha256.New()
-	src := io.TeeReader(io.LimitReader(rand.NewChaCha8(key), size), h)
-	const object = "bench/weights"
-	putStart := time.Now()
-	if _, err := obs.Put(ctx, jetstream.ObjectMeta{Name: object}, src); err != nil {
-		return nil, fmt.Errorf("put %d MiB: %w", o.mib, err)
-	}
-	putTook := time.Since(putStart)
-	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
-
-	raw := func(i int) (time.Duration, error) {
-		path := filepath.Join(e.dir, fmt.Sprintf("raw-%d", i))
-		defer os.Remove(path)
-		start := time.Now()
-		r, err := obs.Get(ctx, object)
-		if err != nil {
-			return 0, err
-		}
-		defer r.Close()
-		f, err := os.Create(path)
-		if err != nil {
-			return 0, err
-		}
-		defer f.Close()
-		if _, err := io.Copy(f, r); err != nil {
-			return 0, err
-		}
-		if err := f.Close(); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
-	store := func(i int) (time.Duration, error) {
-		dir := filepath.Join(e.dir, fmt.Sprintf("store-%d", i))
-		defer os.RemoveAll(dir)
-		s, err := artifactstore.New(dir)
-		if err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		res, err := s.Ensure(ctx, artifactstore.Want{Digest: digest, SizeBytes: size, Source: artifactstore.NewObjectSource(conn.JS, bus.ObjectBucketArtifacts, object, digest)})
-		if err != nil {
-			return 0, err
-		}
-		if res.FetchedBytes != size {
-			return 0, fmt.Errorf("store fetched %d bytes of %d", res.FetchedBytes, size)
-		}
-		return time.Since(start), nil
-	}
-	var raws, stores []float64
-	for i := range o.rounds {
-		first, second := raw, store
-		if i%2 == 1 {
-			first, second = store, raw
-		}
-		a, err := first(i)
-		if err != nil {
-			return nil, err
-		}
-		b, err := second(i)
-		if err != nil {
-			return nil, err
-		}
-		if i%2 == 1 {
-			a, b = b, a
-		}
-		raws, stores = append(raws, a.Seconds()), append(stores, b.Seconds())
-	}
-
-	// Warm: the replica is present; a use re-verifies it and fetches nothing.
-	warmDir := filepath.Join(e.dir, "warm")
-	s, err := artifactstore.New(warmDir)
+	start := time.Now()
+	st, err := putRandom(ctx, conn.NC, "bench/weights", size, key)
 	if err != nil {
 		return nil, err
 	}
-	cold := &countingSource{Source: artifactstore.NewObjectSource(conn.JS, bus.ObjectBucketArtifacts, object, digest)}
-	if _, err := s.Ensure(ctx, artifactstore.Want{Digest: digest, SizeBytes: size, Source: cold}); err != nil {
-		return nil, err
-	}
-	warm := &countingSource{Source: artifactstore.NewObjectSource(conn.JS, bus.ObjectBucketArtifacts, object, digest)}
-	warmStart := time.Now()
-	res, err := s.Ensure(ctx, artifactstore.Want{Digest: digest, SizeBytes: size, Source: warm})
-	if err != nil {
-		return nil, err
-	}
-	warmTook := time.Since(warmStart)
+	return &artifactBench{dir: e.dir, conn: conn, obs: obs, object: st.Name, digest: st.Digest, size: size, putTook: time.Since(start)}, nil
+}
 
-	mibps := func(sec float64) float64 { return float64(size) / (1 << 20) / sec }
+// rounds times n fetches each side, alternating which goes first.
+func (b *artifactBench) rounds(ctx context.Context, n int) (raws, stores []float64, err error) {
+	for i := range n {
+		first, second := b.raw, b.store
+		if i%2 == 1 {
+			first, second = b.store, b.raw
+		}
+		x, err := first(ctx, i)
+		if err != nil {
+			return nil, nil, err
+		}
+		y, err := second(ctx, i)
+		if err != nil {
+			return nil, nil, err
+		}
+		if i%2 == 1 {
+			x, y = y, x
+		}
+		raws, stores = append(raws, x.Seconds()), append(stores, y.Seconds())
+	}
+	return raws, stores, nil
+}
+
+// raw is what `nats object get` does: nats.go's object Get copied into a
+// file (not synced).
+func (b *artifactBench) raw(ctx context.Context, i int) (time.Duration, error) {
+	path := filepath.Join(b.dir, fmt.Sprintf("raw-%d", i))
+	defer os.Remove(path)
+	start := time.Now()
+	r, err := b.obs.Get(ctx, b.object)
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, r); err != nil {
+		return 0, err
+	}
+	if err := f.Close(); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// store is an Ensure into an empty replica store.
+func (b *artifactBench) store(ctx context.Context, i int) (time.Duration, error) {
+	dir := filepath.Join(b.dir, fmt.Sprintf("store-%d", i))
+	defer os.RemoveAll(dir)
+	s, err := artifactstore.New(dir)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	res, err := s.Ensure(ctx, artifactstore.Want{Digest: b.digest, SizeBytes: b.size, Source: b.source()})
+	if err != nil {
+		return 0, err
+	}
+	if res.FetchedBytes != b.size {
+		return 0, fmt.Errorf("store fetched %d bytes of %d", res.FetchedBytes, b.size)
+	}
+	return time.Since(start), nil
+}
+
+func (b *artifactBench) source() artifactstore.Source {
+	return artifactstore.NewObjectSource(b.conn.JS, bus.ObjectBucketArtifacts, b.object, b.digest)
+}
+
+// warmUse is an Ensure with the replica present: it re-verifies it and
+// fetches nothing.
+type warmUse struct {
+	cold, warm *countingSource
+	fetched    int64
+	took       time.Duration
+}
+
+func (b *artifactBench) warmUse(ctx context.Context) (warmUse, error) {
+	s, err := artifactstore.New(filepath.Join(b.dir, "warm"))
+	if err != nil {
+		return warmUse{}, err
+	}
+	w := warmUse{cold: &countingSource{Source: b.source()}, warm: &countingSource{Source: b.source()}}
+	if _, err := s.Ensure(ctx, artifactstore.Want{Digest: b.digest, SizeBytes: b.size, Source: w.cold}); err != nil {
+		return w, err
+	}
+	start := time.Now()
+	res, err := s.Ensure(ctx, artifactstore.Want{Digest: b.digest, SizeBytes: b.size, Source: w.warm})
+	if err != nil {
+		return w, err
+	}
+	w.took, w.fetched = time.Since(start), res.FetchedBytes
+	return w, nil
+}
+
+func (b *artifactBench) report(o artifactOpts, raws, stores []float64, warm warmUse) *Report {
+	mibps := func(sec float64) float64 { return float64(b.size) / (1 << 20) / sec }
 	rawMed, storeMed := median(raws), median(stores)
 	ratio := rawMed / storeMed
 	met := ratio >= 0.9
-	zero := warm.bytes.Load() == 0 && warm.opens.Load() == 0 && res.FetchedBytes == 0
-	rep := &Report{Bench: "artifact", Machine: machine(), Command: fmt.Sprintf("warmfleet-bench artifact --mib %d --rounds %d", o.mib, o.rounds),
+	zero := warm.warm.bytes.Load() == 0 && warm.warm.opens.Load() == 0 && warm.fetched == 0
+	return &Report{Bench: "artifact", Machine: machine(), Command: fmt.Sprintf("warmfleet-bench artifact --mib %d --rounds %d", o.mib, o.rounds),
 		Rows: []Row{
 			{Figure: "object store → replica store (median)", Value: mibps(storeMed), Unit: "MiB/s", Baseline: mibps(rawMed), BaseName: "nats object get into a file (median)", BaseUnit: "MiB/s",
 				Ratio: ratio, Goal: "≥ 0.9", Met: &met},
-			{Figure: "warm use: bytes fetched", Value: float64(warm.bytes.Load()), Unit: "bytes", Goal: "0", Met: &zero},
-			{Figure: "warm use: re-verification", Value: ms(warmTook), Unit: "ms"},
+			{Figure: "warm use: bytes fetched", Value: float64(warm.warm.bytes.Load()), Unit: "bytes", Goal: "0", Met: &zero},
+			{Figure: "warm use: re-verification", Value: ms(warm.took), Unit: "ms"},
 		},
-		Details: map[string]any{"size_bytes": size, "raw_seconds": raws, "store_seconds": stores, "put_seconds": putTook.Seconds(),
-			"cold_fetched_bytes": cold.bytes.Load(), "warm_source_opens": warm.opens.Load()},
+		Details: map[string]any{"size_bytes": b.size, "raw_seconds": raws, "store_seconds": stores, "put_seconds": b.putTook.Seconds(),
+			"cold_fetched_bytes": warm.cold.bytes.Load(), "warm_source_opens": warm.warm.opens.Load()},
 	}
-	return rep, nil
 }

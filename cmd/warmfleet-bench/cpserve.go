@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
@@ -56,10 +58,10 @@ func cpServe(url, mode, logLevel, logFile string, heartbeat time.Duration) error
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	var slow atomic.Int64
+	s := &cpServer{}
 	conn, err := bus.Connect(url, "warmfleet-cp", log, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrSlowConsumer) {
-			slow.Add(1)
+			s.slow.Add(1)
 		}
 	}))
 	if err != nil {
@@ -68,51 +70,68 @@ func cpServe(url, mode, logLevel, logFile string, heartbeat time.Duration) error
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var (
-		cp         *controlplane.ControlPlane
-		done       = make(chan error, 1)
-		heartbeats atomic.Int64
-		obs        atomic.Int64
-	)
+	stop, err := s.start(ctx, conn, mode, heartbeat, log)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	emit(map[string]any{"event": "ready", "pid": os.Getpid()})
+	s.serve(os.Stdin)
+	return nil
+}
+
+// cpServer is cp-serve's control plane, real or null, and its counters.
+type cpServer struct {
+	cp              *controlplane.ControlPlane // nil for the null one
+	slow            atomic.Int64               // slow-consumer errors on its connection
+	heartbeats, obs atomic.Int64               // what the null one consumed
+}
+
+// start runs the control plane of mode until ctx ends; stop waits for the
+// real one to return (at most 20 s) after ctx is cancelled.
+func (s *cpServer) start(ctx context.Context, conn *bus.Conn, mode string, heartbeat time.Duration, log *zap.Logger) (stop func(), err error) {
 	switch mode {
 	case "cp":
-		cp, err = controlplane.New(ctx, conn, controlplane.Config{HeartbeatInterval: heartbeat, OpenEnrollment: true, WaitForCapacity: true}, log)
+		cctx, cancel := context.WithCancel(ctx)
+		cp, err := controlplane.New(cctx, conn, controlplane.Config{HeartbeatInterval: heartbeat, OpenEnrollment: true, WaitForCapacity: true}, log)
 		if err != nil {
-			return err
+			cancel()
+			return nil, err
 		}
-		go func() { done <- cp.Run(ctx) }()
+		done := make(chan error, 1)
+		go func() { done <- cp.Run(cctx) }()
 		select {
 		case <-cp.Ready():
 		case err := <-done:
-			return err
+			cancel()
+			return nil, err
 		}
+		s.cp = cp
+		return func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+			}
+		}, nil
 	case "null":
-		stop, err := nullControlPlane(ctx, conn, heartbeat, &heartbeats, &obs)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	default:
-		return errors.New("--mode: cp or null")
+		return nullControlPlane(ctx, conn, heartbeat, &s.heartbeats, &s.obs)
 	}
-	emit(map[string]any{"event": "ready", "pid": os.Getpid()})
+	return nil, errors.New("--mode: cp or null")
+}
+
+// serve answers the bench's one-line commands on in (stats, prof-start
+// PATH, prof-stop) until it closes.
+func (s *cpServer) serve(in io.Reader) {
 	var prof *os.File
-	sc := bufio.NewScanner(os.Stdin)
+	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		verb, arg, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
 		switch verb {
 		case "stats":
-			runtime.GC()
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			st := map[string]any{"event": "stats", "heap_inuse": ms.HeapInuse, "heap_alloc": ms.HeapAlloc, "sys": ms.Sys,
-				"rss": rssBytes(os.Getpid()), "goroutines": runtime.NumGoroutine(), "slow_consumer_errors": slow.Load(),
-				"heartbeats": heartbeats.Load(), "observations": obs.Load()}
-			if cp != nil {
-				st["metrics"] = cp.Metrics()
-			}
-			emit(st)
+			emit(s.stats())
 		case "prof-start":
+			var err error
 			if prof, err = os.Create(arg); err == nil {
 				err = pprof.StartCPUProfile(prof)
 			}
@@ -130,14 +149,20 @@ func cpServe(url, mode, logLevel, logFile string, heartbeat time.Duration) error
 			emit(map[string]any{"event": "prof-stopped"})
 		}
 	}
-	cancel()
-	if cp != nil {
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-		}
+}
+
+// stats is the process's memory after a GC and the control plane's counters.
+func (s *cpServer) stats() map[string]any {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	st := map[string]any{"event": "stats", "heap_inuse": ms.HeapInuse, "heap_alloc": ms.HeapAlloc, "sys": ms.Sys,
+		"rss": rssBytes(os.Getpid()), "goroutines": runtime.NumGoroutine(), "slow_consumer_errors": s.slow.Load(),
+		"heartbeats": s.heartbeats.Load(), "observations": s.obs.Load()}
+	if s.cp != nil {
+		st["metrics"] = s.cp.Metrics()
 	}
-	return nil
+	return st
 }
 
 // nullControlPlane answers the fleet's traffic with the least work that

@@ -9,14 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/ociimage"
 	"github.com/warmfleet/warmfleet/noderuntime"
@@ -79,13 +76,7 @@ task, with the same warm and cold images, the same command and the same
 network (a Run's default, the bridge, on the agent's bridge) (for the
 sized images, presenting the registry account itself). The ratio is what warmfleet's
 path (NATS, placement, commands, journal, reports, credentials) adds.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := runE2E(cmd.Context(), g, o)
-			if err != nil {
-				return err
-			}
-			return rep.print(cmd.OutOrStdout(), g.output)
-		},
+		RunE: g.reporting(func(ctx context.Context) (*Report, error) { return runE2E(ctx, g, o) }),
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.runs, "runs", 20, "timed Runs per case (warm, cold), and as many direct launches")
@@ -114,23 +105,107 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		return nil, err
 	}
 	defer prof.close()
+	b := &e2eBench{o: o}
+	defer b.cleanup.run()
+	if err := b.start(ctx, g); err != nil {
+		return nil, err
+	}
+	if err := prof.start(); err != nil {
+		return nil, err
+	}
+	if err := b.warmUp(ctx); err != nil {
+		return nil, err
+	}
+	busy, err := b.busyboxCases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var sized []*sizedResult
+	if b.world != nil {
+		if sized, err = b.sizedCases(ctx); err != nil {
+			return nil, err
+		}
+	}
+	prof.stop()
+	return b.report(busy, sized)
+}
+
+// e2eBench is e2e's world: a private containerd holding the busybox images,
+// the sized world (registry, link, artifact) when there are sized cases,
+// NATS and the control plane, one agent on containerd (through the link
+// when sized), the adapter called directly on the same daemon, and the
+// client that submits Runs and follows them.
+type e2eBench struct {
+	o       e2eOpts
+	cleanup undo
+
+	cd                 *benchContainerd
+	imgDir             string
+	warm               ociimage.Image
+	coldWF, coldDirect []ociimage.Image
+
+	world *sizedWorld // nil without sized cases
+	links []int
+	art   benchArtifact
+
+	e        *env
+	images   *imageRecorder
+	rt       *timedRuntime
+	agentCfg agent.Config
+	via      *bus.Conn // a bench connection through the link
+	client   *bus.Conn
+	runs     *e2eRunner
+	direct   *containerd.Runtime
+	nonce    string
+}
+
+// start brings everything up but the direct runtime; cleanup stops it.
+func (b *e2eBench) start(ctx context.Context, g *globals) error {
 	cd, err := startContainerd()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer cd.stop()
-	imgDir := filepath.Join(cd.Dir, "images")
-	if err := os.MkdirAll(imgDir, 0o755); err != nil {
-		return nil, err
+	b.cd = cd
+	b.cleanup.push(cd.stop)
+	if err := b.buildImages(); err != nil {
+		return err
 	}
-	warm, err := ociimage.BuildBusybox(imgDir, "bench-warm", nil)
-	if err != nil {
-		return nil, err
+	if b.o.sized.runs > 0 {
+		if err := b.startWorld(ctx); err != nil {
+			return err
+		}
 	}
-	coldImages := func(tag string) ([]ociimage.Image, error) {
+	cpCfg := controlplane.Config{OpenEnrollment: true}
+	if b.world != nil {
+		cpCfg.RegistryAuth = b.world.source
+	}
+	if b.e, err = startEnv(g, "e2e", cpCfg); err != nil {
+		return err
+	}
+	b.cleanup.push(b.e.close)
+	if err := b.startNode(); err != nil {
+		return err
+	}
+	if b.client, err = b.e.connect("bench-client"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// buildImages builds the warm image and one cold image per Run and side.
+func (b *e2eBench) buildImages() error {
+	b.imgDir = filepath.Join(b.cd.Dir, "images")
+	if err := os.MkdirAll(b.imgDir, 0o755); err != nil {
+		return err
+	}
+	var err error
+	if b.warm, err = ociimage.BuildBusybox(b.imgDir, "bench-warm", nil); err != nil {
+		return err
+	}
+	cold := func(tag string) ([]ociimage.Image, error) {
 		var out []ociimage.Image
-		for i := range o.runs {
-			img, err := ociimage.BuildBusybox(imgDir, "bench-cold", map[string]string{"/cold": tag + strconv.Itoa(i)})
+		for i := range b.o.runs {
+			img, err := ociimage.BuildBusybox(b.imgDir, "bench-cold", map[string]string{"/cold": tag + strconv.Itoa(i)})
 			if err != nil {
 				return nil, err
 			}
@@ -138,238 +213,123 @@ func runE2E(ctx context.Context, g *globals, o e2eOpts) (*Report, error) {
 		}
 		return out, nil
 	}
-	coldWF, err := coldImages("warmfleet-")
-	if err != nil {
-		return nil, err
+	if b.coldWF, err = cold("warmfleet-"); err != nil {
+		return err
 	}
-	coldDirect, err := coldImages("direct-")
-	if err != nil {
-		return nil, err
-	}
-
-	var (
-		world *sizedWorld
-		links []int
-	)
-	if o.sized.runs > 0 {
-		if err := o.sized.check(); err != nil {
-			return nil, err
-		}
-		links, _ = parseLinks(o.sized.links)
-		dir := filepath.Join(cd.Dir, "registry")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
-		}
-		link, err := newShapedLink(links[0])
-		if err != nil {
-			return nil, err
-		}
-		defer link.close()
-		if world, err = newSizedWorld(ctx, dir, warm, o.sized, link); err != nil {
-			return nil, fmt.Errorf("sized images: %w", err)
-		}
-		defer world.stop()
-	}
-
-	e, err := newEnv(g, "e2e")
-	if err != nil {
-		return nil, err
-	}
-	defer e.close()
-	cpCfg := controlplane.Config{OpenEnrollment: true}
-	if world != nil {
-		cpCfg.RegistryAuth = world.source
-	}
-	if err := e.startCP(cpCfg); err != nil {
-		return nil, err
-	}
-	imageTimes := &imageRecorder{}
-	rt := &timedRuntime{}
-	agentCfg := agent.Config{NodeID: "bench-ctrd-1", ImageMetrics: imageTimes, DataDir: filepath.Join(e.dir, "agent-bench-ctrd-1")}
-	var via *bus.Conn
-	if world != nil {
-		// The agent, and one bench connection for the transfer floor,
-		// reach NATS through the link: connections made while e.url names
-		// the link's proxy.
-		natsVia, err := world.link.proxy(strings.TrimPrefix(e.url, "nats://"))
-		if err != nil {
-			return nil, err
-		}
-		direct := e.url
-		e.url = "nats://" + natsVia
-		via, err = e.connect("bench-via-link")
-		if err == nil {
-			_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agentCfg, func(r noderuntime.Runtime) noderuntime.Runtime { rt.Runtime = r; return rt })
-			if err == nil {
-				defer stopAgent()
-			}
-		}
-		e.url = direct
-		if err != nil {
-			return nil, err
-		}
-	} else {
-		_, stopAgent, err := startContainerdAgent(e, cd, imgDir, "", agentCfg, nil)
-		if err != nil {
-			return nil, err
-		}
-		defer stopAgent()
-	}
-	client, err := e.connect("bench-client")
-	if err != nil {
-		return nil, err
-	}
-	if err := prof.start(); err != nil {
-		return nil, err
-	}
-
-	// Baseline: the adapter called directly, in its own namespace, on the
-	// agent's bridge (sharing its address leases, as runtimes on one
-	// bridge must).
-	direct, err := containerd.New(ctx, containerd.Options{Address: cd.Address, Namespace: cd.Namespace + "-direct", ImageDir: imgDir,
-		LogDir: filepath.Join(cd.Dir, "direct-logs"), StateDir: filepath.Join(cd.Dir, "direct-state"), Logger: e.log.Named("direct"),
-		Network: containerd.NetworkOptions{IPAMDir: filepath.Join(agentCfg.DataDir, "runtime", "ipam")}})
-	if err != nil {
-		return nil, err
-	}
-	defer direct.Close()
-	if _, err := directLaunch(ctx, direct, imageSpec(warm), "direct-warmup", o.command); err != nil {
-		return nil, fmt.Errorf("direct warm-up: %w", err)
-	}
-	// warmfleet: one untimed Run imports the warm image.
-	w, err := watchRuns(client.NC)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = w.sub.Unsubscribe() }()
-	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	// send publishes one Run and waits for its end; submit times it.
-	send := func(rid, image string, arts []schemas.ArtifactUse) (t0, acc time.Time, ph, seen map[schemas.Phase]time.Time, err error) {
-		req := runRequest(rid, image)
-		req.Command, req.Artifacts = o.command, arts
-		m, err := submitMsg(req, codec.JSON)
-		if err != nil {
-			return t0, acc, nil, nil, err
-		}
-		t0 = time.Now()
-		if _, err := client.JS.PublishMsg(ctx, m, jetstream.WithMsgID(rid)); err != nil {
-			return t0, acc, nil, nil, err
-		}
-		ph, seen, acc, err = w.waitTerminal(ctx, schemas.RunIDFor(rid), 30*time.Minute)
-		if err != nil {
-			return t0, acc, nil, nil, err
-		}
-		if _, ok := ph[schemas.PhaseSucceeded]; !ok {
-			return t0, acc, nil, nil, fmt.Errorf("run %s did not succeed (phases %v); see %s", rid, keys(ph), filepath.Join(e.dir, "cp.log"))
-		}
-		return t0, acc, ph, seen, nil
-	}
-	submit := func(rid, image string) (*runTimings, error) {
-		t := &runTimings{byStage: map[string][]time.Duration{}}
-		t0, acc, ph, seen, err := send(rid, image, nil)
-		if err != nil {
-			return nil, err
-		}
-		t.add(t0, acc, ph, seen)
-		return t, nil
-	}
-	if _, err := submit("e2e-"+nonce+"-warmup", warm.Reference); err != nil {
-		return nil, fmt.Errorf("warm-up run: %w", err)
-	}
-
-	// Timed: direct and warmfleet alternate, run by run, so the machine's
-	// noise falls on both alike.
-	var directWarm, directCold []time.Duration
-	warmT := &runTimings{byStage: map[string][]time.Duration{}}
-	coldT := &runTimings{byStage: map[string][]time.Duration{}}
-	for i := range o.runs {
-		time.Sleep(o.gap)
-		d, err := directLaunch(ctx, direct, imageSpec(warm), "direct-warm-"+strconv.Itoa(i), o.command)
-		if err != nil {
-			return nil, err
-		}
-		directWarm = append(directWarm, d)
-		time.Sleep(o.gap)
-		t, err := submit(fmt.Sprintf("e2e-%s-warm-%03d", nonce, i), warm.Reference)
-		if err != nil {
-			return nil, err
-		}
-		warmT.merge(t)
-	}
-	for i := range o.runs {
-		time.Sleep(o.gap)
-		d, err := directLaunch(ctx, direct, imageSpec(coldDirect[i]), "direct-cold-"+strconv.Itoa(i), o.command)
-		if err != nil {
-			return nil, err
-		}
-		directCold = append(directCold, d)
-		time.Sleep(o.gap)
-		t, err := submit(fmt.Sprintf("e2e-%s-cold-%03d", nonce, i), coldWF[i].Reference)
-		if err != nil {
-			return nil, err
-		}
-		coldT.merge(t)
-	}
-	var sized []*sizedResult
-	var art benchArtifact
-	if world != nil {
-		rec, err := putArtifact(ctx, client, o.sized.artifactMiB)
-		if err != nil {
-			return nil, err
-		}
-		art = benchArtifact{rec: rec, storeDir: filepath.Join(agentCfg.DataDir, "artifacts")}
-		sr := &sizedRun{o: o.sized, gap: o.gap, nonce: nonce, cd: cd, direct: direct, world: world, art: art, via: via, rt: rt, submit: send, command: o.command}
-		// Untimed: the image and artifact brought in over a fast link, so
-		// the first speed's warm case starts warm; and the direct side's.
-		world.link.setRate(100_000)
-		if _, _, _, _, err := send("e2e-"+nonce+"-sized-warmup", world.a.via.String(), sr.uses()); err != nil {
-			return nil, fmt.Errorf("sized warm-up run: %w", err)
-		}
-		if _, err := directLaunch(ctx, direct, world.directSpec(world.a), "direct-sized-warmup", o.command); err != nil {
-			return nil, fmt.Errorf("direct sized warm-up: %w", err)
-		}
-		for _, mbit := range links {
-			res, err := sr.run(ctx, mbit)
-			if err != nil {
-				return nil, fmt.Errorf("at %d Mbit/s: %w", mbit, err)
-			}
-			sized = append(sized, res)
-		}
-	}
-	prof.stop()
-
-	rep := newReport("e2e")
-	dw, dc := summarise(directWarm), summarise(directCold)
-	ws, cs := summarise(warmT.submitToRunning), summarise(coldT.submitToRunning)
-	rep.add("warm: submit → running p50", ws.P50, "ms", dw.P50, "containerd adapter direct, warm p50")
-	rep.add("cold: submit → running p50", cs.P50, "ms", dc.P50, "containerd adapter direct, cold p50")
-	rep.add("cold − warm p50 (image import + unpack)", cs.P50-ws.P50, "ms", dc.P50-dw.P50, "direct cold − warm")
-	rep.Details["warm_stages"] = warmT.stages()
-	rep.Details["cold_stages"] = coldT.stages()
-	rep.Details["direct_warm"] = dw
-	rep.Details["direct_cold"] = dc
-	rep.note("warm stages p50: %s", stageTable(warmT.stages()))
-	rep.note("cold stages p50: %s", stageTable(coldT.stages()))
-	rep.note("%d Runs per case, one at a time, %s apart, alternating direct and warmfleet; command %q; image %d-byte OCI archive of busybox-static", o.runs, o.gap, o.command, warm.SizeBytes)
-	if world != nil {
-		reportSized(rep, o.sized, world, art, sized)
-		creds, _, failed := imageTimes.snapshot()
-		if failed > 0 {
-			return nil, fmt.Errorf("%d registry credential asks failed", failed)
-		}
-		cs := summarise(creds)
-		rep.Details["registry_credential_asks"] = cs
-		rep.note("registry credential asks: %d, p50 %.2f ms (one per pull that fetched)", cs.N, cs.P50)
-	}
-	return rep, nil
+	b.coldDirect, err = cold("direct-")
+	return err
 }
 
-func (r *runTimings) merge(o *runTimings) {
-	r.submitToRunning = append(r.submitToRunning, o.submitToRunning...)
-	r.placedToRunning = append(r.placedToRunning, o.placedToRunning...)
-	for k, v := range o.byStage {
-		r.byStage[k] = append(r.byStage[k], v...)
+// startWorld starts the sized cases' link and registry with its images.
+func (b *e2eBench) startWorld(ctx context.Context) error {
+	if err := b.o.sized.check(); err != nil {
+		return err
 	}
+	b.links, _ = parseLinks(b.o.sized.links)
+	dir := filepath.Join(b.cd.Dir, "registry")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	link, err := newShapedLink(b.links[0])
+	if err != nil {
+		return err
+	}
+	b.cleanup.push(link.close)
+	if b.world, err = newSizedWorld(ctx, dir, b.warm, b.o.sized, link); err != nil {
+		return fmt.Errorf("sized images: %w", err)
+	}
+	b.cleanup.push(b.world.stop)
+	return nil
+}
+
+// startNode starts the agent on containerd. With sized cases the agent,
+// and one bench connection for the transfer floor, reach NATS through the
+// link.
+func (b *e2eBench) startNode() error {
+	b.images, b.rt = &imageRecorder{}, &timedRuntime{}
+	b.agentCfg = agent.Config{NodeID: "bench-ctrd-1", ImageMetrics: b.images, DataDir: filepath.Join(b.e.dir, "agent-bench-ctrd-1")}
+	if b.world == nil {
+		_, stop, err := startContainerdAgent(b.e, b.cd, b.imgDir, "", b.agentCfg, nil)
+		if err != nil {
+			return err
+		}
+		b.cleanup.push(stop)
+		return nil
+	}
+	natsVia, err := b.world.link.proxy(strings.TrimPrefix(b.e.url, "nats://"))
+	if err != nil {
+		return err
+	}
+	return b.e.through("nats://"+natsVia, func() error {
+		if b.via, err = b.e.connect("bench-via-link"); err != nil {
+			return err
+		}
+		_, stop, err := startContainerdAgent(b.e, b.cd, b.imgDir, "", b.agentCfg, func(r noderuntime.Runtime) noderuntime.Runtime { b.rt.Runtime = r; return b.rt })
+		if err != nil {
+			return err
+		}
+		b.cleanup.push(stop)
+		return nil
+	})
+}
+
+// warmUp starts the baseline, the adapter called directly in its own
+// namespace on the agent's bridge (sharing its address leases, as
+// runtimes on one bridge must), and brings the warm image into both sides
+// with one untimed launch each.
+func (b *e2eBench) warmUp(ctx context.Context) error {
+	direct, err := containerd.New(ctx, containerd.Options{Address: b.cd.Address, Namespace: b.cd.Namespace + "-direct", ImageDir: b.imgDir,
+		LogDir: filepath.Join(b.cd.Dir, "direct-logs"), StateDir: filepath.Join(b.cd.Dir, "direct-state"), Logger: b.e.log.Named("direct"),
+		Network: containerd.NetworkOptions{IPAMDir: filepath.Join(b.agentCfg.DataDir, "runtime", "ipam")}})
+	if err != nil {
+		return err
+	}
+	b.direct = direct
+	b.cleanup.push(func() { _ = direct.Close() })
+	if _, err := directLaunch(ctx, direct, imageSpec(b.warm), "direct-warmup", b.o.command); err != nil {
+		return fmt.Errorf("direct warm-up: %w", err)
+	}
+	w, err := watchRuns(b.client.NC)
+	if err != nil {
+		return err
+	}
+	b.cleanup.push(w.stop)
+	b.runs = &e2eRunner{client: b.client, watch: w, command: b.o.command, logPath: filepath.Join(b.e.dir, "cp.log")}
+	b.nonce = strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := b.runs.timed(ctx, "e2e-"+b.nonce+"-warmup", b.warm.Reference); err != nil {
+		return fmt.Errorf("warm-up run: %w", err)
+	}
+	return nil
+}
+
+// e2eRunner submits Runs of the bench's command one at a time and follows
+// each to its end, which must be success.
+type e2eRunner struct {
+	client  *bus.Conn
+	watch   *runWatch
+	command []string
+	logPath string // the control plane's log, named when a Run fails
+}
+
+func (r *e2eRunner) run(ctx context.Context, rid, image string, arts []schemas.ArtifactUse) (runEnd, error) {
+	req := runRequest(rid, image)
+	req.Command, req.Artifacts = r.command, arts
+	end, err := r.watch.run(ctx, r.client.JS, req, 30*time.Minute)
+	if err != nil {
+		return end, err
+	}
+	return end, end.succeeded(rid, r.logPath)
+}
+
+// timed runs one Run and returns its timings.
+func (r *e2eRunner) timed(ctx context.Context, rid, image string) (*runTimings, error) {
+	end, err := r.run(ctx, rid, image, nil)
+	if err != nil {
+		return nil, err
+	}
+	t := newRunTimings()
+	t.add(end)
+	return t, nil
 }
 
 // directLaunch is the baseline: EnsureImage then Launch of the same
@@ -411,56 +371,4 @@ func directLaunch(ctx context.Context, rt *containerd.Runtime, img noderuntime.I
 // imageSpec is an OCI archive image as the agent ensures it.
 func imageSpec(img ociimage.Image) noderuntime.ImageSpec {
 	return noderuntime.ImageSpec{Reference: img.Reference, ManifestDigest: img.ManifestDigest, Unpack: true}
-}
-
-// startContainerdAgent runs a real agent on the containerd runtime and waits
-// until the registry holds its session, in containerd namespace ns (the
-// daemon's Namespace when empty; another must be one startContainerd was
-// given). cfg's NodeID is required; its DataDir, ContentRoot, StopGrace and
-// Generation are filled in when unset. wrap, when given, wraps the runtime
-// the agent sees.
-func startContainerdAgent(e *env, cd *benchContainerd, imgDir, ns string, cfg agent.Config, wrap func(noderuntime.Runtime) noderuntime.Runtime) (*agent.Agent, func(), error) {
-	if cfg.DataDir == "" {
-		cfg.DataDir = filepath.Join(e.dir, "agent-"+cfg.NodeID)
-	}
-	if cfg.ContentRoot == "" {
-		cfg.ContentRoot = cd.Root
-	}
-	if cfg.StopGrace == 0 {
-		cfg.StopGrace = 2 * time.Second
-	}
-	if cfg.Generation == 0 {
-		cfg.Generation = 1
-	}
-	if ns == "" {
-		ns = cd.Namespace
-	}
-	rt, err := containerd.New(context.Background(), containerd.Options{Address: cd.Address, Namespace: ns, ImageDir: imgDir,
-		LogDir: filepath.Join(cfg.DataDir, "logs"), StateDir: filepath.Join(cfg.DataDir, "runtime"), Logger: e.log.Named("containerd")})
-	if err != nil {
-		return nil, nil, err
-	}
-	var seen noderuntime.Runtime = rt
-	if wrap != nil {
-		seen = wrap(rt)
-	}
-	return startAgent(e, cfg, seen, func() { removeLeft(rt, e.log); _ = rt.Close() })
-}
-
-// removeLeft removes the workloads a stopped agent had not removed yet (the
-// last Run's, whose removal follows its exit report), so no namespace,
-// veth, address lease or masquerade rule of the bench outlives it.
-func removeLeft(rt *containerd.Runtime, log *zap.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	left, err := rt.List(ctx)
-	if err != nil {
-		log.Warn("list workloads left by the agent", zap.Error(err))
-		return
-	}
-	for _, st := range left {
-		if err := rt.Remove(ctx, st.ID); err != nil {
-			log.Warn("remove a workload left by the agent", zap.String("workload", st.ID), zap.Error(err))
-		}
-	}
 }

@@ -26,10 +26,9 @@ type sizedRun struct {
 	art    benchArtifact
 	// via is a bench connection through the link, for the artifact's
 	// transfer floor.
-	via *bus.Conn
-	rt  *timedRuntime
-	// submit publishes a Run and waits for its end.
-	submit  func(rid, image string, arts []schemas.ArtifactUse) (t0, accepted time.Time, ph, seen map[schemas.Phase]time.Time, err error)
+	via     *bus.Conn
+	rt      *timedRuntime
+	runs    *e2eRunner
 	command []string
 }
 
@@ -70,93 +69,122 @@ func (s *sizedRun) run(ctx context.Context, mbit int) (*sizedResult, error) {
 		return nil, fmt.Errorf("link check: %w", err)
 	}
 	res.AchievedMbit = float64(check) * 8 / 1e6 / took.Seconds()
-	a, b := s.world.a, s.world.b
-	ns := []string{s.cd.Namespace, s.cd.Namespace + "-direct"}
-	timed := func(c *sizedCase, name, image string) error {
-		t0, acc, ph, seen, err := s.submit(fmt.Sprintf("e2e-%s-%d-%s", s.nonce, mbit, name), image, s.uses())
-		if err != nil {
-			return err
-		}
-		ensure, launch, ok := s.rt.since(t0)
-		if !ok {
-			return fmt.Errorf("run %s: no image ensure and launch seen", name)
-		}
-		c.addRun(t0, acc, ph, seen, ensure, launch)
-		return nil
-	}
-	// floor is the transfer of the bytes the Run had to fetch, through the
-	// same link, then the adapter's unpack and start on this machine.
-	floor := func(c *sizedCase, name string, ref sizedRef, blobs []familyLayer, artifact bool) error {
-		time.Sleep(s.gap)
-		start := time.Now()
-		n, err := s.world.rawBlobs(ctx, blobs)
-		if err != nil {
-			return err
-		}
-		if artifact {
-			m, err := rawArtifact(ctx, s.via, s.art.rec.Source.Object)
-			if err != nil {
-				return err
-			}
-			n += m
-		}
-		raw := time.Since(start)
-		if n > 0 {
-			res.RawImageMbit = float64(n) * 8 / 1e6 / raw.Seconds()
-		}
-		d, err := directLaunch(ctx, s.direct, s.world.directSpec(ref), "direct-"+name, s.command, s.mount())
-		if err != nil {
-			return fmt.Errorf("direct %s: %w", name, err)
-		}
-		c.raw, c.direct, c.floor = append(c.raw, raw), append(c.direct, d), append(c.floor, raw+d)
-		return nil
-	}
-
-	for i := range s.runsOf("warm") {
-		time.Sleep(s.gap)
-		d, err := directLaunch(ctx, s.direct, s.world.directSpec(a), fmt.Sprintf("direct-%d-warm-%d", mbit, i), s.command, s.mount())
-		if err != nil {
-			return nil, fmt.Errorf("direct warm: %w", err)
-		}
-		res.warm.floor, res.warm.direct = append(res.warm.floor, d), append(res.warm.direct, d)
-		time.Sleep(s.gap)
-		if err := timed(res.warm, fmt.Sprintf("warm-%d", i), a.via.String()); err != nil {
-			return nil, fmt.Errorf("warm run: %w", err)
-		}
-	}
-	root := s.world.fam.rootLayers
-	base := len(b.img.layers) - len(b.img.top)
-	for i := range s.runsOf("partial") {
-		top, shared := layersOf(b.img, base), layersOf(b.img, 0)[:base]
-		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(b.direct.Digest)}, top, shared, ns...); err != nil {
-			return nil, fmt.Errorf("partial drop: %w", err)
-		}
-		time.Sleep(s.gap)
-		if err := timed(res.part, fmt.Sprintf("partial-%d", i), b.via.String()); err != nil {
-			return nil, fmt.Errorf("partial run: %w", err)
-		}
-		if err := floor(res.part, fmt.Sprintf("%d-partial-%d", mbit, i), b, top, false); err != nil {
-			return nil, fmt.Errorf("partial floor: %w", err)
-		}
-	}
-	for i := range s.runsOf("cold") {
-		// The busybox root stays: the busybox cases' images hold it too.
-		all := append(layersOf(a.img, root), layersOf(b.img, base)...)
-		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(a.direct.Digest), digest.Digest(b.direct.Digest)}, all, nil, ns...); err != nil {
-			return nil, fmt.Errorf("cold drop: %w", err)
-		}
-		if err := s.art.removeReplica(); err != nil {
-			return nil, fmt.Errorf("cold artifact removal: %w", err)
-		}
-		time.Sleep(s.gap)
-		if err := timed(res.cld, fmt.Sprintf("cold-%d", i), a.via.String()); err != nil {
-			return nil, fmt.Errorf("cold run: %w", err)
-		}
-		if err := floor(res.cld, fmt.Sprintf("%d-cold-%d", mbit, i), a, layersOf(a.img, root), true); err != nil {
-			return nil, fmt.Errorf("cold floor: %w", err)
+	for _, c := range []func(context.Context, *sizedResult) error{s.warm, s.partial, s.cold} {
+		if err := c(ctx, res); err != nil {
+			return nil, err
 		}
 	}
 	return res, nil
+}
+
+// warm: image a and the artifact present; the floor is the adapter's
+// launch, timed before each Run.
+func (s *sizedRun) warm(ctx context.Context, res *sizedResult) error {
+	a := s.world.a
+	for i := range s.runsOf("warm") {
+		time.Sleep(s.gap)
+		d, err := directLaunch(ctx, s.direct, s.world.directSpec(a), fmt.Sprintf("direct-%d-warm-%d", res.Mbit, i), s.command, s.mount())
+		if err != nil {
+			return fmt.Errorf("direct warm: %w", err)
+		}
+		res.warm.floor, res.warm.direct = append(res.warm.floor, d), append(res.warm.direct, d)
+		time.Sleep(s.gap)
+		if err := s.timed(ctx, res.warm, res.Mbit, fmt.Sprintf("warm-%d", i), a.via.String()); err != nil {
+			return fmt.Errorf("warm run: %w", err)
+		}
+	}
+	return nil
+}
+
+// partial: variant b's own layers dropped, its base and the artifact
+// present.
+func (s *sizedRun) partial(ctx context.Context, res *sizedResult) error {
+	b := s.world.b
+	base := len(b.img.layers) - len(b.img.top)
+	for i := range s.runsOf("partial") {
+		top, shared := layersOf(b.img, base), layersOf(b.img, 0)[:base]
+		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(b.direct.Digest)}, top, shared, s.namespaces()...); err != nil {
+			return fmt.Errorf("partial drop: %w", err)
+		}
+		time.Sleep(s.gap)
+		if err := s.timed(ctx, res.part, res.Mbit, fmt.Sprintf("partial-%d", i), b.via.String()); err != nil {
+			return fmt.Errorf("partial run: %w", err)
+		}
+		if err := s.floor(ctx, res, res.part, fmt.Sprintf("%d-partial-%d", res.Mbit, i), b, top, false); err != nil {
+			return fmt.Errorf("partial floor: %w", err)
+		}
+	}
+	return nil
+}
+
+// cold: both images' layers (but the busybox root the busybox cases'
+// images hold too) and the artifact replica removed before each Run.
+func (s *sizedRun) cold(ctx context.Context, res *sizedResult) error {
+	a, b := s.world.a, s.world.b
+	root, base := s.world.fam.rootLayers, len(b.img.layers)-len(b.img.top)
+	for i := range s.runsOf("cold") {
+		all := append(layersOf(a.img, root), layersOf(b.img, base)...)
+		if err := dropAndCheck(ctx, s.cd.Address, []digest.Digest{digest.Digest(a.direct.Digest), digest.Digest(b.direct.Digest)}, all, nil, s.namespaces()...); err != nil {
+			return fmt.Errorf("cold drop: %w", err)
+		}
+		if err := s.art.removeReplica(); err != nil {
+			return fmt.Errorf("cold artifact removal: %w", err)
+		}
+		time.Sleep(s.gap)
+		if err := s.timed(ctx, res.cld, res.Mbit, fmt.Sprintf("cold-%d", i), a.via.String()); err != nil {
+			return fmt.Errorf("cold run: %w", err)
+		}
+		if err := s.floor(ctx, res, res.cld, fmt.Sprintf("%d-cold-%d", res.Mbit, i), a, layersOf(a.img, root), true); err != nil {
+			return fmt.Errorf("cold floor: %w", err)
+		}
+	}
+	return nil
+}
+
+// namespaces are the agent's and the direct side's.
+func (s *sizedRun) namespaces() []string { return []string{s.cd.Namespace, s.cd.Namespace + "-direct"} }
+
+// timed runs one Run mounting the artifact and adds it, split into stages
+// by the agent's runtime calls, to case c.
+func (s *sizedRun) timed(ctx context.Context, c *sizedCase, mbit int, name, image string) error {
+	end, err := s.runs.run(ctx, fmt.Sprintf("e2e-%s-%d-%s", s.nonce, mbit, name), image, s.uses())
+	if err != nil {
+		return err
+	}
+	ensure, launch, ok := s.rt.since(end.submitted)
+	if !ok {
+		return fmt.Errorf("run %s: no image ensure and launch seen", name)
+	}
+	c.addRun(end, ensure, launch)
+	return nil
+}
+
+// floor is the transfer of the bytes the Run had to fetch, through the
+// same link, then the adapter's unpack and start on this machine.
+func (s *sizedRun) floor(ctx context.Context, res *sizedResult, c *sizedCase, name string, ref sizedRef, blobs []familyLayer, artifact bool) error {
+	time.Sleep(s.gap)
+	start := time.Now()
+	n, err := s.world.rawBlobs(ctx, blobs)
+	if err != nil {
+		return err
+	}
+	if artifact {
+		m, err := rawArtifact(ctx, s.via, s.art.rec.Source.Object)
+		if err != nil {
+			return err
+		}
+		n += m
+	}
+	raw := time.Since(start)
+	if n > 0 {
+		res.RawImageMbit = float64(n) * 8 / 1e6 / raw.Seconds()
+	}
+	d, err := directLaunch(ctx, s.direct, s.world.directSpec(ref), "direct-"+name, s.command, s.mount())
+	if err != nil {
+		return fmt.Errorf("direct %s: %w", name, err)
+	}
+	c.raw, c.direct, c.floor = append(c.raw, raw), append(c.direct, d), append(c.floor, raw+d)
+	return nil
 }
 
 // reportSized adds each speed's cases: p50 against the floor's p50, p95s,

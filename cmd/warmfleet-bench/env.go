@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -63,6 +62,19 @@ func newEnv(g *globals, name string) (*env, error) {
 	return e, nil
 }
 
+// startEnv is newEnv with a control plane of cfg running in it.
+func startEnv(g *globals, name string, cfg controlplane.Config) (*env, error) {
+	e, err := newEnv(g, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.startCP(cfg); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
 // newFileLogger is the production JSON logger `warmfleet serve` uses, into a
 // file: the control plane pays for its logging here as it does in service.
 func newFileLogger(level, path string) (*zap.Logger, error) {
@@ -97,6 +109,15 @@ func (e *env) connect(name string, extra ...nats.Option) (*bus.Conn, error) {
 	}
 	e.conns = append(e.conns, c)
 	return c, nil
+}
+
+// through runs start with e's new connections made to url (a proxy in
+// front of NATS) instead of to NATS itself.
+func (e *env) through(url string, start func() error) error {
+	direct := e.url
+	e.url = url
+	defer func() { e.url = direct }()
+	return start()
 }
 
 // startCP runs a control plane in this process and waits until it serves.
@@ -149,49 +170,4 @@ func (e *env) close() {
 	}
 	_ = os.RemoveAll(e.dir)
 	_ = os.RemoveAll(e.storeDir)
-}
-
-// profiler writes one CPU profile of a command's measured phase: the
-// command calls start when the phase begins and stop when it ends (a CPU
-// profile cannot be paused, so there is one phase per file).
-type profiler struct {
-	path string
-	f    *os.File
-	on   bool
-}
-
-func newProfiler(path string) (*profiler, error) {
-	if path == "" {
-		return &profiler{}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	return &profiler{path: path, f: f}, nil
-}
-
-// start begins profiling; a second start is a no-op.
-func (p *profiler) start() error {
-	if p.f == nil || p.on {
-		return nil
-	}
-	p.on = true
-	return pprof.StartCPUProfile(p.f)
-}
-
-func (p *profiler) stop() {
-	if p.f == nil || !p.on {
-		return
-	}
-	pprof.StopCPUProfile()
-	p.on = false
-}
-
-func (p *profiler) close() {
-	p.stop()
-	if p.f != nil {
-		_ = p.f.Close()
-		fmt.Fprintln(os.Stderr, "warmfleet-bench: CPU profile in", p.path, "(go tool pprof -top", p.path+")")
-	}
 }

@@ -51,13 +51,7 @@ heartbeat and consumes, decodes and acks every observation): the cost of the
 traffic itself. Then --lapse agents stop heartbeating and the bench polls
 wf_nodes until each is marked lost; the delay is measured from each one's
 last heartbeat and compared with the lease (heartbeat × 5).`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := runFleet(cmd.Context(), g, o)
-			if err != nil {
-				return err
-			}
-			return rep.print(cmd.OutOrStdout(), g.output)
-		},
+		RunE: g.reporting(func(ctx context.Context) (*Report, error) { return runFleet(ctx, g, o) }),
 	}
 	f := cmd.Flags()
 	f.IntSliceVar(&o.sizes, "n", []int{500}, "fleet sizes, one measurement each (e.g. 500,2000,5000)")
@@ -155,31 +149,12 @@ func fleetOnce(ctx context.Context, g *globals, o fleetOpts, n int, mode string)
 		return res, err
 	}
 	defer e.close()
-	cp, err := startChild("cp-serve", "cp-serve", "--nats-url", e.url, "--mode", mode, "--heartbeat", o.heartbeat.String(),
-		"--log-level", g.cpLogLevel, "--log-file", filepath.Join(e.dir, "cp.log"))
+	f, err := startFleet(ctx, g, e, o, n, mode)
 	if err != nil {
 		return res, err
 	}
-	defer cp.stop(30 * time.Second)
-	if _, err := cp.await("ready", 60*time.Second); err != nil {
-		return res, err
-	}
-	if o.raiseConsumerLimit {
-		if err := raiseConsumerLimit(ctx, e); err != nil {
-			return res, err
-		}
-	}
-	sim, err := startChild("fleet-sim", "fleet-sim", "--nats-url", e.url, "--n", strconv.Itoa(n), "--images", strconv.Itoa(o.images),
-		"--facts-interval", o.factsEvery.String())
-	if err != nil {
-		return res, err
-	}
-	defer sim.stop(30 * time.Second)
-	m, err := sim.await("enrolled", time.Duration(n)*50*time.Millisecond+60*time.Second)
-	if err != nil {
-		return res, err
-	}
-	res.EnrollSeconds, _ = m["seconds"].(float64)
+	defer f.stop()
+	res.EnrollSeconds = f.enrolled
 	select {
 	case <-time.After(o.warmup):
 	case <-ctx.Done():
@@ -189,62 +164,13 @@ func fleetOnce(ctx context.Context, g *globals, o fleetOpts, n int, mode string)
 	if err != nil {
 		return res, err
 	}
-	simBefore, err := simStats(sim)
-	if err != nil {
+	if err := f.measure(ctx, g, client, o.window, &res); err != nil {
 		return res, err
-	}
-	kvSeq0 := streamLastSeq(ctx, client.JS, "KV_"+bus.BucketNodes)
-	prof := g.cpuProfile != ""
-	if prof {
-		if err := cp.send("prof-start " + profPath(g.cpuProfile, mode, n)); err != nil {
-			return res, err
-		}
-		if _, err := cp.await("prof-started", 10*time.Second); err != nil {
-			return res, err
-		}
-	}
-	cpM, err := startMeter(cp.pid())
-	if err != nil {
-		return res, err
-	}
-	natsM, _ := startMeter(os.Getpid())
-	simM, _ := startMeter(sim.pid())
-	t0 := time.Now()
-	select {
-	case <-time.After(o.window):
-	case <-ctx.Done():
-		return res, ctx.Err()
-	}
-	res.CPCores, _ = cpM.cores()
-	res.NATSCores, _ = natsM.cores()
-	res.SimCores, _ = simM.cores()
-	wall := time.Since(t0).Seconds()
-	if prof {
-		_ = cp.send("prof-stop")
-		_, _ = cp.await("prof-stopped", 10*time.Second)
-	}
-	res.NodeWrites = float64(streamLastSeq(ctx, client.JS, "KV_"+bus.BucketNodes)-kvSeq0) / wall
-	after, err := cpStats(cp)
-	if err != nil {
-		return res, err
-	}
-	simAfter, err := simStats(sim)
-	if err != nil {
-		return res, err
-	}
-	res.HeartbeatsSent = (simAfter["heartbeats_sent"].(float64) - simBefore["heartbeats_sent"].(float64)) / wall
-	res.CPRSS = rssBytes(cp.pid())
-	res.NATSRSS = rssBytes(os.Getpid())
-	res.CPHeapInuse, _ = after["heap_inuse"].(float64)
-	res.CPGoroutines, _ = after["goroutines"].(float64)
-	res.SlowConsumer, _ = after["slow_consumer_errors"].(float64)
-	if mode == "cp" {
-		res.FalseLapses = lapses(after)
 	}
 	if mode != "cp" || o.lapse <= 0 {
 		return res, nil
 	}
-	lat, err := measureLapse(ctx, client, sim, o.lapse, 5*o.heartbeat, lapseLimit)
+	lat, err := measureLapse(ctx, client, f.sim, o.lapse, 5*o.heartbeat, lapseLimit)
 	if err != nil {
 		return res, err
 	}
@@ -252,19 +178,125 @@ func fleetOnce(ctx context.Context, g *globals, o fleetOpts, n int, mode string)
 	return res, nil
 }
 
+// fleetProcs are the fleet bench's children: the control plane of mode
+// (cp or null) and the simulated agents, all enrolled.
+type fleetProcs struct {
+	mode     string
+	n        int
+	cp, sim  *child
+	enrolled float64 // seconds the whole fleet took to enroll
+	cleanup  undo
+}
+
+func startFleet(ctx context.Context, g *globals, e *env, o fleetOpts, n int, mode string) (*fleetProcs, error) {
+	f := &fleetProcs{mode: mode, n: n}
+	cp, err := startChild("cp-serve", "cp-serve", "--nats-url", e.url, "--mode", mode, "--heartbeat", o.heartbeat.String(),
+		"--log-level", g.cpLogLevel, "--log-file", filepath.Join(e.dir, "cp.log"))
+	if err != nil {
+		return nil, err
+	}
+	f.cp = cp
+	f.cleanup.push(func() { cp.stop(30 * time.Second) })
+	if _, err := cp.await("ready", 60*time.Second); err != nil {
+		f.stop()
+		return nil, err
+	}
+	if o.raiseConsumerLimit {
+		if err := raiseConsumerLimit(ctx, e); err != nil {
+			f.stop()
+			return nil, err
+		}
+	}
+	sim, err := startChild("fleet-sim", "fleet-sim", "--nats-url", e.url, "--n", strconv.Itoa(n), "--images", strconv.Itoa(o.images),
+		"--facts-interval", o.factsEvery.String())
+	if err != nil {
+		f.stop()
+		return nil, err
+	}
+	f.sim = sim
+	f.cleanup.push(func() { sim.stop(30 * time.Second) })
+	m, err := sim.await("enrolled", time.Duration(n)*50*time.Millisecond+60*time.Second)
+	if err != nil {
+		f.stop()
+		return nil, err
+	}
+	f.enrolled, _ = m["seconds"].(float64)
+	return f, nil
+}
+
+func (f *fleetProcs) stop() { f.cleanup.run() }
+
+// measure takes the control plane's, NATS's and the simulator's CPU over
+// window (the control plane profiled with --cpuprofile), the wf_nodes
+// writes and heartbeats over it, and the control plane's memory after.
+func (f *fleetProcs) measure(ctx context.Context, g *globals, client *bus.Conn, window time.Duration, res *fleetRun) error {
+	simBefore, err := stats(f.sim)
+	if err != nil {
+		return err
+	}
+	kvSeq0 := streamLastSeq(ctx, client.JS, "KV_"+bus.BucketNodes)
+	prof := g.cpuProfile != ""
+	if prof {
+		if err := f.cp.send("prof-start " + profPath(g.cpuProfile, f.mode, f.n)); err != nil {
+			return err
+		}
+		if _, err := f.cp.await("prof-started", 10*time.Second); err != nil {
+			return err
+		}
+	}
+	cpM, err := startMeter(f.cp.pid())
+	if err != nil {
+		return err
+	}
+	natsM, _ := startMeter(os.Getpid())
+	simM, _ := startMeter(f.sim.pid())
+	t0 := time.Now()
+	select {
+	case <-time.After(window):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	res.CPCores, _ = cpM.cores()
+	res.NATSCores, _ = natsM.cores()
+	res.SimCores, _ = simM.cores()
+	wall := time.Since(t0).Seconds()
+	if prof {
+		_ = f.cp.send("prof-stop")
+		_, _ = f.cp.await("prof-stopped", 10*time.Second)
+	}
+	res.NodeWrites = float64(streamLastSeq(ctx, client.JS, "KV_"+bus.BucketNodes)-kvSeq0) / wall
+	return f.collect(simBefore, wall, res)
+}
+
+// collect reads both children's stats after the window.
+func (f *fleetProcs) collect(simBefore map[string]any, wall float64, res *fleetRun) error {
+	after, err := stats(f.cp)
+	if err != nil {
+		return err
+	}
+	simAfter, err := stats(f.sim)
+	if err != nil {
+		return err
+	}
+	res.HeartbeatsSent = (simAfter["heartbeats_sent"].(float64) - simBefore["heartbeats_sent"].(float64)) / wall
+	res.CPRSS = rssBytes(f.cp.pid())
+	res.NATSRSS = rssBytes(os.Getpid())
+	res.CPHeapInuse, _ = after["heap_inuse"].(float64)
+	res.CPGoroutines, _ = after["goroutines"].(float64)
+	res.SlowConsumer, _ = after["slow_consumer_errors"].(float64)
+	if f.mode == "cp" {
+		res.FalseLapses = lapses(after)
+	}
+	return nil
+}
+
 func profPath(base, mode string, n int) string {
 	ext := filepath.Ext(base)
 	return fmt.Sprintf("%s.%s-%d%s", base[:len(base)-len(ext)], mode, n, ext)
 }
 
-func cpStats(c *child) (map[string]any, error) {
-	if err := c.send("stats"); err != nil {
-		return nil, err
-	}
-	return c.await("stats", 30*time.Second)
-}
-
-func simStats(c *child) (map[string]any, error) {
+// stats asks a child (cp-serve or fleet-sim) for its stats line.
+func stats(c *child) (map[string]any, error) {
 	if err := c.send("stats"); err != nil {
 		return nil, err
 	}

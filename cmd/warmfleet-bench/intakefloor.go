@@ -27,75 +27,19 @@ const floorWorkers = 64
 // three writes per Run; intake's rate over it is how much of that ceiling
 // warmfleet reaches.
 func intakeFloor(ctx context.Context, e *env, producers int, d time.Duration, payload []byte, enc codec.Encoding, nonce string) (float64, error) {
-	pub, err := e.connect("floor-producer")
+	f, err := newFloorStore(ctx, e)
 	if err != nil {
 		return 0, err
 	}
-	cons, err := e.connect("floor-consumer")
-	if err != nil {
-		return 0, err
-	}
-	if _, err := pub.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_FLOOR", Subjects: []string{"bench.floor"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: bus.DedupeWindow}); err != nil {
-		return 0, err
-	}
-	if _, err := pub.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_FLOOR_EV", Subjects: []string{"bench.floorev.>"},
-		Storage: jetstream.FileStorage, Duplicates: bus.DedupeWindow}); err != nil {
-		return 0, err
-	}
-	if _, err := pub.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "bench_floor", Storage: jetstream.FileStorage}); err != nil {
-		return 0, err
-	}
-	kv, err := cons.JS.KeyValue(ctx, "bench_floor")
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		_ = pub.JS.DeleteStream(ctx, "BENCH_FLOOR")
-		_ = pub.JS.DeleteStream(ctx, "BENCH_FLOOR_EV")
-		_ = pub.JS.DeleteKeyValue(ctx, "bench_floor")
-	}()
-	c, err := cons.JS.CreateOrUpdateConsumer(ctx, "BENCH_FLOOR", jetstream.ConsumerConfig{Durable: "floor",
-		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1024})
-	if err != nil {
-		return 0, err
-	}
-	var (
-		done   atomic.Int64
-		lastNs atomic.Int64
-		failed atomic.Value
-	)
-	event := make([]byte, 160) // about an accepted event's size
-	work := make(chan jetstream.Msg, floorWorkers)
-	var wg sync.WaitGroup
+	defer f.remove(ctx)
 	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
+	work := make(chan jetstream.Msg, floorWorkers)
 	for range floorWorkers {
-		wg.Go(func() {
-			for {
-				var m jetstream.Msg
-				select {
-				case m = <-work:
-				case <-wctx.Done():
-					return
-				}
-				id := m.Headers().Get(jetstream.MsgIDHeader)
-				if _, err := kv.Create(wctx, id, m.Data()); err != nil {
-					failed.Store(err)
-					continue
-				}
-				if _, err := cons.JS.PublishMsg(wctx, &nats.Msg{Subject: "bench.floorev." + id, Data: event},
-					jetstream.WithMsgID(id+":1")); err != nil {
-					failed.Store(err)
-					continue
-				}
-				_ = m.Ack()
-				done.Add(1)
-				lastNs.Store(time.Now().UnixNano())
-			}
-		})
+		wg.Go(func() { f.record(wctx, work) })
 	}
-	cc, err := c.Consume(func(m jetstream.Msg) {
+	cc, err := f.consumer.Consume(func(m jetstream.Msg) {
 		select {
 		case work <- m:
 		case <-wctx.Done():
@@ -111,18 +55,97 @@ func intakeFloor(ctx context.Context, e *env, producers int, d time.Duration, pa
 		m.Header.Set(codec.ContentTypeHeader, enc.ContentType())
 		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("floor-%s-%02d-%07d", nonce, p, i))
 		return m
-	}, pub.JS)
+	}, f.pub.JS)
 	if err != nil {
 		return 0, fmt.Errorf("floor publish: %w", err)
 	}
-	for deadline := time.Now().Add(time.Minute); done.Load() < n; {
-		if err, _ := failed.Load().(error); err != nil {
-			return 0, fmt.Errorf("floor consumer: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("floor: %d of %d recorded after a minute", done.Load(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := f.wait(ctx, n, time.Minute); err != nil {
+		return 0, err
 	}
-	return float64(n) / time.Unix(0, lastNs.Load()).Sub(start).Seconds(), nil
+	return float64(n) / time.Unix(0, f.lastNs.Load()).Sub(start).Seconds(), nil
+}
+
+// floorStore is the floor's work-queue stream, event stream and bucket,
+// and the consumer whose workers record each message in them.
+type floorStore struct {
+	pub, cons *bus.Conn
+	kv        jetstream.KeyValue
+	consumer  jetstream.Consumer
+	event     []byte // about an accepted event's size
+	done      atomic.Int64
+	lastNs    atomic.Int64 // when the last message was recorded
+	failed    atomic.Value
+}
+
+func newFloorStore(ctx context.Context, e *env) (*floorStore, error) {
+	f := &floorStore{event: make([]byte, 160)}
+	var err error
+	if f.pub, err = e.connect("floor-producer"); err != nil {
+		return nil, err
+	}
+	if f.cons, err = e.connect("floor-consumer"); err != nil {
+		return nil, err
+	}
+	if _, err := f.pub.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_FLOOR", Subjects: []string{"bench.floor"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: bus.DedupeWindow}); err != nil {
+		return nil, err
+	}
+	if _, err := f.pub.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_FLOOR_EV", Subjects: []string{"bench.floorev.>"},
+		Storage: jetstream.FileStorage, Duplicates: bus.DedupeWindow}); err != nil {
+		return nil, err
+	}
+	if _, err := f.pub.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "bench_floor", Storage: jetstream.FileStorage}); err != nil {
+		return nil, err
+	}
+	if f.kv, err = f.cons.JS.KeyValue(ctx, "bench_floor"); err != nil {
+		return f, err
+	}
+	f.consumer, err = f.cons.JS.CreateOrUpdateConsumer(ctx, "BENCH_FLOOR", jetstream.ConsumerConfig{Durable: "floor",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1024})
+	return f, err
+}
+
+func (f *floorStore) remove(ctx context.Context) {
+	_ = f.pub.JS.DeleteStream(ctx, "BENCH_FLOOR")
+	_ = f.pub.JS.DeleteStream(ctx, "BENCH_FLOOR_EV")
+	_ = f.pub.JS.DeleteKeyValue(ctx, "bench_floor")
+}
+
+// record is one worker: for each message, the KV Create, the event
+// publish-with-ack, the ack.
+func (f *floorStore) record(ctx context.Context, work <-chan jetstream.Msg) {
+	for {
+		var m jetstream.Msg
+		select {
+		case m = <-work:
+		case <-ctx.Done():
+			return
+		}
+		id := m.Headers().Get(jetstream.MsgIDHeader)
+		if _, err := f.kv.Create(ctx, id, m.Data()); err != nil {
+			f.failed.Store(err)
+			continue
+		}
+		if _, err := f.cons.JS.PublishMsg(ctx, &nats.Msg{Subject: "bench.floorev." + id, Data: f.event},
+			jetstream.WithMsgID(id+":1")); err != nil {
+			f.failed.Store(err)
+			continue
+		}
+		_ = m.Ack()
+		f.done.Add(1)
+		f.lastNs.Store(time.Now().UnixNano())
+	}
+}
+
+// wait waits until the workers have recorded n messages.
+func (f *floorStore) wait(ctx context.Context, n int64, within time.Duration) error {
+	return poll(ctx, 5*time.Millisecond, time.Now().Add(within), func() (bool, error) {
+		if f.done.Load() >= n {
+			return true, nil
+		}
+		if err, _ := f.failed.Load().(error); err != nil {
+			return false, fmt.Errorf("floor consumer: %w", err)
+		}
+		return false, nil
+	}, func() error { return fmt.Errorf("floor: %d of %d recorded after a minute", f.done.Load(), n) })
 }

@@ -113,18 +113,8 @@ var errDrain = errors.New("drain timed out")
 // would get sequence next (every event before it is stored), or the
 // deadline passes.
 func waitEvents(ctx context.Context, js jetstream.JetStream, next uint64, deadline time.Time) error {
-	for {
+	return poll(ctx, 10*time.Millisecond, deadline, func() (bool, error) {
 		at, err := eventsFrom(ctx, js)
-		if err == nil && at >= next {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errDrain
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return err == nil && at >= next, nil
+	}, func() error { return errDrain })
 }

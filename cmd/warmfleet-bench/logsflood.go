@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,12 +8,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/ctrdproc"
@@ -161,220 +158,155 @@ func floodRoundTrips(ctx context.Context, g *globals, o logsOpts, mode string, p
 }
 
 func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *benchContainerd, img ociimage.Image, ns, name string, rate int64, control bool, prof *profiler) (floodCase, error) {
-	fc := floodCase{Name: name, LogRate: rate}
-	e, err := newEnv(g, "logs-flood")
+	e, err := startEnv(g, "logs-flood", controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true})
 	if err != nil {
-		return fc, err
+		return floodCase{Name: name, LogRate: rate}, err
 	}
 	defer e.close()
-	if err := e.startCP(controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true}); err != nil {
-		return fc, err
+	f := &floodBench{o: o, mode: mode, rate: rate, e: e, counter: &shipCounter{}, nonce: strconv.FormatInt(time.Now().UnixNano(), 36)}
+	defer f.cleanup.run()
+	if err := f.start(ctx, cd, img, ns); err != nil {
+		return floodCase{Name: name, LogRate: rate}, err
 	}
-	nodeID := "bench-flood-" + strconv.FormatInt(max(rate, 0), 10)
-	if rate < 0 {
+	return f.measure(ctx, name, control, prof)
+}
+
+// floodBench is one flood case's world: an agent (its output limit rate),
+// the client that submits the flooding Run and follows it, and the round
+// trips timed in turn: core request/reply and the command.
+type floodBench struct {
+	o       logsOpts
+	mode    string
+	rate    int64
+	e       *env
+	cfg     agent.Config
+	image   string // the flooding Run's
+	counter *shipCounter
+	client  *bus.Conn
+	w       *runWatch
+	base    *probe
+	cmds    *commandProbe
+	next    int // the next sample's number
+	nonce   string
+	cleanup undo
+}
+
+// probeDigest is the probe commands' image, answered at once.
+var probeDigest = benchDigest("logs-probe")
+
+// start starts the agent, warms containerd up with one Run, and the round
+// trips with --warmup untimed samples.
+func (f *floodBench) start(ctx context.Context, cd *benchContainerd, img ociimage.Image, ns string) error {
+	ag, err := f.startAgent(cd, img, ns)
+	if err != nil {
+		return err
+	}
+	if f.client, err = f.e.connect("bench-client"); err != nil {
+		return err
+	}
+	if f.w, err = watchRuns(f.client.NC); err != nil {
+		return err
+	}
+	f.cleanup.push(f.w.stop)
+	if f.mode == "containerd" {
+		// Untimed: the image is imported and a first container started.
+		rid := "logs-warm-" + f.nonce
+		req := runRequest(rid, f.image)
+		req.Command = []string{"true"}
+		end, err := f.w.run(ctx, f.client.JS, req, 120*time.Second)
+		if err != nil {
+			return err
+		}
+		if err := end.succeeded(rid, f.logPath()); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	enr := ag.Enrollment()
+	sample, err := codec.Encode(codec.MsgPack, rttCommand(f.cfg.NodeID, enr, "bench-rtt-sample-000000", probeDigest))
+	if err != nil {
+		return err
+	}
+	if f.base, err = requestReply(f.e, f.client, len(sample)); err != nil {
+		return err
+	}
+	f.cleanup.push(f.base.close)
+	if f.cmds, err = commandRTT(f.client, f.cfg.NodeID, enr, probeDigest); err != nil {
+		return err
+	}
+	f.cleanup.push(f.cmds.close)
+	_, err = sampleWhile(ctx, &f.next, f.o.warmup, 0, nil, f.base.roundTrip, f.cmds.roundTrip)
+	return err
+}
+
+// startAgent starts the agent: on containerd, its runtime wrapped so the
+// probes' image is answered at once; on the no-op runtime for the writer
+// mode, whose flooding Run "exits" once the bench's writer has stopped.
+func (f *floodBench) startAgent(cd *benchContainerd, img ociimage.Image, ns string) (*agent.Agent, error) {
+	nodeID := "bench-flood-" + strconv.FormatInt(max(f.rate, 0), 10)
+	if f.rate < 0 {
 		nodeID = "bench-flood-nolimit"
 	}
-	probeDigest := benchDigest("logs-probe")
-	counter := &shipCounter{}
-	cfg := agent.Config{NodeID: nodeID, Generation: 1, DataDir: filepath.Join(e.dir, "agent-"+nodeID), LogRate: rate, LogMetrics: counter}
-	floodSecs := int(max(1, o.floodFor.Round(time.Second)/time.Second))
+	f.cfg = agent.Config{NodeID: nodeID, Generation: 1, DataDir: filepath.Join(f.e.dir, "agent-"+nodeID), LogRate: f.rate, LogMetrics: f.counter}
 	var (
-		ag        *agent.Agent
-		stopAgent func()
-		image     string
+		ag   *agent.Agent
+		stop func()
+		err  error
 	)
-	switch mode {
+	switch f.mode {
 	case "containerd":
-		image = img.Reference
-		ag, stopAgent, err = startContainerdAgent(e, cd, filepath.Join(cd.Dir, "images"), cd.Namespace+suffix(ns), cfg,
+		f.image = img.Reference
+		ag, stop, err = startContainerdAgent(f.e, cd, filepath.Join(cd.Dir, "images"), cd.Namespace+suffix(ns), f.cfg,
 			func(rt noderuntime.Runtime) noderuntime.Runtime {
 				return probeRuntime{Runtime: rt, digest: probeDigest}
 			})
 	case "writer":
 		runDigest := benchDigest("logs-flood")
-		image = "localhost/bench@" + runDigest
-		cfg.Capacity = schemas.Resources{CPUMillis: 64_000, MemoryBytes: 256 << 30}
-		// The workload "exits" once the bench's writer has stopped.
-		ag, stopAgent, err = startAgent(e, cfg, noopruntime.New(noopruntime.Options{Images: []string{runDigest, probeDigest}, ExitAfter: o.floodFor + time.Second}), nil)
+		f.image = "localhost/bench@" + runDigest
+		f.cfg.Capacity = benchCapacity
+		ag, stop, err = startAgent(f.e, f.cfg, noopruntime.New(noopruntime.Options{Images: []string{runDigest, probeDigest}, ExitAfter: f.o.floodFor + time.Second}), nil)
 	}
 	if err != nil {
-		return fc, err
+		return nil, err
 	}
-	defer stopAgent()
-	client, err := e.connect("bench-client")
-	if err != nil {
-		return fc, err
-	}
-	w, err := watchRuns(client.NC)
-	if err != nil {
-		return fc, err
-	}
-	defer func() { _ = w.sub.Unsubscribe() }()
-	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
-	submit := func(rid string, req schemas.RunRequest) (string, error) {
-		m, err := submitMsg(req, codec.JSON)
-		if err != nil {
-			return "", err
-		}
-		if _, err := client.JS.PublishMsg(ctx, m, jetstream.WithMsgID(rid)); err != nil {
-			return "", err
-		}
-		return schemas.RunIDFor(rid), nil
-	}
-	if mode == "containerd" {
-		// Untimed: the image is imported and a first container started.
-		rid := "logs-warm-" + nonce
-		req := runRequest(rid, image)
-		req.Command = []string{"true"}
-		runID, err := submit(rid, req)
-		if err != nil {
-			return fc, err
-		}
-		if ph, _, _, err := w.waitTerminal(ctx, runID, 120*time.Second); err != nil {
-			return fc, err
-		} else if _, ok := ph[schemas.PhaseSucceeded]; !ok {
-			return fc, fmt.Errorf("warm-up Run did not succeed (phases %v); see %s", keys(ph), filepath.Join(e.dir, "cp.log"))
-		}
-	}
+	f.cleanup.push(stop)
+	return ag, nil
+}
 
-	enr := ag.Enrollment()
-	sample, err := codec.Encode(codec.MsgPack, rttCommand(nodeID, enr, "bench-rtt-sample-000000", probeDigest))
-	if err != nil {
-		return fc, err
-	}
-	base, err := requestReply(e, client, len(sample))
-	if err != nil {
-		return fc, err
-	}
-	defer base.close()
-	cmds, err := commandRTT(client, nodeID, enr, probeDigest)
-	if err != nil {
-		return fc, err
-	}
-	defer cmds.close()
-	next := 0
-	if _, err := sampleWhile(ctx, &next, o.warmup, 0, nil, base.roundTrip, cmds.roundTrip); err != nil {
-		return fc, err
-	}
-	// window times n samples of both round trips, fewer if more (when not
-	// nil) says stop, with the machine's and this process's CPU over them.
-	window := func(n int, more func() bool) (rr, cmd []time.Duration, secs, machine, proc float64, err error) {
-		m0, err := machineBusy()
-		if err != nil {
-			return
-		}
-		meter, err := startMeter(os.Getpid())
-		if err != nil {
-			return
-		}
-		t0 := time.Now()
-		lat, err := sampleWhile(ctx, &next, n, o.pace, more, base.roundTrip, cmds.roundTrip)
-		if err != nil {
-			return
-		}
-		secs = time.Since(t0).Seconds()
-		proc, _ = meter.cores()
-		m1, _ := machineBusy()
-		return lat[0], lat[1], secs, (m1 - m0) / secs, proc, nil
-	}
-	// Idle: half the samples before the flood, half after, pooled.
-	var idle [2]idleWindow
-	if idle[0].rr, idle[0].cmd, idle[0].secs, idle[0].machine, idle[0].proc, err = window((o.samples+1)/2, nil); err != nil {
-		return fc, err
-	}
+func (f *floodBench) logPath() string { return filepath.Join(f.e.dir, "cp.log") }
 
-	capMiB := 1 << 30 // no cap: the time ends it
-	if rate < 0 {
-		capMiB = o.floodMiB
+// measure times the idle round trips (half before the flood, half after),
+// those during the flood and, with control, during the same workload with
+// its output discarded.
+func (f *floodBench) measure(ctx context.Context, name string, control bool, prof *profiler) (floodCase, error) {
+	fc := floodCase{Name: name, LogRate: f.rate}
+	var idle [2]sampledWindow
+	var err error
+	if idle[0], err = f.window(ctx, (f.o.samples+1)/2, nil); err != nil {
+		return fc, err
 	}
-	script := fmt.Sprintf(`line='%s'; end=$(($(date +%%s)+%d)); k=0; while [ $(date +%%s) -lt $end ] && [ $k -lt %d ]; do yes "$line" | head -c 16777216; k=$((k+1)); done; echo "flood: $k x 16 MiB" >&2`,
-		floodLine, floodSecs, (capMiB+15)/16)
-	// loaded runs one Run of script and times round trips from o.settle
-	// after it is running until it ends.
-	loaded := func(rid, script string, prof *profiler, benchWrites bool) (rr, cmd Latencies, secs, machine, proc, writer float64, ph map[schemas.Phase]time.Time, err error) {
-		var rrs, cmds []time.Duration
-		req := runRequest(rid, image)
-		req.Resources.MemoryBytes = 64 << 20
-		req.Command = []string{"sh", "-c", script}
-		if mode == "containerd" {
-			req.Resources.CPUMillis = o.floodCPU
-		}
-		runID, err := submit(rid, req)
-		if err != nil {
-			return
-		}
-		if benchWrites {
-			// The bench is the Run's log writer, as the shim's would be.
-			dir := filepath.Join(cfg.DataDir, "output", schemas.WorkloadID(runID, 1))
-			if err = waitFile(ctx, filepath.Join(dir, "meta.json"), 60*time.Second); err != nil {
-				return
-			}
-			// The limit the agent hands its runtime (agent.New's defaults).
-			limit := nodelog.Limit{BytesPerSecond: agent.DefaultLogRate, Burst: agent.DefaultLogBurst}
-			if rate != 0 {
-				limit.BytesPerSecond = max(rate, 0)
-			}
-			writeErr := make(chan error, 1)
-			go func() {
-				fr := newFloodReader(o.floodFor, int64(capMiB)<<20, float64(o.writerMiBs)*(1<<20))
-				writeErr <- nodelog.Write(nodelog.WriterSpec{Dir: dir, Limit: limit}, [2]io.Reader{fr, strings.NewReader("")}, func() {}, time.Now)
-			}()
-			defer func() { <-writeErr }()
-		}
-		if err = w.waitPhase(ctx, runID, schemas.PhaseRunning, 60*time.Second); err != nil {
-			return
-		}
-		time.Sleep(o.settle)
-		if prof != nil {
-			if err = prof.start(); err != nil {
-				return
-			}
-		}
-		// The Run's log writer: a process of its own on containerd.
-		writers := watchProcs(50*time.Millisecond, nodelog.WriterFlag, filepath.Base(e.dir))
-		rrs, cmds, secs, machine, proc, err = window(4*o.samples, func() bool { return !w.terminal(runID) })
-		writer = writers.cores()
-		rr, cmd = summarise(rrs), summarise(cmds)
-		if prof != nil {
-			prof.stop()
-		}
-		if err != nil {
-			return
-		}
-		if ph, _, _, err = w.waitTerminal(ctx, runID, 180*time.Second); err != nil {
-			return
-		}
-		if _, ok := ph[schemas.PhaseSucceeded]; !ok {
-			err = fmt.Errorf("run %s did not succeed (phases %v); see %s", rid, keys(ph), filepath.Join(e.dir, "cp.log"))
-		}
-		return
-	}
-
-	// The flood.
-	var ph map[schemas.Phase]time.Time
-	fc.FloodRR, fc.FloodCmd, fc.TimedS, fc.FloodMachineCores, fc.FloodProcCores, fc.WriterCores, ph, err = loaded("logs-flood-"+nonce, script, prof, mode == "writer")
+	fl, err := f.loaded(ctx, "logs-flood-"+f.nonce, f.script(), prof, f.mode == "writer")
 	if err != nil {
 		return fc, err
 	}
-	for p, at := range ph {
+	fc.FloodRR, fc.FloodCmd, fc.TimedS, fc.FloodMachineCores, fc.FloodProcCores, fc.WriterCores = fl.rr, fl.cmd, fl.secs, fl.machine, fl.proc, fl.writer
+	for p, at := range fl.phases {
 		if p.Terminal() {
-			fc.RunS = at.Sub(ph[schemas.PhaseRunning]).Seconds()
+			fc.RunS = at.Sub(fl.phases[schemas.PhaseRunning]).Seconds()
 		}
 	}
 	var lags []time.Duration
-	fc.Kept, fc.Dropped, _, lags, fc.BehindMax = counter.snapshot()
+	fc.Kept, fc.Dropped, _, lags, fc.BehindMax = f.counter.snapshot()
 	fc.Lag = summarise(lags)
-
-	if control && mode == "containerd" {
+	if control && f.mode == "containerd" {
 		// The same workload with its output thrown away in the container:
 		// the CPU it burns, without a byte for the writer or the agent.
-		c := &floodControl{}
-		if c.RR, c.Cmd, c.TimedS, c.MachineCores, c.ProcCores, c.WriterCores, _, err = loaded("logs-control-"+nonce, "exec >/dev/null 2>&1; "+script, nil, false); err != nil {
+		c, err := f.loaded(ctx, "logs-control-"+f.nonce, "exec >/dev/null 2>&1; "+f.script(), nil, false)
+		if err != nil {
 			return fc, fmt.Errorf("control: %w", err)
 		}
-		fc.Control = c
+		fc.Control = &floodControl{Cmd: c.cmd, RR: c.rr, TimedS: c.secs, MachineCores: c.machine, ProcCores: c.proc, WriterCores: c.writer}
 	}
-	if idle[1].rr, idle[1].cmd, idle[1].secs, idle[1].machine, idle[1].proc, err = window(o.samples/2, nil); err != nil {
+	if idle[1], err = f.window(ctx, f.o.samples/2, nil); err != nil {
 		return fc, err
 	}
 	fc.IdleBefore, fc.IdleAfter = summarise(idle[0].cmd), summarise(idle[1].cmd)
@@ -385,10 +317,129 @@ func floodOnce(ctx context.Context, g *globals, o logsOpts, mode string, cd *ben
 	return fc, nil
 }
 
-// idleWindow is one idle stretch of round trips.
-type idleWindow struct {
+// sampledWindow is one stretch of round trips, with the machine's and
+// this process's busy cores over it.
+type sampledWindow struct {
 	rr, cmd             []time.Duration
 	secs, machine, proc float64
+}
+
+// window times n samples of both round trips, fewer if more (when not
+// nil) says stop, with the machine's and this process's CPU over them.
+func (f *floodBench) window(ctx context.Context, n int, more func() bool) (sampledWindow, error) {
+	m0, err := machineBusy()
+	if err != nil {
+		return sampledWindow{}, err
+	}
+	meter, err := startMeter(os.Getpid())
+	if err != nil {
+		return sampledWindow{}, err
+	}
+	t0 := time.Now()
+	lat, err := sampleWhile(ctx, &f.next, n, f.o.pace, more, f.base.roundTrip, f.cmds.roundTrip)
+	if err != nil {
+		return sampledWindow{}, err
+	}
+	w := sampledWindow{rr: lat[0], cmd: lat[1], secs: time.Since(t0).Seconds()}
+	w.proc, _ = meter.cores()
+	m1, _ := machineBusy()
+	w.machine = (m1 - m0) / w.secs
+	return w, nil
+}
+
+// floodCapMiB is where the flood stops: with the limit off --flood-mib,
+// else no cap (the time ends it).
+func (f *floodBench) floodCapMiB() int {
+	if f.rate < 0 {
+		return f.o.floodMiB
+	}
+	return 1 << 30
+}
+
+// script is the flooding Run's: busybox yes of floodLine in 16 MiB
+// batches for --flood-for, at most floodCapMiB.
+func (f *floodBench) script() string {
+	floodSecs := int(max(1, f.o.floodFor.Round(time.Second)/time.Second))
+	return fmt.Sprintf(`line='%s'; end=$(($(date +%%s)+%d)); k=0; while [ $(date +%%s) -lt $end ] && [ $k -lt %d ]; do yes "$line" | head -c 16777216; k=$((k+1)); done; echo "flood: $k x 16 MiB" >&2`,
+		floodLine, floodSecs, (f.floodCapMiB()+15)/16)
+}
+
+// floodWindow is the round trips timed while one Run ran, and its phases.
+type floodWindow struct {
+	rr, cmd                     Latencies
+	secs, machine, proc, writer float64
+	phases                      map[schemas.Phase]time.Time
+}
+
+// loaded runs one Run of script and times round trips from --settle after
+// it is running until it ends. benchWrites: the bench is the Run's log
+// writer (writer mode).
+func (f *floodBench) loaded(ctx context.Context, rid, script string, prof *profiler, benchWrites bool) (floodWindow, error) {
+	var fw floodWindow
+	req := runRequest(rid, f.image)
+	req.Resources.MemoryBytes = 64 << 20
+	req.Command = []string{"sh", "-c", script}
+	if f.mode == "containerd" {
+		req.Resources.CPUMillis = f.o.floodCPU
+	}
+	_, runID, err := submitRun(ctx, f.client.JS, req)
+	if err != nil {
+		return fw, err
+	}
+	if benchWrites {
+		wait, err := f.writeOutput(ctx, runID)
+		if err != nil {
+			return fw, err
+		}
+		defer wait()
+	}
+	if err := f.w.waitPhase(ctx, runID, schemas.PhaseRunning, 60*time.Second); err != nil {
+		return fw, err
+	}
+	time.Sleep(f.o.settle)
+	if prof != nil {
+		if err := prof.start(); err != nil {
+			return fw, err
+		}
+	}
+	// The Run's log writer: a process of its own on containerd.
+	writers := watchProcs(50*time.Millisecond, nodelog.WriterFlag, filepath.Base(f.e.dir))
+	w, err := f.window(ctx, 4*f.o.samples, func() bool { return !f.w.terminal(runID) })
+	fw.writer = writers.cores()
+	fw.rr, fw.cmd, fw.secs, fw.machine, fw.proc = summarise(w.rr), summarise(w.cmd), w.secs, w.machine, w.proc
+	if prof != nil {
+		prof.stop()
+	}
+	if err != nil {
+		return fw, err
+	}
+	end, err := f.w.waitTerminal(ctx, runID, 180*time.Second)
+	if err != nil {
+		return fw, err
+	}
+	fw.phases = end.phases
+	return fw, end.succeeded(rid, f.logPath())
+}
+
+// writeOutput writes the Run's output directory as the shim's log writer
+// would, from an in-memory flood at --writer-mibps, with the limit the
+// agent hands its runtime; wait waits for the writer to end.
+func (f *floodBench) writeOutput(ctx context.Context, runID string) (wait func(), err error) {
+	dir := filepath.Join(f.cfg.DataDir, "output", schemas.WorkloadID(runID, 1))
+	if err := waitFile(ctx, filepath.Join(dir, "meta.json"), 60*time.Second); err != nil {
+		return nil, err
+	}
+	// agent.New's defaults.
+	limit := nodelog.Limit{BytesPerSecond: agent.DefaultLogRate, Burst: agent.DefaultLogBurst}
+	if f.rate != 0 {
+		limit.BytesPerSecond = max(f.rate, 0)
+	}
+	writeErr := make(chan error, 1)
+	go func() {
+		fr := newFloodReader(f.o.floodFor, int64(f.floodCapMiB())<<20, float64(f.o.writerMiBs)*(1<<20))
+		writeErr <- nodelog.Write(nodelog.WriterSpec{Dir: dir, Limit: limit}, [2]io.Reader{fr, strings.NewReader("")}, func() {}, time.Now)
+	}()
+	return func() { <-writeErr }, nil
 }
 
 func suffix(ns string) string {
@@ -398,275 +449,10 @@ func suffix(ns string) string {
 	return "-" + ns
 }
 
-// sampleWhile takes one of each round trip in turn (rotating which goes
-// first) per sample, n samples or until more says stop (checked before
-// each), numbering them from *next on.
-func sampleWhile(ctx context.Context, next *int, n int, pace time.Duration, more func() bool, rts ...roundTrip) ([][]time.Duration, error) {
-	out := make([][]time.Duration, len(rts))
-	for s := 0; s < n && (more == nil || more()); s++ {
-		i := *next
-		*next++
-		for j := range rts {
-			k := (i + j) % len(rts)
-			if pace > 0 {
-				time.Sleep(pace)
-			}
-			d, err := rts[k].once(ctx, i)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", rts[k].name, err)
-			}
-			out[k] = append(out[k], d)
-		}
-	}
-	return out, nil
-}
-
-// terminal says whether the Run has reached a terminal phase.
-func (w *runWatch) terminal(runID string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for p := range w.phases[runID] {
-		if p.Terminal() {
-			return true
-		}
-	}
-	return false
-}
-
-// waitPhase waits until the Run has reached phase p (or ended).
-func (w *runWatch) waitPhase(ctx context.Context, runID string, p schemas.Phase, within time.Duration) error {
-	deadline := time.After(within)
-	for {
-		w.mu.Lock()
-		_, ok := w.phases[runID][p]
-		w.mu.Unlock()
-		if ok {
-			return nil
-		}
-		if w.terminal(runID) {
-			return fmt.Errorf("run %s ended before %s", runID, p)
-		}
-		select {
-		case <-w.cond:
-		case <-time.After(20 * time.Millisecond):
-		case <-deadline:
-			return fmt.Errorf("run %s not %s after %s", runID, p, within)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
+// waitFile waits until path exists.
 func waitFile(ctx context.Context, path string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not there after %s", path, within)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
-// floodReader hands out floodLine, numbered, at most 64 KiB a read (as a
-// pipe does) and at most rate bytes a second, until its time or its bytes
-// run out.
-type floodReader struct {
-	buf   []byte
-	pos   int
-	start time.Time
-	until time.Time
-	rate  float64
-	read  int64
-	left  int64
-}
-
-func newFloodReader(d time.Duration, limit int64, rate float64) *floodReader {
-	var b []byte
-	for i := range 1 << 15 { // 3.2 MB of lines, numbered
-		b = append(b, fmt.Sprintf("flood step=%06d%s\n", i, floodLine[len("flood step=000000"):])...)
-	}
-	now := time.Now()
-	return &floodReader{buf: b, start: now, until: now.Add(d), rate: rate, left: limit}
-}
-
-func (f *floodReader) Read(p []byte) (int, error) {
-	if f.left <= 0 || time.Now().After(f.until) {
-		return 0, io.EOF
-	}
-	if ahead := time.Duration(float64(f.read)/f.rate*float64(time.Second)) - time.Since(f.start); ahead > 0 {
-		time.Sleep(ahead)
-	}
-	p = p[:min(int64(len(p)), f.left, 64<<10)]
-	n := 0
-	for n < len(p) {
-		c := copy(p[n:], f.buf[f.pos:])
-		n += c
-		f.pos = (f.pos + c) % len(f.buf)
-	}
-	f.left -= int64(n)
-	f.read += int64(n)
-	return n, nil
-}
-
-// procCPU follows the CPU of the processes whose command line holds every
-// one of match, polling /proc, over a window: those already running count
-// from the start, those started later from zero, and one that exits counts
-// to its last poll.
-type procCPU struct {
-	match      []string
-	mu         sync.Mutex
-	base, last map[int]float64
-	stop, done chan struct{}
-	start, end time.Time
-}
-
-func watchProcs(every time.Duration, match ...string) *procCPU {
-	p := &procCPU{match: match, base: map[int]float64{}, last: map[int]float64{}, stop: make(chan struct{}), done: make(chan struct{})}
-	p.poll(true)
-	p.start = time.Now()
-	go func() {
-		defer close(p.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-t.C:
-				p.poll(false)
-			}
-		}
-	}()
-	return p
-}
-
-func (p *procCPU) poll(first bool) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		p.mu.Lock()
-		_, known := p.last[pid]
-		p.mu.Unlock()
-		if !known {
-			b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-			if err != nil || !containsAll(string(b), p.match) {
-				continue
-			}
-		}
-		c, err := cpuSeconds(pid)
-		if err != nil {
-			continue // gone: it keeps its last value
-		}
-		p.mu.Lock()
-		if !known && first {
-			p.base[pid] = c
-		}
-		p.last[pid] = c
-		p.mu.Unlock()
-	}
-}
-
-// cores ends the window: the processes' CPU seconds per wall second.
-func (p *procCPU) cores() float64 {
-	p.poll(false)
-	close(p.stop)
-	<-p.done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var sum float64
-	for pid, c := range p.last {
-		sum += c - p.base[pid]
-	}
-	return sum / time.Since(p.start).Seconds()
-}
-
-func containsAll(s string, subs []string) bool {
-	for _, x := range subs {
-		if !strings.Contains(s, x) {
-			return false
-		}
-	}
-	return true
-}
-
-// machineBusy is the CPU seconds all processes on the machine have used
-// so far: the "cpu" line of /proc/stat less idle, iowait and steal.
-func machineBusy() (float64, error) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if !sc.Scan() {
-		return 0, fmt.Errorf("/proc/stat: empty")
-	}
-	fs := strings.Fields(sc.Text())
-	if len(fs) < 6 || fs[0] != "cpu" {
-		return 0, fmt.Errorf("/proc/stat: %q", sc.Text())
-	}
-	var busy float64
-	for i, v := range fs[1:] {
-		if i >= 8 { // guest time is already in user
-			break
-		}
-		n, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, err
-		}
-		if i == 3 || i == 4 || i == 7 { // idle, iowait, steal
-			continue
-		}
-		busy += n
-	}
-	return busy / clockTicks, nil
-}
-
-func (r *floodResult) report(rep *Report, o logsOpts, mode string) {
-	for i, c := range r.cases {
-		rep.add("command round trip p50, flood vs idle, "+c.Name, c.FloodCmd.P50, "ms", c.IdleCmd.P50, "idle p50")
-		row := rep.add("command round trip p99, flood vs idle, "+c.Name, c.FloodCmd.P99, "ms", c.IdleCmd.P99, "idle p99")
-		if i == 0 {
-			row.goal("p99 ≤ 2× idle", c.FloodCmd.P99 <= 2*c.IdleCmd.P99)
-		}
-		rep.add("core request/reply p99, flood vs idle, "+c.Name, c.FloodRR.P99, "ms", c.IdleRR.P99, "idle p99")
-		rep.add("busy cores, all processes on the machine, flood vs idle, "+c.Name, c.FloodMachineCores, "cores", c.IdleMachineCores, "idle")
-		rep.add("  of which this process (NATS, control plane, agent), "+c.Name, c.FloodProcCores, "cores", c.IdleProcCores, "idle")
-		if mode == "containerd" {
-			rep.add("  of which the Run's log writer process, "+c.Name, c.WriterCores, "cores", 0, "")
-		}
-		if ct := c.Control; ct != nil {
-			rep.add("command round trip p99, same workload to /dev/null vs idle", ct.Cmd.P99, "ms", c.IdleCmd.P99, "idle p99")
-			rep.add("core request/reply p99, same workload to /dev/null vs idle", ct.RR.P99, "ms", c.IdleRR.P99, "idle p99")
-			rep.add("busy cores, all processes, same workload to /dev/null vs idle", ct.MachineCores, "cores", c.IdleMachineCores, "idle")
-			rep.add("  of which its log writer process (reading nothing)", ct.WriterCores, "cores", 0, "")
-		}
-		mib := func(b int64) float64 { return float64(b) / (1 << 20) }
-		rep.add("flood written (kept + dropped), "+c.Name, mib(c.Kept+c.Dropped), "MiB", 0, "")
-		rep.add("flood kept and shipped, "+c.Name, mib(c.Kept)/max(c.RunS, 1e-9), "MiB/s", 0, "")
-		rep.add("ship lag p99 (writer → stored), "+c.Name, c.Lag.P99, "ms", 0, "")
-	}
-	rep.Details["flood_cases"] = r.cases
-	rep.Details["flood_mode"] = mode
-	how := fmt.Sprintf("a busybox container (%d millicores) on a private containerd, the shim running this binary as its log writer; `yes` of a 100-byte line in 16 MiB batches", o.floodCPU)
-	if mode == "writer" {
-		how = "the no-op runtime, the bench writing the Run's output directory with nodelog.Write (in this process) from an in-memory reader of 100-byte lines at " + strconv.Itoa(o.writerMiBs) + " MiB/s"
-	}
-	rep.note("flood: %s, for %s (limit off: at most %d MiB); round trips timed from %s after the Run is running until it ends (its output stored)",
-		how, o.floodFor, o.floodMiB, o.settle)
-	for _, c := range r.cases {
-		rep.note("%s: %d idle and %d flood samples over %.1f s; the Run ran %.1f s; kept %.1f MiB, dropped %.1f MiB; max backlog %.1f MiB",
-			c.Name, c.IdleCmd.N, c.FloodCmd.N, c.TimedS, c.RunS, float64(c.Kept)/(1<<20), float64(c.Dropped)/(1<<20), float64(c.BehindMax)/(1<<20))
-	}
-	rep.note("command = PrepareImage (image answered at once by a wrapper, the runtime not asked), one in flight, %s pause before each, interleaved with core request/reply; each waits untimed for its ack", o.pace)
+	return poll(ctx, 5*time.Millisecond, time.Now().Add(within), func() (bool, error) {
+		_, err := os.Stat(path)
+		return err == nil, nil
+	}, func() error { return fmt.Errorf("%s not there after %s", path, within) })
 }

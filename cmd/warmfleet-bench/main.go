@@ -73,3 +73,15 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
 	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newLogsCmd(g), newArtifactCmd(g), newCPServeCmd(), newFleetSimCmd(), newPlacementSimCmd(g))
 	return root
 }
+
+// reporting is a measuring subcommand's RunE: measure, then print the
+// report as --output asks.
+func (g *globals) reporting(measure func(context.Context) (*Report, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		rep, err := measure(cmd.Context())
+		if err != nil {
+			return err
+		}
+		return rep.print(cmd.OutOrStdout(), g.output)
+	}
+}

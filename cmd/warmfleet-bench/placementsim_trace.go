@@ -139,7 +139,6 @@ func decodeTrace(r io.Reader) (*simTrace, error) {
 
 func (t *simTrace) validate() error {
 	f, w := t.Fleet, t.Workload
-	pos := func(v float64) bool { return v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) }
 	switch {
 	case t.Name == "":
 		return traceErr("name is empty")
@@ -149,7 +148,7 @@ func (t *simTrace) validate() error {
 		return traceErr("fleet.gpus_per_node %d outside 1..%d", f.GPUsPerNode, maxSimGPUs)
 	case f.DiskBytes < 1 || f.DiskBytes > maxSimDisk:
 		return traceErr("fleet.disk_bytes %d outside 1..%d", f.DiskBytes, int64(maxSimDisk))
-	case !pos(f.PullBytesPerSecond) || !pos(f.ArtifactBytesPerSecond) || !pos(f.UnpackBytesPerSecond):
+	case !positive(f.PullBytesPerSecond) || !positive(f.ArtifactBytesPerSecond) || !positive(f.UnpackBytesPerSecond):
 		return traceErr("fleet bandwidths and unpack rate must be positive")
 	case f.LowWatermark < 1 || f.HighWatermark > 99 || f.LowWatermark >= f.HighWatermark:
 		return traceErr("watermarks %d/%d: want 1 ≤ low < high ≤ 99", f.LowWatermark, f.HighWatermark)
@@ -157,13 +156,13 @@ func (t *simTrace) validate() error {
 		return traceErr("workload.runs %d outside 1..%d", w.Runs, maxSimRuns)
 	case w.ZipfS < 0 || w.ZipfS > 10 || math.IsNaN(w.ZipfS):
 		return traceErr("workload.zipf_s %v outside 0..10", w.ZipfS)
-	case !pos(w.MeanIntervalSeconds):
+	case !positive(w.MeanIntervalSeconds):
 		return traceErr("workload.mean_interval_seconds must be positive")
 	case w.Arrival != "poisson" && w.Arrival != "bursts":
 		return traceErr("workload.arrival %q: use poisson or bursts", w.Arrival)
 	case w.Arrival == "bursts" && (w.BurstSize < 1 || w.BurstSize > maxSimRuns || w.BurstSpreadSeconds < 0 || math.IsNaN(w.BurstSpreadSeconds) || math.IsInf(w.BurstSpreadSeconds, 0)):
 		return traceErr("bursts need burst_size ≥ 1 and burst_spread_seconds ≥ 0")
-	case !pos(w.DurationMinSeconds) || !pos(w.DurationMaxSeconds) || w.DurationMinSeconds > w.DurationMaxSeconds:
+	case !positive(w.DurationMinSeconds) || !positive(w.DurationMaxSeconds) || w.DurationMinSeconds > w.DurationMaxSeconds:
 		return traceErr("durations: want 0 < min ≤ max")
 	case w.MaxRuntimeFactor != 0 && (w.MaxRuntimeFactor < 1 || w.MaxRuntimeFactor > 100 || math.IsNaN(w.MaxRuntimeFactor)):
 		return traceErr("workload.max_runtime_factor %v: 0, or 1..100 (a Run may not outlive what it declares)", w.MaxRuntimeFactor)
@@ -172,8 +171,15 @@ func (t *simTrace) validate() error {
 	case len(t.Images) == 0:
 		return traceErr("no image groups")
 	}
+	return t.validateGroups()
+}
+
+// validateGroups checks the workload's GPU counts and the catalogue's
+// groups: bases, artifacts, images, each name known and unique.
+func (t *simTrace) validateGroups() error {
+	f, w := t.Fleet, t.Workload
 	for _, g := range w.GPUs {
-		if g.Count < 1 || g.Count > f.GPUsPerNode || !pos(g.Weight) {
+		if g.Count < 1 || g.Count > f.GPUsPerNode || !positive(g.Weight) {
 			return traceErr("workload.gpus: count %d outside 1..%d or weight %v not positive", g.Count, f.GPUsPerNode, g.Weight)
 		}
 	}
@@ -196,6 +202,13 @@ func (t *simTrace) validate() error {
 		}
 		arts[a.Prefix] = true
 	}
+	return t.validateImages(bases, arts)
+}
+
+// validateImages checks each image group against the bases and artifact
+// groups named before it.
+func (t *simTrace) validateImages(bases, arts map[string]bool) error {
+	f := t.Fleet
 	prefixes, images := map[string]bool{}, 0
 	for _, g := range t.Images {
 		images += g.Count
@@ -210,7 +223,7 @@ func (t *simTrace) validate() error {
 			return traceErr("image group %q: layers %d outside 0..%d, or no layers at all", g.Prefix, g.Layers, maxSimLayers)
 		case g.Layers > 0 && (g.LayerBytesMin < 1 || g.LayerBytesMin > g.LayerBytesMax || g.LayerBytesMax > f.DiskBytes):
 			return traceErr("image group %q: want 1 ≤ layer_bytes_min ≤ layer_bytes_max ≤ disk_bytes", g.Prefix)
-		case !pos(g.Weight):
+		case !positive(g.Weight):
 			return traceErr("image group %q: weight must be positive", g.Prefix)
 		case g.Artifacts != "" && !arts[g.Artifacts]:
 			return traceErr("image group %q names unknown artifact group %q", g.Prefix, g.Artifacts)
@@ -221,6 +234,9 @@ func (t *simTrace) validate() error {
 	}
 	return nil
 }
+
+// positive: a finite number above 0.
+func positive(v float64) bool { return v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) }
 
 // simImage is one image of the catalogue: its digest and its layers,
 // bases first, by index into simCatalogue.layerBytes.
@@ -262,7 +278,14 @@ func fakeDigest(kind, name string) string {
 // same result.
 func (t *simTrace) expand() (simCatalogue, []simRun) {
 	rng := rand.New(rand.NewPCG(t.Seed, t.Seed^0x9e3779b97f4a7c15))
-	var cat simCatalogue
+	// One generator, catalogue first: the draws' order is the trace's.
+	cat, groupStart, artStart := t.catalogue(rng)
+	return cat, t.runs(rng, groupStart, artStart)
+}
+
+// catalogue builds the layers, artifacts and images, and where each image
+// and artifact group starts in them.
+func (t *simTrace) catalogue(rng *rand.Rand) (cat simCatalogue, groupStart []int, artStart map[string]int) {
 	addLayer := func(name string, size int64) int {
 		cat.layerID = append(cat.layerID, fakeDigest("layer", name))
 		cat.layerBytes = append(cat.layerBytes, size)
@@ -274,7 +297,7 @@ func (t *simTrace) expand() (simCatalogue, []simRun) {
 			baseLayers[b.Name] = append(baseLayers[b.Name], addLayer(fmt.Sprintf("base/%s/%d", b.Name, i), s))
 		}
 	}
-	artStart := map[string]int{}
+	artStart = map[string]int{}
 	for _, a := range t.Artifacts {
 		artStart[a.Prefix] = len(cat.artifacts)
 		for i := range a.Count {
@@ -282,7 +305,7 @@ func (t *simTrace) expand() (simCatalogue, []simRun) {
 			cat.artifacts = append(cat.artifacts, simArtifact{name: name, digest: fakeDigest("artifact", t.Name+"/"+name), bytes: a.Bytes})
 		}
 	}
-	groupStart := make([]int, len(t.Images))
+	groupStart = make([]int, len(t.Images))
 	for gi, g := range t.Images {
 		groupStart[gi] = len(cat.images)
 		for i := range g.Count {
@@ -296,7 +319,11 @@ func (t *simTrace) expand() (simCatalogue, []simRun) {
 			cat.images = append(cat.images, im)
 		}
 	}
+	return cat, groupStart, artStart
+}
 
+// runs draws the workload's Runs, sorted by arrival.
+func (t *simTrace) runs(rng *rand.Rand, groupStart []int, artStart map[string]int) []simRun {
 	w := t.Workload
 	groupW := make([]float64, len(t.Images))
 	for i, g := range t.Images {
@@ -354,7 +381,7 @@ func (t *simTrace) expand() (simCatalogue, []simRun) {
 		runs = append(runs, r)
 	}
 	slices.SortStableFunc(runs, func(a, b simRun) int { return cmpFloat(a.arrival, b.arrival) })
-	return cat, runs
+	return runs
 }
 
 func cmpFloat(a, b float64) int {

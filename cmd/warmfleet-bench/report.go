@@ -181,11 +181,23 @@ func summarise(ds []time.Duration) Latencies {
 	for _, d := range s {
 		sum += d
 	}
-	q := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return ms(s[max(0, min(i, len(s)-1))])
+	return Latencies{N: len(s), P50: nearestRank(s, 0.50), P90: nearestRank(s, 0.90), P99: nearestRank(s, 0.99), Max: ms(s[len(s)-1]), Avg: ms(sum / time.Duration(len(s)))}
+}
+
+// pct is the p-th percentile (nearest rank) in ms.
+func pct(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
 	}
-	return Latencies{N: len(s), P50: q(0.50), P90: q(0.90), P99: q(0.99), Max: ms(s[len(s)-1]), Avg: ms(sum / time.Duration(len(s)))}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return nearestRank(s, p)
+}
+
+// nearestRank is the p-th percentile of sorted s by nearest rank, in ms.
+func nearestRank(s []time.Duration, p float64) float64 {
+	i := int(math.Ceil(p*float64(len(s)))) - 1
+	return ms(s[max(0, min(i, len(s)-1))])
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -127,13 +127,13 @@ to the time in UTC, e.g. 20261205T123456Z.`,
 			if err != nil {
 				return fmt.Errorf("put %s: %w", args[0], err)
 			}
-			rec := schemas.ArtifactRecord{Name: name, Version: version, Digest: up.Digest, SizeBytes: up.Size, Source: schemas.ArtifactSource{Object: up.Object}}
+			rec := schemas.ArtifactRecord{Name: name, Version: version, Digest: up.Digest, SizeBytes: up.Size, Source: schemas.ArtifactSource{Object: up.Name}}
 			stored, err := admin[schemas.ArtifactRecord](cmd.Context(), conn, bus.SubjectArtifactRegister, schemas.ArtifactRegistration{Version: schemas.SchemaVersion, Record: rec})
 			if err != nil {
 				if !up.Reused {
 					// The object is new and the catalog refused it: leave
 					// nothing behind that no record names.
-					dropObject(cmd.Context(), conn, up.Object)
+					dropObject(cmd.Context(), conn, up.Name)
 				}
 				return fmt.Errorf("register %s:%s: %w", name, version, err)
 			}

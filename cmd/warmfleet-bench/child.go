@@ -7,81 +7,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat CPU times: 100 on
-// every Linux architecture Go supports.
-const clockTicks = 100
-
-// cpuSeconds is a process's user+system CPU time so far.
-func cpuSeconds(pid int) (float64, error) {
-	if pid == os.Getpid() {
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			return 0, err
-		}
-		return tv(ru.Utime) + tv(ru.Stime), nil
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which is in parentheses and may hold
-	// spaces: state is field 3, utime 14, stime 15.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	ut, err1 := strconv.ParseFloat(f[11], 64)
-	st, err2 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
-	}
-	return (ut + st) / clockTicks, nil
-}
-
-func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
-
-// rssBytes is a process's resident set size.
-func rssBytes(pid int) int64 {
-	v := procField(fmt.Sprintf("/proc/%d/status", pid), "VmRSS")
-	kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-	return kb * 1024
-}
-
-// cpuMeter measures the CPU a process uses over a window, in cores.
-type cpuMeter struct {
-	pid   int
-	cpu0  float64
-	wall0 time.Time
-}
-
-func startMeter(pid int) (*cpuMeter, error) {
-	c, err := cpuSeconds(pid)
-	if err != nil {
-		return nil, err
-	}
-	return &cpuMeter{pid: pid, cpu0: c, wall0: time.Now()}, nil
-}
-
-// cores is CPU seconds used per wall second since the meter started.
-func (m *cpuMeter) cores() (float64, error) {
-	c, err := cpuSeconds(m.pid)
-	if err != nil {
-		return 0, err
-	}
-	return (c - m.cpu0) / time.Since(m.wall0).Seconds(), nil
-}
 
 // child is a helper process (this binary, a hidden subcommand) that speaks
 // JSON lines on stdout and takes one-line commands on stdin.
