@@ -334,10 +334,10 @@ func newRunDecision(g *globals) *cobra.Command {
 	}
 }
 
-// progressOf shows an image transfer under way, or "-".
+// progressOf shows an image or artifact transfer under way, or "-".
 func progressOf(r schemas.Run) string {
 	if r.Progress == nil || r.Phase != schemas.PhasePreparing {
 		return "-"
 	}
-	return "image " + r.Progress.String()
+	return r.Progress.What() + " " + r.Progress.String()
 }
