@@ -41,7 +41,8 @@ func (a *Agent) applyPrepareArtifact(ctx context.Context, m jetstream.Msg, c sch
 	var progress func(done, total int64)
 	stopProgress := func() {}
 	if p.RunID != "" {
-		progress, stopProgress = a.trackProgress(ctx, a.runProgress(p.RunID, p.AttemptID))
+		send := a.runProgress(p.RunID, p.AttemptID)
+		progress, stopProgress = a.trackProgress(ctx, func(ctx context.Context, tp schemas.TransferProgress) { tp.Artifact = p.Name; send(ctx, tp) })
 	}
 	content := schemas.ArtifactMount{Name: p.Name, Digest: p.Digest, SizeBytes: p.SizeBytes, Source: p.Source}
 	a.diskMu.RLock()

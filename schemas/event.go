@@ -16,8 +16,9 @@ const (
 	EventPhase    EventType = "phase"
 	EventCancel   EventType = "cancel_requested"
 	EventNote     EventType = "note" // an observation worth recording that moves no phase
-	// EventProgress records how far an image transfer has come; it moves
-	// no phase and is sent at most once per the node's progress interval.
+	// EventProgress records how far an image or artifact transfer has
+	// come; it moves no phase and is sent at most once per the node's
+	// progress interval.
 	EventProgress EventType = "progress"
 )
 

@@ -221,6 +221,12 @@ func TestObservationValidate(t *testing.T) {
 		{name: "workload missing", kind: schemas.ObsWorkload, mod: func(o *schemas.Observation) { o.Workload, o.Facts = nil, &schemas.NodeFacts{} }, code: schemas.CodeMissingField, field: "workload"},
 		{name: "facts missing", kind: schemas.ObsFacts, mod: func(o *schemas.Observation) { o.Facts = nil }, code: schemas.CodeMissingField, field: "facts"},
 		{name: "reconciliation missing", kind: schemas.ObsReconciliation, mod: func(o *schemas.Observation) { o.Reconciliation = nil }, code: schemas.CodeMissingField, field: "reconciliation"},
+		{name: "artifact progress", kind: schemas.ObsWorkload, mod: func(o *schemas.Observation) {
+			o.Workload.Phase, o.Workload.Progress = schemas.WorkloadPreparing, &schemas.TransferProgress{DoneBytes: 1, TotalBytes: 2, Artifact: "llama-8b"}
+		}},
+		{name: "progress naming no artifact", kind: schemas.ObsWorkload, mod: func(o *schemas.Observation) {
+			o.Workload.Phase, o.Workload.Progress = schemas.WorkloadPreparing, &schemas.TransferProgress{DoneBytes: 1, Artifact: "Llama 8B"}
+		}, code: schemas.CodeMalformed, field: "progress.artifact"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := validObservation(tc.kind)
@@ -242,6 +248,14 @@ func validEnrollment() schemas.EnrollmentRequest {
 		Capacity:        schemas.Resources{CPUMillis: 8000, MemoryBytes: 32 << 30, GPUCount: 8},
 		MaxWorkloads:    4,
 		Facts:           schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64"}},
+	}
+}
+
+func TestTransferProgressWhat(t *testing.T) {
+	img := schemas.TransferProgress{DoneBytes: 1 << 20, TotalBytes: 4 << 20}
+	art := schemas.TransferProgress{DoneBytes: 1 << 20, Artifact: "llama-8b"}
+	if img.What() != "image" || art.What() != "artifact llama-8b" || img.String() != "1.0 MiB of 4.0 MiB (25%)" || art.String() != "1.0 MiB" {
+		t.Fatalf("%q %q %q %q", img.What(), img.String(), art.What(), art.String())
 	}
 }
 

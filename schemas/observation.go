@@ -87,21 +87,26 @@ type WorkloadObservation struct {
 	// command (e.g. "max_runtime_exceeded", "cancelled").
 	StopReason string `json:"stop_reason,omitempty"`
 	// Progress is set on a preparing report sent while an image is still
-	// being fetched or imported.
+	// being fetched or imported, or an artifact fetched.
 	Progress *TransferProgress `json:"progress,omitempty"`
 	// GPUs are the cards the workload holds, by UUID, as the node
 	// recorded them when it launched it.
 	GPUs []string `json:"gpus,omitempty"`
 }
 
-// TransferProgress counts the bytes of an image transfer. TotalBytes is zero
-// when the size is not known yet.
+// TransferProgress counts the bytes of an image transfer, or of an
+// artifact's fetch when Artifact names one. TotalBytes is zero when the
+// size is not known yet.
 type TransferProgress struct {
 	DoneBytes  int64 `json:"done_bytes"`
 	TotalBytes int64 `json:"total_bytes,omitempty"`
+	// Artifact is the artifact's catalog name when the bytes are an
+	// artifact's; empty for an image.
+	Artifact string `json:"artifact,omitempty"`
 }
 
-// Validate refuses negative counts and a done count past a known total.
+// Validate refuses negative counts, a done count past a known total and
+// an artifact name that is not a catalog name.
 func (p *TransferProgress) Validate() error {
 	if p.DoneBytes < 0 || p.TotalBytes < 0 {
 		return refuse(CodeMalformed, "progress", "byte counts must not be negative")
@@ -109,7 +114,18 @@ func (p *TransferProgress) Validate() error {
 	if p.TotalBytes > 0 && p.DoneBytes > p.TotalBytes {
 		return refuse(CodeMalformed, "progress.done_bytes", "done_bytes exceeds total_bytes")
 	}
+	if p.Artifact != "" && !ValidArtifactName(p.Artifact) {
+		return refuse(CodeMalformed, "progress.artifact", "not an artifact name")
+	}
 	return nil
+}
+
+// What names what is transferred: "image", or "artifact NAME".
+func (p TransferProgress) What() string {
+	if p.Artifact != "" {
+		return "artifact " + p.Artifact
+	}
+	return "image"
 }
 
 // Percent is the share done, or -1 when the total is unknown.

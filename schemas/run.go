@@ -59,7 +59,7 @@ type Run struct {
 	// answer is not recorded again on every scheduling pass.
 	Waiting string `json:"waiting,omitempty"`
 
-	// Progress is the latest image transfer report of the current attempt,
+	// Progress is the latest transfer report (image or artifact) of the current attempt,
 	// cleared when the attempt leaves preparing.
 	Progress *TransferProgress `json:"progress,omitempty"`
 

@@ -16,7 +16,7 @@ func FormatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-// String is the progress line shown in events and `run get`.
+// String is the byte counts shown in events and `run get`, after What.
 func (p TransferProgress) String() string {
 	if pct := p.Percent(); pct >= 0 {
 		return fmt.Sprintf("%s of %s (%.0f%%)", FormatBytes(p.DoneBytes), FormatBytes(p.TotalBytes), pct)

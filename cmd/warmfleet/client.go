@@ -55,10 +55,11 @@ func (g *globals) render(w io.Writer, v any, table func(*tabwriter.Writer)) erro
 	}
 }
 
-// readEvents returns a Run's events in order. With follow it keeps reading
-// until the Run reaches a terminal phase or ctx ends, calling each as it
-// arrives.
-func readEvents(ctx context.Context, js jetstream.JetStream, runID string, follow bool, each func(schemas.RunEvent)) error {
+// readEvents calls each with a Run's events in order. With until nil it
+// returns once it has read what is stored; otherwise it keeps reading, as
+// they arrive, until an event for which until is true, or ctx ends.
+func readEvents(ctx context.Context, js jetstream.JetStream, runID string, until func(schemas.RunEvent) bool, each func(schemas.RunEvent)) error {
+	follow := until != nil
 	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEvents(runID)}})
 	if err != nil {
 		return fmt.Errorf("read events of %s: %w", runID, err)
@@ -77,7 +78,7 @@ func readEvents(ctx context.Context, js jetstream.JetStream, runID string, follo
 			}
 			each(ev)
 			md, _ := m.Metadata()
-			if follow && ev.Type == schemas.EventPhase && ev.Phase.Terminal() {
+			if follow && until(ev) {
 				return nil
 			}
 			if !follow && md != nil && md.NumPending == 0 {
@@ -95,6 +96,9 @@ func readEvents(ctx context.Context, js jetstream.JetStream, runID string, follo
 		}
 	}
 }
+
+// terminal reports whether ev moves its Run to a terminal phase.
+func terminal(ev schemas.RunEvent) bool { return ev.Type == schemas.EventPhase && ev.Phase.Terminal() }
 
 func fmtTime(t *time.Time) string {
 	if t == nil || t.IsZero() {

@@ -4,7 +4,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,9 +18,24 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "warmfleet:", err)
-		os.Exit(1)
+		stop()
+		os.Exit(exitCode(os.Stderr, err))
 	}
+}
+
+// exitCode prints err to w and returns the status to exit with: an
+// exitStatus's own code (printing nothing when it has nothing to say),
+// else 1.
+func exitCode(w io.Writer, err error) int {
+	var st *exitStatus
+	if errors.As(err, &st) {
+		if st.err != nil {
+			fmt.Fprintln(w, "warmfleet:", st.err)
+		}
+		return st.code
+	}
+	fmt.Fprintln(w, "warmfleet:", err)
+	return 1
 }
 
 // globals are the flags every subcommand shares.

@@ -5,19 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/runlog"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -28,95 +26,10 @@ func newRunCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func newRunSubmit(g *globals) *cobra.Command {
-	var file, requestID, image, network string
-	var env []string
-	var cpu, mem, gpus, maxRuntime, shm int64
-	var wait bool
-	cmd := &cobra.Command{
-		Use:   "submit [flags] [-- command args...]",
-		Short: "Submit a Run (from -f request.json or from flags)",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var req schemas.RunRequest
-			if file != "" {
-				b, err := os.ReadFile(file)
-				if err != nil {
-					return err
-				}
-				if err := codec.Decode(codec.JSON, b, &req); err != nil {
-					return fmt.Errorf("%s: %w", file, err)
-				}
-			} else {
-				req = schemas.RunRequest{RequestID: requestID, Image: image, Command: args,
-					Resources: schemas.Resources{CPUMillis: cpu, MemoryBytes: mem, GPUCount: gpus}, MaxRuntimeSeconds: maxRuntime,
-					Network: network, ShmBytes: shm}
-				if req.RequestID == "" {
-					req.RequestID = fmt.Sprintf("cli-%d", time.Now().UnixNano())
-				}
-				for _, kv := range env {
-					k, v, _ := strings.Cut(kv, "=")
-					if req.Env == nil {
-						req.Env = map[string]string{}
-					}
-					req.Env[k] = v
-				}
-			}
-			if err := req.Validate(); err != nil {
-				return err
-			}
-			conn, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			b, _ := json.Marshal(req)
-			m := &nats.Msg{Subject: bus.SubjectSubmit, Data: b, Header: nats.Header{}}
-			m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
-			if _, err := conn.JS.PublishMsg(cmd.Context(), m, jetstream.WithMsgID(req.RequestID)); err != nil {
-				return fmt.Errorf("submit: %w", err)
-			}
-			runID := schemas.RunIDFor(req.RequestID)
-			fmt.Fprintf(cmd.OutOrStdout(), "submitted %s as run %s\n", req.RequestID, runID)
-			if !wait {
-				return nil
-			}
-			return followEvents(cmd.Context(), g, conn, runID)
-		},
-	}
-	f := cmd.Flags()
-	f.StringVarP(&file, "file", "f", "", "RunRequest as JSON")
-	f.StringVar(&requestID, "request-id", "", "idempotency key (default: generated)")
-	f.StringVar(&image, "image", "", "image pinned by digest: name@sha256:<hex>")
-	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE (repeatable)")
-	f.Int64Var(&cpu, "cpu-millis", 0, "CPU to reserve, in millicores")
-	f.Int64Var(&mem, "memory-bytes", 0, "memory to reserve and limit, in bytes")
-	f.Int64Var(&gpus, "gpus", 0, "GPUs to reserve")
-	f.Int64Var(&maxRuntime, "max-runtime", 0, "seconds before the Run is stopped (0: no limit)")
-	f.StringVar(&network, "network", "", "bridge (default), host or none")
-	f.Int64Var(&shm, "shm-bytes", 0, "size of /dev/shm (default: half the memory limit, or 1 GiB); ulimits need -f")
-	f.BoolVarP(&wait, "wait", "w", false, "follow the Run's events until it ends")
-	return cmd
-}
-
-func followEvents(ctx context.Context, g *globals, conn *bus.Conn, runID string) error {
-	var last schemas.RunEvent
-	err := readEvents(ctx, conn.JS, runID, true, func(ev schemas.RunEvent) {
-		last = ev
-		printEvent(g, ev)
-	})
-	if err != nil {
-		return err
-	}
-	if last.Phase == schemas.PhaseFailed || last.Phase == schemas.PhaseLost || last.Type == schemas.EventRejected {
-		return fmt.Errorf("run %s ended %s (%s)", runID, last.Phase, last.Code)
-	}
-	return nil
-}
-
-func printEvent(g *globals, ev schemas.RunEvent) {
+func printEvent(w io.Writer, g *globals, ev schemas.RunEvent) {
 	if g.output == "json" {
 		b, _ := json.Marshal(ev)
-		fmt.Println(string(b))
+		fmt.Fprintln(w, string(b))
 		return
 	}
 	detail := ev.Message
@@ -126,7 +39,7 @@ func printEvent(g *globals, ev schemas.RunEvent) {
 	if ev.Field != "" {
 		detail = ev.Field + ": " + detail
 	}
-	fmt.Printf("%-4d %s  %-16s %-10s %-12s %-22s %s\n", ev.Seq, ev.At.UTC().Format("15:04:05.000"), ev.Type, ev.Phase, or(ev.NodeID, "-"), or(string(ev.Code), "-"), detail)
+	fmt.Fprintf(w, "%-4d %s  %-16s %-10s %-12s %-22s %s\n", ev.Seq, ev.At.UTC().Format("15:04:05.000"), ev.Type, ev.Phase, or(ev.NodeID, "-"), or(string(ev.Code), "-"), detail)
 }
 
 func or(s, def string) string {
@@ -253,9 +166,13 @@ func newRunEvents(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			if g.output != "json" {
-				fmt.Printf("%-4s %-12s  %-16s %-10s %-12s %-22s %s\n", "SEQ", "AT", "TYPE", "PHASE", "NODE", "CODE", "DETAIL")
+				fmt.Fprintf(cmd.OutOrStdout(), "%-4s %-12s  %-16s %-10s %-12s %-22s %s\n", "SEQ", "AT", "TYPE", "PHASE", "NODE", "CODE", "DETAIL")
 			}
-			return readEvents(cmd.Context(), conn.JS, args[0], follow, func(ev schemas.RunEvent) { printEvent(g, ev) })
+			var until func(schemas.RunEvent) bool
+			if follow {
+				until = terminal
+			}
+			return readEvents(cmd.Context(), conn.JS, args[0], until, func(ev schemas.RunEvent) { printEvent(cmd.OutOrStdout(), g, ev) })
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading until the Run ends")
@@ -300,7 +217,7 @@ func newRunDecision(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			var ds []schemas.BookingDecision
-			if err := readEvents(cmd.Context(), conn.JS, args[0], false, func(ev schemas.RunEvent) {
+			if err := readEvents(cmd.Context(), conn.JS, args[0], nil, func(ev schemas.RunEvent) {
 				if ev.Decision != nil {
 					ds = append(ds, *ev.Decision)
 				}
@@ -334,10 +251,10 @@ func newRunDecision(g *globals) *cobra.Command {
 	}
 }
 
-// progressOf shows an image transfer under way, or "-".
+// progressOf shows an image or artifact transfer under way, or "-".
 func progressOf(r schemas.Run) string {
 	if r.Progress == nil || r.Phase != schemas.PhasePreparing {
 		return "-"
 	}
-	return "image " + r.Progress.String()
+	return r.Progress.What() + " " + r.Progress.String()
 }

@@ -57,9 +57,7 @@ object on stdout.`,
 			} else {
 				p.headerTo = p.out
 			}
-			opts.Invalid = func(seq uint64, err error) {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: skipped %s message %d: %v\n", bus.StreamLogs, seq, err)
-			}
+			opts.Invalid = skipNotice(cmd.ErrOrStderr())
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			if f.follow {

@@ -228,6 +228,49 @@ func TestProgress(t *testing.T) {
 	}
 }
 
+// An artifact's fetch and a Run that mounts artifacts are told as such,
+// not as an image's.
+func TestProgressNamesTheArtifact(t *testing.T) {
+	withArtifacts := func(r schemas.Run, names ...string) schemas.Run {
+		for _, n := range names {
+			r.Artifacts = append(r.Artifacts, schemas.ArtifactMount{Name: n})
+		}
+		return r
+	}
+	art := report(schemas.WorkloadPreparing, func(w *schemas.WorkloadObservation) {
+		w.Progress = &schemas.TransferProgress{DoneBytes: 1 << 20, TotalBytes: 4 << 20, Artifact: "weights"}
+	})
+	got, evs, err := art.Apply(withArtifacts(booked(schemas.PhasePreparing), "weights"))
+	if err != nil || len(evs) != 1 || evs[0].Message != "artifact weights transfer 1.0 MiB of 4.0 MiB (25%)" ||
+		evs[0].Progress.Artifact != "weights" || got.Progress.Artifact != "weights" {
+		t.Fatalf("artifact progress: %+v %v", evs, err)
+	}
+	img := report(schemas.WorkloadPreparing, func(w *schemas.WorkloadObservation) {
+		w.Progress = &schemas.TransferProgress{DoneBytes: 1 << 20, TotalBytes: 4 << 20}
+	})
+	if _, evs, _ := img.Apply(got); len(evs) != 1 || evs[0].Message != "image transfer 1.0 MiB of 4.0 MiB (25%)" {
+		t.Errorf("image progress after an artifact's: %+v", evs)
+	}
+
+	for _, tc := range []struct {
+		names              []string
+		preparing, started string
+	}{
+		{nil, "node is preparing the image", "image ready; starting the container"},
+		{[]string{"weights"}, "node is preparing the image and artifact weights", "image and artifact weights ready; starting the container"},
+		{[]string{"a", "b"}, "node is preparing the image and 2 artifacts", "image and 2 artifacts ready; starting the container"},
+	} {
+		r := withArtifacts(booked(schemas.PhasePlaced), tc.names...)
+		prep, evs, err := report(schemas.WorkloadPreparing, nil).Apply(r)
+		if err != nil || len(evs) != 1 || evs[0].Message != tc.preparing {
+			t.Errorf("%v preparing: %+v %v, want %q", tc.names, evs, err, tc.preparing)
+		}
+		if _, evs, err := report(schemas.WorkloadPrepared, nil).Apply(prep); err != nil || len(evs) != 1 || evs[0].Message != tc.started {
+			t.Errorf("%v prepared: %+v %v, want %q", tc.names, evs, err, tc.started)
+		}
+	}
+}
+
 func TestPlacementAndQueue(t *testing.T) {
 	got, evs, err := Placement{NodeID: "n1", FencingToken: 7, Generation: 2, Queued: true}.Apply(schemas.Run{ID: "r-1", Phase: schemas.PhaseAccepted, Attempt: 1, Waiting: "x"})
 	if err != nil || got.Attempt != 2 || got.AttemptID != "r-1-a2" || got.FencingToken != 7 || got.Generation != 2 || !got.Queued || got.Waiting != "" {

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/warmfleet/warmfleet/schemas"
@@ -177,7 +178,7 @@ func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 		prog := *w.Progress
 		r.Progress = &prog
 		return r, []schemas.RunEvent{{Type: schemas.EventProgress, Phase: r.Phase, NodeID: r.NodeID, Attempt: r.Attempt,
-			Progress: &prog, ObservedAt: &observed, Message: "image transfer " + prog.String()}}, nil
+			Progress: &prog, ObservedAt: &observed, Message: prog.What() + " transfer " + prog.String()}}, nil
 	}
 	to, code, msg := reportedPhase(r, w)
 	if to == "" || (!to.Terminal() && Rank(to) <= Rank(r.Phase)) {
@@ -210,9 +211,9 @@ func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase, schemas.Code, string) {
 	switch w.Phase {
 	case schemas.WorkloadPreparing:
-		return schemas.PhasePreparing, "", "node is preparing the image"
+		return schemas.PhasePreparing, "", "node is preparing the " + preparedFor(r)
 	case schemas.WorkloadPrepared, schemas.WorkloadStarting:
-		return schemas.PhaseLaunching, "", "image ready; starting the container"
+		return schemas.PhaseLaunching, "", preparedFor(r) + " ready; starting the container"
 	case schemas.WorkloadRunning:
 		return schemas.PhaseRunning, "", "container running"
 	case schemas.WorkloadExited:
@@ -235,6 +236,18 @@ func reportedPhase(r schemas.Run, w schemas.WorkloadObservation) (schemas.Phase,
 		return schemas.PhaseFailed, failureCode(w.FailureCode), w.FailureReason
 	}
 	return "", "", ""
+}
+
+// preparedFor names what a node prepares for r: its image, and its
+// artifacts when it mounts any.
+func preparedFor(r schemas.Run) string {
+	switch len(r.Artifacts) {
+	case 0:
+		return "image"
+	case 1:
+		return "image and artifact " + r.Artifacts[0].Name
+	}
+	return "image and " + strconv.Itoa(len(r.Artifacts)) + " artifacts"
 }
 
 // runFault are the codes a node reports (in a receipt or a failed
