@@ -168,6 +168,13 @@ func (e *storeEnv) withoutEvents(t *testing.T, fn func()) {
 		t.Fatal(err)
 	}
 	defer func() {
+		// A failed publish is retried a moment later: the window lasts
+		// until every publish sent in it has had its last answer.
+		select {
+		case <-e.conn.JS.PublishAsyncComplete():
+		case <-e.ctx.Done():
+			t.Fatal("publishes still pending")
+		}
 		if _, err := e.conn.JS.UpdateStream(e.ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
