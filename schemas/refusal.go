@@ -65,6 +65,10 @@ const (
 	// none, or whose credential the control plane could not get. A
 	// registry that refuses one node refuses every node: terminal.
 	CodeRegistryAuthFailed Code = "registry_auth_failed"
+	// CodeRentBeatsQueue is the decision code of a Run that waits for a
+	// rental because a fresh machine starts it sooner than any busy
+	// node's queue.
+	CodeRentBeatsQueue Code = "rent_beats_queue"
 
 	// Node-facing codes.
 	CodeStaleFencingToken Code = "stale_fencing_token"

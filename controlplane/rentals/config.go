@@ -82,6 +82,6 @@ func (c *Config) Defaults() {
 	}
 }
 
-// CodeRentBeatsQueue is the decision code of a Run that waits for a rental
-// because a fresh machine starts it sooner than any busy node's queue.
-const CodeRentBeatsQueue schemas.Code = "rent_beats_queue"
+// CodeRentBeatsQueue is schemas.CodeRentBeatsQueue, named where the
+// rent-or-queue policy lives.
+const CodeRentBeatsQueue = schemas.CodeRentBeatsQueue

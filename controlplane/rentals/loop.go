@@ -127,6 +127,14 @@ func (m *Manager) drive(ctx context.Context, rt schemas.Rental, active []*schema
 			return m.retire(ctx, rt)
 		}
 	}
+	return m.observe(ctx, rt, now)
+}
+
+// observe moves rt to the state its provider reports for its machine. A
+// machine interrupted, terminated or failed ends the attempts of the Runs
+// booked on its node.
+func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time) error {
+	cc := m.cfg
 	obs, err := cc.Provider.ObserveCapacity(ctx, capacity.Ref{ConnectionID: rt.ConnectionID, RentalID: rt.RentalID, NativeRef: rt.NativeRef, OwnershipToken: rt.OwnershipToken})
 	if errors.Is(err, capacity.ErrNotFound) && (rt.State == schemas.RentalTerminating || !cc.Provider.Support().ObserveAfterTerminate) {
 		obs, err = capacity.Observation{NativeRef: rt.NativeRef, State: capacity.StateTerminated, ObservedAt: now}, nil

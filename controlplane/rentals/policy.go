@@ -212,18 +212,11 @@ func (m *Manager) stoppedFor(rentals []schemas.Rental, r schemas.Run, matching [
 	return best, found
 }
 
-// recordRenting writes the decision that r waits for rental rentalID: no
-// winner, and every eligible (busy) node marked with why it lost.
+// recordRenting writes the decision that r waits for rental rentalID
+// rather than in a busy node's queue (lifecycle.ForRental).
 func (m *Manager) recordRenting(ctx context.Context, r schemas.Run, d schemas.BookingDecision, rentalID, why string) error {
-	d.Winner, d.WinnerQueued = "", false
-	d.Candidates = slices.Clone(d.Candidates)
-	for i := range d.Candidates {
-		if c := &d.Candidates[i]; c.Eligible {
-			c.Reason, c.Detail = CodeRentBeatsQueue, fmt.Sprintf("busy: starts it in %.0fs; rental %s is sooner", c.Components.StartSeconds, rentalID)
-		}
-	}
 	m.log.Info("renting rather than queueing", zap.String("run_id", r.ID), zap.String("rental_id", rentalID), zap.String("why", why))
-	_, err := m.runs.Advance(ctx, r.ID, lifecycle.Wait{Decision: d, Summary: "rental " + rentalID, Code: CodeRentBeatsQueue, Message: why + " (rental " + rentalID + ")"}, false)
+	_, err := m.runs.Advance(ctx, r.ID, lifecycle.ForRental(d, rentalID, why), false)
 	if errors.Is(err, lifecycle.ErrNoChange) {
 		return nil
 	}

@@ -48,8 +48,7 @@ func (s *Scheduler) snapshot(runs []*schemas.Run, now time.Time) *placement.Flee
 		rs := booked[rec.NodeID]
 		slices.SortFunc(rs, func(a, b *schemas.Run) int { return cmp.Compare(a.PhaseSince.UnixNano(), b.PhaseSince.UnixNano()) })
 		for _, r := range rs {
-			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(*r, now), GPUs: r.GPUs, Want: r.Request.GPU}
-			if r.Queued {
+			if b := s.booking(r, now); r.Queued {
 				n.Queued = append(n.Queued, b)
 			} else {
 				n.Running = append(n.Running, b)
@@ -60,8 +59,11 @@ func (s *Scheduler) snapshot(runs []*schemas.Run, now time.Time) *placement.Flee
 	return placement.NewFleet(nodes)
 }
 
-// expectedEnd is when a booking should free its place.
-func (s *Scheduler) expectedEnd(r schemas.Run, now time.Time) time.Time {
+// booking is what booked Run r holds on its node, as placement sees it:
+// its resources and cards until it should free its place (its start plus
+// its max runtime, or placement's UnknownRuntime when it has none; a
+// queued Run has not started, so its start is now).
+func (s *Scheduler) booking(r *schemas.Run, now time.Time) placement.Booking {
 	start := r.PhaseSince
 	if r.StartedAt != nil {
 		start = *r.StartedAt
@@ -69,10 +71,11 @@ func (s *Scheduler) expectedEnd(r schemas.Run, now time.Time) time.Time {
 	if r.Queued || start.IsZero() {
 		start = now
 	}
+	hold := s.cfg.Placement.UnknownRuntime
 	if r.Request.MaxRuntimeSeconds > 0 {
-		return start.Add(time.Duration(r.Request.MaxRuntimeSeconds) * time.Second)
+		hold = time.Duration(r.Request.MaxRuntimeSeconds) * time.Second
 	}
-	return start.Add(s.cfg.Placement.UnknownRuntime)
+	return placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: start.Add(hold), GPUs: r.GPUs, Want: r.Request.GPU}
 }
 
 // intakeViewMaxAge bounds how old the fleet intake decides on may be.
@@ -134,5 +137,5 @@ func (s *Scheduler) AtIntake(r schemas.Run) lifecycle.Transition {
 		return nil
 	}
 	s.stats.DecidedAtIntake.Add(1)
-	return lifecycle.Wait{Decision: d, Summary: waitingSummary(d), Code: schemas.CodeNoCapacity, Message: msgNoNodeFits}
+	return lifecycle.NoNodeFits(d, "")
 }

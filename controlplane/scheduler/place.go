@@ -37,7 +37,7 @@ func (s *Scheduler) place(ctx context.Context, r schemas.Run, fleet *placement.F
 	if err != nil {
 		return err
 	}
-	fleet.Book(winner.NodeID, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: s.expectedEnd(run, now), GPUs: run.GPUs, Want: r.Request.GPU}, run.Queued)
+	fleet.Book(winner.NodeID, s.booking(&run, now), run.Queued)
 	s.log.Info("run placed", zap.String("run_id", r.ID), zap.String("node_id", winner.NodeID), zap.Int("attempt", run.Attempt), zap.Bool("queued", run.Queued))
 	if run.Queued {
 		return s.dispatch.Prepare(ctx, run)
@@ -56,22 +56,16 @@ func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDe
 			coming = true // try again next pass rather than fail the Run
 		}
 	}
-	summary, msg := waitingSummary(d), msgNoNodeFits
-	if renting != "" {
-		summary += " " + renting
-		msg += " for capacity: " + renting
-	}
-	var t lifecycle.Transition
+	w := lifecycle.NoNodeFits(d, renting)
+	var t lifecycle.Transition = w
 	switch {
 	case !s.cfg.WaitForCapacity && !coming && unsatisfiable(d):
-		t = lifecycle.Unsatisfiable{Decision: d, Summary: summary}
-	case r.Waiting == summary:
+		t = lifecycle.Unsatisfiable{Decision: d, Summary: w.Summary}
+	case r.Waiting == w.Summary:
 		// Same answer as last pass, already recorded: no KV read, no
 		// event. r is the cached Run; if it is stale the next pass sees
 		// the newer one.
 		return nil
-	default:
-		t = lifecycle.Wait{Decision: d, Summary: summary, Code: schemas.CodeNoCapacity, Message: msg}
 	}
 	_, err := s.runs.Advance(ctx, r.ID, t, false)
 	return err

@@ -1,0 +1,404 @@
+package placement
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unique"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// query is one decision's request with the fleet's indexes looked up once:
+// the holders of the image, of each of its layers and of each cache.
+type query struct {
+	req          Request
+	cfg          Config
+	now          time.Time
+	ref          imageRef
+	refKnown     bool
+	hot          bitset
+	layerHolders []bitset
+	cacheHolders []bitset
+	cacheSizes   []int64
+	// artifactHolders are the nodes holding each of req.Artifacts.
+	artifactHolders []bitset
+	model           string
+	// platform is the build the Run needs (wantPlatform) when
+	// needsPlatform, and network the mode it asks for.
+	platform      schemas.Platform
+	needsPlatform bool
+	network       string
+	// seen, lastModel and lastMatch are modelMatches' last answer.
+	seen      bool
+	lastModel unique.Handle[string]
+	lastMatch bool
+	// named is the build of an index the Run names (buildKey), and hotAs
+	// the nodes holding the index hot as that build when it is not their
+	// own; "" when the Run names none or the image is no index.
+	named string
+	hotAs bitset
+}
+
+// newQuery looks req up in fleet's indexes once for the whole decision.
+func newQuery(req Request, fleet *Fleet, now time.Time, cfg Config) query {
+	q := query{req: req, cfg: cfg, now: now, hot: fleet.hot[req.Digest]}
+	q.ref, q.refKnown = fleet.images[req.Digest]
+	for _, l := range q.ref.layers {
+		q.layerHolders = append(q.layerHolders, fleet.layers[l])
+	}
+	for _, cm := range req.Run.Caches {
+		k := cacheKey(cm.Name, cm.CompatibilityKey)
+		q.cacheHolders = append(q.cacheHolders, fleet.caches[k])
+		q.cacheSizes = append(q.cacheSizes, fleet.cacheSize[k])
+	}
+	for _, a := range req.Artifacts {
+		q.artifactHolders = append(q.artifactHolders, fleet.artifacts[a.Digest])
+	}
+	if req.Run.GPU != nil {
+		q.model = strings.ToLower(req.Run.GPU.Model)
+	}
+	if p := wantPlatform(&q.req, &q.ref, q.refKnown); p != nil {
+		q.platform, q.needsPlatform = *p, true
+	}
+	q.network = schemas.NetworkModeOf(req.Run.Network)
+	if p := req.Run.Platform; p != nil && q.refKnown && q.ref.index {
+		q.named = buildKey(*p)
+		q.hotAs = fleet.hot[req.Digest+"|"+q.named]
+	}
+	return q
+}
+
+// evaluate applies the hard constraints in a fixed order (the first that
+// fails is the reason) and then scores node i into c, which must be zero;
+// queued reports that the Run does not fit there now and would wait in the
+// node's queue.
+func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
+	rec := &n.Record
+	var reserved schemas.Resources
+	for _, b := range n.Running {
+		reserved = reserved.Add(b.Resources)
+	}
+	free := rec.Capacity.Sub(reserved)
+	c.NodeID, c.Free = rec.NodeID, free
+	if !q.admits(rec, c) {
+		return false
+	}
+	host := &rec.Facts.Host // admits refuses a node without facts
+	if !q.supports(n, host, c) {
+		return false
+	}
+	fetch, warm := q.artifactFetch(i)
+	if need := &q.req.Run.Resources; fetch > 0 && host.Disk.Known && host.Disk.FreeBytes < fetch+need.DiskBytes {
+		return reject(c, schemas.ReasonInsufficientDisk, "needs %d free bytes for artifacts it would fetch (plus %d asked), node has %d", fetch, need.DiskBytes, host.Disk.FreeBytes)
+	}
+	usable, ok := q.cards(n, host, c)
+	if !ok || !q.fitsEver(rec, host, c) {
+		return false
+	}
+	queue, fitsNow, ok := q.queueFor(n, free, usable, c)
+	if !ok {
+		return false
+	}
+	q.score(i, n, c, queue, fetch, warm)
+	return !fitsNow
+}
+
+// reject records on c why its node cannot take the Run, and returns false.
+func reject(c *schemas.Candidate, code schemas.Code, format string, args ...any) bool {
+	c.Reason, c.Detail = code, fmt.Sprintf(format, args...)
+	return false
+}
+
+// admits reports whether the node may be booked at all: ready, leased, and
+// with facts fresh enough to trust.
+func (q *query) admits(rec *schemas.NodeRecord, c *schemas.Candidate) bool {
+	switch {
+	case rec.State == schemas.NodeDraining:
+		return reject(c, schemas.ReasonNodeDraining, "node is draining")
+	case rec.State != schemas.NodeReady:
+		return reject(c, schemas.ReasonNodeNotReady, "node is %s", rec.State)
+	case !q.now.Before(rec.LeaseExpires):
+		return reject(c, schemas.ReasonLeaseStale, "no heartbeat since the lease expired at %s", rec.LeaseExpires.UTC().Format(time.RFC3339))
+	case rec.Facts == nil || q.now.Sub(rec.FactsReceivedAt) > q.cfg.FactsMaxAge:
+		return reject(c, schemas.ReasonFactsStale, "facts are older than %s", q.cfg.FactsMaxAge)
+	}
+	return true
+}
+
+// supports reports whether the node runs this kind of Run: its platform,
+// its network mode, and the cache mounts and artifact replicas it uses.
+func (q *query) supports(n *Node, host *schemas.HostFacts, c *schemas.Candidate) bool {
+	req := &q.req
+	if q.needsPlatform && !runsOn(host, q.platform) {
+		return reject(c, schemas.ReasonPlatformMismatch, "needs %s, node is %s", q.platform.String(), hostPlatform(host).String())
+	}
+	if mode := q.network; len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
+		return reject(c, schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
+	}
+	if len(req.Run.Caches) > 0 && !n.support.CacheMounts {
+		return reject(c, schemas.ReasonCacheMountsUnsupported, "mounts %d cache(s); node's runtime %q declares no cache mounts", len(req.Run.Caches), n.support.ContainerRuntime)
+	}
+	if len(req.Artifacts) > 0 && !n.support.ArtifactReplicas {
+		return reject(c, schemas.ReasonArtifactsUnsupported, "mounts %d artifact(s); node's agent declares no artifact replica store", len(req.Artifacts))
+	}
+	return true
+}
+
+// cards checks the node's GPUs against the Run's: the driver, enough
+// matching cards, enough of them usable. It returns how many matching
+// cards are usable, held or not (0 when the Run needs none).
+func (q *query) cards(n *Node, host *schemas.HostFacts, c *schemas.Candidate) (usable int64, ok bool) {
+	want, need := q.req.Run.GPU, q.req.Run.Resources.GPUCount
+	if need <= 0 {
+		return 0, true
+	}
+	acc := &host.Accelerator
+	if want != nil && want.MinDriverCapability != "" {
+		switch {
+		case acc.Vendor == "":
+			return 0, reject(c, schemas.ReasonDriverMissing, "needs driver capability %s; node has no accelerator driver", want.MinDriverCapability)
+		case versionLess(acc.DriverCapability, want.MinDriverCapability):
+			return 0, reject(c, schemas.ReasonDriverTooOld, "needs driver capability %s, node has %s", want.MinDriverCapability, acc.DriverCapability)
+		}
+	}
+	if matching := q.gpuMatches(n); matching < need {
+		if want != nil && (want.Model != "" || want.MinMemoryBytes > 0) && acc.GPUCount() >= need {
+			return 0, reject(c, schemas.ReasonGPUModelMismatch, "needs %d × %s; node has %s", need, gpuWant(want), describeGPUs(*acc))
+		}
+		return 0, reject(c, schemas.ReasonInsufficientGPU, "needs %d GPUs; node has %d", need, matching)
+	}
+	usable = q.usableCards(n)
+	if usable < need {
+		return 0, reject(c, schemas.ReasonGPUNotInjectable, "needs %d GPUs it can hand a container; %d of the node's matching cards have a CDI device and are healthy (see the node's facts)", need, usable)
+	}
+	return usable, true
+}
+
+// fitsEver reports whether the node has the disk the Run asks for now and
+// the CPU, memory and GPUs it could ever give.
+func (q *query) fitsEver(rec *schemas.NodeRecord, host *schemas.HostFacts, c *schemas.Candidate) bool {
+	need := &q.req.Run.Resources
+	if need.DiskBytes > 0 {
+		switch {
+		case !host.Disk.Known:
+			return reject(c, schemas.ReasonDiskUnknown, "needs %d free bytes; node could not measure its disk", need.DiskBytes)
+		case host.Disk.FreeBytes < need.DiskBytes:
+			return reject(c, schemas.ReasonInsufficientDisk, "needs %d free bytes, node has %d", need.DiskBytes, host.Disk.FreeBytes)
+		}
+	}
+	switch {
+	case need.CPUMillis > rec.Capacity.CPUMillis:
+		return reject(c, schemas.ReasonInsufficientCPU, "needs %dm CPU, node offers %dm", need.CPUMillis, rec.Capacity.CPUMillis)
+	case need.MemoryBytes > rec.Capacity.MemoryBytes:
+		return reject(c, schemas.ReasonInsufficientMemory, "needs %d bytes of memory, node offers %d", need.MemoryBytes, rec.Capacity.MemoryBytes)
+	case need.GPUCount > rec.Capacity.GPUCount:
+		return reject(c, schemas.ReasonInsufficientGPU, "needs %d GPUs, node offers %d", need.GPUCount, rec.Capacity.GPUCount)
+	}
+	return true
+}
+
+// queueFor works out whether the Run starts on the node now (fitsNow)
+// or, behind what runs and waits there, in about queue seconds; ok is
+// false when the node's queue is full.
+func (q *query) queueFor(n *Node, free schemas.Resources, usable int64, c *schemas.Candidate) (queue float64, fitsNow, ok bool) {
+	need := q.req.Run.Resources
+	slots := n.MaxWorkloads()
+	fitsNow = need.Fits(free) && (slots == 0 || len(n.Running) < slots) && len(n.Queued) == 0
+	if fitsNow && need.GPUCount > 0 {
+		fitsNow = n.freeCount(q.req.Run.GPU, q.model, need.GPUCount, usable) == need.GPUCount
+	}
+	if fitsNow {
+		return 0, true, true
+	}
+	if len(n.Queued) >= MaxQueued {
+		return 0, false, reject(c, schemas.ReasonQueueFull, "%d bookings already wait on this node", len(n.Queued))
+	}
+	return waitSeconds(n, need, q.now, &q.cfg), false, true
+}
+
+// score prices node i for the Run into c: seconds until the workload could
+// start (the longer of its queue and its fetches: a queued booking
+// prefetches while it waits), plus the node's price. fetch and warm are
+// the Run's artifact bytes the node would fetch and the artifacts it holds.
+func (q *query) score(i int, n *Node, c *schemas.Candidate, queue float64, fetch int64, warm int) {
+	cfg, ref := &q.cfg, &q.ref
+	comp := &c.Components
+	comp.QueueSeconds, comp.PricePerHour = queue, n.Record.PricePerHour
+	hot := q.hot.has(i)
+	if q.named != "" && q.named != n.build {
+		hot = q.hotAs.has(i)
+	}
+	switch {
+	case hot:
+		comp.ImageState = string(schemas.LocalityHot)
+	case q.refKnown:
+		for j, holders := range q.layerHolders {
+			if !holders.has(i) {
+				comp.PullBytes += ref.sizes[j]
+			}
+		}
+		comp.ImageState = string(schemas.LocalityCold)
+		if comp.PullBytes < ref.total {
+			comp.ImageState = string(schemas.LocalityPartial)
+		}
+	default:
+		comp.PullBytes, comp.ImageState = cfg.UnknownImageBytes, string(schemas.LocalityUnknown)
+	}
+	comp.PullSeconds = float64(comp.PullBytes) / cfg.PullBytesPerSecond
+	for j, holders := range q.cacheHolders {
+		if holders.has(i) {
+			comp.CachesWarm++
+			continue
+		}
+		comp.CacheFillBytes += q.cacheSizes[j]
+	}
+	comp.CacheSeconds = float64(comp.CacheFillBytes) / cfg.CacheBytesPerSecond
+	comp.ArtifactsWarm, comp.ArtifactFetchBytes = warm, fetch
+	if fetch > 0 && cfg.ArtifactBytesPerSecond > 0 {
+		comp.ArtifactSeconds = float64(fetch) / cfg.ArtifactBytesPerSecond
+	}
+	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
+	c.Eligible, c.Cost = true, comp.StartSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+}
+
+// artifactFetch returns the bytes of the Run's artifacts node i would
+// still fetch, and how many it already holds.
+func (q *query) artifactFetch(i int) (fetch int64, warm int) {
+	for j, holders := range q.artifactHolders {
+		if holders.has(i) {
+			warm++
+			continue
+		}
+		fetch += q.req.Artifacts[j].SizeBytes
+	}
+	return fetch, warm
+}
+
+// gpuMatches counts the node's GPUs that satisfy the request.
+func (q *query) gpuMatches(n *Node) int64 {
+	if q.req.Run.GPU == nil {
+		return n.gpuCount
+	}
+	var count int64
+	for _, d := range n.devices {
+		if q.kindMatches(d) {
+			count += d.count
+		}
+	}
+	return count
+}
+
+// usableCards counts the node's cards that match the request and can be
+// booked (healthy, with a CDI device), held or not.
+func (q *query) usableCards(n *Node) int64 {
+	var count int64
+	for _, k := range n.usableKinds {
+		if q.req.Run.GPU == nil || q.kindMatches(k) {
+			count += k.count
+		}
+	}
+	return count
+}
+
+// kindMatches reports whether cards of kind k satisfy the request's
+// GPU requirement, which must not be nil (card.matches, by kind).
+func (q *query) kindMatches(k cardKind) bool {
+	return k.memoryBytes >= q.req.Run.GPU.MinMemoryBytes && q.modelMatches(k.model)
+}
+
+// modelMatches reports whether model contains the requested one. The last
+// answer is kept: a fleet has few models, so the search runs about once
+// per decision rather than twice per node.
+func (q *query) modelMatches(model unique.Handle[string]) bool {
+	if q.model == "" {
+		return true
+	}
+	if !q.seen || model != q.lastModel {
+		q.seen, q.lastModel, q.lastMatch = true, model, strings.Contains(model.Value(), q.model)
+	}
+	return q.lastMatch
+}
+
+// waitSeconds estimates when enough running bookings end for need to fit
+// behind whatever is already queued on the node (queued bookings start
+// first, in order).
+func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg *Config) float64 {
+	// A node runs a few bookings: sorting a copy on the stack spares an
+	// allocation per busy node.
+	var buf [8]Booking
+	running := append(buf[:0], n.Running...)
+	for i, b := range running {
+		if !b.ExpectedEnd.After(now) {
+			// Past its expected end yet still booked (a long fetch, or
+			// no max runtime): it is assumed to hold its place as long
+			// again as a booking without one.
+			running[i].ExpectedEnd = now.Add(cfg.UnknownRuntime)
+		}
+	}
+	slices.SortFunc(running, func(a, b Booking) int { return a.ExpectedEnd.Compare(b.ExpectedEnd) })
+	free := n.Record.Capacity
+	for _, b := range running {
+		free = free.Sub(b.Resources)
+	}
+	want := need
+	for _, q := range n.Queued {
+		want = want.Add(q.Resources)
+	}
+	slots, active := n.MaxWorkloads(), len(running)+len(n.Queued)
+	at := now
+	for i := 0; !want.Fits(free) || (slots > 0 && active >= slots); i++ {
+		if i == len(running) {
+			// Even an empty node cannot hold the queue and this Run at
+			// once: the queue must run first.
+			return at.Sub(now).Seconds() + cfg.UnknownRuntime.Seconds()
+		}
+		free, active = free.Add(running[i].Resources), active-1
+		if running[i].ExpectedEnd.After(at) {
+			at = running[i].ExpectedEnd
+		}
+	}
+	return at.Sub(now).Seconds()
+}
+
+// versionLess compares dotted versions numerically ("12.10" > "12.4").
+func versionLess(have, want string) bool {
+	h, w := strings.Split(have, "."), strings.Split(want, ".")
+	for i := range max(len(h), len(w)) {
+		var a, b int
+		if i < len(h) {
+			a, _ = strconv.Atoi(h[i])
+		}
+		if i < len(w) {
+			b, _ = strconv.Atoi(w[i])
+		}
+		if a != b {
+			return a < b
+		}
+	}
+	return false
+}
+
+func gpuWant(g *schemas.GPURequirement) string {
+	s := g.Model
+	if s == "" {
+		s = "any model"
+	}
+	if g.MinMemoryBytes > 0 {
+		s += fmt.Sprintf(" with ≥%d bytes", g.MinMemoryBytes)
+	}
+	return s
+}
+
+func describeGPUs(a schemas.AcceleratorFacts) string {
+	if len(a.Devices) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, d := range a.Devices {
+		parts = append(parts, fmt.Sprintf("%d × %s (%d bytes)", d.Count, d.Model, d.MemoryBytes))
+	}
+	return strings.Join(parts, ", ")
+}
