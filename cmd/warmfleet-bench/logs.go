@@ -47,7 +47,7 @@ type logsOpts struct {
 }
 
 // benchLogWindow is the agent's window of chunks in flight per attempt
-// (agent/output.go's logWindow); the raw baseline publishes with the same.
+// (agent/output's window); the raw baseline publishes with the same.
 const benchLogWindow = 16
 
 func newLogsCmd(g *globals) *cobra.Command {
@@ -79,7 +79,7 @@ an order that alternates from round to round:
          each one once stored.
   batch  (--batch-baseline) the raw publisher again, but filling 16 and
          then waiting for all 16 acks before sending more: the agent's
-         own pattern (agent/output.go's send/ack loop).
+         own pattern (agent/output's send/ack loop).
 
 Throughput is bytes (and lines) over the time from the server's store
 stamp of the phase's first message to that of its last (the last end
@@ -300,7 +300,7 @@ func readChunks(dir string) (rawAttempt, error) {
 // publish sends the attempt's chunks as the agent does, as Run runID's
 // first attempt (ids must differ from every earlier phase's, or dedupe
 // drops them), with at most benchLogWindow in flight: a sliding window, or
-// (batch) filled and then drained whole, as agent/output.go's loop does.
+// (batch) filled and then drained whole, as agent/output's loop does.
 // Then each stream's end.
 func (ra rawAttempt) publish(ctx context.Context, js jetstream.JetStream, runID, node string, batch bool) error {
 	subject, attempt := bus.RunLogs(runID), schemas.WorkloadID(runID, 1)
