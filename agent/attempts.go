@@ -92,8 +92,8 @@ func (s *attempts) failPrepare(id string, code schemas.Code, msg string) {
 	s.get(id).failed = &prepFailure{code: code, msg: msg}
 }
 
-// failure returns why the attempt's preparation failed, if it did.
-func (s *attempts) failure(id string) (prepFailure, bool) {
+// prepareFailed returns why the attempt's preparation failed, if it did.
+func (s *attempts) prepareFailed(id string) (prepFailure, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if at := s.by[id]; at != nil && at.failed != nil {

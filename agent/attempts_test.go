@@ -62,12 +62,12 @@ func TestAttempts_HoldPrepareLaunchRelease(t *testing.T) {
 // what it holds, and forgotten with the rest on release.
 func TestAttempts_FailedPreparation(t *testing.T) {
 	s := newAttempts()
-	if _, ok := s.failure("a1"); ok {
+	if _, ok := s.prepareFailed("a1"); ok {
 		t.Fatal("a failure for an attempt never prepared")
 	}
 	s.prepared("a1", "sha256:img")
 	s.failPrepare("a1", schemas.CodeArtifactDigestMismatch, "wrong bytes")
-	f, ok := s.failure("a1")
+	f, ok := s.prepareFailed("a1")
 	if !ok || f.code != schemas.CodeArtifactDigestMismatch || f.msg != "wrong bytes" {
 		t.Fatalf("failure %+v %v", f, ok)
 	}
@@ -75,7 +75,7 @@ func TestAttempts_FailedPreparation(t *testing.T) {
 		t.Errorf("a failed artifact let go of the prepared image: %+v", h)
 	}
 	s.release("a1")
-	if _, ok := s.failure("a1"); ok {
+	if _, ok := s.prepareFailed("a1"); ok {
 		t.Error("a released attempt's failure is still remembered")
 	}
 }
@@ -96,7 +96,7 @@ func TestAttempts_ConcurrentUse(t *testing.T) {
 				if j%7 == 0 {
 					s.failPrepare(id, schemas.CodeArtifactFetchFailed, "x")
 				}
-				s.failure(id)
+				s.prepareFailed(id)
 				if j%4 == 0 {
 					s.release(id)
 				}

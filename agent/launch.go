@@ -103,7 +103,7 @@ func (l *launch) admissible() error {
 		e.reason, e.stopReason = "stopped before launch", stop.StopReason
 		return e
 	}
-	if f, ok := l.a.attempts.failure(l.cmd.AttemptID); ok {
+	if f, ok := l.a.attempts.prepareFailed(l.cmd.AttemptID); ok {
 		return failure(f.code, errors.New("preparation failed: "+f.msg))
 	}
 	if !offersNetwork(l.a.cfg.NetworkModes, l.cmd.Network) {
