@@ -155,3 +155,27 @@ func (h heldBy) Holdings() []Holding {
 	}
 	return out
 }
+
+// A sweep waits for every prepare or launch using the disk (Use) and
+// removes nothing they held once they are done; one that begins while a
+// sweep runs waits for it.
+func TestSweepWaitsForUse(t *testing.T) {
+	img := fmt.Sprintf("sha256:%064x", 1)
+	rt := noopruntime.New(noopruntime.Options{Images: []string{img}})
+	held := heldBy{}
+	c := New(Config{NodeID: "node-disk", ContentRoot: t.TempDir(), CacheDir: t.TempDir(), Runtime: rt, Busy: held,
+		Caches: caches.New(t.TempDir(), time.Now, zaptest.NewLogger(t)), Log: zaptest.NewLogger(t)})
+	done := c.Use()
+	swept := make(chan schemas.PruneReport)
+	go func() { swept <- c.Sweep(context.Background(), schemas.DiskKeep{}, true, false) }()
+	select {
+	case <-swept:
+		t.Fatal("a sweep ran while a launch was using the disk")
+	case <-time.After(100 * time.Millisecond):
+	}
+	held["att-1"] = Holding{Attempt: "att-1", Image: img} // the launch holds its image before it is done
+	done()
+	if rep := <-swept; len(rep.Removed) != 0 || len(rep.Kept) != 1 || rep.Kept[0].Reason != "prepared for attempt att-1" {
+		t.Fatalf("sweep after the launch: removed %+v, kept %+v", rep.Removed, rep.Kept)
+	}
+}
