@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -14,114 +12,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/agent/artifactstore"
+	"github.com/warmfleet/warmfleet/agent/caches"
+	"github.com/warmfleet/warmfleet/agent/creds"
+	"github.com/warmfleet/warmfleet/agent/disk"
+	"github.com/warmfleet/warmfleet/agent/output"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
-
-// Version is the agent build reported at enrollment.
-const Version = "0.1.0"
-
-// Config describes one node agent.
-type Config struct {
-	NodeID     string
-	RentalID   string
-	Generation uint64
-	// EnrollmentToken is the bootstrap secret; it is sent once and never
-	// logged. After enrolling, the agent resumes with its saved session.
-	EnrollmentToken string
-	// DataDir holds the operation journal.
-	DataDir string
-	// Capacity is what this node offers; zero fields are filled from facts.
-	Capacity     schemas.Resources
-	MaxWorkloads int
-	// StopGrace is used when the node itself stops a workload (max runtime).
-	StopGrace time.Duration
-	// ContentRoot is the filesystem holding the runtime's content (e.g.
-	// /var/lib/containerd), measured for disk facts; empty states disk unknown.
-	ContentRoot string
-	// CacheDir holds the caches Runs mount; <DataDir>/caches when empty.
-	CacheDir string
-	// ArtifactDir holds the node's artifact replicas (agent/artifactstore);
-	// <DataDir>/artifacts when empty.
-	ArtifactDir string
-	// ArtifactHTTP fetches artifacts from URL sources; nil uses a client
-	// that bounds the wait for a response but not the transfer.
-	ArtifactHTTP *http.Client
-	// Accelerator measures the host's cards (adapters/gpuprobe runs
-	// cmd/warmfleet-gpu-probe); nil states nothing established.
-	Accelerator AcceleratorProbe
-	// AcceleratorTimeout bounds one accelerator probe in a facts report;
-	// DefaultAcceleratorTimeout when zero.
-	AcceleratorTimeout time.Duration
-	// FactsInterval is how often facts are reported; DefaultFactsInterval
-	// when zero. Changes (an image ensured, a workload exited) report sooner.
-	FactsInterval time.Duration
-	// ProgressInterval is how often an image transfer under way is
-	// reported; DefaultProgressInterval when zero.
-	ProgressInterval time.Duration
-	Now              func() time.Time
-	// Faults injects crashes for fault tests; nil in production.
-	Faults *Faults
-	// Sessions hosts resident sessions (residency/nodehost); nil hosts none.
-	Sessions noderuntime.SessionHost
-	// NetworkModes are the network modes this node gives Runs (values of
-	// noderuntime.NetworkMode), reported in facts; a launch asking for
-	// another is refused. Nil offers every mode.
-	NetworkModes []string
-	// LogRate and LogBurst bound how fast one Run's output is kept, both
-	// streams together (bytes per second, bytes); past them output is
-	// dropped and a marker line says how much. DefaultLogRate and
-	// DefaultLogBurst when zero; a negative LogRate keeps everything.
-	LogRate, LogBurst int64
-	// LogPoll is how often a running attempt's output is read for new
-	// lines; DefaultLogPoll when zero.
-	LogPoll time.Duration
-	// LogShipTimeout bounds how long an exit report waits for the attempt's
-	// output to be stored; DefaultLogShipTimeout when zero. Shipping goes
-	// on after it.
-	LogShipTimeout time.Duration
-	// LogDialer opens each Run's log connection; nil ships on the agent's
-	// own connection (output.go).
-	LogDialer LogDialer
-	// LogMetrics, when set, receives the shipping figures.
-	LogMetrics LogMetrics
-	// ImageMetrics, when set, receives image fetch and credential timings.
-	ImageMetrics ImageMetrics
-	// DiskWatermarks, when set, turn on disk collection: past High percent
-	// of ContentRoot's filesystem used, the agent removes images and
-	// caches least recently used first until at most Low percent is used
-	// (disk.go). Nil collects nothing on its own; a prune still works.
-	DiskWatermarks *schemas.DiskWatermarks
-	// DiskMetrics, when set, counts evictions.
-	DiskMetrics DiskMetrics
-	// Credentials, when set, are what the agent's NATS connection logs in
-	// with (NATS auth on; see bus/auth.go and docs/security.md). The agent
-	// puts its saved session token, or else its bootstrap token, in them
-	// before enrolling, and its new session token after, reconnecting each
-	// time. They must be the ones the connection was built with
-	// (Credentials.Options). Nil: the connection needs no login.
-	Credentials *bus.Credentials
-	// ArtifactTransport is how an artifact login's own connection reaches
-	// NATS (bus.DialArtifactLogin); nil: the main connection's servers and
-	// TLS (bus.TransportOf).
-	ArtifactTransport *bus.Transport
-}
-
-// Faults are the crash points fault tests use to prove invariant 1 (one
-// operation id, one effect) across a real agent restart.
-type Faults struct {
-	// LeaveUnacked is consulted after a command's effect, journal entry and
-	// receipt: returning true leaves it unacked, as if the process died
-	// before acking, so JetStream redelivers it after AckWait.
-	LeaveUnacked func(schemas.Command) bool
-	// SkipJournal is consulted after a command's effect: returning true
-	// drops the journal entry and the ack, as if the process died between
-	// the effect and the journal write.
-	SkipJournal func(schemas.Command) bool
-}
 
 // Agent is one node's agent. Run drives it.
 type Agent struct {
@@ -130,29 +30,23 @@ type Agent struct {
 	rt      noderuntime.Runtime
 	log     *zap.Logger
 	journal *Journal
-	accel   *boundedProbe
+	meter   *meter
 	// factsChanged wakes the facts loop; rt (a changeWatch) signals it.
 	factsChanged chan struct{}
 
-	mu  sync.Mutex
+	req       requester
+	rep       *reporter
+	creds     *creds.Asker
+	attempts  *attempts
+	caches    caches.Store
+	replicas  *replicas
+	disk      *disk.Collector
+	output    *output.Shipper
+	workloads *workloads
+
+	mu sync.Mutex // guards the three below
+	// enr is the current session.
 	enr schemas.Enrollment
-	// watching holds the workloads this process waits on, by workload id.
-	watching map[string]context.CancelFunc
-	// shipments are the output directories being shipped, by attempt id.
-	shipments map[string]*shipment
-	behind    *backlog
-	// held is what each attempt prepared or launched here uses on disk,
-	// by attempt id, until its workload is removed (disk.go).
-	held map[string]heldItems
-	// failedPrep: attempts whose preparation failed, with the code their
-	// launch fails with (artifacts.go).
-	failedPrep map[string]prepFailure
-	// artifacts is the node's replica store.
-	artifacts *artifactstore.Store
-	// diskMu: a disk sweep holds it to write; a prepare or launch holds it
-	// to read while it ensures the image, mounts caches and starts, so a
-	// sweep never removes what one is about to use.
-	diskMu sync.RWMutex
 	// cancel stops Run; stopErr is what Run then returns.
 	cancel  context.CancelFunc
 	stopErr error
@@ -168,43 +62,9 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent: a data dir is required for the operation journal")
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.StopGrace <= 0 {
-		cfg.StopGrace = schemas.DefaultGraceSeconds * time.Second
-	}
-	if cfg.CacheDir == "" {
-		cfg.CacheDir = filepath.Join(cfg.DataDir, "caches")
-	}
-	if cfg.ArtifactDir == "" {
-		cfg.ArtifactDir = filepath.Join(cfg.DataDir, "artifacts")
-	}
-	if cfg.FactsInterval <= 0 {
-		cfg.FactsInterval = DefaultFactsInterval
-	}
-	if cfg.AcceleratorTimeout <= 0 {
-		cfg.AcceleratorTimeout = DefaultAcceleratorTimeout
-	}
-	if cfg.ProgressInterval <= 0 {
-		cfg.ProgressInterval = DefaultProgressInterval
-	}
-	if cfg.LogRate == 0 {
-		cfg.LogRate = DefaultLogRate
-	}
-	if cfg.LogBurst <= 0 {
-		cfg.LogBurst = DefaultLogBurst
-	}
-	if cfg.LogPoll <= 0 {
-		cfg.LogPoll = DefaultLogPoll
-	}
-	if cfg.LogShipTimeout <= 0 {
-		cfg.LogShipTimeout = DefaultLogShipTimeout
-	}
-	if w := cfg.DiskWatermarks; w != nil {
-		if err := w.Validate(); err != nil {
-			return nil, fmt.Errorf("agent: disk watermarks: %w", err)
-		}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	j, err := OpenJournal(cfg.DataDir, 0)
 	if err != nil {
@@ -215,12 +75,35 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if err != nil {
 		return nil, fmt.Errorf("agent: artifact store: %w", err)
 	}
+	var (
+		nc *nats.Conn
+		js jetstream.JetStream
+	)
+	if conn != nil {
+		nc, js = conn.NC, conn.JS
+	}
 	changed := make(chan struct{}, 1)
+	signal := changeWatch{changed: changed}.signal
 	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
-		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed,
-		watching: map[string]context.CancelFunc{}, shipments: map[string]*shipment{}, held: map[string]heldItems{},
-		failedPrep: map[string]prepFailure{}, artifacts: store,
-		behind: &backlog{metrics: cfg.LogMetrics, bytes: map[string][2]int64{}}}
+		factsChanged: changed, req: requester{nc: nc}, attempts: newAttempts(), caches: caches.New(cfg.CacheDir, cfg.Now, log)}
+	a.meter = &meter{rt: a.rt, accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, caches: a.caches,
+		replicas: store, contentRoot: cfg.ContentRoot, networkModes: cfg.NetworkModes, maxWorkloads: cfg.MaxWorkloads,
+		watermarks: cfg.DiskWatermarks, now: cfg.Now, log: log}
+	a.rep = &reporter{js: js, nodeID: cfg.NodeID, session: a.Enrollment, now: cfg.Now, log: log}
+	a.creds = &creds.Asker{NodeID: cfg.NodeID, Requester: a.req, FencingToken: a.fencingToken, Log: log}
+	if cfg.ImageMetrics != nil {
+		a.creds.Metrics = cfg.ImageMetrics
+	}
+	a.replicas = &replicas{store: store, creds: a.creds, js: js, nc: nc, transport: cfg.ArtifactTransport, authOn: cfg.Credentials != nil,
+		http: cfg.ArtifactHTTP, nodeID: cfg.NodeID, changed: signal, log: log}
+	a.disk = disk.New(disk.Config{NodeID: cfg.NodeID, ContentRoot: cfg.ContentRoot, CacheDir: cfg.CacheDir, ArtifactDir: cfg.ArtifactDir,
+		Watermarks: cfg.DiskWatermarks, Runtime: a.rt, Busy: a.attempts, Caches: a.caches, Artifacts: store,
+		Metrics: cfg.DiskMetrics, Removed: signal, Log: log})
+	a.output = output.New(output.Config{DataDir: cfg.DataDir, NodeID: cfg.NodeID, JS: js, Dialer: cfg.LogDialer, Poll: cfg.LogPoll,
+		Now: cfg.Now, Metrics: cfg.LogMetrics, Log: log, Group: &a.wg})
+	a.workloads = &workloads{rt: a.rt, journal: j, output: a.output, attempts: a.attempts, rep: a.rep, log: log,
+		now: cfg.Now, stopGrace: cfg.StopGrace, shipTimeout: cfg.LogShipTimeout,
+		wg: &a.wg, watching: map[string]context.CancelFunc{}}
 	return a, nil
 }
 
@@ -230,6 +113,9 @@ func (a *Agent) Enrollment() schemas.Enrollment {
 	defer a.mu.Unlock()
 	return a.enr
 }
+
+// fencingToken is the current session's.
+func (a *Agent) fencingToken() uint64 { return a.Enrollment().FencingToken }
 
 // Run enrolls, reconciles what the runtime already holds, and serves
 // commands and heartbeats until ctx ends. Workloads keep running when the
@@ -243,7 +129,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.cancel = cancel
 	a.mu.Unlock()
 
-	facts := a.facts(ctx)
+	facts := a.meter.facts(ctx)
 	enr, err := a.enroll(ctx, facts)
 	if err != nil {
 		return err
@@ -252,7 +138,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: bind command consumer %s: %w", enr.Consumer, err)
 	}
-	if err := a.reconcile(ctx, facts); err != nil {
+	if err := a.workloads.reconcile(ctx, facts); err != nil {
 		a.log.Warn("reconcile after start", zap.Error(err))
 	}
 	// A callback may still be running when Stop returns; the gate waits for
@@ -314,87 +200,6 @@ func (a *Agent) supersede(err error) {
 	}
 }
 
-// enroll asks the control plane for a session, retrying until it answers:
-// a core request has no redelivery, and an agent started before its control
-// plane must wait for it.
-func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.Enrollment, error) {
-	capacity := a.cfg.Capacity
-	if capacity.CPUMillis == 0 {
-		capacity.CPUMillis = facts.Host.CPUMillis
-	}
-	if capacity.MemoryBytes == 0 {
-		capacity.MemoryBytes = facts.Host.MemoryBytes
-	}
-	if capacity.GPUCount == 0 {
-		capacity.GPUCount = facts.Host.Accelerator.GPUCount()
-	}
-	token, generation, resuming := a.loadSession()
-	if !resuming {
-		token, generation = a.cfg.EnrollmentToken, a.cfg.Generation
-	}
-	if err := a.login(ctx, token, resuming && a.cfg.EnrollmentToken != ""); err != nil {
-		if !errors.Is(err, ErrLoginRefused) {
-			return schemas.Enrollment{}, err
-		}
-		// NATS refuses the saved session (expired, or superseded by another
-		// enrollment); the bootstrap token may still admit the node.
-		a.log.Info("NATS refused the saved session; logging in with the bootstrap token")
-		resuming, token, generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
-		if err := a.login(ctx, token, false); err != nil {
-			return schemas.Enrollment{}, err
-		}
-	}
-	req := schemas.EnrollmentRequest{
-		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: generation,
-		EnrollmentToken: token, AgentVersion: Version,
-		Capacity: capacity, MaxWorkloads: a.cfg.MaxWorkloads, Facts: facts,
-	}
-	wait := 250 * time.Millisecond
-	for {
-		var rep schemas.Reply[schemas.Enrollment]
-		err := a.request(ctx, bus.SubjectEnroll, req, &rep)
-		if err == nil {
-			if rep.Refusal != nil && resuming && a.cfg.EnrollmentToken != "" {
-				// The saved session is gone (expired, superseded); a fresh
-				// bootstrap token admits the node anew.
-				a.log.Info("saved session refused; enrolling with the bootstrap token", zap.String("code", string(rep.Refusal.Code)))
-				resuming, req.EnrollmentToken, req.Generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
-				if err := a.login(ctx, req.EnrollmentToken, false); err != nil {
-					return schemas.Enrollment{}, err
-				}
-				continue
-			}
-			if rep.Refusal != nil {
-				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment refused (resuming a saved session: %v): %w", resuming, rep.Refusal)
-			}
-			if rep.OK == nil {
-				return schemas.Enrollment{}, errors.New("agent: enrollment reply carried neither a session nor a refusal")
-			}
-			if err := a.saveSession(*rep.OK); err != nil {
-				return schemas.Enrollment{}, err
-			}
-			// From here on the connection acts as the enrolled node.
-			if err := a.login(ctx, rep.OK.SessionToken, false); err != nil {
-				return schemas.Enrollment{}, err
-			}
-			a.mu.Lock()
-			a.enr = *rep.OK
-			a.mu.Unlock()
-			return *rep.OK, nil
-		}
-		if errors.Is(err, codec.ErrMalformed) {
-			return schemas.Enrollment{}, fmt.Errorf("agent: enrollment reply: %w", err)
-		}
-		a.log.Info("control plane not answering enrollment yet", zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return schemas.Enrollment{}, fmt.Errorf("agent: enroll: %w", ctx.Err())
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, 5*time.Second)
-	}
-}
-
 // heartbeat publishes liveness until ctx ends.
 func (a *Agent) heartbeat(ctx context.Context, every time.Duration) {
 	if every <= 0 {
@@ -404,10 +209,7 @@ func (a *Agent) heartbeat(ctx context.Context, every time.Duration) {
 	defer t.Stop()
 	for {
 		enr := a.Enrollment()
-		a.mu.Lock()
-		running := len(a.watching)
-		a.mu.Unlock()
-		hb := schemas.Heartbeat{NodeID: a.cfg.NodeID, FencingToken: enr.FencingToken, SentAt: a.cfg.Now(), Running: running}
+		hb := schemas.Heartbeat{NodeID: a.cfg.NodeID, FencingToken: enr.FencingToken, SentAt: a.cfg.Now(), Running: a.workloads.running()}
 		if b, err := codec.Encode(codec.MsgPack, hb); err == nil {
 			_ = a.conn.NC.Publish(bus.NodeHeartbeat(a.cfg.NodeID), b)
 		}
@@ -417,26 +219,4 @@ func (a *Agent) heartbeat(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 	}
-}
-
-// publish sends one observation under the current session. dedupeID, when
-// set, lets JetStream drop a repeat of the same report.
-func (a *Agent) publish(ctx context.Context, o schemas.Observation, dedupeID string) error {
-	enr := a.Enrollment()
-	o.NodeID, o.FencingToken, o.Generation = a.cfg.NodeID, enr.FencingToken, enr.Generation
-	b, err := codec.Encode(codec.MsgPack, o)
-	if err != nil {
-		return err
-	}
-	m := &nats.Msg{Subject: bus.NodeObs(a.cfg.NodeID), Data: b}
-	var opts []jetstream.PublishOpt
-	if dedupeID != "" {
-		opts = append(opts, jetstream.WithMsgID(dedupeID))
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := a.conn.JS.PublishMsg(pctx, m, opts...); err != nil {
-		return fmt.Errorf("agent: publish %s: %w", o.Kind, err)
-	}
-	return nil
 }

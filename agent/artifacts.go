@@ -6,100 +6,58 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/agent/artifactstore"
+	"github.com/warmfleet/warmfleet/agent/creds"
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
-
-// LabelArtifacts lists the artifact digests a workload mounts
-// (comma-separated), so disk collection keeps them while the workload
-// exists, across agent restarts too.
-const LabelArtifacts = "warmfleet.artifacts"
 
 // ErrArtifactLogin: the artifact login the control plane gave was refused
 // or could not connect.
 var ErrArtifactLogin = errors.New("agent: the artifact login failed")
 
-// applyPrepareArtifact fetches and verifies one artifact for an attempt or
-// a prefetch. A failure is remembered for the attempt, so its launch fails
-// with the same code instead of fetching the same wrong bytes again.
-func (a *Agent) applyPrepareArtifact(ctx context.Context, m jetstream.Msg, c schemas.Command, rc *schemas.OperationReceipt) {
-	p := c.PrepareArtifact
-	if p.RunID != "" {
-		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPreparing})
-	}
-	stopInProgress := a.inProgress(ctx, m)
-	defer stopInProgress()
-	var progress func(done, total int64)
-	stopProgress := func() {}
-	if p.RunID != "" {
-		send := a.runProgress(p.RunID, p.AttemptID)
-		progress, stopProgress = a.trackProgress(ctx, func(ctx context.Context, tp schemas.TransferProgress) { tp.Artifact = p.Name; send(ctx, tp) })
-	}
-	content := schemas.ArtifactMount{Name: p.Name, Digest: p.Digest, SizeBytes: p.SizeBytes, Source: p.Source}
-	a.diskMu.RLock()
-	res, err := a.ensureArtifact(ctx, content, p.RunID, p.PrefetchID, progress)
-	if err == nil && p.AttemptID != "" {
-		a.holdArtifacts(p.AttemptID, p.Digest)
-	}
-	a.diskMu.RUnlock()
-	stopProgress()
-	rc.Outcome = outcomeOf(err, rc)
-	if err != nil {
-		rc.Code = artifactFailureCode(err)
-		if p.AttemptID != "" {
-			a.notePrepareFailure(p.AttemptID, rc.Code, rc.Message)
-		}
-		a.log.Warn("artifact not prepared", zap.String("name", p.Name), zap.String("digest", p.Digest), zap.String("code", string(rc.Code)), zap.Error(err))
-		return
-	}
-	a.log.Info("artifact ready", zap.String("name", p.Name), zap.String("digest", p.Digest), zap.Bool("already_present", res.AlreadyPresent),
-		zap.Bool("refetched", res.Refetched), zap.Int64("fetched_bytes", res.FetchedBytes))
+// replicas makes verified artifact replicas present in the node's store,
+// fetching each from its source under a credential asked for that fetch.
+type replicas struct {
+	store *artifactstore.Store
+	creds *creds.Asker
+	// js is the agent's own JetStream: it reads the object store without
+	// NATS auth. nc names the servers an artifact login dials when
+	// transport is nil.
+	js        jetstream.JetStream
+	nc        *nats.Conn
+	transport *bus.Transport
+	// authOn: the agent logs in to NATS, so object-store reads go through
+	// a login scoped to the artifact bucket.
+	authOn  bool
+	http    *http.Client // nil: a client that bounds the wait for a response
+	nodeID  string
+	changed func() // a new replica is stored: facts should say so soon
+	log     *zap.Logger
 }
 
-// artifactMounts ensures each of a launch's artifacts (a replica already
-// here is checked against its seal, a stat; one changed since it was
-// hashed is hashed again) and returns their read-only bind mounts. The
-// caller holds diskMu for reading.
-func (a *Agent) artifactMounts(ctx context.Context, l *schemas.LaunchWorkload) ([]noderuntime.Mount, error) {
-	out := make([]noderuntime.Mount, 0, len(l.Artifacts))
-	for _, m := range l.Artifacts {
-		res, err := a.ensureArtifact(ctx, m, l.RunID, "", nil)
-		if err != nil {
-			return nil, err
-		}
-		a.holdArtifacts(l.AttemptID, m.Digest)
-		out = append(out, noderuntime.Mount{Source: res.Path, Target: m.Path, ReadOnly: true})
-	}
-	return out, nil
-}
-
-// ensureArtifact makes a verified replica of m present. Its source's
-// credential is asked for only when bytes must actually be fetched.
-func (a *Agent) ensureArtifact(ctx context.Context, m schemas.ArtifactMount, runID, prefetchID string, progress func(done, total int64)) (artifactstore.Result, error) {
-	if a.artifacts == nil {
-		return artifactstore.Result{}, errors.New("agent: this node keeps no artifact replicas")
-	}
-	src := &credentialedSource{a: a, content: m, runID: runID, prefetchID: prefetchID}
+// ensure makes a verified replica of m present. Its source's credential is
+// asked for only when bytes must actually be fetched.
+func (r *replicas) ensure(ctx context.Context, m schemas.ArtifactMount, runID, prefetchID string, progress func(done, total int64)) (artifactstore.Result, error) {
+	src := &credentialedSource{r: r, content: m, runID: runID, prefetchID: prefetchID}
 	defer src.close()
-	res, err := a.artifacts.Ensure(ctx, artifactstore.Want{Digest: m.Digest, SizeBytes: m.SizeBytes, Source: src, Progress: progress})
+	res, err := r.store.Ensure(ctx, artifactstore.Want{Digest: m.Digest, SizeBytes: m.SizeBytes, Source: src, Progress: progress})
 	if err == nil {
-		if terr := a.artifacts.Touch(m.Digest); terr != nil {
-			a.log.Warn("artifact use not recorded", zap.String("digest", m.Digest), zap.Error(terr))
+		if terr := r.store.Touch(m.Digest); terr != nil {
+			r.log.Warn("artifact use not recorded", zap.String("digest", m.Digest), zap.Error(terr))
 		}
 	}
 	if err == nil && !res.AlreadyPresent {
 		// A new replica: placement should hear of it before the next
 		// periodic report.
-		changeWatch{changed: a.factsChanged}.signal()
+		r.changed()
 	}
 	return res, err
 }
@@ -108,7 +66,7 @@ func (a *Agent) ensureArtifact(ctx context.Context, m schemas.ArtifactMount, run
 // control plane gives for this fetch; it asks again after the source
 // refused one. The credential lives in memory until close.
 type credentialedSource struct {
-	a                 *Agent
+	r                 *replicas
 	content           schemas.ArtifactMount
 	runID, prefetchID string
 
@@ -121,7 +79,7 @@ func (s *credentialedSource) Open(ctx context.Context, offset int64) (io.ReadClo
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.inner == nil {
-		inner, closer, err := s.a.openSource(ctx, s.content, s.runID, s.prefetchID)
+		inner, closer, err := s.r.openSource(ctx, s.content, s.runID, s.prefetchID)
 		if err != nil {
 			return nil, err
 		}
@@ -151,18 +109,18 @@ func (s *credentialedSource) close() {
 // the source it opens: a login scoped to reading the artifact bucket, or
 // the URL's headers. Without NATS auth (a development bus) the object store
 // is read on the agent's own connection.
-func (a *Agent) openSource(ctx context.Context, m schemas.ArtifactMount, runID, prefetchID string) (artifactstore.Source, func(), error) {
-	cred, err := a.artifactCredential(ctx, m.Digest, runID, prefetchID)
+func (r *replicas) openSource(ctx context.Context, m schemas.ArtifactMount, runID, prefetchID string) (artifactstore.Source, func(), error) {
+	cred, err := r.creds.Artifact(ctx, m.Digest, runID, prefetchID)
 	if err != nil {
 		return nil, nil, err
 	}
 	if m.Source.URL != "" {
-		return artifactstore.NewURLSource(a.artifactHTTP(), m.Source.URL, cred.Headers), func() {}, nil
+		return artifactstore.NewURLSource(r.httpClient(), m.Source.URL, cred.Headers), func() {}, nil
 	}
-	if cred.Login == nil || a.cfg.Credentials == nil {
-		return artifactstore.NewObjectSource(a.conn.JS, bus.ObjectBucketArtifacts, m.Source.Object, m.Digest), func() {}, nil
+	if cred.Login == nil || !r.authOn {
+		return artifactstore.NewObjectSource(r.js, bus.ObjectBucketArtifacts, m.Source.Object, m.Digest), func() {}, nil
 	}
-	nc, err := a.dialArtifactLogin(ctx, *cred.Login)
+	nc, err := r.dialLogin(ctx, *cred.Login)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: log in to read %s: %w", ErrArtifactLogin, m.Digest, err)
 	}
@@ -174,11 +132,23 @@ func (a *Agent) openSource(ctx context.Context, m schemas.ArtifactMount, runID, 
 	return artifactstore.NewObjectSource(js, bus.ObjectBucketArtifacts, m.Source.Object, m.Digest), nc.Close, nil
 }
 
-// artifactHTTP is the client URL sources are fetched with: no overall
+// dialLogin opens the connection of an object-store login
+// (bus.DialArtifactLogin) over the artifact transport. The caller closes
+// it after the fetch.
+func (r *replicas) dialLogin(ctx context.Context, login schemas.ArtifactLogin) (*nats.Conn, error) {
+	tr := r.transport
+	if tr == nil {
+		t := bus.TransportOf(r.nc)
+		tr = &t
+	}
+	return bus.DialArtifactLogin(ctx, *tr, r.nodeID, login)
+}
+
+// httpClient is the client URL sources are fetched with: no overall
 // timeout (a fetch may take an hour), but bounded waits for a response.
-func (a *Agent) artifactHTTP() *http.Client {
-	if a.cfg.ArtifactHTTP != nil {
-		return a.cfg.ArtifactHTTP
+func (r *replicas) httpClient() *http.Client {
+	if r.http != nil {
+		return r.http
 	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.ResponseHeaderTimeout = time.Minute
@@ -195,38 +165,4 @@ func artifactFailureCode(err error) schemas.Code {
 		return schemas.CodeArtifactSourceAuthFailed
 	}
 	return schemas.CodeArtifactFetchFailed
-}
-
-// holdArtifacts records artifacts an attempt uses, so disk collection
-// keeps them until its workload is removed.
-func (a *Agent) holdArtifacts(attemptID string, digests ...string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h := a.held[attemptID]
-	for _, d := range digests {
-		if !slices.Contains(h.artifacts, d) {
-			h.artifacts = append(h.artifacts, d)
-		}
-	}
-	a.held[attemptID] = h
-}
-
-// notePrepareFailure remembers that an attempt's preparation failed, and
-// why; prepareFailure reads it back for the attempt's launch.
-func (a *Agent) notePrepareFailure(attemptID string, code schemas.Code, msg string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.failedPrep[attemptID] = prepFailure{code: code, msg: msg}
-}
-
-func (a *Agent) prepareFailure(attemptID string) (prepFailure, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	f, ok := a.failedPrep[attemptID]
-	return f, ok
-}
-
-type prepFailure struct {
-	code schemas.Code
-	msg  string
 }

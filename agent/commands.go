@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,42 +53,17 @@ func attemptOf(c schemas.Command) string {
 // the ack redelivers the command and the runtime's own idempotency
 // absorbs the repeat.
 func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) {
-	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: a.cfg.Now()}
-	rc.RunID, rc.AttemptID = runOf(c)
-	if c.PrepareImage != nil {
-		rc.PrefetchID = c.PrepareImage.PrefetchID
-	}
-	if c.PrepareArtifact != nil {
-		rc.PrefetchID = c.PrepareArtifact.PrefetchID
-	}
+	rc := receiptFor(c, a.cfg.Now())
 	enr := a.Enrollment()
-
-	if err := c.Validate(); err != nil {
-		ref := schemas.AsRefusal(err)
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, ref.Code, ref.Error()
+	switch admit(c, a.cfg.NodeID, enr, &rc) {
+	case refused:
 		a.finish(ctx, m, c, rc, false, nil)
 		return
-	}
-	switch {
-	case c.NodeID != a.cfg.NodeID:
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeWrongNode, "command addressed to node "+c.NodeID
-		a.finish(ctx, m, c, rc, false, nil)
-		return
-	case c.FencingToken > enr.FencingToken:
+	case superseded:
 		// A newer session of this node exists: this process is the stale
 		// one and must not act. Leave the command for the current session.
 		_ = m.Nak()
 		a.supersede(fmt.Errorf("%w: command %s carries fencing token %d, this session holds %d", ErrSuperseded, c.OperationID, c.FencingToken, enr.FencingToken))
-		return
-	case c.FencingToken < enr.FencingToken:
-		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleFencingToken
-		rc.Message = fmt.Sprintf("command stamped with fencing token %d; this session holds %d", c.FencingToken, enr.FencingToken)
-		a.finish(ctx, m, c, rc, false, nil)
-		return
-	case c.Generation != enr.Generation:
-		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleGeneration
-		rc.Message = fmt.Sprintf("command for generation %d; this node is generation %d", c.Generation, enr.Generation)
-		a.finish(ctx, m, c, rc, false, nil)
 		return
 	}
 	if prev, ok := a.journal.Lookup(c.OperationID); ok {
@@ -111,12 +83,68 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 		stopReason = c.Stop.Reason
 		a.applyStop(ctx, c, &rc)
 	case schemas.CmdReconcile:
-		err := a.reconcile(ctx, a.facts(ctx))
+		err := a.workloads.reconcile(ctx, a.meter.facts(ctx))
 		rc.Outcome = outcomeOf(err, &rc)
 	}
 	if ctx.Err() != nil {
 		return // shutting down mid-effect: unacked, so it is redelivered
 	}
+	a.commit(ctx, m, c, rc, stopReason)
+}
+
+// receiptFor is a command's receipt before its outcome is known.
+func receiptFor(c schemas.Command, now time.Time) schemas.OperationReceipt {
+	rc := schemas.OperationReceipt{OperationID: c.OperationID, Kind: c.Kind, AcceptedAt: now}
+	rc.RunID, rc.AttemptID = runOf(c)
+	if c.PrepareImage != nil {
+		rc.PrefetchID = c.PrepareImage.PrefetchID
+	}
+	if c.PrepareArtifact != nil {
+		rc.PrefetchID = c.PrepareArtifact.PrefetchID
+	}
+	return rc
+}
+
+// admission is what admit decided about a command.
+type admission int
+
+const (
+	admitted   admission = iota
+	refused              // rc says why
+	superseded           // it comes from a newer session of this node
+)
+
+// admit checks a command is well formed, for this node, and of this
+// session and generation; a refusal is written into rc.
+func admit(c schemas.Command, nodeID string, enr schemas.Enrollment, rc *schemas.OperationReceipt) admission {
+	if err := c.Validate(); err != nil {
+		ref := schemas.AsRefusal(err)
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, ref.Code, ref.Error()
+		return refused
+	}
+	switch {
+	case c.NodeID != nodeID:
+		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeWrongNode, "command addressed to node "+c.NodeID
+	case c.FencingToken > enr.FencingToken:
+		return superseded
+	case c.FencingToken < enr.FencingToken:
+		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleFencingToken
+		rc.Message = fmt.Sprintf("command stamped with fencing token %d; this session holds %d", c.FencingToken, enr.FencingToken)
+	case c.Generation != enr.Generation:
+		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeStaleGeneration
+		rc.Message = fmt.Sprintf("command for generation %d; this node is generation %d", c.Generation, enr.Generation)
+	default:
+		return admitted
+	}
+	return refused
+}
+
+// commit journals an applied command's outcome, then publishes its receipt
+// and acks it (finish). The disk flushes while the receipt travels. The
+// ack waits for both: until then a crash redelivers the command, and the
+// runtime's idempotency and the receipt's Nats-Msg-Id absorb the repeat.
+// A prepare is acked without the flush (syncBeforeAck).
+func (a *Agent) commit(ctx context.Context, m jetstream.Msg, c schemas.Command, rc schemas.OperationReceipt, stopReason string) {
 	if f := a.cfg.Faults; f != nil && f.SkipJournal != nil && f.SkipJournal(c) {
 		return
 	}
@@ -126,17 +154,13 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 		_ = m.Nak()
 		return
 	}
-	// The disk flushes while the receipt travels. The ack waits for both:
-	// until then a crash redelivers the command, and the runtime's
-	// idempotency and the receipt's Nats-Msg-Id absorb the repeat. A
-	// prepare is acked without the flush (syncBeforeAck).
 	var synced chan error
 	if syncBeforeAck(c.Kind) {
 		synced = make(chan error, 1)
 		go func() { synced <- a.journal.Sync() }()
 	}
 	if f := a.cfg.Faults; f != nil && f.LeaveUnacked != nil && f.LeaveUnacked(c) {
-		_ = a.publishReceipt(ctx, c, rc)
+		_ = a.rep.receipt(ctx, c, rc)
 		if synced != nil {
 			<-synced
 		}
@@ -150,7 +174,7 @@ func (a *Agent) handle(ctx context.Context, m jetstream.Msg, c schemas.Command) 
 // be published, or an entry that cannot be synced, leaves the command
 // unacked: the redelivery answers from the journal.
 func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, rc schemas.OperationReceipt, applied bool, synced <-chan error) {
-	err := a.publishReceipt(ctx, c, rc)
+	err := a.rep.receipt(ctx, c, rc)
 	if synced != nil {
 		if serr := <-synced; serr != nil {
 			a.log.Error("journal sync failed; command will be redelivered", zap.String("op", c.OperationID), zap.Error(serr))
@@ -165,13 +189,6 @@ func (a *Agent) finish(ctx context.Context, m jetstream.Msg, c schemas.Command, 
 	}
 	_ = m.Ack()
 	a.log.Debug("command done", zap.String("op", c.OperationID), zap.String("outcome", rc.Outcome), zap.Bool("duplicate", rc.Duplicate), zap.Bool("applied", applied))
-}
-
-// publishReceipt sends rc, deduplicated per operation and session: a
-// redelivered command's receipt is stored once.
-func (a *Agent) publishReceipt(ctx context.Context, c schemas.Command, rc schemas.OperationReceipt) error {
-	dedupe := "rcpt:" + c.OperationID + ":" + strconv.FormatUint(c.FencingToken, 10)
-	return a.publish(ctx, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, dedupe)
 }
 
 func runOf(c schemas.Command) (string, string) {
@@ -196,226 +213,9 @@ func outcomeOf(err error, rc *schemas.OperationReceipt) string {
 	return schemas.OutcomeFailed
 }
 
-func (a *Agent) applyPrepare(ctx context.Context, m jetstream.Msg, c schemas.Command, rc *schemas.OperationReceipt) {
-	p := c.PrepareImage
-	if p.RunID != "" {
-		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPreparing})
-	}
-	stopInProgress := a.inProgress(ctx, m)
-	defer stopInProgress()
-	spec := noderuntime.ImageSpec{Reference: p.Reference, ManifestDigest: p.ManifestDigest, Platform: p.Platform, Unpack: p.Unpack,
-		Credentials: a.registryCredentials(p.Reference, p.RunID)}
-	stopProgress := func() {}
-	switch {
-	case p.RunID != "":
-		spec.Progress, stopProgress = a.trackProgress(ctx, a.runProgress(p.RunID, p.AttemptID))
-	case p.PrefetchID != "":
-		spec.Progress, stopProgress = a.trackProgress(ctx, a.prefetchProgress(c.OperationID, p))
-	}
-	a.diskMu.RLock()
-	res, err := a.ensureImage(ctx, spec)
-	if err == nil && p.AttemptID != "" {
-		a.hold(p.AttemptID, p.ManifestDigest, nil)
-	}
-	a.diskMu.RUnlock()
-	stopProgress() // no progress report may follow the prepared one
-	rc.Outcome = outcomeOf(err, rc)
-	if err != nil {
-		rc.Code = failureCode(err)
-		return
-	}
-	// A held image is the warm path, one per command: logged at debug,
-	// so info keeps to transfers.
-	level := zap.InfoLevel
-	if res.AlreadyPresent {
-		level = zap.DebugLevel
-	}
-	a.log.Log(level, "image ready", zap.String("digest", p.ManifestDigest), zap.Bool("already_present", res.AlreadyPresent),
-		zap.String("source", res.Source), zap.Int64("fetched_bytes", res.FetchedBytes))
-	if p.RunID != "" {
-		a.report(ctx, schemas.WorkloadObservation{RunID: p.RunID, AttemptID: p.AttemptID, Phase: schemas.WorkloadPrepared})
-	}
-}
-
-// inProgress tells JetStream every 10s that a command is in hand, until
-// the returned stop is called: a pull or a fetch can outlast AckWait.
-func (a *Agent) inProgress(ctx context.Context, m jetstream.Msg) (stop func()) {
-	pctx, cancel := context.WithCancel(ctx)
-	a.wg.Go(func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-pctx.Done():
-				return
-			case <-t.C:
-				_ = m.InProgress()
-			}
-		}
-	})
-	return cancel
-}
-
-// failureCode is the coded reason an image that could not be ensured
-// fails its Run with.
-func failureCode(err error) schemas.Code {
-	switch {
-	case errors.Is(err, noderuntime.ErrRegistryAuth):
-		return schemas.CodeRegistryAuthFailed
-	case errors.Is(err, noderuntime.ErrPlatformNotInImage):
-		return schemas.CodePlatformNotInImage
-	}
-	return schemas.CodeLaunchFailed
-}
-
-func (a *Agent) applyLaunch(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
-	l := c.Launch
-	if stop, ok := a.journal.Stopped(l.AttemptID); ok {
-		// Stopped before it started (a cancel overtook the launch).
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeRefused, schemas.CodeCancelled, "attempt was stopped before launch: "+stop.StopReason
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
-			FailureReason: "stopped before launch", StopReason: stop.StopReason})
-		return
-	}
-	if f, ok := a.prepareFailure(l.AttemptID); ok {
-		// Its preparation already failed for a reason a retry here would
-		// meet again (wrong bytes, a refused credential).
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, f.code, "preparation failed: "+f.msg
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
-			FailureReason: rc.Message, FailureCode: f.code})
-		return
-	}
-	if !a.offersNetwork(l.Network) {
-		// Placement does not book such a Run here; this is the defence
-		// against a booking made on older facts.
-		rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeNetworkUnavailable
-		rc.Message = "network " + schemas.NetworkModeOf(l.Network) + " is not offered on this node"
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: rc.Message})
-		return
-	}
-	// The workload learns who it is from the environment, after the
-	// request's own variables so they cannot be spoofed by it.
-	env := make([]string, 0, len(l.Env)+3)
-	for _, e := range l.Env {
-		env = append(env, e.Name+"="+e.Value)
-	}
-	env = append(env, "WARMFLEET_RUN_ID="+l.RunID, "WARMFLEET_ATTEMPT_ID="+l.AttemptID, "WARMFLEET_NODE_ID="+a.cfg.NodeID)
-	if len(l.GPUs) > 0 {
-		// The cards' UUIDs, as placement booked them: inside the
-		// container CUDA numbers its cards from 0 whatever they are.
-		env = append(env, "WARMFLEET_GPUS="+strings.Join(l.GPUs, ","))
-	}
-	spec := noderuntime.WorkloadSpec{
-		ID: l.AttemptID, ImageReference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Command: l.Command, Env: env,
-		CPUMillis: l.Resources.CPUMillis, MemoryBytes: l.Resources.MemoryBytes,
-		Labels: map[string]string{
-			LabelRunID: l.RunID, LabelAttemptID: l.AttemptID,
-			LabelMaxRuntime: strconv.FormatInt(l.MaxRuntimeSeconds, 10),
-		},
-	}
-	if len(l.GPUs) > 0 {
-		spec.Labels[LabelGPUs] = strings.Join(l.GPUs, ",")
-	}
-	if len(l.Caches) > 0 {
-		ids := make([]string, len(l.Caches))
-		for i, c := range l.Caches {
-			ids[i] = schemas.CacheItemID(c.Name, c.CompatibilityKey)
-		}
-		spec.Labels[LabelCaches] = strings.Join(ids, ",")
-	}
-	spec.Devices = l.Devices
-	// From its caches' mount to its start the launch holds the disk for
-	// reading, and what it uses is held for the attempt until its workload
-	// is removed: no disk sweep takes either from under it.
-	a.diskMu.RLock()
-	defer a.diskMu.RUnlock()
-	prepared := a.preparedImage(l.AttemptID, l.ManifestDigest)
-	a.hold(l.AttemptID, l.ManifestDigest, l.Caches)
-	// Caches become bind mounts, created on first use and marked used now.
-	mounts, err := a.caches().mounts(l.Caches)
-	if err != nil {
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
-		if errors.Is(err, ErrInvalidCache) {
-			rc.Outcome, rc.Code = schemas.OutcomeRefused, schemas.CodeInvalidCache
-		}
-		a.release(l.AttemptID)
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
-		return
-	}
-	if len(l.Artifacts) > 0 {
-		digests := make([]string, len(l.Artifacts))
-		for i, m := range l.Artifacts {
-			digests[i] = m.Digest
-		}
-		spec.Labels[LabelArtifacts] = strings.Join(digests, ",")
-		// Each replica is checked here (its seal, else a re-hash): one
-		// changed on disk since its prepare is fetched again, never mounted.
-		am, err := a.artifactMounts(ctx, l)
-		if err != nil {
-			a.release(l.AttemptID)
-			rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, artifactFailureCode(err), err.Error()
-			a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
-				FailureReason: err.Error(), FailureCode: rc.Code})
-			return
-		}
-		mounts = append(mounts, am...)
-	}
-	spec.Mounts = mounts
-	withContainer(&spec, l)
-	// A launch does not depend on its prepare having been applied first:
-	// commands of one attempt can be redelivered out of order (a superseded
-	// process hands one back), so without a prepare here the image is
-	// ensured. After one, Launch's own check of the image suffices (the
-	// hold kept sweeps off it); one removed all the same is ensured then.
-	ensure := func() bool {
-		_, err := a.ensureImage(ctx, noderuntime.ImageSpec{Reference: l.Reference, ManifestDigest: l.ManifestDigest, Platform: l.Platform, Unpack: true,
-			Credentials: a.registryCredentials(l.Reference, l.RunID)})
-		if err != nil {
-			a.release(l.AttemptID)
-			rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, failureCode(err), err.Error()
-			a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed,
-				FailureReason: err.Error(), FailureCode: rc.Code})
-		}
-		return err == nil
-	}
-	if !prepared && !ensure() {
-		return
-	}
-	if spec.Output.Dir, err = a.prepareOutput(l.RunID, l.AttemptID); err != nil {
-		a.release(l.AttemptID)
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
-		return
-	}
-	spec.Output.BytesPerSecond, spec.Output.Burst = max(a.cfg.LogRate, 0), a.cfg.LogBurst
-	a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadStarting})
-	st, err := a.rt.Launch(ctx, spec)
-	if prepared && errors.Is(err, noderuntime.ErrImageNotFound) {
-		a.log.Warn("image gone since its prepare; ensuring it again", zap.String("workload", l.AttemptID), zap.String("digest", l.ManifestDigest))
-		if !ensure() {
-			_ = os.RemoveAll(spec.Output.Dir) // nothing ran, nothing was written
-			return
-		}
-		st, err = a.rt.Launch(ctx, spec)
-	}
-	switch {
-	case errors.Is(err, noderuntime.ErrWorkloadExists):
-		// Launched by an earlier delivery whose journal write was lost.
-		rc.Duplicate, rc.Outcome = true, schemas.OutcomeApplied
-		a.watch(ctx, l.AttemptID)
-	case err != nil:
-		a.release(l.AttemptID)
-		rc.Outcome, rc.Code, rc.Message = schemas.OutcomeFailed, schemas.CodeLaunchFailed, err.Error()
-		a.report(ctx, schemas.WorkloadObservation{RunID: l.RunID, AttemptID: l.AttemptID, Phase: schemas.WorkloadFailed, FailureReason: err.Error()})
-		_ = os.RemoveAll(spec.Output.Dir) // nothing ran, nothing was written
-	default:
-		rc.Outcome = schemas.OutcomeApplied
-		a.log.Info("workload started", zap.String("run_id", l.RunID), zap.String("workload", l.AttemptID))
-		a.report(ctx, observationOf(st))
-		a.watch(ctx, l.AttemptID)
-	}
-}
-
+// applyStop stops an attempt's workload. One never launched here is
+// reported failed, and the journal entry for this stop refuses a launch
+// that arrives later.
 func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.OperationReceipt) {
 	s := c.Stop
 	err := a.rt.Stop(ctx, s.AttemptID, time.Duration(s.GraceSeconds)*time.Second)
@@ -423,8 +223,8 @@ func (a *Agent) applyStop(ctx context.Context, c schemas.Command, rc *schemas.Op
 		// Never launched here: say so, and the journal entry for this stop
 		// refuses a launch that arrives later. What its prepare held goes.
 		err = nil
-		a.release(s.AttemptID)
-		a.report(ctx, schemas.WorkloadObservation{RunID: s.RunID, AttemptID: s.AttemptID, Phase: schemas.WorkloadFailed,
+		a.attempts.release(s.AttemptID)
+		a.rep.workload(ctx, schemas.WorkloadObservation{RunID: s.RunID, AttemptID: s.AttemptID, Phase: schemas.WorkloadFailed,
 			FailureReason: "stopped before launch", StopReason: s.Reason})
 	}
 	rc.Outcome = outcomeOf(err, rc)

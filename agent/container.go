@@ -8,10 +8,10 @@ import (
 )
 
 // networkModes are the network modes this node gives Runs, as facts report
-// them: Config.NetworkModes, or every mode when it is nil.
-func (a *Agent) networkModes() []string {
-	if a.cfg.NetworkModes != nil {
-		return slices.Clone(a.cfg.NetworkModes)
+// them: configured (Config.NetworkModes), or every mode when that is nil.
+func networkModes(configured []string) []string {
+	if configured != nil {
+		return slices.Clone(configured)
 	}
 	var all []string
 	for _, m := range noderuntime.AllNetworkModes() {
@@ -20,10 +20,13 @@ func (a *Agent) networkModes() []string {
 	return all
 }
 
-// offersNetwork reports whether this node gives a Run the network it asks
-// for (empty is the default, bridge).
-func (a *Agent) offersNetwork(network string) bool {
-	return slices.Contains(a.networkModes(), schemas.NetworkModeOf(network))
+// offersNetwork reports whether a node configured with these modes gives a
+// Run the network it asks for (empty is the default, bridge).
+func offersNetwork(configured []string, network string) bool {
+	if configured == nil {
+		return slices.Contains(noderuntime.AllNetworkModes(), noderuntime.NetworkMode(schemas.NetworkModeOf(network)))
+	}
+	return slices.Contains(configured, schemas.NetworkModeOf(network))
 }
 
 // withContainer fills spec's network, /dev/shm and limits from l. A Run

@@ -15,15 +15,15 @@ import (
 
 func TestNetworkModes_FactsAndOffer(t *testing.T) {
 	all := newFactsAgent(t, Config{}, stubRuntime{})
-	if got := all.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "host", "none"}) {
+	if got := all.meter.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "host", "none"}) {
 		t.Errorf("facts of an agent offering everything: %v", got)
 	}
 	noHost := newFactsAgent(t, Config{NetworkModes: []string{"bridge", "none"}}, stubRuntime{})
-	if got := noHost.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "none"}) {
+	if got := noHost.meter.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "none"}) {
 		t.Errorf("facts of an agent forbidding host: %v", got)
 	}
 	for network, want := range map[string]bool{"": true, "bridge": true, "none": true, "host": false} {
-		if got := noHost.offersNetwork(network); got != want {
+		if got := offersNetwork(noHost.cfg.NetworkModes, network); got != want {
 			t.Errorf("offersNetwork(%q) = %v, want %v", network, got, want)
 		}
 	}

@@ -16,6 +16,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/agent/artifactstore"
+	"github.com/warmfleet/warmfleet/agent/caches"
+	"github.com/warmfleet/warmfleet/agent/disk"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -27,16 +30,30 @@ const (
 	maxFactImages       = 256
 )
 
+// meter measures this host for facts.
+type meter struct {
+	rt           noderuntime.Runtime
+	accel        *boundedProbe
+	caches       caches.Store
+	replicas     *artifactstore.Store
+	contentRoot  string
+	networkModes []string // Config.NetworkModes
+	maxWorkloads int
+	watermarks   *schemas.DiskWatermarks
+	now          func() time.Time
+	log          *zap.Logger
+}
+
 // facts measures this host. Anything it cannot measure is left zero or
 // stated unestablished (Accelerator.Established, Disk.Known) rather than
 // guessed. The slow parts run side by side and all end before it returns.
-func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
+func (m *meter) facts(ctx context.Context) schemas.NodeFacts {
 	h := schemas.HostFacts{
 		OS: runtime.GOOS, Architecture: runtime.GOARCH, KernelVersion: kernelRelease(),
 		CPUMillis: int64(runtime.NumCPU()) * 1000, MemoryBytes: memTotal(),
 		AcceleratorToolkit: acceleratorToolkit(),
-		Disk:               diskFacts(a.cfg.ContentRoot, a.log),
-		NetworkModes:       a.networkModes(),
+		Disk:               disk.Measure(m.contentRoot, m.log),
+		NetworkModes:       networkModes(m.networkModes),
 	}
 	var (
 		wg     sync.WaitGroup
@@ -45,41 +62,41 @@ func (a *Agent) facts(ctx context.Context) schemas.NodeFacts {
 		imgs   []schemas.ImageLocality
 		caches []schemas.CacheFact
 	)
-	wg.Go(func() { accel = a.accel.measure(ctx) })
+	wg.Go(func() { accel = m.accel.measure(ctx) })
 	wg.Go(func() {
 		rctx, cancel := context.WithTimeout(ctx, runtimeFactsTimeout)
 		defer cancel()
 		var err error
-		if info, err = a.rt.Info(rctx); err != nil && ctx.Err() == nil {
-			a.log.Warn("runtime info for facts", zap.Error(err))
+		if info, err = m.rt.Info(rctx); err != nil && ctx.Err() == nil {
+			m.log.Warn("runtime info for facts", zap.Error(err))
 		}
-		imgs = a.imageFacts(rctx)
+		imgs = m.imageFacts(rctx)
 	})
-	wg.Go(func() { caches = a.caches().facts(ctx) })
+	wg.Go(func() { caches = m.caches.Facts(ctx) })
 	wg.Wait()
 	h.Accelerator, h.ContainerRuntime, h.RuntimeVersion = accel, info.Name, info.Version
 	if p := info.Platform; p.OS == h.OS && p.Architecture == h.Architecture {
 		// The runtime knows the CPU variant its pulls and launches pick.
 		h.Variant = p.Variant
 	}
-	support := a.support(info)
-	return schemas.NodeFacts{ObservedAt: a.cfg.Now(), Host: h, Images: imgs, Caches: caches, Support: &support, Artifacts: a.artifactFacts()}
+	support := m.support(info)
+	return schemas.NodeFacts{ObservedAt: m.now(), Host: h, Images: imgs, Caches: caches, Support: &support, Artifacts: m.artifactFacts()}
 }
 
 // support is what this agent declares it can do: what its runtime says of
 // itself, and its own configuration. It always takes prepare-only
 // commands; it collects disk when watermarks are set and the content root
 // can be measured.
-func (a *Agent) support(info noderuntime.RuntimeInfo) schemas.NodeSupport {
+func (m *meter) support(info noderuntime.RuntimeInfo) schemas.NodeSupport {
 	s := schemas.NodeSupport{
 		ContainerRuntime:       info.Name,
 		ExactImageInventory:    info.ExactImageInventory,
 		CacheMounts:            info.BindMounts,
 		Prewarm:                true,
-		MaxConcurrentWorkloads: a.cfg.MaxWorkloads,
-		ArtifactReplicas:       a.artifacts != nil && info.BindMounts,
+		MaxConcurrentWorkloads: m.maxWorkloads,
+		ArtifactReplicas:       info.BindMounts,
 	}
-	if w := a.cfg.DiskWatermarks; w != nil && a.cfg.ContentRoot != "" {
+	if w := m.watermarks; w != nil && m.contentRoot != "" {
 		s.GarbageCollection = true
 		wm := *w
 		s.DiskWatermarks = &wm
@@ -89,11 +106,8 @@ func (a *Agent) support(info noderuntime.RuntimeInfo) schemas.NodeSupport {
 
 // artifactFacts lists the node's verified replicas, most recently used
 // first when there are more than a report holds.
-func (a *Agent) artifactFacts() *schemas.ArtifactInventory {
-	if a.artifacts == nil {
-		return nil
-	}
-	reps := a.artifacts.List()
+func (m *meter) artifactFacts() *schemas.ArtifactInventory {
+	reps := m.replicas.List()
 	if len(reps) > schemas.MaxFactArtifacts {
 		slices.SortFunc(reps, func(x, y schemas.ArtifactReplica) int { return y.LastUsedAt.Compare(x.LastUsedAt) })
 		reps = reps[:schemas.MaxFactArtifacts]
@@ -103,18 +117,18 @@ func (a *Agent) artifactFacts() *schemas.ArtifactInventory {
 
 // imageFacts is the runtime's image inventory, trimmed to maxFactImages
 // with the readiest images kept: they are what placement is warmest on.
-func (a *Agent) imageFacts(ctx context.Context) []schemas.ImageLocality {
-	imgs, err := a.rt.Images(ctx)
+func (m *meter) imageFacts(ctx context.Context) []schemas.ImageLocality {
+	imgs, err := m.rt.Images(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			a.log.Warn("image inventory for facts", zap.Error(err))
+			m.log.Warn("image inventory for facts", zap.Error(err))
 		}
 		return nil
 	}
 	if len(imgs) <= maxFactImages {
 		return imgs
 	}
-	a.log.Warn("image inventory trimmed for facts", zap.Int("images", len(imgs)), zap.Int("reported", maxFactImages))
+	m.log.Warn("image inventory trimmed for facts", zap.Int("images", len(imgs)), zap.Int("reported", maxFactImages))
 	slices.SortStableFunc(imgs, func(x, y schemas.ImageLocality) int {
 		return cmp.Compare(localityRank(x.State), localityRank(y.State))
 	})
@@ -133,26 +147,6 @@ func localityRank(s schemas.LocalityState) int {
 		return 2
 	}
 	return 3
-}
-
-// diskFacts measures the filesystem holding the runtime's content. An unset
-// root, or one statfs cannot read, is stated unknown.
-func diskFacts(root string, log *zap.Logger) schemas.DiskFacts {
-	if root == "" {
-		return schemas.DiskFacts{}
-	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(root, &st); err != nil {
-		log.Warn("content root not measurable; disk stated unknown", zap.String("content_root", root), zap.Error(err))
-		return schemas.DiskFacts{}
-	}
-	// Block counts are in fragment-size units; bsize is only a hint.
-	unit := st.Frsize
-	if unit <= 0 {
-		unit = st.Bsize
-	}
-	// Bavail, not Bfree: blocks reserved for root are not ours to promise.
-	return schemas.DiskFacts{Known: true, TotalBytes: int64(st.Blocks) * unit, FreeBytes: int64(st.Bavail) * unit}
 }
 
 // acceleratorToolkit names the NVIDIA container toolkit when its runtime

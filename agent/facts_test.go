@@ -51,11 +51,11 @@ func TestFacts_UnmeasurableDiskStatedUnknownRestFlows(t *testing.T) {
 	a := newFactsAgent(t, Config{ContentRoot: filepath.Join(t.TempDir(), "no-such-root"),
 		Accelerator: AcceleratorProbeFunc(func(context.Context) schemas.AcceleratorFacts { return h100 })},
 		stubRuntime{images: []schemas.ImageLocality{hot}})
-	if _, err := a.caches().mounts([]schemas.CacheMount{{Name: "pip", CompatibilityKey: "py3.12", Path: "/root/.cache/pip"}}); err != nil {
+	if _, err := a.caches.Mounts([]schemas.CacheMount{{Name: "pip", CompatibilityKey: "py3.12", Path: "/root/.cache/pip"}}); err != nil {
 		t.Fatal(err)
 	}
 
-	f := a.facts(context.Background())
+	f := a.meter.facts(context.Background())
 	if f.Host.Disk != (schemas.DiskFacts{}) {
 		t.Errorf("disk of a missing content root = %+v, want unknown and empty", f.Host.Disk)
 	}
@@ -93,7 +93,7 @@ func TestFacts_VariantIsTheRuntimes(t *testing.T) {
 		{schemas.Platform{}, ""}, // a runtime that does not say
 	} {
 		a := newFactsAgent(t, Config{ContentRoot: t.TempDir()}, stubRuntime{platform: tc.runtime})
-		if h := a.facts(context.Background()).Host; h.Variant != tc.want || h.Architecture != runtime.GOARCH {
+		if h := a.meter.facts(context.Background()).Host; h.Variant != tc.want || h.Architecture != runtime.GOARCH {
 			t.Errorf("runtime platform %+v: host %s/%s variant %q, want variant %q", tc.runtime, h.OS, h.Architecture, h.Variant, tc.want)
 		}
 	}
@@ -101,7 +101,7 @@ func TestFacts_VariantIsTheRuntimes(t *testing.T) {
 
 func TestFacts_DiskMeasured(t *testing.T) {
 	a := newFactsAgent(t, Config{ContentRoot: t.TempDir()}, stubRuntime{})
-	d := a.facts(context.Background()).Host.Disk
+	d := a.meter.facts(context.Background()).Host.Disk
 	if !d.Known || d.TotalBytes <= 0 || d.FreeBytes <= 0 || d.FreeBytes > d.TotalBytes {
 		t.Fatalf("disk %+v, want known with 0 < free <= total", d)
 	}
@@ -109,7 +109,7 @@ func TestFacts_DiskMeasured(t *testing.T) {
 
 func TestFacts_NoProbeConfiguredStatesNothing(t *testing.T) {
 	a := newFactsAgent(t, Config{}, stubRuntime{})
-	f := a.facts(context.Background())
+	f := a.meter.facts(context.Background())
 	if f.Host.Accelerator.Established || f.Host.Disk.Known {
 		t.Fatalf("accelerator %+v disk %+v: nothing was measured, nothing may be established", f.Host.Accelerator, f.Host.Disk)
 	}
@@ -117,7 +117,7 @@ func TestFacts_NoProbeConfiguredStatesNothing(t *testing.T) {
 
 func TestFacts_ImageInventoryErrorLeavesTheRest(t *testing.T) {
 	a := newFactsAgent(t, Config{ContentRoot: t.TempDir()}, stubRuntime{err: errors.New("containerd away")})
-	f := a.facts(context.Background())
+	f := a.meter.facts(context.Background())
 	if f.Images != nil || !f.Host.Disk.Known || f.Host.ContainerRuntime != "stub" {
 		t.Fatalf("facts %+v", f)
 	}
@@ -133,7 +133,7 @@ func TestFacts_ImageInventoryTrimmedKeepsHottest(t *testing.T) {
 		imgs = append(imgs, schemas.ImageLocality{ManifestDigest: fmt.Sprintf("sha256:%064x", i), State: st})
 	}
 	a := newFactsAgent(t, Config{}, stubRuntime{images: imgs})
-	got := a.facts(context.Background()).Images
+	got := a.meter.facts(context.Background()).Images
 	if len(got) != maxFactImages {
 		t.Fatalf("%d images reported, want %d", len(got), maxFactImages)
 	}
@@ -158,9 +158,9 @@ func TestFacts_SlowProbeDoesNotHoldFacts(t *testing.T) {
 		<-release // ignores its context, like a hung driver call
 		return h100
 	})}, stubRuntime{})
-	a.accel.timeout = 50 * time.Millisecond
+	a.meter.accel.timeout = 50 * time.Millisecond
 	start := time.Now()
-	f := a.facts(context.Background())
+	f := a.meter.facts(context.Background())
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("facts took %v behind a hung probe", took)
 	}

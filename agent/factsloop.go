@@ -50,11 +50,11 @@ func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 		}
 		// A collection first, so this report carries the disk it freed.
 		start := time.Now()
-		a.collectDisk(ctx)
-		f := a.facts(ctx)
+		a.disk.Collect(ctx, a.askKeep)
+		f := a.meter.facts(ctx)
 		last = time.Now()
 		a.log.Debug("facts measured", zap.Duration("took", last.Sub(start)))
-		if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsFacts, Facts: &f}, ""); err != nil && ctx.Err() == nil {
+		if err := a.rep.publish(ctx, schemas.Observation{Kind: schemas.ObsFacts, Facts: &f}, ""); err != nil && ctx.Err() == nil {
 			a.log.Warn("facts not published; next report follows", zap.Error(err))
 		}
 	}

@@ -27,12 +27,3 @@ func (a *Agent) ensureImage(ctx context.Context, spec noderuntime.ImageSpec) (no
 	}
 	return res, err
 }
-
-// preparedImage reports whether this process prepared digest for the
-// attempt and holds it still: its launch need not ensure it again.
-func (a *Agent) preparedImage(attemptID, digest string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h, ok := a.held[attemptID]
-	return ok && digest != "" && h.digest == digest
-}

@@ -71,8 +71,7 @@ func (a *Agent) login(ctx context.Context, secret string, giveUp bool) error {
 // connection's Credentials with it spares a restarted agent a refused first
 // login with its already-redeemed bootstrap token.
 func LoginSecret(cfg Config) string {
-	a := &Agent{cfg: cfg}
-	if tok, _, ok := a.loadSession(); ok {
+	if tok, _, ok := loadSession(cfg); ok {
 		return tok
 	}
 	return cfg.EnrollmentToken

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,21 +28,22 @@ func (p *transferProgress) set(done, total int64) {
 }
 
 // runProgress reports an attempt's transfer as preparing observations of
-// its workload.
-func (a *Agent) runProgress(runID, attemptID string) func(context.Context, schemas.TransferProgress) {
+// its workload: of its image, or of the named artifact.
+func (r *reporter) runProgress(runID, attemptID, artifact string) func(context.Context, schemas.TransferProgress) {
 	return func(ctx context.Context, p schemas.TransferProgress) {
-		a.report(ctx, schemas.WorkloadObservation{RunID: runID, AttemptID: attemptID, Phase: schemas.WorkloadPreparing, Progress: &p})
+		p.Artifact = artifact
+		r.workload(ctx, schemas.WorkloadObservation{RunID: runID, AttemptID: attemptID, Phase: schemas.WorkloadPreparing, Progress: &p})
 	}
 }
 
 // prefetchProgress reports a prefetch's transfer as ImageProgress
 // observations; a lost one is replaced by the next.
-func (a *Agent) prefetchProgress(opID string, p *schemas.PrepareImage) func(context.Context, schemas.TransferProgress) {
+func (r *reporter) prefetchProgress(opID string, p *schemas.PrepareImage) func(context.Context, schemas.TransferProgress) {
 	return func(ctx context.Context, tp schemas.TransferProgress) {
 		o := schemas.Observation{Kind: schemas.ObsImageProgress, ImageProgress: &schemas.ImageProgress{
-			OperationID: opID, PrefetchID: p.PrefetchID, ManifestDigest: p.ManifestDigest, Progress: tp, ObservedAt: a.cfg.Now()}}
-		if err := a.publish(ctx, o, ""); err != nil && ctx.Err() == nil {
-			a.log.Debug("prefetch progress not published", zap.String("op", opID), zap.Error(err))
+			OperationID: opID, PrefetchID: p.PrefetchID, ManifestDigest: p.ManifestDigest, Progress: tp, ObservedAt: r.now()}}
+		if err := r.publish(ctx, o, ""); err != nil && ctx.Err() == nil {
+			r.log.Debug("prefetch progress not published", zap.String("op", opID), zap.Error(err))
 		}
 	}
 }
@@ -49,14 +51,14 @@ func (a *Agent) prefetchProgress(opID string, p *schemas.PrepareImage) func(cont
 // trackProgress returns the callback to hand EnsureImage for one transfer,
 // and the function that stops reporting. send reports the counts every
 // interval while they move; none is sent for a transfer that ends within
-// the first interval.
-func (a *Agent) trackProgress(ctx context.Context, send func(context.Context, schemas.TransferProgress)) (func(done, total int64), func()) {
+// the first interval. The reporting goroutine runs in wg.
+func trackProgress(ctx context.Context, wg *sync.WaitGroup, every time.Duration, send func(context.Context, schemas.TransferProgress)) (func(done, total int64), func()) {
 	p := &transferProgress{}
 	ctx, cancel := context.WithCancel(ctx)
 	finished := make(chan struct{})
-	a.wg.Go(func() {
+	wg.Go(func() {
 		defer close(finished)
-		t := time.NewTicker(a.cfg.ProgressInterval)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		var sent int64 = -1
 		for {

@@ -7,7 +7,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/agent/disk"
+	"github.com/warmfleet/warmfleet/agent/output"
 	"github.com/warmfleet/warmfleet/noderuntime"
 )
 
@@ -17,8 +18,9 @@ func (a *Agent) serveSessions(ctx context.Context) {
 	if h == nil {
 		return
 	}
-	env := noderuntime.SessionHostEnv{NodeID: a.cfg.NodeID, Conn: a.conn, Runtime: sessionRuntime{Runtime: a.rt, a: a, ctx: ctx}, Log: a.log,
-		FencingToken: func() uint64 { return a.Enrollment().FencingToken }}
+	rt := sessionRuntime{Runtime: a.rt, disk: a.disk, output: a.output, dataDir: a.cfg.DataDir,
+		logRate: max(a.cfg.LogRate, 0), logBurst: a.cfg.LogBurst, ctx: ctx, log: a.log}
+	env := noderuntime.SessionHostEnv{NodeID: a.cfg.NodeID, Conn: a.conn, Runtime: rt, Log: a.log, FencingToken: a.fencingToken}
 	if err := h.Serve(ctx, env); err != nil && !errors.Is(err, context.Canceled) {
 		a.log.Error("session host stopped", zap.Error(err))
 	}
@@ -29,30 +31,31 @@ func (a *Agent) serveSessions(ctx context.Context) {
 // to its session's log subject while it runs and, once removed, to its end.
 type sessionRuntime struct {
 	noderuntime.Runtime
-	a   *Agent
-	ctx context.Context // the agent's: shipping outlives the host's calls
+	disk              *disk.Collector
+	output            *output.Shipper
+	dataDir           string
+	logRate, logBurst int64
+	ctx               context.Context // the agent's: shipping outlives the host's calls
+	log               *zap.Logger
 }
 
-// EnsureImage holds the disk for reading, as a Run's prepare does, so a
-// disk sweep waits for it.
+// EnsureImage holds off disk sweeps, as a Run's prepare does.
 func (r sessionRuntime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
-	r.a.diskMu.RLock()
-	defer r.a.diskMu.RUnlock()
+	defer r.disk.Use()()
 	return r.Runtime.EnsureImage(ctx, spec)
 }
 
 func (r sessionRuntime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
-	r.a.diskMu.RLock()
-	defer r.a.diskMu.RUnlock()
+	defer r.disk.Use()()
 	tenant, session := spec.Labels[noderuntime.LabelResidencyTenant], spec.Labels[noderuntime.LabelResidencySession]
 	if tenant == "" || session == "" || spec.Output.Dir != "" {
 		return r.Runtime.Launch(ctx, spec)
 	}
-	dir, err := prepareOutput(r.a.cfg.DataDir, outputMeta{AttemptID: spec.ID, Subject: bus.SessionLogs(tenant, session)})
+	dir, err := output.PrepareSession(r.dataDir, spec.ID, tenant, session)
 	if err != nil {
 		return noderuntime.WorkloadStatus{}, err
 	}
-	spec.Output = noderuntime.Output{Dir: dir, BytesPerSecond: max(r.a.cfg.LogRate, 0), Burst: r.a.cfg.LogBurst}
+	spec.Output = noderuntime.Output{Dir: dir, BytesPerSecond: r.logRate, Burst: r.logBurst}
 	st, err := r.Runtime.Launch(ctx, spec)
 	switch {
 	case errors.Is(err, noderuntime.ErrWorkloadExists):
@@ -60,8 +63,8 @@ func (r sessionRuntime) Launch(ctx context.Context, spec noderuntime.WorkloadSpe
 		_ = os.RemoveAll(dir)
 		return st, err
 	}
-	if _, serr := r.a.shipOutput(r.ctx, spec.ID); serr != nil {
-		r.a.log.Warn("session output cannot be shipped", zap.String("workload", spec.ID), zap.Error(serr))
+	if _, serr := r.output.Ship(r.ctx, spec.ID); serr != nil {
+		r.log.Warn("session output cannot be shipped", zap.String("workload", spec.ID), zap.Error(serr))
 	}
 	return st, err
 }
@@ -73,9 +76,9 @@ func (r sessionRuntime) Remove(ctx context.Context, id string) error {
 	if err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
 		return err
 	}
-	if sh, serr := r.a.shipOutput(r.ctx, id); serr == nil {
-		sh.finish()
-		sh.reportedDone()
+	if sh, serr := r.output.Ship(r.ctx, id); serr == nil {
+		sh.Finish()
+		sh.ReportedDone()
 	}
 	return err
 }

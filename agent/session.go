@@ -30,9 +30,9 @@ type savedSession struct {
 	FencingToken uint64 `json:"fencing_token"`
 }
 
-func (a *Agent) sessionPath() string { return filepath.Join(a.cfg.DataDir, "session.json") }
+func sessionPath(dataDir string) string { return filepath.Join(dataDir, "session.json") }
 
-// loadSession returns the saved session token for this node and the
+// loadSession returns the saved session token for cfg's node and the
 // generation it was granted under. A saved generation above the configured
 // one is a later lifecycle cycle of the same machine: a rental that was
 // stopped and resumed keeps its original bootstrap (configured generation)
@@ -40,28 +40,114 @@ func (a *Agent) sessionPath() string { return filepath.Join(a.cfg.DataDir, "sess
 // resumed agent re-enrolled, so the saved session is the newer truth. A
 // saved generation below the configured one belongs to an earlier machine
 // and is ignored: the bootstrap is for a fresh enrollment.
-func (a *Agent) loadSession() (token string, generation uint64, ok bool) {
-	b, err := os.ReadFile(a.sessionPath())
+func loadSession(cfg Config) (token string, generation uint64, ok bool) {
+	b, err := os.ReadFile(sessionPath(cfg.DataDir))
 	if err != nil {
 		return "", 0, false
 	}
 	var s savedSession
-	if json.Unmarshal(b, &s) != nil || s.NodeID != a.cfg.NodeID || s.Generation < a.cfg.Generation || s.Generation == 0 || s.SessionToken == "" {
+	if json.Unmarshal(b, &s) != nil || s.NodeID != cfg.NodeID || s.Generation < cfg.Generation || s.Generation == 0 || s.SessionToken == "" {
 		return "", 0, false
 	}
 	return s.SessionToken, s.Generation, true
 }
 
-func (a *Agent) saveSession(e schemas.Enrollment) error {
+func saveSession(dataDir string, e schemas.Enrollment) error {
 	b, err := json.Marshal(savedSession{NodeID: e.NodeID, Generation: e.Generation, SessionToken: e.SessionToken, FencingToken: e.FencingToken})
 	if err != nil {
 		return err
 	}
-	tmp := a.sessionPath() + ".tmp"
+	tmp := sessionPath(dataDir) + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("agent: save session: %w", err)
 	}
-	return os.Rename(tmp, a.sessionPath())
+	return os.Rename(tmp, sessionPath(dataDir))
+}
+
+// capacityOf is what the node offers: what the configuration says, its
+// unset fields from facts.
+func capacityOf(c schemas.Resources, facts schemas.NodeFacts) schemas.Resources {
+	if c.CPUMillis == 0 {
+		c.CPUMillis = facts.Host.CPUMillis
+	}
+	if c.MemoryBytes == 0 {
+		c.MemoryBytes = facts.Host.MemoryBytes
+	}
+	if c.GPUCount == 0 {
+		c.GPUCount = facts.Host.Accelerator.GPUCount()
+	}
+	return c
+}
+
+// enroll asks the control plane for a session, retrying until it answers:
+// a core request has no redelivery, and an agent started before its control
+// plane must wait for it.
+func (a *Agent) enroll(ctx context.Context, facts schemas.NodeFacts) (schemas.Enrollment, error) {
+	token, generation, resuming := loadSession(a.cfg)
+	if !resuming {
+		token, generation = a.cfg.EnrollmentToken, a.cfg.Generation
+	}
+	if err := a.login(ctx, token, resuming && a.cfg.EnrollmentToken != ""); err != nil {
+		if !errors.Is(err, ErrLoginRefused) {
+			return schemas.Enrollment{}, err
+		}
+		// NATS refuses the saved session (expired, or superseded by another
+		// enrollment); the bootstrap token may still admit the node.
+		a.log.Info("NATS refused the saved session; logging in with the bootstrap token")
+		resuming, token, generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
+		if err := a.login(ctx, token, false); err != nil {
+			return schemas.Enrollment{}, err
+		}
+	}
+	req := schemas.EnrollmentRequest{
+		NodeID: a.cfg.NodeID, RentalID: a.cfg.RentalID, Generation: generation,
+		EnrollmentToken: token, AgentVersion: Version,
+		Capacity: capacityOf(a.cfg.Capacity, facts), MaxWorkloads: a.cfg.MaxWorkloads, Facts: facts,
+	}
+	wait := 250 * time.Millisecond
+	for {
+		var rep schemas.Reply[schemas.Enrollment]
+		err := a.req.Request(ctx, requestTimeout, bus.SubjectEnroll, req, &rep)
+		if err == nil {
+			if rep.Refusal != nil && resuming && a.cfg.EnrollmentToken != "" {
+				// The saved session is gone (expired, superseded); a fresh
+				// bootstrap token admits the node anew.
+				a.log.Info("saved session refused; enrolling with the bootstrap token", zap.String("code", string(rep.Refusal.Code)))
+				resuming, req.EnrollmentToken, req.Generation = false, a.cfg.EnrollmentToken, a.cfg.Generation
+				if err := a.login(ctx, req.EnrollmentToken, false); err != nil {
+					return schemas.Enrollment{}, err
+				}
+				continue
+			}
+			if rep.Refusal != nil {
+				return schemas.Enrollment{}, fmt.Errorf("agent: enrollment refused (resuming a saved session: %v): %w", resuming, rep.Refusal)
+			}
+			if rep.OK == nil {
+				return schemas.Enrollment{}, errors.New("agent: enrollment reply carried neither a session nor a refusal")
+			}
+			if err := saveSession(a.cfg.DataDir, *rep.OK); err != nil {
+				return schemas.Enrollment{}, err
+			}
+			// From here on the connection acts as the enrolled node.
+			if err := a.login(ctx, rep.OK.SessionToken, false); err != nil {
+				return schemas.Enrollment{}, err
+			}
+			a.mu.Lock()
+			a.enr = *rep.OK
+			a.mu.Unlock()
+			return *rep.OK, nil
+		}
+		if errors.Is(err, codec.ErrMalformed) {
+			return schemas.Enrollment{}, fmt.Errorf("agent: enrollment reply: %w", err)
+		}
+		a.log.Info("control plane not answering enrollment yet", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return schemas.Enrollment{}, fmt.Errorf("agent: enroll: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
 }
 
 // renewLoop renews the session when a third of its life is left. A refusal
@@ -81,7 +167,7 @@ func (a *Agent) renewLoop(ctx context.Context, supersede func(error)) {
 		}
 		req := schemas.SessionRenewal{NodeID: a.cfg.NodeID, SessionToken: enr.SessionToken, FencingToken: enr.FencingToken}
 		var rep schemas.Reply[schemas.SessionRenewal]
-		if err := a.request(ctx, bus.NodeRenew(a.cfg.NodeID), req, &rep); err != nil {
+		if err := a.req.Request(ctx, requestTimeout, bus.NodeRenew(a.cfg.NodeID), req, &rep); err != nil {
 			a.log.Warn("session renewal not answered; will retry", zap.Error(err))
 			continue
 		}
@@ -101,24 +187,4 @@ func (a *Agent) renewLoop(ctx context.Context, supersede func(error)) {
 			a.log.Debug("session renewed", zap.Time("expires", rep.OK.SessionExpires))
 		}
 	}
-}
-
-// request does one msgpack request/reply with a 5s timeout.
-func (a *Agent) request(ctx context.Context, subject string, req, rep any) error {
-	return a.requestWithin(ctx, 5*time.Second, subject, req, rep)
-}
-
-// requestWithin does one msgpack request/reply that waits up to timeout.
-func (a *Agent) requestWithin(ctx context.Context, timeout time.Duration, subject string, req, rep any) error {
-	b, err := codec.Encode(codec.MsgPack, req)
-	if err != nil {
-		return err
-	}
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	resp, err := a.conn.NC.RequestWithContext(rctx, subject, b)
-	if err != nil {
-		return err
-	}
-	return codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, rep)
 }

@@ -12,8 +12,8 @@ import (
 // generation, or another node, is ignored in favour of the bootstrap.
 func TestLoadSession_Generations(t *testing.T) {
 	dir := t.TempDir()
-	a := &Agent{cfg: Config{NodeID: "n1", Generation: 2, DataDir: dir}}
-	if _, _, ok := a.loadSession(); ok {
+	cfg := Config{NodeID: "n1", Generation: 2, DataDir: dir}
+	if _, _, ok := loadSession(cfg); ok {
 		t.Fatal("a session loaded from an empty data dir")
 	}
 	for _, c := range []struct {
@@ -21,10 +21,10 @@ func TestLoadSession_Generations(t *testing.T) {
 		gen  uint64
 		ok   bool
 	}{{"n1", 2, true}, {"n1", 5, true}, {"n1", 1, false}, {"n2", 2, false}} {
-		if err := a.saveSession(schemas.Enrollment{NodeID: c.node, Generation: c.gen, SessionToken: "tok", FencingToken: 3}); err != nil {
+		if err := saveSession(dir, schemas.Enrollment{NodeID: c.node, Generation: c.gen, SessionToken: "tok", FencingToken: 3}); err != nil {
 			t.Fatal(err)
 		}
-		tok, gen, ok := a.loadSession()
+		tok, gen, ok := loadSession(cfg)
 		if ok != c.ok || (ok && (tok != "tok" || gen != c.gen)) {
 			t.Errorf("saved %s gen %d: got %q gen %d ok %v", c.node, c.gen, tok, gen, ok)
 		}

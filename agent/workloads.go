@@ -6,10 +6,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/agent/disk"
+	"github.com/warmfleet/warmfleet/agent/output"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -23,21 +26,16 @@ const (
 	// LabelGPUs lists the UUIDs of the cards the workload was given,
 	// comma-separated, so a restarted agent reports what each one holds.
 	LabelGPUs = "warmfleet.gpus"
+	// LabelCaches lists the caches a workload mounts and LabelArtifacts
+	// the artifact digests (comma-separated), so disk collection keeps
+	// them while the workload exists, across agent restarts too.
+	LabelCaches    = disk.LabelCaches
+	LabelArtifacts = disk.LabelArtifacts
 )
 
 // maxRuntimeStop is the journal operation id for a stop the node decided on
 // itself when a workload outlived its max runtime.
 func maxRuntimeStop(attemptID string) string { return attemptID + ".max-runtime" }
-
-// report publishes a workload observation stamped with this machine's clock.
-func (a *Agent) report(ctx context.Context, w schemas.WorkloadObservation) {
-	if w.ObservedAt.IsZero() {
-		w.ObservedAt = a.cfg.Now()
-	}
-	if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsWorkload, Workload: &w}, ""); err != nil && ctx.Err() == nil {
-		a.log.Warn("workload report not published", zap.String("run_id", w.RunID), zap.String("phase", string(w.Phase)), zap.Error(err))
-	}
-}
 
 // observationOf turns a runtime status into a report.
 func observationOf(st noderuntime.WorkloadStatus) schemas.WorkloadObservation {
@@ -69,63 +67,91 @@ func observationOf(st noderuntime.WorkloadStatus) schemas.WorkloadObservation {
 	return w
 }
 
+// workloads watches the workloads this node runs: from a launch (or, after
+// a restart, from reconcile) until each has exited, its output is stored,
+// its exit reported and it is removed. It stops one that outlives its max
+// runtime.
+type workloads struct {
+	rt       noderuntime.Runtime
+	journal  *Journal
+	output   *output.Shipper
+	attempts *attempts
+	rep      *reporter
+	now      func() time.Time
+	// stopGrace is given to a workload stopped at its max runtime;
+	// shipTimeout bounds how long an exit report waits for the output.
+	stopGrace, shipTimeout time.Duration
+	log                    *zap.Logger
+	wg                     *sync.WaitGroup // the agent's
+
+	mu       sync.Mutex
+	watching map[string]context.CancelFunc // by workload id
+}
+
+// running counts the workloads this process waits on.
+func (w *workloads) running() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.watching)
+}
+
 // watch waits for a workload to exit, enforces its max runtime, reports the
 // exit and removes the workload once the report is durable. One watcher per
 // workload per process.
-func (a *Agent) watch(ctx context.Context, id string) {
-	a.mu.Lock()
-	if _, ok := a.watching[id]; ok {
-		a.mu.Unlock()
+func (w *workloads) watch(ctx context.Context, id string) {
+	w.mu.Lock()
+	if _, ok := w.watching[id]; ok {
+		w.mu.Unlock()
 		return
 	}
 	wctx, cancel := context.WithCancel(ctx)
-	a.watching[id] = cancel
-	a.mu.Unlock()
+	w.watching[id] = cancel
+	w.mu.Unlock()
 
 	// The output is shipped from now on, under the agent's context: it
 	// outlives this watch when the exit report gives up waiting for it.
-	sh, err := a.shipOutput(ctx, id)
+	sh, err := w.output.Ship(ctx, id)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		a.log.Warn("workload output cannot be shipped", zap.String("workload", id), zap.Error(err))
+		w.log.Warn("workload output cannot be shipped", zap.String("workload", id), zap.Error(err))
 	}
-	a.wg.Go(func() {
+	w.wg.Go(func() {
 		defer func() {
-			a.mu.Lock()
-			delete(a.watching, id)
-			a.mu.Unlock()
+			w.mu.Lock()
+			delete(w.watching, id)
+			w.mu.Unlock()
 			cancel()
 		}()
-		st, err := a.rt.Inspect(wctx, id)
+		st, err := w.rt.Inspect(wctx, id)
 		if err != nil {
-			a.log.Warn("inspect workload", zap.String("workload", id), zap.Error(err))
+			w.log.Warn("inspect workload", zap.String("workload", id), zap.Error(err))
 			return
 		}
 		if limit, _ := strconv.ParseInt(st.Labels[LabelMaxRuntime], 10, 64); limit > 0 && st.State != noderuntime.WorkloadExited {
-			a.enforceMaxRuntime(wctx, st, time.Duration(limit)*time.Second)
+			w.enforceMaxRuntime(wctx, st, time.Duration(limit)*time.Second)
 		}
-		final, err := a.rt.Wait(wctx, id)
+		final, err := w.rt.Wait(wctx, id)
 		if err != nil {
 			if wctx.Err() == nil {
-				a.log.Warn("wait for workload", zap.String("workload", id), zap.Error(err))
+				w.log.Warn("wait for workload", zap.String("workload", id), zap.Error(err))
 			}
 			return
 		}
 		if final.Labels == nil {
 			final.Labels = st.Labels
 		}
-		a.reportExit(wctx, final, sh)
+		w.reportExit(wctx, final, sh)
 	})
 }
 
 // enforceMaxRuntime stops the workload when it outlives limit, measured from
 // its own start on this machine's clock.
-func (a *Agent) enforceMaxRuntime(ctx context.Context, st noderuntime.WorkloadStatus, limit time.Duration) {
+func (w *workloads) enforceMaxRuntime(ctx context.Context, st noderuntime.WorkloadStatus, limit time.Duration) {
 	started := st.StartedAt
 	if started.IsZero() {
-		started = a.cfg.Now()
+		started = w.now()
 	}
-	left := limit - a.cfg.Now().Sub(started)
-	a.wg.Go(func() {
+	left := limit - w.now().Sub(started)
+	w.wg.Go(func() {
 		t := time.NewTimer(max(left, 0))
 		defer t.Stop()
 		select {
@@ -133,79 +159,79 @@ func (a *Agent) enforceMaxRuntime(ctx context.Context, st noderuntime.WorkloadSt
 			return
 		case <-t.C:
 		}
-		a.log.Info("max runtime reached; stopping", zap.String("workload", st.ID), zap.Duration("limit", limit))
+		w.log.Info("max runtime reached; stopping", zap.String("workload", st.ID), zap.Duration("limit", limit))
 		reason := string(schemas.CodeMaxRuntime)
-		if err := a.journal.Record(JournalEntry{OperationID: maxRuntimeStop(st.ID), Kind: schemas.CmdStopWorkload, RunID: st.Labels[LabelRunID],
-			AttemptID: st.ID, Outcome: schemas.OutcomeApplied, StopReason: reason, AppliedAt: a.cfg.Now()}); err != nil {
-			a.log.Error("journal max-runtime stop", zap.Error(err))
+		if err := w.journal.Record(JournalEntry{OperationID: maxRuntimeStop(st.ID), Kind: schemas.CmdStopWorkload, RunID: st.Labels[LabelRunID],
+			AttemptID: st.ID, Outcome: schemas.OutcomeApplied, StopReason: reason, AppliedAt: w.now()}); err != nil {
+			w.log.Error("journal max-runtime stop", zap.Error(err))
 		}
-		if err := a.rt.Stop(ctx, st.ID, a.cfg.StopGrace); err != nil && ctx.Err() == nil {
-			a.log.Warn("stop at max runtime", zap.String("workload", st.ID), zap.Error(err))
+		if err := w.rt.Stop(ctx, st.ID, w.stopGrace); err != nil && ctx.Err() == nil {
+			w.log.Warn("stop at max runtime", zap.String("workload", st.ID), zap.Error(err))
 		}
 	})
 }
 
 // reportExit stores the workload's output, publishes its end, then removes
 // it: so a Run whose phase says it ended already has every line stored.
-func (a *Agent) reportExit(ctx context.Context, st noderuntime.WorkloadStatus, sh *shipment) {
+func (w *workloads) reportExit(ctx context.Context, st noderuntime.WorkloadStatus, sh *output.Shipment) {
 	// Finish makes the output whole; until it has, the shipment waits for
 	// the writer's own done mark (Remove, below, gives it one at the latest).
-	err := a.rt.Finish(ctx, st.ID)
+	err := w.rt.Finish(ctx, st.ID)
 	if err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
-		a.log.Warn("finish workload output", zap.String("workload", st.ID), zap.Error(err))
+		w.log.Warn("finish workload output", zap.String("workload", st.ID), zap.Error(err))
 	}
 	if sh != nil {
 		if err == nil || errors.Is(err, noderuntime.ErrWorkloadNotFound) {
-			sh.finish()
+			sh.Finish()
 		}
-		t := time.NewTimer(a.cfg.LogShipTimeout)
+		t := time.NewTimer(w.shipTimeout)
 		select {
-		case <-sh.done:
+		case <-sh.Done():
 		case <-t.C:
-			a.log.Warn("reporting the exit before the workload's output is stored; shipping goes on", zap.String("workload", st.ID), zap.Duration("waited", a.cfg.LogShipTimeout))
+			w.log.Warn("reporting the exit before the workload's output is stored; shipping goes on", zap.String("workload", st.ID), zap.Duration("waited", w.shipTimeout))
 		case <-ctx.Done():
 			t.Stop()
 			return
 		}
 		t.Stop()
 	}
-	w := observationOf(st)
-	if e, ok := a.journal.Stopped(st.ID); ok {
-		w.StopReason = e.StopReason
+	o := observationOf(st)
+	if e, ok := w.journal.Stopped(st.ID); ok {
+		o.StopReason = e.StopReason
 	}
-	w.ObservedAt = a.cfg.Now()
+	o.ObservedAt = w.now()
 	// The exit is the one report that must arrive: retry until JetStream has
 	// it (NATS may be restarting). The workload is kept until then, so a
 	// restarted agent reports it again from the runtime.
 	for wait := 250 * time.Millisecond; ; wait = min(wait*2, 5*time.Second) {
-		dedupe := "exit:" + st.ID + ":" + strconv.FormatUint(a.Enrollment().FencingToken, 10)
-		err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsWorkload, Workload: &w}, dedupe)
+		dedupe := "exit:" + st.ID + ":" + strconv.FormatUint(w.rep.session().FencingToken, 10)
+		err := w.rep.publish(ctx, schemas.Observation{Kind: schemas.ObsWorkload, Workload: &o}, dedupe)
 		if err == nil {
 			break
 		}
-		a.log.Warn("exit report not published; retrying", zap.String("workload", st.ID), zap.Error(err))
+		w.log.Warn("exit report not published; retrying", zap.String("workload", st.ID), zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
 		}
 	}
-	a.log.Info("workload exited", zap.String("run_id", w.RunID), zap.String("workload", st.ID), zap.Int("exit_code", st.ExitCode), zap.Bool("oom_killed", st.OOMKilled))
-	if err := a.rt.Remove(ctx, st.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
-		a.log.Warn("remove exited workload", zap.String("workload", st.ID), zap.Error(err))
+	w.log.Info("workload exited", zap.String("run_id", o.RunID), zap.String("workload", st.ID), zap.Int("exit_code", st.ExitCode), zap.Bool("oom_killed", st.OOMKilled))
+	if err := w.rt.Remove(ctx, st.ID); err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
+		w.log.Warn("remove exited workload", zap.String("workload", st.ID), zap.Error(err))
 		return
 	}
-	a.release(st.ID)
+	w.attempts.release(st.ID)
 	if sh != nil {
-		sh.reportedDone()
+		sh.ReportedDone()
 	}
 }
 
 // reconcile reports everything the runtime holds and resumes watching it:
 // after an agent restart the containers kept running, and the control plane
 // learns their state from this rather than launching them again.
-func (a *Agent) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
-	all, err := a.rt.List(ctx)
+func (w *workloads) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
+	all, err := w.rt.List(ctx)
 	if err != nil {
 		return err
 	}
@@ -217,34 +243,34 @@ func (a *Agent) reconcile(ctx context.Context, facts schemas.NodeFacts) error {
 			list = append(list, st)
 		}
 	}
-	enr := a.Enrollment()
-	rec := schemas.Reconciliation{NodeID: a.cfg.NodeID, Generation: enr.Generation, FencingToken: enr.FencingToken,
-		AppliedOperationIDs: a.journal.Applied(), Facts: facts}
-	now := a.cfg.Now()
+	enr := w.rep.session()
+	rec := schemas.Reconciliation{NodeID: w.rep.nodeID, Generation: enr.Generation, FencingToken: enr.FencingToken,
+		AppliedOperationIDs: w.journal.Applied(), Facts: facts}
+	now := w.now()
 	for _, st := range list {
-		w := observationOf(st)
-		if e, ok := a.journal.Stopped(st.ID); ok {
-			w.StopReason = e.StopReason
+		o := observationOf(st)
+		if e, ok := w.journal.Stopped(st.ID); ok {
+			o.StopReason = e.StopReason
 		}
-		w.ObservedAt = now
-		rec.Workloads = append(rec.Workloads, w)
+		o.ObservedAt = now
+		rec.Workloads = append(rec.Workloads, o)
 	}
-	if err := a.publish(ctx, schemas.Observation{Kind: schemas.ObsReconciliation, Reconciliation: &rec}, ""); err != nil {
+	if err := w.rep.publish(ctx, schemas.Observation{Kind: schemas.ObsReconciliation, Reconciliation: &rec}, ""); err != nil {
 		return err
 	}
 	for _, st := range list {
-		a.watch(ctx, st.ID) // an exited one is reported and removed at once
+		w.watch(ctx, st.ID) // an exited one is reported and removed at once
 	}
 	held := make(map[string]bool, len(all))
 	for _, st := range all {
 		held[st.ID] = true
 		if noderuntime.IsSessionWorkload(st) {
 			// A session's output ships while it runs (sessionRuntime).
-			if _, err := a.shipOutput(ctx, st.ID); err != nil && !errors.Is(err, os.ErrNotExist) {
-				a.log.Warn("session output cannot be shipped", zap.String("workload", st.ID), zap.Error(err))
+			if _, err := w.output.Ship(ctx, st.ID); err != nil && !errors.Is(err, os.ErrNotExist) {
+				w.log.Warn("session output cannot be shipped", zap.String("workload", st.ID), zap.Error(err))
 			}
 		}
 	}
-	a.shipLeftovers(ctx, held)
+	w.output.ShipLeftovers(ctx, held)
 	return nil
 }

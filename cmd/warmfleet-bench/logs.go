@@ -31,7 +31,7 @@ type logsOpts struct {
 }
 
 // benchLogWindow is the agent's window of chunks in flight per attempt
-// (agent/output.go's logWindow); the raw baseline publishes with the same.
+// (agent/output's window); the raw baseline publishes with the same.
 const benchLogWindow = 16
 
 // logsHelp is the logs command's long help.
@@ -59,7 +59,7 @@ an order that alternates from round to round:
          each one once stored.
   batch  (--batch-baseline) the raw publisher again, but filling 16 and
          then waiting for all 16 acks before sending more: the agent's
-         own pattern (agent/output.go's send/ack loop).
+         own pattern (agent/output's send/ack pump).
 
 Throughput is bytes (and lines) over the time from the server's store
 stamp of the phase's first message to that of its last (the last end

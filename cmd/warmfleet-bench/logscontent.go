@@ -82,7 +82,7 @@ func readChunks(dir string) (rawAttempt, error) {
 // publish sends the attempt's chunks as the agent does, as Run runID's
 // first attempt (ids must differ from every earlier phase's, or dedupe
 // drops them), with at most benchLogWindow in flight: a sliding window, or
-// (batch) filled and then drained whole, as agent/output.go's loop does.
+// (batch) filled and then drained whole, as agent/output's pump does.
 // Then each stream's end.
 func (ra rawAttempt) publish(ctx context.Context, js jetstream.JetStream, runID, node string, batch bool) error {
 	subject, attempt := bus.RunLogs(runID), schemas.WorkloadID(runID, 1)

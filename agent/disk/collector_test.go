@@ -1,4 +1,4 @@
-package agent
+package disk
 
 import (
 	"context"
@@ -6,9 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/warmfleet/warmfleet/agent/caches"
 	"github.com/warmfleet/warmfleet/internal/metrics"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
@@ -25,10 +28,15 @@ func TestSweepPruneKeepsWhatIsUsedHeldOrKept(t *testing.T) {
 	rt := noopruntime.New(noopruntime.Options{Images: []string{running, prepared, kept, idle}})
 	reg := prometheus.NewRegistry()
 	m := metrics.NewAgentDisk(reg, "node-disk")
-	a := newFactsAgent(t, Config{ContentRoot: t.TempDir(), DiskMetrics: m}, rt)
+	cacheDir := t.TempDir()
+	cs := caches.New(cacheDir, time.Now, zaptest.NewLogger(t))
+	held := heldBy{}
+	removed := 0
+	c := New(Config{NodeID: "node-disk", ContentRoot: t.TempDir(), CacheDir: cacheDir, Runtime: rt, Busy: held, Caches: cs,
+		Metrics: m, Removed: func() { removed++ }, Log: zaptest.NewLogger(t)})
 	ctx := context.Background()
 
-	mounts, err := a.caches().mounts([]schemas.CacheMount{{Name: "c-run", Path: "/a"}, {Name: "c-kept", CompatibilityKey: "v1", Path: "/b"}, {Name: "c-idle", Path: "/c"}})
+	mounts, err := cs.Mounts([]schemas.CacheMount{{Name: "c-run", Path: "/a"}, {Name: "c-kept", CompatibilityKey: "v1", Path: "/b"}, {Name: "c-idle", Path: "/c"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +48,7 @@ func TestSweepPruneKeepsWhatIsUsedHeldOrKept(t *testing.T) {
 	if _, err := rt.Launch(ctx, noderuntime.WorkloadSpec{ID: "w1", ManifestDigest: running, Labels: map[string]string{LabelCaches: "c-run"}}); err != nil {
 		t.Fatal(err)
 	}
-	a.hold("att-2", prepared, nil)
+	held["att-2"] = Holding{Attempt: "att-2", Image: prepared}
 	keep := schemas.DiskKeep{Items: []schemas.DiskItem{
 		{Kind: schemas.DiskItemImage, ID: kept, Reason: "queued here for run r3"},
 		{Kind: schemas.DiskItemCache, ID: "c-kept/v1", Reason: "queued here for run r3"},
@@ -69,7 +77,7 @@ func TestSweepPruneKeepsWhatIsUsedHeldOrKept(t *testing.T) {
 		}
 	}
 
-	dry := a.sweep(ctx, keep, true, true)
+	dry := c.Sweep(ctx, keep, true, true)
 	check(dry)
 	if !dry.DryRun {
 		t.Error("a dry run's report does not say so")
@@ -77,9 +85,9 @@ func TestSweepPruneKeepsWhatIsUsedHeldOrKept(t *testing.T) {
 	if imgs, _ := rt.ImageUsage(ctx); len(imgs) != 4 {
 		t.Fatalf("a dry run removed images: %d left", len(imgs))
 	}
-	requireDir(t, filepath.Join(a.cfg.CacheDir, "c-idle", noCacheKey), true)
+	requireDir(t, filepath.Join(cacheDir, "c-idle", "_"), true)
 
-	rep := a.sweep(ctx, keep, true, false)
+	rep := c.Sweep(ctx, keep, true, false)
 	check(rep)
 	imgs, _ := rt.ImageUsage(ctx)
 	left := map[string]bool{}
@@ -89,21 +97,19 @@ func TestSweepPruneKeepsWhatIsUsedHeldOrKept(t *testing.T) {
 	if len(left) != 3 || left[idle] {
 		t.Errorf("images left %v, want all but the idle one", left)
 	}
-	requireDir(t, filepath.Join(a.cfg.CacheDir, "c-idle"), false)
-	requireDir(t, filepath.Join(a.cfg.CacheDir, "c-run", noCacheKey), true)
-	requireDir(t, filepath.Join(a.cfg.CacheDir, "c-kept", "v1"), true)
+	requireDir(t, filepath.Join(cacheDir, "c-idle"), false)
+	requireDir(t, filepath.Join(cacheDir, "c-run", "_"), true)
+	requireDir(t, filepath.Join(cacheDir, "c-kept", "v1"), true)
 	if got := evictions(t, reg); got[schemas.DiskItemCache] != 1 || got[schemas.DiskItemImage] != 1 {
 		t.Errorf("evictions counted %v, want one cache and one image", got)
 	}
-	select {
-	case <-a.factsChanged:
-	default:
-		t.Error("a sweep that removed something did not ask for a facts report")
+	if removed != 1 {
+		t.Errorf("a sweep that removed something told of it %d times, want once (a facts report follows)", removed)
 	}
 
 	// Once the attempt's workload is removed, its image may go.
-	a.release("att-2")
-	if rep := a.sweep(ctx, keep, true, false); len(rep.Removed) != 1 || rep.Removed[0].ID != prepared {
+	delete(held, "att-2")
+	if rep := c.Sweep(ctx, keep, true, false); len(rep.Removed) != 1 || rep.Removed[0].ID != prepared {
 		t.Errorf("after the attempt ended, removed %+v, want its image", rep.Removed)
 	}
 }
@@ -137,4 +143,39 @@ func evictions(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// heldBy is what attempts hold, by attempt id.
+type heldBy map[string]Holding
+
+func (h heldBy) Holdings() []Holding {
+	out := make([]Holding, 0, len(h))
+	for _, x := range h {
+		out = append(out, x)
+	}
+	return out
+}
+
+// A sweep waits for every prepare or launch using the disk (Use) and
+// removes nothing they held once they are done; one that begins while a
+// sweep runs waits for it.
+func TestSweepWaitsForUse(t *testing.T) {
+	img := fmt.Sprintf("sha256:%064x", 1)
+	rt := noopruntime.New(noopruntime.Options{Images: []string{img}})
+	held := heldBy{}
+	c := New(Config{NodeID: "node-disk", ContentRoot: t.TempDir(), CacheDir: t.TempDir(), Runtime: rt, Busy: held,
+		Caches: caches.New(t.TempDir(), time.Now, zaptest.NewLogger(t)), Log: zaptest.NewLogger(t)})
+	done := c.Use()
+	swept := make(chan schemas.PruneReport)
+	go func() { swept <- c.Sweep(context.Background(), schemas.DiskKeep{}, true, false) }()
+	select {
+	case <-swept:
+		t.Fatal("a sweep ran while a launch was using the disk")
+	case <-time.After(100 * time.Millisecond):
+	}
+	held["att-1"] = Holding{Attempt: "att-1", Image: img} // the launch holds its image before it is done
+	done()
+	if rep := <-swept; len(rep.Removed) != 0 || len(rep.Kept) != 1 || rep.Kept[0].Reason != "prepared for attempt att-1" {
+		t.Fatalf("sweep after the launch: removed %+v, kept %+v", rep.Removed, rep.Kept)
+	}
 }

@@ -1,4 +1,4 @@
-package agent
+package disk
 
 import (
 	"cmp"
@@ -9,10 +9,10 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// diskSnapshot is what a collection decides over: the content disk, every
+// snapshot is what a collection decides over: the content disk, every
 // image and cache the node holds (with size and last use), and what may
-// not be removed, by diskKey, with why.
-type diskSnapshot struct {
+// not be removed, by itemKey, with why.
+type snapshot struct {
 	Disk  schemas.DiskFacts
 	Items []schemas.DiskItem
 	// Busy: used by a workload that is running or not yet removed, or
@@ -22,8 +22,8 @@ type diskSnapshot struct {
 	Keep map[string]string
 }
 
-// diskPlan is a collection's choice.
-type diskPlan struct {
+// plan is a collection's choice.
+type plan struct {
 	// Order is every removable item, least recently used first, each with
 	// the reason it would go.
 	Order []schemas.DiskItem
@@ -37,7 +37,17 @@ type diskPlan struct {
 	Kept []schemas.DiskItem
 }
 
-func diskKey(kind, id string) string { return kind + ":" + id }
+func itemKey(kind, id string) string { return kind + ":" + id }
+
+// busy marks each non-empty id of kind busy for why, unless an earlier
+// holder already did.
+func (s snapshot) busy(kind string, ids []string, why string) {
+	for _, id := range ids {
+		if k := itemKey(kind, id); id != "" && s.Busy[k] == "" {
+			s.Busy[k] = why
+		}
+	}
+}
 
 // usedPercent is the share of the disk in use, in percent.
 func usedPercent(d schemas.DiskFacts) float64 {
@@ -61,7 +71,7 @@ func atOrBelowLow(d schemas.DiskFacts, w schemas.DiskWatermarks) bool {
 // planWatermarks chooses what a collection removes: nothing while the disk
 // is at or below the high watermark; past it, least recently used first
 // until the projected use is at or below the low watermark.
-func planWatermarks(s diskSnapshot, w schemas.DiskWatermarks) diskPlan {
+func planWatermarks(s snapshot, w schemas.DiskWatermarks) plan {
 	p := order(s, fmt.Sprintf("least recently used; disk %.0f%% used, above the %d%% high watermark (collecting to %d%%)",
 		usedPercent(s.Disk), w.High, w.Low))
 	if !overHigh(s.Disk, w) {
@@ -78,7 +88,7 @@ func planWatermarks(s diskSnapshot, w schemas.DiskWatermarks) diskPlan {
 
 // planPrune chooses everything removable: an operator's prune does not
 // stop at a watermark.
-func planPrune(s diskSnapshot) diskPlan {
+func planPrune(s snapshot) plan {
 	p := order(s, "pruned by an operator: nothing running or booked uses it")
 	p.Evict = len(p.Order)
 	return p
@@ -87,10 +97,10 @@ func planPrune(s diskSnapshot) diskPlan {
 // order splits the items into the removable ones, least recently used
 // first (never-used ones first of all; then the larger; then by kind and
 // id, so a plan is the same every time), and the kept ones with why.
-func order(s diskSnapshot, why string) diskPlan {
-	var p diskPlan
+func order(s snapshot, why string) plan {
+	var p plan
 	for _, it := range s.Items {
-		k := diskKey(it.Kind, it.ID)
+		k := itemKey(it.Kind, it.ID)
 		switch {
 		case s.Busy[k] != "":
 			it.Reason = s.Busy[k]
@@ -111,7 +121,7 @@ func order(s diskSnapshot, why string) diskPlan {
 	return p
 }
 
-// keepSet indexes the control plane's keep list by diskKey.
+// keepSet indexes the control plane's keep list by itemKey.
 func keepSet(k schemas.DiskKeep) map[string]string {
 	out := make(map[string]string, len(k.Items))
 	for _, it := range k.Items {
@@ -119,7 +129,7 @@ func keepSet(k schemas.DiskKeep) map[string]string {
 		if why == "" {
 			why = "kept by the control plane"
 		}
-		out[diskKey(it.Kind, it.ID)] = why
+		out[itemKey(it.Kind, it.ID)] = why
 	}
 	return out
 }

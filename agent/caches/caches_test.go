@@ -1,4 +1,4 @@
-package agent
+package caches
 
 import (
 	"context"
@@ -16,15 +16,15 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-func testCaches(t *testing.T, now time.Time) cacheStore {
-	return cacheStore{dir: t.TempDir(), maxEntries: cacheWalkEntries, budget: time.Minute,
+func testCaches(t *testing.T, now time.Time) Store {
+	return Store{dir: t.TempDir(), maxEntries: cacheWalkEntries, budget: time.Minute,
 		now: func() time.Time { return now }, log: zaptest.NewLogger(t)}
 }
 
 func TestCaches_MountCreatesDirAndMarksUse(t *testing.T) {
 	used := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	c := testCaches(t, used)
-	ms, err := c.mounts([]schemas.CacheMount{
+	ms, err := c.Mounts([]schemas.CacheMount{
 		{Name: "pip", CompatibilityKey: "py3.12", Path: "/root/.cache/pip"},
 		{Name: "models", Path: "/models", ReadOnly: true},
 	})
@@ -44,7 +44,7 @@ func TestCaches_MountCreatesDirAndMarksUse(t *testing.T) {
 			t.Fatalf("cache dir %s: %v %v", m.Source, st, err)
 		}
 	}
-	facts := c.facts(context.Background())
+	facts := c.Facts(context.Background())
 	if len(facts) != 2 {
 		t.Fatalf("facts %+v", facts)
 	}
@@ -73,8 +73,8 @@ func TestCaches_RefusesPathsOutsideTheCacheDir(t *testing.T) {
 		{Name: "ok", Path: "/a/../b"},
 		{Name: "ok", Path: "/"},
 	} {
-		if _, err := c.mounts([]schemas.CacheMount{cm}); !errors.Is(err, ErrInvalidCache) {
-			t.Errorf("mounts(%+v) = %v, want ErrInvalidCache", cm, err)
+		if _, err := c.Mounts([]schemas.CacheMount{cm}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("mounts(%+v) = %v, want ErrInvalid", cm, err)
 		}
 	}
 	if entries, _ := os.ReadDir(c.dir); len(entries) != 0 {
@@ -98,7 +98,7 @@ func fill(t *testing.T, dir string, n, size int) {
 
 func TestCaches_SizeCountsRegularFiles(t *testing.T) {
 	c := testCaches(t, time.Now())
-	ms, err := c.mounts([]schemas.CacheMount{{Name: "data", CompatibilityKey: "v1", Path: "/data"}})
+	ms, err := c.Mounts([]schemas.CacheMount{{Name: "data", CompatibilityKey: "v1", Path: "/data"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestCaches_SizeCountsRegularFiles(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(c.dir, ".trash", "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	facts := c.facts(context.Background())
+	facts := c.Facts(context.Background())
 	if len(facts) != 1 || facts[0].SizeBytes != 4000 {
 		t.Fatalf("facts %+v, want one cache of 4000 bytes", facts)
 	}
@@ -121,7 +121,7 @@ func TestCaches_SizeCountsRegularFiles(t *testing.T) {
 
 func TestCaches_WalkIsBounded(t *testing.T) {
 	c := testCaches(t, time.Now())
-	ms, err := c.mounts([]schemas.CacheMount{{Name: "big", Path: "/big"}, {Name: "late", Path: "/late"}})
+	ms, err := c.Mounts([]schemas.CacheMount{{Name: "big", Path: "/big"}, {Name: "late", Path: "/late"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestCaches_WalkIsBounded(t *testing.T) {
 	fill(t, ms[1].Source, 5, 10)
 
 	c.maxEntries = 50
-	facts := c.facts(context.Background())
+	facts := c.Facts(context.Background())
 	if len(facts) != 2 {
 		t.Fatalf("facts %+v", facts)
 	}
@@ -142,7 +142,7 @@ func TestCaches_WalkIsBounded(t *testing.T) {
 
 	// A spent time budget still lists every cache, each counted as far as it got.
 	c.maxEntries, c.budget = cacheWalkEntries, 0
-	facts = c.facts(context.Background())
+	facts = c.Facts(context.Background())
 	if len(facts) != 2 || facts[0].SizeBytes != 0 || facts[1].SizeBytes != 0 || facts[0].LastUsedAt.IsZero() {
 		t.Errorf("facts after the time budget %+v, want both listed, uncounted, with last use", facts)
 	}
@@ -151,7 +151,7 @@ func TestCaches_WalkIsBounded(t *testing.T) {
 func TestCaches_NoDirNoFacts(t *testing.T) {
 	c := testCaches(t, time.Now())
 	c.dir = filepath.Join(c.dir, "never-created")
-	if f := c.facts(context.Background()); f != nil {
+	if f := c.Facts(context.Background()); f != nil {
 		t.Fatalf("facts %+v from a missing cache dir", f)
 	}
 }

@@ -1,4 +1,7 @@
-package agent
+// Package caches is a node's cache directory: the caches Runs mount,
+// created on first use and marked used at every mount, measured for facts
+// and removed by disk collection.
+package caches
 
 import (
 	"context"
@@ -27,9 +30,9 @@ import (
 // cacheKeyPattern), so no marker or placeholder collides with a real key.
 const noCacheKey = "_"
 
-// ErrInvalidCache reports a cache mount whose name, key or path this agent
+// ErrInvalid reports a cache mount whose name, key or path this agent
 // refuses: they become host paths, so only the validated shapes pass.
-var ErrInvalidCache = errors.New("invalid cache mount")
+var ErrInvalid = errors.New("invalid cache mount")
 
 // The shapes schemas.RunRequest validation admits, checked again here
 // because a command's caches become host paths.
@@ -46,8 +49,8 @@ const (
 	maxFactCaches    = 256
 )
 
-// cacheStore is the agent's cache directory.
-type cacheStore struct {
+// Store is the node's cache directory.
+type Store struct {
 	dir        string
 	maxEntries int           // per cache
 	budget     time.Duration // per facts report
@@ -55,12 +58,14 @@ type cacheStore struct {
 	log        *zap.Logger
 }
 
-func (a *Agent) caches() cacheStore {
-	return cacheStore{dir: a.cfg.CacheDir, maxEntries: cacheWalkEntries, budget: cacheWalkBudget, now: a.cfg.Now, log: a.log}
+// New returns the cache directory dir, with the walk bounds of one facts
+// report.
+func New(dir string, now func() time.Time, log *zap.Logger) Store {
+	return Store{dir: dir, maxEntries: cacheWalkEntries, budget: cacheWalkBudget, now: now, log: log}
 }
 
 // dirs returns a cache's mounted directory and its last-used marker.
-func (c cacheStore) dirs(name, key string) (dir, marker string) {
+func (c Store) dirs(name, key string) (dir, marker string) {
 	if key == "" {
 		key = noCacheKey
 	}
@@ -68,11 +73,11 @@ func (c cacheStore) dirs(name, key string) (dir, marker string) {
 }
 
 // nameDir holds every key of one cache name.
-func (c cacheStore) nameDir(name string) string { return filepath.Join(c.dir, name) }
+func (c Store) nameDir(name string) string { return filepath.Join(c.dir, name) }
 
 // mounts creates each requested cache (0755) if it is new, marks it used
 // now, and returns the bind mounts a launch needs.
-func (c cacheStore) mounts(caches []schemas.CacheMount) ([]noderuntime.Mount, error) {
+func (c Store) Mounts(caches []schemas.CacheMount) ([]noderuntime.Mount, error) {
 	out := make([]noderuntime.Mount, 0, len(caches))
 	for _, cm := range caches {
 		if err := checkCacheMount(cm); err != nil {
@@ -80,10 +85,10 @@ func (c cacheStore) mounts(caches []schemas.CacheMount) ([]noderuntime.Mount, er
 		}
 		dir, marker := c.dirs(cm.Name, cm.CompatibilityKey)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("agent: create cache %s/%s: %w", cm.Name, cm.CompatibilityKey, err)
+			return nil, fmt.Errorf("caches: create cache %s/%s: %w", cm.Name, cm.CompatibilityKey, err)
 		}
 		if err := touch(marker, c.now()); err != nil {
-			return nil, fmt.Errorf("agent: mark cache %s/%s used: %w", cm.Name, cm.CompatibilityKey, err)
+			return nil, fmt.Errorf("caches: mark cache %s/%s used: %w", cm.Name, cm.CompatibilityKey, err)
 		}
 		out = append(out, noderuntime.Mount{Source: dir, Target: cm.Path, ReadOnly: cm.ReadOnly})
 	}
@@ -93,11 +98,11 @@ func (c cacheStore) mounts(caches []schemas.CacheMount) ([]noderuntime.Mount, er
 func checkCacheMount(cm schemas.CacheMount) error {
 	switch {
 	case !cacheNamePattern.MatchString(cm.Name):
-		return fmt.Errorf("%w: name %q", ErrInvalidCache, cm.Name)
+		return fmt.Errorf("%w: name %q", ErrInvalid, cm.Name)
 	case cm.CompatibilityKey != "" && !cacheKeyPattern.MatchString(cm.CompatibilityKey):
-		return fmt.Errorf("%w: compatibility key %q", ErrInvalidCache, cm.CompatibilityKey)
+		return fmt.Errorf("%w: compatibility key %q", ErrInvalid, cm.CompatibilityKey)
 	case !filepath.IsAbs(cm.Path) || strings.Contains(cm.Path, "..") || filepath.Clean(cm.Path) == "/":
-		return fmt.Errorf("%w: path %q", ErrInvalidCache, cm.Path)
+		return fmt.Errorf("%w: path %q", ErrInvalid, cm.Path)
 	}
 	return nil
 }
@@ -116,7 +121,7 @@ func touch(path string, t time.Time) error {
 // facts lists the caches this node holds with their sizes and last use.
 // Sizes are apparent bytes of regular files, counted within the walk bounds:
 // a cache cut short reports what was counted, a lower bound.
-func (c cacheStore) facts(ctx context.Context) []schemas.CacheFact {
+func (c Store) Facts(ctx context.Context) []schemas.CacheFact {
 	if c.dir == "" {
 		return nil
 	}
@@ -173,7 +178,7 @@ func (c cacheStore) facts(ctx context.Context) []schemas.CacheFact {
 
 // size adds up the regular files under dir, stopping after maxEntries
 // entries, at deadline, or when ctx ends; complete says it did not stop.
-func (c cacheStore) size(ctx context.Context, dir string, deadline time.Time) (bytes int64, complete bool) {
+func (c Store) size(ctx context.Context, dir string, deadline time.Time) (bytes int64, complete bool) {
 	complete = true
 	entries := 0
 	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
@@ -193,4 +198,19 @@ func (c cacheStore) size(ctx context.Context, dir string, deadline time.Time) (b
 		return nil
 	})
 	return bytes, complete
+}
+
+// Remove deletes one cache (id is schemas.CacheItemID) with its last-used
+// marker, and its name's directory once no key is left in it.
+func (c Store) Remove(id string) error {
+	name, key, _ := strings.Cut(id, "/")
+	dir, marker := c.dirs(name, key)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove cache %s: %w", id, err)
+	}
+	if err := os.Remove(marker); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove cache %s's marker: %w", id, err)
+	}
+	_ = os.Remove(c.nameDir(name))
+	return nil
 }

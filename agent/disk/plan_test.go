@@ -1,4 +1,4 @@
-package agent
+package disk
 
 import (
 	"slices"
@@ -23,19 +23,19 @@ func TestPlanWatermarks(t *testing.T) {
 	w := schemas.DiskWatermarks{High: 80, Low: 50}
 	for _, tc := range []struct {
 		name      string
-		snap      diskSnapshot
+		snap      snapshot
 		wantEvict []string // ids, in order
 		wantOrder []string
 		wantKept  map[string]string // id → reason
 	}{
 		{
 			name:      "below the high watermark nothing goes",
-			snap:      diskSnapshot{Disk: disk(80), Items: []schemas.DiskItem{img("a", 300, at(1))}},
+			snap:      snapshot{Disk: disk(80), Items: []schemas.DiskItem{img("a", 300, at(1))}},
 			wantEvict: nil, wantOrder: []string{"a"},
 		},
 		{
 			name: "least recently used first, images and caches alike, until at the low watermark",
-			snap: diskSnapshot{Disk: disk(90), Items: []schemas.DiskItem{
+			snap: snapshot{Disk: disk(90), Items: []schemas.DiskItem{
 				img("new", 100, at(5)), cache("mid", 200, at(3)), img("old", 150, at(1)), cache("oldest", 50, at(0)), img("x", 10, at(4)),
 			}},
 			// 900 used: -50 → 850, -150 → 700, -200 → 500 (50%): stop.
@@ -44,17 +44,17 @@ func TestPlanWatermarks(t *testing.T) {
 		},
 		{
 			name: "busy and kept items are never chosen, whatever their age",
-			snap: diskSnapshot{Disk: disk(95), Items: []schemas.DiskItem{
+			snap: snapshot{Disk: disk(95), Items: []schemas.DiskItem{
 				img("running", 500, at(0)), cache("mounted", 300, at(0)), img("booked", 100, at(1)), img("free", 100, at(2)),
-			}, Busy: map[string]string{diskKey(schemas.DiskItemImage, "running"): "used by workload w1", diskKey(schemas.DiskItemCache, "mounted"): "mounted by workload w1"},
-				Keep: map[string]string{diskKey(schemas.DiskItemImage, "booked"): "booked by run r1"}},
+			}, Busy: map[string]string{itemKey(schemas.DiskItemImage, "running"): "used by workload w1", itemKey(schemas.DiskItemCache, "mounted"): "mounted by workload w1"},
+				Keep: map[string]string{itemKey(schemas.DiskItemImage, "booked"): "booked by run r1"}},
 			wantEvict: []string{"free"},
 			wantOrder: []string{"free"},
 			wantKept:  map[string]string{"running": "used by workload w1", "mounted": "mounted by workload w1", "booked": "booked by run r1"},
 		},
 		{
 			name: "never used goes before anything used; ties go larger first",
-			snap: diskSnapshot{Disk: disk(85), Items: []schemas.DiskItem{
+			snap: snapshot{Disk: disk(85), Items: []schemas.DiskItem{
 				img("used", 400, at(1)), img("small-never", 100, time.Time{}), img("big-never", 300, time.Time{}),
 			}},
 			// 850: -300 → 550, -100 → 450.
@@ -63,12 +63,12 @@ func TestPlanWatermarks(t *testing.T) {
 		},
 		{
 			name:      "unknown disk: nothing goes",
-			snap:      diskSnapshot{Disk: schemas.DiskFacts{}, Items: []schemas.DiskItem{img("a", 1, at(1))}},
+			snap:      snapshot{Disk: schemas.DiskFacts{}, Items: []schemas.DiskItem{img("a", 1, at(1))}},
 			wantOrder: []string{"a"},
 		},
 		{
 			name:      "everything removable is not enough: all of it goes",
-			snap:      diskSnapshot{Disk: disk(99), Items: []schemas.DiskItem{img("a", 10, at(1)), cache("b", 10, at(2))}},
+			snap:      snapshot{Disk: disk(99), Items: []schemas.DiskItem{img("a", 10, at(1)), cache("b", 10, at(2))}},
 			wantEvict: []string{"a", "b"}, wantOrder: []string{"a", "b"},
 		},
 	} {
@@ -102,7 +102,7 @@ func TestPlanWatermarks(t *testing.T) {
 }
 
 func TestPlanPruneTakesEverythingRemovable(t *testing.T) {
-	snap := diskSnapshot{
+	snap := snapshot{
 		Disk: schemas.DiskFacts{Known: true, TotalBytes: 1000, FreeBytes: 990}, // far below any watermark
 		Items: []schemas.DiskItem{
 			{Kind: schemas.DiskItemImage, ID: "a", SizeBytes: 5},

@@ -1,0 +1,159 @@
+package output
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/nodelog"
+	"github.com/warmfleet/warmfleet/runlog"
+)
+
+type figures struct {
+	mu      sync.Mutex
+	shipped int64
+	behind  int64
+}
+
+func (f *figures) Shipped(_ string, bytes, _ int64, _ time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shipped += bytes
+}
+
+func (f *figures) Behind(bytes int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.behind = bytes
+}
+
+// shipperOn is a shipper on a real NATS with WF_LOGS; every shipment ends
+// with the test.
+func shipperOn(t *testing.T, m Metrics) (*Shipper, context.Context, *bus.Conn) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	conn, err := bus.Connect(n.URL(), "output-test", zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := bus.Provision(ctx, conn.JS, bus.Topology{}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	s := New(Config{DataDir: t.TempDir(), NodeID: "node-out", JS: conn.JS, Poll: 10 * time.Millisecond, Now: time.Now,
+		Metrics: m, Log: zaptest.NewLogger(t), Group: &wg})
+	return s, ctx, conn
+}
+
+// write puts a finished workload's output in dir, as the runtime's log
+// writer does.
+func write(t *testing.T, dir, stdout, stderr string) {
+	t.Helper()
+	if err := nodelog.Write(nodelog.WriterSpec{Dir: dir}, [2]io.Reader{strings.NewReader(stdout), strings.NewReader(stderr)}, func() {}, time.Now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func read(t *testing.T, ctx context.Context, conn *bus.Conn, runID string) (stdout, stderr string) {
+	t.Helper()
+	var out, errs bytes.Buffer
+	err := runlog.Read(ctx, conn.JS, bus.RunLogs(runID), runlog.Options{}, func(l runlog.Line) error {
+		if l.Node != "node-out" {
+			t.Errorf("line from node %q", l.Node)
+		}
+		if l.Stream == bus.LogStderr {
+			errs.WriteString(l.Text + "\n")
+		} else {
+			out.WriteString(l.Text + "\n")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errs.String()
+}
+
+// A Run's output is stored to the end of both streams, and its directory
+// goes once that is done and the exit is reported, not before.
+func TestShip_StoresBothStreamsThenRemovesTheDir(t *testing.T) {
+	m := &figures{}
+	s, ctx, conn := shipperOn(t, m)
+	dir, err := PrepareRun(s.cfg.DataDir, "r1", "r1-a1")
+	if err != nil || dir != s.Dir("r1-a1") {
+		t.Fatalf("dir %q, %v", dir, err)
+	}
+	write(t, dir, "one\ntwo\n", "oops\n")
+	sh, err := s.Ship(ctx, "r1-a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.Ship(ctx, "r1-a1"); again != sh {
+		t.Error("a second Ship of one attempt started another shipment")
+	}
+	sh.Finish()
+	select {
+	case <-sh.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("output not stored")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the directory went before the exit was reported: %v", err)
+	}
+	sh.ReportedDone()
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the directory is left after everything was stored and reported: %v", err)
+	}
+	if out, errs := read(t, ctx, conn, "r1"); out != "one\ntwo\n" || errs != "oops\n" {
+		t.Errorf("stored %q and %q", out, errs)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shipped != int64(len("one\ntwo\n")+len("oops\n")) || m.behind != 0 {
+		t.Errorf("figures: shipped %d, behind %d", m.shipped, m.behind)
+	}
+}
+
+// Leftovers: a directory whose workload the runtime no longer holds is
+// shipped and removed; one it holds is left to its watcher; one without
+// its meta is left in place.
+func TestShipLeftovers(t *testing.T) {
+	s, ctx, conn := shipperOn(t, nil)
+	gone, _ := PrepareRun(s.cfg.DataDir, "r2", "r2-a1")
+	write(t, gone, "left over\n", "")
+	held, _ := PrepareRun(s.cfg.DataDir, "r3", "r3-a1")
+	stray := filepath.Join(Root(s.cfg.DataDir), "stray")
+	if err := os.MkdirAll(stray, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.ShipLeftovers(ctx, map[string]bool{"r3-a1": true})
+	deadline := time.Now().Add(10 * time.Second)
+	for _, err := os.Stat(gone); err == nil && time.Now().Before(deadline); _, err = os.Stat(gone) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a leftover directory is not removed: %v", err)
+	}
+	if out, _ := read(t, ctx, conn, "r2"); out != "left over\n" {
+		t.Errorf("stored %q", out)
+	}
+	for _, d := range []string{held, stray} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s: %v", d, err)
+		}
+	}
+}
