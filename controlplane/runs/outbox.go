@@ -3,9 +3,11 @@ package runs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -29,23 +31,28 @@ import (
 // Events carry Nats-Msg-Id <run>:<seq>, so a repair inside WF_EVENTS'
 // dedupe window stores nothing twice; the pass's repair reads the
 // last event of the Run's subject first and publishes only later ones, so
-// it adds no duplicates even after the window.
+// it adds no duplicates even after the window. Events published together
+// can fail singly: an earlier one refused while a later one, retried by
+// the client, is stored. Such a Run is marked with gaps, and its repair
+// reads which of the outbox's events WF_EVENTS holds, not only the last.
 
-// outboxRepair is the set of Runs whose outbox may not be in WF_EVENTS.
+// outboxRepair is the set of Runs whose outbox may not be in WF_EVENTS,
+// each with whether it may lack an event before its last stored one.
 type outboxRepair struct {
 	mu   sync.Mutex
-	runs map[string]struct{}
+	runs map[string]bool
 	all  bool
 }
 
-// mark notes that run id's outbox publish failed.
-func (o *outboxRepair) mark(id string) {
+// mark notes that run id's outbox publish failed; gaps, that it was
+// published as several events at once.
+func (o *outboxRepair) mark(id string, gaps bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.runs == nil {
-		o.runs = map[string]struct{}{}
+		o.runs = map[string]bool{}
 	}
-	o.runs[id] = struct{}{}
+	o.runs[id] = o.runs[id] || gaps
 }
 
 // all asks the next repair to check every active Run.
@@ -56,7 +63,7 @@ func (o *outboxRepair) markAll() {
 }
 
 // take returns the marked Runs (nil, true for all) and clears the marks.
-func (o *outboxRepair) take() (map[string]struct{}, bool) {
+func (o *outboxRepair) take() (map[string]bool, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	runs, all := o.runs, o.all
@@ -79,49 +86,48 @@ func (s *Store) RepairOutboxes(ctx context.Context, active []*schemas.Run) {
 	}
 	repaired := 0
 	for _, r := range active {
-		if _, ok := marked[r.ID]; !ok && !all {
+		gaps, ok := marked[r.ID]
+		if !ok && !all {
 			continue
 		}
 		delete(marked, r.ID)
-		n, err := s.repairOutbox(ctx, stream, *r)
-		if err != nil {
-			s.log.Warn("outbox repair", zap.String("run_id", r.ID), zap.Error(err))
-			s.repair.mark(r.ID)
-			continue
-		}
-		repaired += n
+		repaired += s.repairRun(ctx, stream, *r, gaps)
 	}
 	// Marked Runs that ended since: their last events are their outbox.
-	for id := range marked {
-		r, ok := s.cache.Run(id)
-		if !ok {
-			continue
+	for id, gaps := range marked {
+		if r, ok := s.cache.Run(id); ok {
+			repaired += s.repairRun(ctx, stream, r, gaps)
 		}
-		n, err := s.repairOutbox(ctx, stream, r)
-		if err != nil {
-			s.log.Warn("outbox repair", zap.String("run_id", id), zap.Error(err))
-			s.repair.mark(id)
-			continue
-		}
-		repaired += n
 	}
 	if repaired > 0 {
 		s.log.Info("published run events a previous attempt had not", zap.Int("events", repaired))
 	}
 }
 
-func (s *Store) remark(marked map[string]struct{}, all bool) {
-	for id := range marked {
-		s.repair.mark(id)
+// repairRun repairs r's outbox, keeping r marked when that fails, and
+// returns how many events it published.
+func (s *Store) repairRun(ctx context.Context, stream jetstream.Stream, r schemas.Run, gaps bool) int {
+	n, err := s.repairOutbox(ctx, stream, r, gaps)
+	if err != nil {
+		s.log.Warn("outbox repair", zap.String("run_id", r.ID), zap.Error(err))
+		s.repair.mark(r.ID, gaps)
+	}
+	return n
+}
+
+func (s *Store) remark(marked map[string]bool, all bool) {
+	for id, gaps := range marked {
+		s.repair.mark(id, gaps)
 	}
 	if all {
 		s.repair.markAll()
 	}
 }
 
-// repairOutbox publishes the events of r's outbox that come after the last
-// one WF_EVENTS holds for r, and returns how many it published.
-func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r schemas.Run) (int, error) {
+// repairOutbox publishes the events of r's outbox that WF_EVENTS lacks and
+// returns how many it published: those after the last one it holds for r
+// and, with gaps, those before it that it does not hold.
+func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r schemas.Run, gaps bool) (int, error) {
 	if len(r.Outbox) == 0 {
 		return 0, nil
 	}
@@ -134,9 +140,15 @@ func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r sch
 	default:
 		last = eventSeqOf(m.Header.Get(jetstream.MsgIDHeader), r.ID)
 	}
+	var held map[uint64]bool // nil: every event up to last is held
+	if gaps && r.Outbox[0].Seq < last {
+		if held, err = s.storedSeqs(ctx, r.ID, r.Outbox[0].At.Add(-storedSeqsMargin)); err != nil {
+			return 0, err
+		}
+	}
 	n := 0
 	for _, ev := range r.Outbox {
-		if ev.Seq <= last {
+		if ev.Seq <= last && (held == nil || held[ev.Seq]) {
 			continue
 		}
 		if err := s.PublishEvent(ctx, ev, eventMsgID(ev)); err != nil {
@@ -145,6 +157,42 @@ func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r sch
 		n++
 	}
 	return n, nil
+}
+
+// storedSeqsMargin is how long before an outbox event's own time its
+// message may have been stored by the server's clock.
+const storedSeqsMargin = 5 * time.Minute
+
+// storedSeqs reads which of runID's events WF_EVENTS holds from since on
+// (by the server's clock): their headers only, through an ordered consumer.
+func (s *Store) storedSeqs(ctx context.Context, runID string, since time.Time) (map[uint64]bool, error) {
+	c, err := s.js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{bus.RunEvents(runID)}, DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+		OptStartTime: &since, HeadersOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("read stored events: %w", err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read stored events: %w", err)
+	}
+	held := map[uint64]bool{}
+	for pending := info.NumPending; pending > 0; {
+		batch, err := c.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read stored events: %w", err)
+		}
+		got := uint64(0)
+		for m := range batch.Messages() {
+			held[eventSeqOf(m.Headers().Get(jetstream.MsgIDHeader), runID)] = true
+			got++
+		}
+		if err := batch.Error(); err != nil || got == 0 {
+			return nil, fmt.Errorf("read stored events: %d of %d read: %v", len(held), info.NumPending, err)
+		}
+		pending -= min(got, pending)
+	}
+	return held, nil
 }
 
 // eventSeqOf reads seq from a Run event's message id <run>:<seq>; 0 when

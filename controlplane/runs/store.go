@@ -109,7 +109,7 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 	}
 	if perr := s.PublishEvents(ctx, run.Outbox); perr != nil {
 		if err == nil {
-			s.repair.mark(runID)
+			s.repair.mark(runID, len(run.Outbox) > 1)
 		}
 		return run, perr
 	}
@@ -153,7 +153,7 @@ func (s *Store) Create(ctx context.Context, req schemas.RunRequest, artifacts []
 	if err := s.PublishEvents(ctx, run.Outbox); err != nil {
 		// The submit is redelivered and repairs it as a duplicate; the
 		// next pass repairs it too should the submit be gone.
-		s.repair.mark(run.ID)
+		s.repair.mark(run.ID, len(run.Outbox) > 1)
 		return run, false, err
 	}
 	return run, false, nil

@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -360,5 +361,38 @@ func TestLoseAttempts(t *testing.T) {
 	}
 	if e.store.LoseAttempts(e.ctx, []*schemas.Run{p2}, why) {
 		t.Error("losing an attempt already lost moved a Run")
+	}
+}
+
+// Events published together can fail singly: here the cancel (seq 2) is
+// lost while its phase (seq 3) is stored. The repair finds the hole below
+// the last stored event and fills it, storing nothing twice.
+func TestRepairOutboxesFillsAGap(t *testing.T) {
+	e := newStoreEnv(t)
+	r := e.create(t, "gap")
+	e.withoutEvents(t, func() {
+		if _, err := e.store.Advance(e.ctx, r.ID, lifecycle.Cancellation{Reason: "user"}, false); err == nil {
+			t.Fatal("the publish did not fail")
+		}
+	})
+	stored, _, _ := e.store.Stored(e.ctx, r.ID)
+	if len(stored.Outbox) != 2 || stored.Outbox[1].Seq != 3 {
+		t.Fatalf("outbox %+v, want seqs 2 and 3", stored.Outbox)
+	}
+	if err := e.store.PublishEvent(e.ctx, stored.Outbox[1], eventMsgID(stored.Outbox[1])); err != nil {
+		t.Fatal(err)
+	}
+	if got := seqs(e.events(t, r.ID)); !sameSeqs(got, 1, 3) {
+		t.Fatalf("events %v before the repair, want the gap 1, 3", got)
+	}
+	sent := e.store.EventsPublished()
+	e.store.RepairOutboxes(e.ctx, nil)
+	got := seqs(e.events(t, r.ID))
+	slices.Sort(got)
+	if !sameSeqs(got, 1, 2, 3) {
+		t.Fatalf("events %v after the repair, want 1, 2, 3 once each", got)
+	}
+	if n := e.store.EventsPublished() - sent; n != 1 {
+		t.Errorf("repair published %d events, want the 1 WF_EVENTS lacked", n)
 	}
 }
