@@ -67,7 +67,7 @@ func (a *Agent) dialArtifactLogin(ctx context.Context, login schemas.ArtifactLog
 		t := bus.TransportOf(a.conn.NC)
 		tr = &t
 	}
-	return bus.DialArtifactLogin(ctx, *tr, a.cfg.NodeID, login)
+	return bus.DialArtifactLogin(ctx, *tr, a.cfg.NodeID, login.User, login.Token)
 }
 
 // ArtifactCredential is artifactCredential for tests and for the replica
