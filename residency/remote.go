@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Residency service operations an agent asks the control plane for, on
@@ -44,8 +45,8 @@ type tombstoneBody struct {
 }
 
 type svcReply struct {
-	OK    json.RawMessage `json:"ok,omitempty"`
-	Error *WireError      `json:"error,omitempty"`
+	OK    json.RawMessage       `json:"ok,omitempty"`
+	Error *schemas.SessionError `json:"error,omitempty"`
 }
 
 // Services are the control plane's residency stores a Service serves.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
-	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -44,22 +43,11 @@ func (s *Service) handleDrain(ctx context.Context, m *nats.Msg) {
 		s.cache.NoteNode(rec, rev)
 	}
 	s.log.Info("node draining", zap.String("node_id", req.ID))
-	rep := DrainReply{}
+	rep := schemas.NodeDrainReply{}
 	if s.sessions != nil {
 		rep.Sessions = s.sessions.DrainNode(ctx, rec)
 	}
 	rec.SessionTokenHash = ""
 	rep.OK = &rec
 	respond(s.log, m, enc, rep)
-}
-
-// DrainReply answers wf.admin.node.drain: the node record, as the
-// schemas.Reply[schemas.NodeRecord] every caller decodes, and the sessions
-// the drain released and could not release.
-type DrainReply struct {
-	OK      *schemas.NodeRecord `json:"ok,omitempty"`
-	Refusal *schemas.Refusal    `json:"refusal,omitempty"`
-	// Sessions is the node's session drain; nil when the control plane
-	// serves no sessions.
-	Sessions *residency.DrainView `json:"sessions,omitempty"`
 }

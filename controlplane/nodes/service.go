@@ -1,9 +1,9 @@
 // Package nodes is the control plane's node services: invitations and
 // enrollment into the fenced registry (wf_nodes, wf_enroll), session
 // renewals, heartbeats and the leases they earn, the sweep that marks a
-// silent node lost, facts, drain, what a node's disk must keep and the
-// operator's prune (disk.go), and the NATS auth callout that admits agents
-// and producers.
+// silent node lost, facts, drain, and what a node's disk must keep and the
+// operator's prune (disk.go). Who may log in to NATS at all is
+// controlplane/admission's.
 package nodes
 
 import (
@@ -22,7 +22,6 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/internal/keyed"
-	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -47,7 +46,7 @@ type Config struct {
 
 // Drainer releases the sessions resident on a draining node.
 type Drainer interface {
-	DrainNode(ctx context.Context, rec schemas.NodeRecord) *residency.DrainView
+	DrainNode(ctx context.Context, rec schemas.NodeRecord) *schemas.DrainView
 }
 
 // Service serves the node subjects.

@@ -19,43 +19,43 @@ import (
 )
 
 // reply answers an operator's session request in JSON.
-func (s *Service) reply(m *nats.Msg, rep residency.SessionReply) {
+func (s *Service) reply(m *nats.Msg, rep schemas.SessionReply) {
 	if err := bus.Respond(m, codec.JSON, rep); err != nil {
 		s.log.Error("session reply", zap.String("subject", m.Subject), zap.Error(err))
 	}
 }
 
-func decodeRequest(m *nats.Msg) (residency.SessionRequest, error) {
-	var req residency.SessionRequest
+func decodeRequest(m *nats.Msg) (schemas.SessionRequest, error) {
+	var req schemas.SessionRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
 		return req, fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
 	}
-	if err := req.Key().Validate(); err != nil {
+	if err := residency.KeyOf(req.Key()).Validate(); err != nil {
 		return req, err
 	}
 	return req, nil
 }
 
 // askNode sends one session command to a node's host and decodes its reply.
-func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op residency.SessionOp, cmd residency.SessionCommand, timeout time.Duration) (residency.SessionReply, error) {
+func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op schemas.SessionOp, cmd schemas.SessionCommand, timeout time.Duration) (schemas.SessionReply, error) {
 	cmd.FencingToken = n.FencingToken
 	b, err := json.Marshal(cmd)
 	if err != nil {
-		return residency.SessionReply{}, err
+		return schemas.SessionReply{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	msg := &nats.Msg{Subject: bus.NodeSessions(n.NodeID, string(op)), Data: b, Header: nats.Header{codec.ContentTypeHeader: []string{codec.ContentTypeJSON}}}
 	resp, err := s.conn.NC.RequestMsgWithContext(ctx, msg)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return residency.SessionReply{}, &residency.WireError{Code: residency.CodeNoHost, Message: "node " + n.NodeID + " hosts no sessions (no session host answered)"}
+		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeNoHost, Message: "node " + n.NodeID + " hosts no sessions (no session host answered)"}
 	}
 	if err != nil {
-		return residency.SessionReply{}, &residency.WireError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": " + err.Error()}
+		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": " + err.Error()}
 	}
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
-		return residency.SessionReply{}, &residency.WireError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": malformed reply: " + err.Error()}
+		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": malformed reply: " + err.Error()}
 	}
 	return rep, nil
 }
@@ -68,10 +68,10 @@ func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op residenc
 func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 	req, err := decodeRequest(m)
 	if err != nil {
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
+		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
 		return
 	}
-	key := req.Key()
+	key := residency.KeyOf(req.Key())
 	if req.Actor == "" {
 		req.Actor = "operator"
 	}
@@ -83,25 +83,25 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		case errors.Is(gerr, jetstream.ErrKeyNotFound):
 			req.Mode = residency.ModeCreate
 		default:
-			s.reply(m, residency.SessionReply{Error: residency.ToWire(gerr)})
+			s.reply(m, schemas.SessionReply{Error: residency.ToWire(gerr)})
 			return
 		}
 	}
 	cands, err := s.candidates(ctx, st, key, req.Node)
 	if err != nil {
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
+		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
 		return
 	}
-	var last *residency.WireError
+	var last *schemas.SessionError
 	for _, n := range cands {
-		cmd := residency.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor}
+		cmd := schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor}
 		release, err := s.bookGPUs(key, n.NodeID, req.GPUCount, &cmd)
 		if err != nil {
 			last = residency.ToWire(err)
 			s.log.Info("node cannot take session", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.Error(err))
 			continue
 		}
-		rep, err := s.askNode(ctx, n, residency.OpAttach, cmd, s.cfg.AttachTimeout)
+		rep, err := s.askNode(ctx, n, schemas.SessionAttach, cmd, s.cfg.AttachTimeout)
 		release()
 		if err == nil && rep.Error == nil {
 			s.log.Info("session attached", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.String("mode", string(req.Mode)))
@@ -118,15 +118,15 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		}
 	}
 	if last == nil {
-		last = &residency.WireError{Code: residency.CodeCapacity, Message: "no ready node to place session " + key.String() + " on"}
+		last = &schemas.SessionError{Code: residency.CodeCapacity, Message: "no ready node to place session " + key.String() + " on"}
 	}
-	s.reply(m, residency.SessionReply{Error: last})
+	s.reply(m, schemas.SessionReply{Error: last})
 }
 
 // bookGPUs books count free cards of node for the session into cmd and
 // holds them (cache.Reserve) until release is called: by then the attach
 // has published its residency, which holds them from there on, or failed.
-func (s *Service) bookGPUs(key residency.Key, node string, count int64, cmd *residency.SessionCommand) (release func(), err error) {
+func (s *Service) bookGPUs(key residency.Key, node string, count int64, cmd *schemas.SessionCommand) (release func(), err error) {
 	if count <= 0 {
 		return func() {}, nil
 	}
@@ -196,27 +196,27 @@ func (s *Service) candidates(ctx context.Context, st *stores, key residency.Key,
 func (s *Service) handleRelease(ctx context.Context, st *stores, m *nats.Msg) {
 	req, err := decodeRequest(m)
 	if err != nil {
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
+		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
 		return
 	}
-	key := req.Key()
+	key := residency.KeyOf(req.Key())
 	obs, _, err := st.locations.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && obs.State == residency.StateExpired):
-		s.reply(m, residency.SessionReply{Error: &residency.WireError{Code: residency.CodeNotResident, Message: "session " + key.String() + " is resident nowhere"}})
+		s.reply(m, schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeNotResident, Message: "session " + key.String() + " is resident nowhere"}})
 		return
 	case err != nil:
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
+		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
 		return
 	}
 	var n schemas.NodeRecord
 	if _, err := bus.GetJSON(ctx, s.nodesKV, obs.Host, &n); err != nil {
-		s.reply(m, residency.SessionReply{Error: &residency.WireError{Code: residency.CodeUnavailable, Message: "node " + obs.Host + ": " + err.Error()}})
+		s.reply(m, schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + obs.Host + ": " + err.Error()}})
 		return
 	}
-	rep, err := s.askNode(ctx, n, residency.OpRelease, residency.SessionCommand{Tenant: key.Tenant, Session: key.Session}, s.cfg.DrainTimeout)
+	rep, err := s.askNode(ctx, n, schemas.SessionRelease, schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session}, s.cfg.DrainTimeout)
 	if err != nil {
-		rep = residency.SessionReply{Error: residency.ToWire(err)}
+		rep = schemas.SessionReply{Error: residency.ToWire(err)}
 	}
 	if rep.Error == nil {
 		s.log.Info("session released", zap.Stringer("session", key), zap.String("node_id", n.NodeID))
