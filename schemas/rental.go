@@ -58,6 +58,22 @@ type Rental struct {
 	IdleSince time.Time `json:"idle_since,omitzero"`
 }
 
+// Resumes answers the generation this rental was resumed into for node n,
+// while that resume is under way (the rental names the node, is booting or
+// enrolling, at a generation above the node's), and 0 otherwise.
+// Enrollment and the NATS auth callout both ask it: a resumed machine comes
+// back with the session of its last cycle, which may have expired
+// meanwhile.
+func (r *Rental) Resumes(n NodeRecord) uint64 {
+	if r.RentalID != n.RentalID || r.NodeID != n.NodeID || r.Generation <= n.Generation {
+		return 0
+	}
+	if r.State != RentalBooting && r.State != RentalEnrolling {
+		return 0
+	}
+	return r.Generation
+}
+
 // RentalStage is one entry of a rental's timeline.
 type RentalStage struct {
 	State RentalState `json:"state"`

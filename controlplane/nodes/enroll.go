@@ -2,9 +2,6 @@ package nodes
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -18,9 +15,6 @@ import (
 	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
-
-// DefaultInviteTTL is how long an enrollment token is good for.
-const DefaultInviteTTL = 15 * time.Minute
 
 // handleInvite mints a NodeBootstrap: a single-use enrollment token whose
 // hash (never the token) is stored in wf_enroll.
@@ -44,14 +38,14 @@ func (s *Service) handleInvite(ctx context.Context, m *nats.Msg) {
 
 // Invite mints a single-use enrollment token for req and stores its hash.
 func (s *Service) Invite(ctx context.Context, req schemas.InviteRequest) (schemas.NodeBootstrap, error) {
-	ttl := DefaultInviteTTL
+	ttl := schemas.DefaultInviteTTL
 	if req.TTLSeconds > 0 {
 		ttl = time.Duration(req.TTLSeconds) * time.Second
 	}
 	token := newToken()
 	now := s.cfg.Now()
 	inv := schemas.Invitation{NodeID: req.NodeID, RentalID: req.RentalID, Generation: req.Generation, AgentVersion: req.AgentVersion, CreatedAt: now, ExpiresAt: now.Add(ttl)}
-	if _, err := bus.CreateJSON(ctx, s.enrollKV, inviteKey(token), &inv); err != nil {
+	if _, err := bus.CreateJSON(ctx, s.enrollKV, schemas.InvitationKey(token), &inv); err != nil {
 		return schemas.NodeBootstrap{}, fmt.Errorf("store invitation: %w", err)
 	}
 	s.log.Info("node invited", zap.String("node_id", req.NodeID), zap.String("rental_id", req.RentalID), zap.Uint64("generation", req.Generation), zap.Time("expires_at", inv.ExpiresAt))
@@ -114,10 +108,10 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeTokenRequired, Field: "enrollment_token",
 				Reason: "this control plane admits only invited nodes; mint a bootstrap with `warmfleet node invite`"}
 		}
-	case !tokenWellFormed(tok):
+	case !schemas.TokenWellFormed(tok):
 		return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeTokenMalformed, Field: "enrollment_token",
 			Reason: "not a warmfleet token (43 base64url characters); use the bootstrap file as minted"}
-	case known && rec.SessionTokenHash == hashToken(tok):
+	case known && rec.SessionTokenHash == schemas.TokenHash(tok):
 		if req.Generation != rec.Generation {
 			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation", Reason: "a session resumes only within its generation; re-invite the node"}
 		}
@@ -156,7 +150,7 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 		}
 		n.RentalID, n.Generation = req.RentalID, req.Generation
 		n.FencingToken++
-		n.SessionTokenHash, n.SessionExpires = hashToken(session), now.Add(s.cfg.SessionTTL)
+		n.SessionTokenHash, n.SessionExpires = schemas.TokenHash(session), now.Add(s.cfg.SessionTTL)
 		n.State, n.EnrolledAt, n.LeaseExpires = schemas.NodeReady, now, now.Add(s.LeaseTTL())
 		n.AgentVersion, n.Capacity, n.MaxWorkloads, n.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, price
 		n.Facts, n.FactsReceivedAt = &facts, now
@@ -192,7 +186,7 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 // redeem checks an invitation against the request and deletes it at the
 // revision it was read at: of two concurrent redemptions one fails.
 func (s *Service) redeem(ctx context.Context, tok string, req schemas.EnrollmentRequest, now time.Time) error {
-	key := inviteKey(tok)
+	key := schemas.InvitationKey(tok)
 	var inv schemas.Invitation
 	rev, err := bus.GetJSON(ctx, s.enrollKV, key, &inv)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -241,7 +235,7 @@ func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
 		switch {
 		case n.FencingToken != req.FencingToken:
 			return &schemas.Refusal{Code: schemas.CodeSuperseded, Field: "fencing_token", Reason: "a newer session of this node exists; this process must stop"}
-		case n.SessionTokenHash != hashToken(req.SessionToken):
+		case n.SessionTokenHash != schemas.TokenHash(req.SessionToken):
 			return &schemas.Refusal{Code: schemas.CodeSessionInvalid, Field: "session_token", Reason: "not this node's session"}
 		case !now.Before(n.SessionExpires):
 			return &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "session_token", Reason: "the session expired; re-invite the node"}
@@ -268,10 +262,14 @@ func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
 // authority, and it holds only for the node its rental names, only while
 // that resume is under way.
 func (s *Service) resumeGeneration(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord) uint64 {
-	if req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
+	if s.rentalsKV == nil || req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
 		return 0
 	}
-	g := resumeUnderWay(ctx, s.rentalsKV, rec)
+	var rt schemas.Rental
+	if _, err := bus.GetJSON(ctx, s.rentalsKV, rec.RentalID, &rt); err != nil {
+		return 0
+	}
+	g := rt.Resumes(rec)
 	if g > 0 {
 		s.log.Info("a resumed rental's node re-enrolls under a new generation", zap.String("node_id", req.NodeID),
 			zap.String("rental_id", rec.RentalID), zap.Uint64("from", rec.Generation), zap.Uint64("to", g))
@@ -279,44 +277,5 @@ func (s *Service) resumeGeneration(ctx context.Context, req schemas.EnrollmentRe
 	return g
 }
 
-// resumeUnderWay answers the generation a node's rental was resumed into,
-// when that resume is under way (the rental names this node, is booting or
-// enrolling, at a generation above the node's), and 0 otherwise. Both
-// enrollment and the NATS auth callout ask it: a resumed machine comes back
-// with the session of its last cycle, which may have expired meanwhile.
-func resumeUnderWay(ctx context.Context, rentalsKV jetstream.KeyValue, rec schemas.NodeRecord) uint64 {
-	if rentalsKV == nil || rec.RentalID == "" {
-		return 0
-	}
-	var rt schemas.Rental
-	if _, err := bus.GetJSON(ctx, rentalsKV, rec.RentalID, &rt); err != nil {
-		return 0
-	}
-	if rt.NodeID != rec.NodeID || rt.Generation <= rec.Generation {
-		return 0
-	}
-	if rt.State != schemas.RentalBooting && rt.State != schemas.RentalEnrolling {
-		return 0
-	}
-	return rt.Generation
-}
-
 // newToken mints an enrollment or session token: 32 random bytes.
 func newToken() string { return randid.Token(32) }
-
-func tokenWellFormed(t string) bool {
-	b, err := base64.RawURLEncoding.DecodeString(t)
-	return err == nil && len(b) == 32
-}
-
-// hashToken is how tokens are stored: never the token itself.
-func hashToken(t string) string {
-	s := sha256.Sum256([]byte(t))
-	return "sha256:" + hex.EncodeToString(s[:])
-}
-
-// inviteKey is the wf_enroll key of a token.
-func inviteKey(t string) string {
-	s := sha256.Sum256([]byte(t))
-	return hex.EncodeToString(s[:])
-}
