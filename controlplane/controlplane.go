@@ -203,7 +203,7 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		out = append(out, cp.callout.Serve)
 	}
 	out = append(out, withWG(cp.nodes.Serve), cp.sessions.Serve, withWG(cp.prefetch.Serve), withWG(cp.registryAuth.Serve),
-		cp.artifactsService.Serve, withWG(cp.artifactAuth.Serve))
+		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
 	}

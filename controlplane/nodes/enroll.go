@@ -6,34 +6,17 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// handleInvite mints a NodeBootstrap: a single-use enrollment token whose
-// hash (never the token) is stored in wf_enroll.
-func (s *Service) handleInvite(ctx context.Context, m *nats.Msg) {
-	var req schemas.InviteRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.RefusalOfInput(err, "body is not an InviteRequest")})
-		return
-	}
-	boot, err := s.Invite(ctx, req)
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.AsRefusal(err)})
-		return
-	}
-	respond(s.log, m, enc, schemas.Reply[schemas.NodeBootstrap]{OK: &boot})
+// answerInvite mints a NodeBootstrap for wf.admin.node.invite.
+func (s *Service) answerInvite(ctx context.Context, _ string, req schemas.InviteRequest) (schemas.NodeBootstrap, error) {
+	return s.Invite(ctx, req)
 }
 
 // Invite mints a single-use enrollment token for req and stores its hash.
@@ -55,26 +38,16 @@ func (s *Service) Invite(ctx context.Context, req schemas.InviteRequest) (schema
 	}, nil
 }
 
-// handleEnroll registers a node and answers in the request's encoding.
-func (s *Service) handleEnroll(ctx context.Context, m *nats.Msg) {
-	var req schemas.EnrollmentRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.Enrollment]{Refusal: schemas.RefusalOfInput(err, "body is not an EnrollmentRequest")})
-		return
-	}
+// answerEnroll registers a node, logging the outcome.
+func (s *Service) answerEnroll(ctx context.Context, _ string, req schemas.EnrollmentRequest) (schemas.Enrollment, error) {
 	enr, err := s.enroll(ctx, req)
 	if err != nil {
 		ref := schemas.AsRefusal(err)
 		s.log.Warn("enrollment refused", zap.String("node_id", req.NodeID), zap.String("code", string(ref.Code)), zap.String("reason", ref.Reason))
-		respond(s.log, m, enc, schemas.Reply[schemas.Enrollment]{Refusal: ref})
-		return
+		return enr, ref
 	}
 	s.log.Info("node enrolled", zap.String("node_id", enr.NodeID), zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("duplicate", enr.Duplicate))
-	respond(s.log, m, enc, schemas.Reply[schemas.Enrollment]{OK: &enr})
+	return enr, nil
 }
 
 // enroll admits a node with one of three credentials: an invitation's
@@ -101,48 +74,67 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 		return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation",
 			Reason: fmt.Sprintf("node %s is at generation %d; this agent's bootstrap is older — re-invite the node", req.NodeID, rec.Generation)}
 	}
+	if req.Generation, err = s.checkCredential(ctx, req, rec, known, now); err != nil {
+		return schemas.Enrollment{}, err
+	}
+	session := newToken()
+	duplicate := known && req.Generation == rec.Generation
+	rec, err = s.register(ctx, req, rec, known, session, now)
+	if err != nil {
+		return schemas.Enrollment{}, err
+	}
+	s.poke()
+	return schemas.Enrollment{
+		NodeID: req.NodeID, SessionToken: session, SessionExpires: rec.SessionExpires,
+		FencingToken: rec.FencingToken, Generation: rec.Generation, LeaseExpires: rec.LeaseExpires,
+		HeartbeatSeconds: max(int64(s.cfg.HeartbeatInterval/time.Second), 1), Consumer: bus.NodeConsumer(req.NodeID),
+		Duplicate: duplicate,
+	}, nil
+}
+
+// checkCredential checks the request's credential against the node's
+// record rec (known: it exists) and answers the generation the node
+// enrolls under: the request's, or, for a session whose stopped rental was
+// resumed, the rental's next.
+func (s *Service) checkCredential(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord, known bool, now time.Time) (uint64, error) {
 	tok := req.EnrollmentToken
 	switch {
 	case tok == "":
 		if !s.cfg.OpenEnrollment {
-			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeTokenRequired, Field: "enrollment_token",
+			return 0, &schemas.Refusal{Code: schemas.CodeTokenRequired, Field: "enrollment_token",
 				Reason: "this control plane admits only invited nodes; mint a bootstrap with `warmfleet node invite`"}
 		}
 	case !schemas.TokenWellFormed(tok):
-		return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeTokenMalformed, Field: "enrollment_token",
+		return 0, &schemas.Refusal{Code: schemas.CodeTokenMalformed, Field: "enrollment_token",
 			Reason: "not a warmfleet token (43 base64url characters); use the bootstrap file as minted"}
 	case known && rec.SessionTokenHash == schemas.TokenHash(tok):
 		if req.Generation != rec.Generation {
-			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation", Reason: "a session resumes only within its generation; re-invite the node"}
+			return 0, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation", Reason: "a session resumes only within its generation; re-invite the node"}
 		}
 		if g := s.resumeGeneration(ctx, req, rec); g > 0 {
-			req.Generation = g // its rental was resumed from stopped: the node's next cycle
-			break
+			return g, nil // its rental was resumed from stopped: the node's next cycle
 		}
 		if !now.Before(rec.SessionExpires) {
-			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "enrollment_token", Reason: "the session expired; re-invite the node"}
+			return 0, &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "enrollment_token", Reason: "the session expired; re-invite the node"}
 		}
 	default:
 		if err := s.redeem(ctx, tok, req, now); err != nil {
-			return schemas.Enrollment{}, err
+			return 0, err
 		}
 	}
-	session := newToken()
-	duplicate := known && req.Generation == rec.Generation
-	price := req.PricePerHour
-	if req.RentalID != "" && s.cfg.RentedPrices {
-		// A rented node costs what its rental does.
-		var rt schemas.Rental
-		if _, err := bus.GetJSON(ctx, s.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
-			price = rt.PricePerHour
-		}
-	}
+	return req.Generation, nil
+}
+
+// register writes the node's new session into its record rec (known: it
+// exists), after its command consumer exists, and returns the record as
+// written. The credential was checked against rec; other writers (facts,
+// lost ↔ ready, drain) may change the record before the write and are
+// retried over, but another enrollment — a new fencing token or
+// generation — means this one must not act.
+func (s *Service) register(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord, known bool, session string, now time.Time) (schemas.NodeRecord, error) {
+	price := s.price(ctx, req)
 	facts := req.Facts
 	facts.Normalize()
-	// The credential was checked against the session read above; other
-	// writers (facts, lost ↔ ready, drain) may change the record before the
-	// write and are retried over, but another enrollment — a new fencing
-	// token or generation — means this one must not act.
 	seenToken, seenGen := rec.FencingToken, rec.Generation
 	admit := func(n *schemas.NodeRecord) error {
 		if n.FencingToken != seenToken || n.Generation != seenGen {
@@ -159,28 +151,35 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 	// The consumer exists before the record says the node is ready, so no
 	// command is published for a node that cannot read it.
 	if _, err := s.conn.JS.CreateOrUpdateConsumer(ctx, bus.StreamCmds, bus.NodeConsumerConfig(req.NodeID, s.cfg.CommandAckWait)); err != nil {
-		return schemas.Enrollment{}, fmt.Errorf("create command consumer for %s: %w", req.NodeID, err)
+		return rec, fmt.Errorf("create command consumer for %s: %w", req.NodeID, err)
 	}
-	var nrev uint64
+	var rev uint64
+	var err error
 	if !known {
 		_ = admit(&rec)
-		nrev, err = bus.CreateJSON(ctx, s.nodesKV, req.NodeID, &rec)
+		rev, err = bus.CreateJSON(ctx, s.nodesKV, req.NodeID, &rec)
 	} else {
-		rec, nrev, err = bus.UpdateJSON(ctx, s.nodesKV, req.NodeID, admit)
+		rec, rev, err = bus.UpdateJSON(ctx, s.nodesKV, req.NodeID, admit)
 	}
 	if err != nil {
 		// A concurrent enrollment (another replica) won; this one must not
 		// act.
-		return schemas.Enrollment{}, fmt.Errorf("register node %s: %w", req.NodeID, err)
+		return rec, fmt.Errorf("register node %s: %w", req.NodeID, err)
 	}
-	s.cache.NoteNode(rec, nrev)
-	s.poke()
-	return schemas.Enrollment{
-		NodeID: req.NodeID, SessionToken: session, SessionExpires: rec.SessionExpires,
-		FencingToken: rec.FencingToken, Generation: rec.Generation, LeaseExpires: rec.LeaseExpires,
-		HeartbeatSeconds: max(int64(s.cfg.HeartbeatInterval/time.Second), 1), Consumer: bus.NodeConsumer(req.NodeID),
-		Duplicate: duplicate,
-	}, nil
+	s.cache.NoteNode(rec, rev)
+	return rec, nil
+}
+
+// price is what the node costs an hour: what it declares, or, rented with
+// a capacity provider configured, what its rental does.
+func (s *Service) price(ctx context.Context, req schemas.EnrollmentRequest) float64 {
+	if req.RentalID != "" && s.cfg.RentedPrices {
+		var rt schemas.Rental
+		if _, err := bus.GetJSON(ctx, s.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
+			return rt.PricePerHour
+		}
+	}
+	return req.PricePerHour
 }
 
 // redeem checks an invitation against the request and deletes it at the
@@ -218,17 +217,12 @@ func (s *Service) redeem(ctx context.Context, tok string, req schemas.Enrollment
 	return nil
 }
 
-// handleRenew extends a session. It never moves the fencing token; a
-// renewal from a superseded session is refused.
-func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
-	var req schemas.SessionRenewal
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil && bus.SubjectNode(m.Subject) != req.NodeID {
-		err = &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "renewal published on another node's subject"}
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.SessionRenewal]{Refusal: schemas.RefusalOfInput(err, "body is not a SessionRenewal")})
-		return
+// renew extends a session. It never moves the fencing token; a renewal
+// from a superseded session, or published on another node's subject, is
+// refused.
+func (s *Service) renew(ctx context.Context, subject string, req schemas.SessionRenewal) (schemas.SessionRenewal, error) {
+	if bus.SubjectNode(subject) != req.NodeID {
+		return schemas.SessionRenewal{}, &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "renewal published on another node's subject"}
 	}
 	now := s.cfg.Now()
 	rec, rev, err := bus.UpdateJSON(ctx, s.nodesKV, req.NodeID, func(n *schemas.NodeRecord) error {
@@ -243,15 +237,14 @@ func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
 		n.SessionExpires = now.Add(s.cfg.SessionTTL)
 		return nil
 	})
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return schemas.SessionRenewal{}, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id", Reason: "not enrolled"}
+	}
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			err = &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id", Reason: "not enrolled"}
-		}
-		respond(s.log, m, enc, schemas.Reply[schemas.SessionRenewal]{Refusal: schemas.AsRefusal(err)})
-		return
+		return schemas.SessionRenewal{}, err
 	}
 	s.cache.NoteNode(rec, rev)
-	respond(s.log, m, enc, schemas.Reply[schemas.SessionRenewal]{OK: &schemas.SessionRenewal{NodeID: rec.NodeID, SessionExpires: rec.SessionExpires, FencingToken: rec.FencingToken}})
+	return schemas.SessionRenewal{NodeID: rec.NodeID, SessionExpires: rec.SessionExpires, FencingToken: rec.FencingToken}, nil
 }
 
 // resumeGeneration is enrollment's question to the rentals: an agent

@@ -14,26 +14,26 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// reply answers an operator's session request in JSON.
-func (s *Service) reply(m *nats.Msg, rep schemas.SessionReply) {
-	if err := bus.Respond(m, codec.JSON, rep); err != nil {
-		s.log.Error("session reply", zap.String("subject", m.Subject), zap.Error(err))
+// operatorServer serves one of an operator's session subjects: replies
+// in JSON, errors as the session protocol's (schemas.SessionError), and a
+// goroutine per request (an attach may wait minutes on an image pull).
+func (s *Service) operatorServer(subject string, answer func(context.Context, string, schemas.SessionRequest) schemas.SessionReply) *requests.Server[schemas.SessionRequest, schemas.SessionReply] {
+	return &requests.Server[schemas.SessionRequest, schemas.SessionReply]{
+		Subject: subject, What: "session request", Malformed: "body is not a SessionRequest", JSON: true, Log: s.log,
+		Validate: func(r *schemas.SessionRequest) error { return residency.KeyOf(r.Key()).Validate() },
+		Answer:   answer,
+		Refuse: func(_ *schemas.Refusal, err error) schemas.SessionReply {
+			if errors.Is(err, codec.ErrMalformed) {
+				err = fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
+			}
+			return schemas.SessionReply{Error: residency.ToWire(err)}
+		},
 	}
-}
-
-func decodeRequest(m *nats.Msg) (schemas.SessionRequest, error) {
-	var req schemas.SessionRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		return req, fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
-	}
-	if err := residency.KeyOf(req.Key()).Validate(); err != nil {
-		return req, err
-	}
-	return req, nil
 }
 
 // askNode sends one session command to a node's host and decodes its reply.
@@ -65,12 +65,7 @@ func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op schemas.
 // pins one), the session's previous host first (its image is warm there);
 // a node that refuses for a reason another node may not have (capacity,
 // draining, no session host, another runtime build) passes to the next.
-func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
-	req, err := decodeRequest(m)
-	if err != nil {
-		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
-		return
-	}
+func (s *Service) attach(ctx context.Context, st *stores, req schemas.SessionRequest) schemas.SessionReply {
 	key := residency.KeyOf(req.Key())
 	if req.Actor == "" {
 		req.Actor = "operator"
@@ -83,14 +78,12 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		case errors.Is(gerr, jetstream.ErrKeyNotFound):
 			req.Mode = residency.ModeCreate
 		default:
-			s.reply(m, schemas.SessionReply{Error: residency.ToWire(gerr)})
-			return
+			return schemas.SessionReply{Error: residency.ToWire(gerr)}
 		}
 	}
 	cands, err := s.candidates(ctx, st, key, req.Node)
 	if err != nil {
-		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
-		return
+		return schemas.SessionReply{Error: residency.ToWire(err)}
 	}
 	var last *schemas.SessionError
 	for _, n := range cands {
@@ -105,8 +98,7 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		release()
 		if err == nil && rep.Error == nil {
 			s.log.Info("session attached", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.String("mode", string(req.Mode)))
-			s.reply(m, rep)
-			return
+			return rep
 		}
 		if err == nil {
 			err = rep.Error
@@ -120,7 +112,7 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 	if last == nil {
 		last = &schemas.SessionError{Code: residency.CodeCapacity, Message: "no ready node to place session " + key.String() + " on"}
 	}
-	s.reply(m, schemas.SessionReply{Error: last})
+	return schemas.SessionReply{Error: last}
 }
 
 // bookGPUs books count free cards of node for the session into cmd and
@@ -193,26 +185,18 @@ func (s *Service) candidates(ctx context.Context, st *stores, key residency.Key,
 
 // handleRelease releases a session gracefully on the node whose route
 // wf_residency holds.
-func (s *Service) handleRelease(ctx context.Context, st *stores, m *nats.Msg) {
-	req, err := decodeRequest(m)
-	if err != nil {
-		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
-		return
-	}
+func (s *Service) release(ctx context.Context, st *stores, req schemas.SessionRequest) schemas.SessionReply {
 	key := residency.KeyOf(req.Key())
 	obs, _, err := st.locations.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && obs.State == residency.StateExpired):
-		s.reply(m, schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeNotResident, Message: "session " + key.String() + " is resident nowhere"}})
-		return
+		return schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeNotResident, Message: "session " + key.String() + " is resident nowhere"}}
 	case err != nil:
-		s.reply(m, schemas.SessionReply{Error: residency.ToWire(err)})
-		return
+		return schemas.SessionReply{Error: residency.ToWire(err)}
 	}
 	var n schemas.NodeRecord
 	if _, err := bus.GetJSON(ctx, s.nodesKV, obs.Host, &n); err != nil {
-		s.reply(m, schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + obs.Host + ": " + err.Error()}})
-		return
+		return schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + obs.Host + ": " + err.Error()}}
 	}
 	rep, err := s.askNode(ctx, n, schemas.SessionRelease, schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session}, s.cfg.DrainTimeout)
 	if err != nil {
@@ -221,5 +205,5 @@ func (s *Service) handleRelease(ctx context.Context, st *stores, m *nats.Msg) {
 	if rep.Error == nil {
 		s.log.Info("session released", zap.Stringer("session", key), zap.String("node_id", n.NodeID))
 	}
-	s.reply(m, rep)
+	return rep
 }
