@@ -244,7 +244,7 @@ func (r *Remote) call(ctx context.Context, op string, body, out any) error {
 		return fmt.Errorf("%w: %s: malformed reply: %w", ErrServiceUnavailable, op, err)
 	}
 	if rep.Error != nil {
-		return rep.Error
+		return ErrorFromWire(rep.Error)
 	}
 	if out != nil && len(rep.OK) > 0 {
 		if err := json.Unmarshal(rep.OK, out); err != nil {

@@ -194,7 +194,7 @@ func sessionRequest(ctx context.Context, g *globals, subject string, req schemas
 		return rep, fmt.Errorf("reply on %s: %w", subject, err)
 	}
 	if rep.Error != nil {
-		return rep, rep.Error
+		return rep, residency.ErrorFromWire(rep.Error)
 	}
 	return rep, nil
 }
@@ -264,10 +264,10 @@ func printDrainSessions(w io.Writer, v *schemas.DrainView) {
 		fmt.Fprintf(w, "session drain on %s did not complete: %v\n", v.Node, v.Error)
 	}
 	for _, k := range v.Released {
-		fmt.Fprintf(w, "session %s released\n", k)
+		fmt.Fprintf(w, "session %s released\n", residency.KeyOf(k))
 	}
 	for _, f := range v.Failures {
-		fmt.Fprintf(w, "session %s NOT released: %s", f.Key, f.Reason)
+		fmt.Fprintf(w, "session %s NOT released: %s", residency.KeyOf(f.Key), f.Reason)
 		if len(f.Unwritten) > 0 {
 			fmt.Fprintf(w, " (still held: %s)", strings.Join(f.Unwritten, ", "))
 		}
