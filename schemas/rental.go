@@ -74,6 +74,19 @@ func (r *Rental) Resumes(n NodeRecord) uint64 {
 	return r.Generation
 }
 
+// RentalLeader is the rental loop's leader lease in wf_leases: who leads
+// it, in which term, until when. Term only grows: a takeover or a release
+// keeps it.
+type RentalLeader struct {
+	Holder    string    `json:"holder"`
+	Term      uint64    `json:"term"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// LeaseEpoch and LeaseExpiresAt make a RentalLeader a bus.LeaseRecord.
+func (r RentalLeader) LeaseEpoch() uint64        { return r.Term }
+func (r RentalLeader) LeaseExpiresAt() time.Time { return r.ExpiresAt }
+
 // RentalStage is one entry of a rental's timeline.
 type RentalStage struct {
 	State RentalState `json:"state"`
