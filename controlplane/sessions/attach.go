@@ -60,7 +60,7 @@ func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op schemas.
 	return rep, nil
 }
 
-// handleAttach places a session on a node and attaches it there.
+// attach places a session on a node and attaches it there.
 // Candidates are the ready, live nodes (only the one named, when the request
 // pins one), the session's previous host first (its image is warm there);
 // a node that refuses for a reason another node may not have (capacity,
@@ -183,7 +183,7 @@ func (s *Service) candidates(ctx context.Context, st *stores, key residency.Key,
 	return out, nil
 }
 
-// handleRelease releases a session gracefully on the node whose route
+// release releases a session gracefully on the node whose route
 // wf_residency holds.
 func (s *Service) release(ctx context.Context, st *stores, req schemas.SessionRequest) schemas.SessionReply {
 	key := residency.KeyOf(req.Key())
