@@ -88,14 +88,7 @@ func Reply[R any](r R, err error) schemas.Reply[R] {
 
 // Handle decodes, validates and answers one request.
 func (s *Server[T, Rep]) Handle(ctx context.Context, m *nats.Msg) {
-	var req T
-	enc, err := codec.JSON, error(nil)
-	if !s.Empty || len(m.Data) > 0 {
-		enc, err = codec.DecodeMsg(m, &req)
-		if err == nil && s.Validate != nil {
-			err = s.Validate(&req)
-		}
-	}
+	req, enc, err := s.decode(m)
 	var rep Rep
 	if err != nil {
 		// The input's refusal, never the input: a body may hold a secret.
@@ -118,6 +111,17 @@ func (s *Server[T, Rep]) Handle(ctx context.Context, m *nats.Msg) {
 	if err := bus.Respond(m, enc, rep); err != nil {
 		s.Log.Error("reply", zap.String("subject", m.Subject), zap.Error(err))
 	}
+}
+
+// decode reads a request and checks it; enc is the encoding to answer in.
+func (s *Server[T, Rep]) decode(m *nats.Msg) (req T, enc codec.Encoding, err error) {
+	if s.Empty && len(m.Data) == 0 {
+		return req, codec.JSON, nil
+	}
+	if enc, err = codec.DecodeMsg(m, &req); err == nil && s.Validate != nil {
+		err = s.Validate(&req)
+	}
+	return req, enc, err
 }
 
 // Endpoint is a server ready to subscribe: what Serve takes.
