@@ -141,7 +141,7 @@ func (r *replicas) dialLogin(ctx context.Context, login schemas.ArtifactLogin) (
 		t := bus.TransportOf(r.nc)
 		tr = &t
 	}
-	return bus.DialArtifactLogin(ctx, *tr, r.nodeID, login)
+	return bus.DialArtifactLogin(ctx, *tr, r.nodeID, login.User, login.Token)
 }
 
 // httpClient is the client URL sources are fetched with: no overall

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Transport is where and how a client reaches NATS, without any identity:
@@ -42,14 +40,14 @@ func TransportOf(nc *nats.Conn) Transport {
 const ArtifactLoginTimeout = 10 * time.Second
 
 // DialArtifactLogin opens a connection of its own for one artifact fetch,
-// logged in as login (schemas.ArtifactLogin: bus.ArtifactUser and a
-// one-time token), with its replies under ArtifactInboxPrefix(nodeID). The
+// logged in as user (ArtifactUser(nodeID)) with the one-time token the
+// control plane answered, with its replies under ArtifactInboxPrefix(nodeID). The
 // token is single-use, so the connection never reconnects: a fetch cut off
 // asks for a new credential. The caller closes it after the fetch; the
 // server closes it when the login expires.
-func DialArtifactLogin(ctx context.Context, tr Transport, nodeID string, login schemas.ArtifactLogin) (*nats.Conn, error) {
-	if login.User != ArtifactUser(nodeID) || login.Token == "" {
-		return nil, fmt.Errorf("bus: artifact login: user %q is not node %s's artifact user (%s) or has no token", login.User, nodeID, ArtifactUser(nodeID))
+func DialArtifactLogin(ctx context.Context, tr Transport, nodeID, user, token string) (*nats.Conn, error) {
+	if user != ArtifactUser(nodeID) || token == "" {
+		return nil, fmt.Errorf("bus: artifact login: user %q is not node %s's artifact user (%s) or has no token", user, nodeID, ArtifactUser(nodeID))
 	}
 	timeout := ArtifactLoginTimeout
 	if d, ok := ctx.Deadline(); ok {
@@ -61,7 +59,7 @@ func DialArtifactLogin(ctx context.Context, tr Transport, nodeID string, login s
 	opts := append([]nats.Option{}, tr.Options...)
 	opts = append(opts,
 		nats.Name("warmfleet-agent "+nodeID+" artifact"),
-		nats.UserInfo(login.User, login.Token),
+		nats.UserInfo(user, token),
 		nats.CustomInboxPrefix(ArtifactInboxPrefix(nodeID)),
 		nats.NoReconnect(),
 		nats.RetryOnFailedConnect(false),
@@ -70,11 +68,11 @@ func DialArtifactLogin(ctx context.Context, tr Transport, nodeID string, login s
 	// Connect is bounded by the timeout, which ctx's deadline shortens.
 	nc, err := nats.Connect(tr.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("bus: artifact login as %s: %w", login.User, err)
+		return nil, fmt.Errorf("bus: artifact login as %s: %w", user, err)
 	}
 	if err := ctx.Err(); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("bus: artifact login as %s: %w", login.User, err)
+		return nil, fmt.Errorf("bus: artifact login as %s: %w", user, err)
 	}
 	return nc, nil
 }

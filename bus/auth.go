@@ -12,7 +12,7 @@ import (
 
 // Authentication. With auth on, nats-server hands every login except the
 // control plane's own to an auth callout run by the control plane
-// (controlplane.AuthCallout). A client presents a user name and a secret:
+// (controlplane/admission). A client presents a user name and a secret:
 //
 //	agent, first boot: node id + the invitation's enrollment token
 //	agent, enrolled:   node id + its session token

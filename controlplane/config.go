@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
@@ -65,6 +66,11 @@ type Config struct {
 	// ArtifactGrantTTL bounds a node's one-time login to read the artifact
 	// object store; artifactauth.DefaultGrantTTL when zero.
 	ArtifactGrantTTL time.Duration
+	// Auth, when set, serves the NATS auth callout (controlplane/admission):
+	// the server asks it about every login but the control plane's own, so
+	// the control plane's connection must be the auth_callout's service
+	// user. Nil: the server admits logins itself.
+	Auth *admission.Config
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
 }
@@ -96,6 +102,11 @@ func (c *Config) defaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Auth != nil && c.Auth.Now == nil {
+		a := *c.Auth
+		a.Now = c.Now
+		c.Auth = &a
 	}
 	if c.Capacity != nil {
 		c.Capacity.Defaults()

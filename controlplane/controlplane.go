@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/artifacts"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
@@ -56,6 +57,8 @@ type ControlPlane struct {
 	artifactsService *artifacts.Service
 	// artifactAuth gives nodes artifact source credentials per fetch.
 	artifactAuth *artifactauth.Service
+	// callout is the NATS auth callout; nil without Config.Auth.
+	callout *admission.Callout
 
 	// ready closes once Run serves every subject.
 	ready chan struct{}
@@ -120,6 +123,11 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
 		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Now: cfg.Now,
 			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
+	if cfg.Auth != nil {
+		if cp.callout, err = admission.New(ctx, conn, *cfg.Auth, log); err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+	}
 	return cp, nil
 }
 
@@ -141,10 +149,10 @@ const ObsWorkers = 16
 // workers' queues, not the server, hold the backlog.
 const IntakeWorkers = 64
 
-// Run serves until ctx ends: KV watches, intake, observation ingest, node
-// and session services, the scheduler and, with Capacity, the rental
-// manager. It returns the first error that stops a part, or nil after ctx
-// ends.
+// Run serves until ctx ends: KV watches, the auth callout, intake,
+// observation ingest, node and session services, the scheduler and, with
+// Capacity, the rental manager. It returns the first error that stops a
+// part, or nil after ctx ends.
 func (cp *ControlPlane) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs last: after cancel below
@@ -159,69 +167,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	// Every active Run's last events are checked against WF_EVENTS on the
 	// first pass, in case a replica stopped between a write and its publish.
 	cp.runs.RepairAllOnNextPass()
-	stopNodes, err := cp.nodes.Serve(ctx, &wg)
+	stopServices, err := startAll(ctx, cp.services(&wg))
 	if err != nil {
 		return err
 	}
-	defer stopNodes()
-	stopSessions, err := cp.sessions.Serve(ctx)
+	defer stopServices()
+	stopStreams, err := cp.consumeStreams(ctx, &wg)
 	if err != nil {
 		return err
 	}
-	defer stopSessions()
-	stopPrefetch, err := cp.prefetch.Serve(ctx, &wg)
-	if err != nil {
-		return err
-	}
-	defer stopPrefetch()
-	stopRegistryAuth, err := cp.registryAuth.Serve(ctx, &wg)
-	if err != nil {
-		return err
-	}
-	defer stopRegistryAuth()
-	stopArtifacts, err := cp.artifactsService.Serve(ctx)
-	if err != nil {
-		return err
-	}
-	defer stopArtifacts()
-	stopArtifactAuth, err := cp.artifactAuth.Serve(ctx, &wg)
-	if err != nil {
-		return err
-	}
-	defer stopArtifactAuth()
-	if cp.rentals != nil {
-		stopRentals, err := cp.rentals.Serve(ctx)
-		if err != nil {
-			return err
-		}
-		defer stopRentals()
-	}
-
-	// A Run's submit and cancel go to the same intake worker, by Run id,
-	// and keep their stream order.
-	intakePool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: IntakeWorkers, Queue: IntakeWorkers * 8}, cp.intake.Handle)
-	stopIntake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
-		job := intake.Parse(m, redelivered)
-		intakePool.Submit(job.Key, job) // false only when ctx ended: m stays unacked and is redelivered
-	})
-	if err != nil {
-		return err
-	}
-	defer stopIntake()
-	// Observations are handled by node: one node's reports (receipts,
-	// workload phases, facts) keep their order, different nodes' run
-	// concurrently.
-	obsPool := keyed.NewPool(ctx, &wg, keyed.PoolOptions{Workers: ObsWorkers, Queue: ObsWorkers * 8}, func(ctx context.Context, d delivery) {
-		cp.ingest.Handle(ctx, d.m, d.redelivered)
-	})
-	stopObs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
-		obsPool.Submit(bus.SubjectNode(m.Subject()), delivery{m, redelivered})
-	})
-	if err != nil {
-		return err
-	}
-	defer stopObs()
-
+	defer stopStreams()
 	cp.dispatch.AskReconciliation(ctx)
 	wg.Go(func() { cp.scheduler.Run(ctx) })
 	if cp.rentals != nil {
@@ -231,6 +186,77 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	cp.log.Info("control plane serving", zap.String("nats", cp.conn.NC.ConnectedUrlRedacted()))
 	<-ctx.Done()
 	return nil
+}
+
+// service starts one part's subscriptions and returns what stops them.
+type service func(ctx context.Context) (stop func(), err error)
+
+// services are the parts that answer on core NATS subjects, the auth
+// callout first: an agent's login waits on it. Their pools and loops are
+// owned by wg.
+func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
+	withWG := func(serve func(context.Context, *sync.WaitGroup) (func(), error)) service {
+		return func(ctx context.Context) (func(), error) { return serve(ctx, wg) }
+	}
+	var out []service
+	if cp.callout != nil {
+		out = append(out, cp.callout.Serve)
+	}
+	out = append(out, withWG(cp.nodes.Serve), cp.sessions.Serve, withWG(cp.prefetch.Serve), withWG(cp.registryAuth.Serve),
+		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
+	if cp.rentals != nil {
+		out = append(out, cp.rentals.Serve)
+	}
+	return out
+}
+
+// startAll starts each service in order; on a failure it stops those it
+// started. The returned stop stops them all, the last started first.
+func startAll(ctx context.Context, services []service) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	for _, s := range services {
+		st, err := s(ctx)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		stops = append(stops, st)
+	}
+	return stop, nil
+}
+
+// consumeStreams binds the intake and observation consumers, each feeding
+// a keyed pool that wg owns.
+func (cp *ControlPlane) consumeStreams(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
+	// A Run's submit and cancel go to the same intake worker, by Run id,
+	// and keep their stream order.
+	intakePool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: IntakeWorkers, Queue: IntakeWorkers * 8}, cp.intake.Handle)
+	stopIntake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
+		job := intake.Parse(m, redelivered)
+		intakePool.Submit(job.Key, job) // false only when ctx ended: m stays unacked and is redelivered
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Observations are handled by node: one node's reports (receipts,
+	// workload phases, facts) keep their order, different nodes' run
+	// concurrently.
+	obsPool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: ObsWorkers, Queue: ObsWorkers * 8}, func(ctx context.Context, d delivery) {
+		cp.ingest.Handle(ctx, d.m, d.redelivered)
+	})
+	stopObs, err := cp.consume(ctx, bus.StreamObs, bus.ObsConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
+		obsPool.Submit(bus.SubjectNode(m.Subject()), delivery{m, redelivered})
+	})
+	if err != nil {
+		stopIntake()
+		return nil, err
+	}
+	return func() { stopObs(); stopIntake() }, nil
 }
 
 // delivery is one stream message on its way to a worker; redelivered says

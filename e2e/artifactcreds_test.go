@@ -93,7 +93,7 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 
 	// Before any grant: no artifact login gets in, and the node's own
 	// session cannot read the bucket.
-	if nc, err := bus.DialArtifactLogin(ctx, transport, "node-a", schemas.ArtifactLogin{User: bus.ArtifactUser("node-a"), Token: randomSecret(t)}); err == nil {
+	if nc, err := bus.DialArtifactLogin(ctx, transport, "node-a", bus.ArtifactUser("node-a"), randomSecret(t)); err == nil {
 		nc.Close()
 		t.Fatal("an artifact login with no grant was admitted")
 	} else if !bus.IsAuthError(err) {
@@ -185,7 +185,7 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	if _, err := grants.Get(ctx, schemas.ArtifactGrantKey(cred.Login.Token)); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the used grant is still in %s: %v", bus.BucketArtifactGrants, err)
 	}
-	if nc2, err := bus.DialArtifactLogin(ctx, transport, "node-a", *cred.Login); err == nil {
+	if nc2, err := bus.DialArtifactLogin(ctx, transport, "node-a", cred.Login.User, cred.Login.Token); err == nil {
 		nc2.Close()
 		t.Fatal("an artifact login was admitted a second time")
 	} else if !bus.IsAuthError(err) {
@@ -200,7 +200,7 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	}
 	sf.plant("artifact login token 2", late.Login.Token)
 	time.Sleep(time.Until(late.Login.Expires) + 500*time.Millisecond)
-	if nc3, err := bus.DialArtifactLogin(ctx, transport, "node-a", *late.Login); err == nil {
+	if nc3, err := bus.DialArtifactLogin(ctx, transport, "node-a", late.Login.User, late.Login.Token); err == nil {
 		nc3.Close()
 		t.Fatal("an expired artifact login was admitted")
 	} else if !bus.IsAuthError(err) {

@@ -184,7 +184,7 @@ func TestAcceptance_SessionsCountInPlacement(t *testing.T) {
 		return true
 	})
 
-	rv := f.attachSession(residency.SessionRequest{Tenant: "acme", Session: "gpu-holder", Node: "sess-a", GPUCount: 1})
+	rv := f.attachSession(schemas.SessionRequest{Tenant: "acme", Session: "gpu-holder", Node: "sess-a", GPUCount: 1})
 	if rv.Host != "sess-a" {
 		t.Fatalf("session resident on %s, want sess-a", rv.Host)
 	}
@@ -194,7 +194,7 @@ func TestAcceptance_SessionsCountInPlacement(t *testing.T) {
 			return o.Session == "gpu-holder" && o.Holds() && slices.Equal(o.GPUs, []string{"GPU-5e551011-0000-0000-0000-000000000001"})
 		})
 	})
-	if rep := f.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: "acme", Session: "second", Node: "sess-a", GPUCount: 1}); rep.Error == nil || rep.Error.Code != residency.CodeCapacity {
+	if rep := f.sessionAdmin(bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: "acme", Session: "second", Node: "sess-a", GPUCount: 1}); rep.Error == nil || rep.Error.Code != residency.CodeCapacity {
 		t.Errorf("a second GPU session on sess-a: %+v, want a capacity refusal", rep.Error)
 	}
 

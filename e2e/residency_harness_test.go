@@ -22,6 +22,7 @@ import (
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/nodehost"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Session residency end to end: a real control plane (residency services
@@ -169,12 +170,12 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 	f.waitNode(spec.id, a)
 	// The session host subscribes once the agent has enrolled.
 	f.eventually(10*time.Second, spec.id+"'s session host answering", func() bool {
-		b, _ := json.Marshal(residency.SessionCommand{FencingToken: a.Enrollment().FencingToken})
-		resp, err := f.conn.NC.Request(bus.NodeSessions(spec.id, string(residency.OpList)), b, time.Second)
+		b, _ := json.Marshal(schemas.SessionCommand{FencingToken: a.Enrollment().FencingToken})
+		resp, err := f.conn.NC.Request(bus.NodeSessions(spec.id, string(schemas.SessionList)), b, time.Second)
 		if err != nil {
 			return false
 		}
-		var rep residency.SessionReply
+		var rep schemas.SessionReply
 		return json.Unmarshal(resp.Data, &rep) == nil && rep.Error == nil
 	})
 	return &sessionNode{id: spec.id, agent: a, host: host, rt: spec.rt, ws: ws, part: p}
@@ -192,7 +193,7 @@ func (f *fleet) containerdRuntime(w world, id string) *containerd.Runtime {
 }
 
 // sessionAdmin sends an operator's session request, as the CLI does.
-func (f *fleet) sessionAdmin(subject string, req residency.SessionRequest) residency.SessionReply {
+func (f *fleet) sessionAdmin(subject string, req schemas.SessionRequest) schemas.SessionReply {
 	f.t.Helper()
 	b, err := json.Marshal(req)
 	if err != nil {
@@ -204,7 +205,7 @@ func (f *fleet) sessionAdmin(subject string, req residency.SessionRequest) resid
 	if err != nil {
 		f.t.Fatalf("%s: %v", subject, err)
 	}
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
 		f.t.Fatalf("%s reply: %v", subject, err)
 	}
@@ -212,7 +213,7 @@ func (f *fleet) sessionAdmin(subject string, req residency.SessionRequest) resid
 }
 
 // attachSession attaches through the control plane and fails on an error.
-func (f *fleet) attachSession(req residency.SessionRequest) residency.ResidencyView {
+func (f *fleet) attachSession(req schemas.SessionRequest) schemas.ResidencyView {
 	f.t.Helper()
 	rep := f.sessionAdmin(bus.SubjectSessionAttach, req)
 	if rep.Error != nil || rep.Residency == nil {
@@ -224,11 +225,11 @@ func (f *fleet) attachSession(req residency.SessionRequest) residency.ResidencyV
 // attachWhenLeaseFree attaches key through the control plane, retrying while
 // the previous holder's lease is still live (lease_held) and failing on any
 // other refusal; it gives up after within.
-func (f *fleet) attachWhenLeaseFree(key residency.Key, within time.Duration, what string) residency.ResidencyView {
+func (f *fleet) attachWhenLeaseFree(key residency.Key, within time.Duration, what string) schemas.ResidencyView {
 	f.t.Helper()
-	var rv residency.ResidencyView
+	var rv schemas.ResidencyView
 	f.eventually(within, what, func() bool {
-		rep := f.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session})
+		rep := f.sessionAdmin(bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session})
 		if rep.Error != nil {
 			if rep.Error.Code != residency.CodeLeaseHeld {
 				f.t.Fatalf("%s: %v", what, rep.Error)
@@ -244,7 +245,7 @@ func (f *fleet) attachWhenLeaseFree(key residency.Key, within time.Duration, wha
 
 // askHost sends a session command straight to a node's host (bypassing the
 // control plane's placement), stamped with the node's current token.
-func (f *fleet) askHost(n *sessionNode, op residency.SessionOp, cmd residency.SessionCommand) residency.SessionReply {
+func (f *fleet) askHost(n *sessionNode, op schemas.SessionOp, cmd schemas.SessionCommand) schemas.SessionReply {
 	f.t.Helper()
 	cmd.FencingToken = n.agent.Enrollment().FencingToken
 	b, _ := json.Marshal(cmd)
@@ -252,7 +253,7 @@ func (f *fleet) askHost(n *sessionNode, op residency.SessionOp, cmd residency.Se
 	if err != nil {
 		f.t.Fatalf("%s %s: %v", n.id, op, err)
 	}
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
 		f.t.Fatal(err)
 	}
@@ -299,10 +300,10 @@ func (f *fleet) publishWork(key residency.Key, id string) {
 	}
 }
 
-func sortedKeys(ks []residency.Key) []string {
+func sortedKeys(ks []schemas.SessionKey) []string {
 	out := make([]string, 0, len(ks))
 	for _, k := range ks {
-		out = append(out, k.String())
+		out = append(out, residency.KeyOf(k).String())
 	}
 	sort.Strings(out)
 	return out

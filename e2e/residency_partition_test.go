@@ -16,6 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // partition is a TCP proxy between one agent and NATS that a test can cut
@@ -113,7 +114,7 @@ func TestResidencyPartition_SurrenderAndFencedLateWrites(t *testing.T) {
 	b := f.startSessionNode(sessionNodeSpec{id: "node-b", ledger: l})
 	key := residency.Key{Tenant: "acme", Session: "part-1"}
 
-	r := f.attachSession(residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
+	r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
 	if r.Host != a.id || r.Epoch != 1 {
 		t.Fatalf("attach: %+v", r)
 	}
@@ -148,8 +149,8 @@ func TestResidencyPartition_SurrenderAndFencedLateWrites(t *testing.T) {
 
 	part.heal()
 	f.eventually(15*time.Second, "node-a to reconnect", func() bool {
-		b, _ := json.Marshal(residency.SessionCommand{FencingToken: a.agent.Enrollment().FencingToken})
-		_, err := f.conn.NC.Request(bus.NodeSessions(a.id, string(residency.OpList)), b, time.Second)
+		b, _ := json.Marshal(schemas.SessionCommand{FencingToken: a.agent.Enrollment().FencingToken})
+		_, err := f.conn.NC.Request(bus.NodeSessions(a.id, string(schemas.SessionList)), b, time.Second)
 		return err == nil
 	})
 	late := &residency.Remote{NC: f.conn.NC, NodeID: a.id, Timeout: 5 * time.Second}

@@ -9,6 +9,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // TestResidency_RestartsKeepAndCleanRuntimes: a control-plane restart asks
@@ -23,7 +24,7 @@ func TestResidency_RestartsKeepAndCleanRuntimes(t *testing.T) {
 	rt := noopruntime.New(noopruntime.Options{})
 	a := f.startSessionNode(sessionNodeSpec{id: "node-a", rt: rt, ledger: l})
 	key := residency.Key{Tenant: "acme", Session: "keep-1"}
-	r := f.attachSession(residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
+	r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
 	ctx := context.Background()
 
 	f.cp.stop(t)
@@ -46,9 +47,9 @@ func TestResidency_RestartsKeepAndCleanRuntimes(t *testing.T) {
 		_, err := rt.Inspect(ctx, r.Workload)
 		return errors.Is(err, noderuntime.ErrWorkloadNotFound)
 	})
-	var r2 residency.ResidencyView
+	var r2 schemas.ResidencyView
 	f.eventually(20*time.Second, "session resumed after the old lease expired", func() bool {
-		rep := f.sessionAdmin("wf.admin.session.attach", residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a2.id})
+		rep := f.sessionAdmin("wf.admin.session.attach", schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a2.id})
 		if rep.Error != nil {
 			time.Sleep(250 * time.Millisecond)
 			return false

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
@@ -32,7 +31,7 @@ func TestAcceptance_ResidencyFailover(t *testing.T) {
 	b := f.startSessionNode(sessionNodeSpec{id: "node-b", ledger: l})
 	key := residency.Key{Tenant: "acme", Session: "chat-1"}
 
-	r := f.attachSession(residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Mode: residency.ModeCreate, Node: a.id})
+	r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Mode: residency.ModeCreate, Node: a.id})
 	if r.Host != a.id || r.Epoch != 1 || !r.Attached {
 		t.Fatalf("first attach: %+v, want node-a at epoch 1", r)
 	}
@@ -149,7 +148,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	a := f.startSessionNode(sessionNodeSpec{id: "node-a", rt: rtA, target: target, warmTTL: 2 * time.Second, ledger: l})
 	key := residency.Key{Tenant: "acme", Session: "warm-1"}
 
-	r := f.attachSession(residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
+	r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
 	if r.Epoch != 1 || r.Host != a.id || r.Workload != residency.WorkloadID(key, 1) {
 		t.Fatalf("attach: %+v", r)
 	}
@@ -158,7 +157,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 		t.Fatalf("session container %s: %+v, %v; want running", r.Workload, st, err)
 	}
 	// Re-attaching a resident session takes nothing.
-	if again := f.attachSession(residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id}); again.Attached || again.Epoch != 1 {
+	if again := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id}); again.Attached || again.Epoch != 1 {
 		t.Fatalf("re-attach: %+v, want Attached=false at epoch 1", again)
 	}
 	f.publishWork(key, "w-1")
@@ -197,7 +196,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	// Resume on a second node, a real containerd too.
 	rtB := f.containerdRuntime(w, "node-b")
 	b := f.startSessionNode(sessionNodeSpec{id: "node-b", rt: rtB, target: target, warmTTL: time.Minute, ledger: l})
-	rb := f.attachSession(residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: b.id})
+	rb := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: b.id})
 	if rb.Epoch != 2 || rb.Host != b.id || !rb.Attached {
 		t.Fatalf("resume: %+v, want node-b at epoch 2", rb)
 	}
@@ -215,7 +214,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	}
 	// Explicit release through the control plane, as `warmfleet session
 	// release` does: the container goes and the route is tombstoned at 2.
-	if rep := f.sessionAdmin(bus.SubjectSessionRelease, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+	if rep := f.sessionAdmin(bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
 		t.Fatalf("release: %v", rep.Error)
 	}
 	if o, _ := f.route(key); o.State != residency.StateExpired || o.Epoch != 2 {
@@ -272,7 +271,7 @@ func TestAcceptance_DrainReleasesAll(t *testing.T) {
 	a := f.startSessionNode(sessionNodeSpec{id: "node-a", rt: rt, ledger: l})
 	names := []string{"s1", "s2", "s3", "stuck"}
 	for _, s := range names {
-		r := f.attachSession(residency.SessionRequest{Tenant: "acme", Session: s, Node: a.id})
+		r := f.attachSession(schemas.SessionRequest{Tenant: "acme", Session: s, Node: a.id})
 		if r.Host != a.id {
 			t.Fatalf("attach %s: %+v", s, r)
 		}
@@ -288,7 +287,7 @@ func TestAcceptance_DrainReleasesAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep nodes.DrainReply
+	var rep schemas.NodeDrainReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -321,27 +320,27 @@ func TestAcceptance_DrainReleasesAll(t *testing.T) {
 
 	// New admissions are refused at once: by placement (the node is
 	// draining) and by the node's own ledger if asked directly.
-	if rep := f.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: "acme", Session: "late", Node: a.id}); rep.Error == nil {
+	if rep := f.sessionAdmin(bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: "acme", Session: "late", Node: a.id}); rep.Error == nil {
 		t.Errorf("attach on a draining node placed: %+v", rep.Residency)
 	}
-	direct := f.askHost(a, residency.OpAttach, residency.SessionCommand{Tenant: "acme", Session: "late", Mode: residency.ModeCreate, Actor: "test"})
+	direct := f.askHost(a, schemas.SessionAttach, schemas.SessionCommand{Tenant: "acme", Session: "late", Mode: residency.ModeCreate, Actor: "test"})
 	if direct.Error == nil || direct.Error.Code != residency.CodeDraining {
 		t.Errorf("direct attach on draining host: %+v, want draining", direct.Error)
 	}
 	if lr, ok := f.leaseRecord(residency.Key{Tenant: "acme", Session: "late"}); ok {
 		t.Errorf("a refused attach took a lease: %+v", lr)
 	}
-	list := f.askHost(a, residency.OpList, residency.SessionCommand{})
+	list := f.askHost(a, schemas.SessionList, schemas.SessionCommand{})
 	if len(list.Residencies) != 1 || list.Residencies[0].Session != "stuck" {
 		t.Errorf("node-a holds %+v after drain, want only acme.stuck", list.Residencies)
 	}
 	// A command stamped with another session's fencing token is refused.
-	stale := residency.SessionCommand{FencingToken: a.agent.Enrollment().FencingToken + 7}
+	stale := schemas.SessionCommand{FencingToken: a.agent.Enrollment().FencingToken + 7}
 	bs, _ := json.Marshal(stale)
-	if resp, err := f.conn.NC.Request(bus.NodeSessions(a.id, string(residency.OpList)), bs, 5*time.Second); err != nil {
+	if resp, err := f.conn.NC.Request(bus.NodeSessions(a.id, string(schemas.SessionList)), bs, 5*time.Second); err != nil {
 		t.Fatal(err)
 	} else {
-		var r residency.SessionReply
+		var r schemas.SessionReply
 		_ = json.Unmarshal(resp.Data, &r)
 		if r.Error == nil || r.Error.Code != residency.CodeStaleNode {
 			t.Errorf("stale-token command: %+v, want stale_fencing_token", r)

@@ -24,7 +24,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
-	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/internal/testenv"
@@ -104,6 +104,7 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	}
 	cfg := cpConfig()
 	cfg.OpenEnrollment = false
+	cfg.Auth = &admission.Config{IssuerSeed: seed, Producers: map[string]string{sf.producerName: producerToken}, OperatorToken: operatorToken}
 	for _, fn := range tune {
 		fn(&cfg)
 	}
@@ -112,21 +113,9 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	if err != nil {
 		t.Fatal(err)
 	}
-	callout, err := nodes.NewAuthCallout(ctx, cpConn, nodes.AuthConfig{IssuerSeed: seed,
-		Producers: map[string]string{sf.producerName: producerToken}, OperatorToken: operatorToken}, log.Named("cp"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := newPart(cancel, func() error {
 		defer cpConn.Close()
-		errs := make(chan error, 1)
-		go func() { errs <- callout.Run(ctx) }()
-		err := cp.Run(ctx)
-		cancel()
-		if cerr := <-errs; err == nil {
-			err = cerr
-		}
-		return err
+		return cp.Run(ctx)
 	})
 	t.Cleanup(func() { p.stop(t) })
 	select {
@@ -705,9 +694,9 @@ func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
 
 	key := residency.Key{Tenant: sf.producerName, Session: "chat-1"}
 	// The host starts serving just after the agent enrolls.
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	sf.eventually(20*time.Second, "the session to attach on node-s", func() bool {
-		rep = sf.sessionAdmin(bus.SubjectSessionAttach, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session, Mode: residency.ModeCreate, Node: "node-s"})
+		rep = sf.sessionAdmin(bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Mode: residency.ModeCreate, Node: "node-s"})
 		return rep.Error == nil
 	})
 	if r := rep.Residency; r == nil || r.Host != "node-s" || !r.Attached {
@@ -724,7 +713,7 @@ func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
 	other := residency.Key{Tenant: "someone-else", Session: "chat-1"}.InboxSubject()
 	jsPublishFails(t, pjs, other, []byte(`{}`))
 	perrs.denied(t, "publish", other)
-	if rep := sf.sessionAdmin(bus.SubjectSessionRelease, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+	if rep := sf.sessionAdmin(bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
 		t.Fatalf("release: %v", rep.Error)
 	}
 	for _, e := range sf.logs.All() {

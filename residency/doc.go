@@ -50,7 +50,7 @@
 // or checkpoint is refused. Remote is the agent's client of the same
 // interfaces, so nothing in the Manager depends on KV. Package nodehost runs
 // a Manager inside the node agent over the agent's own runtime and answers
-// the control plane's session commands (wire.go) on
+// the control plane's session commands (schemas.SessionCommand) on
 // wf.node.<id>.sessions.<op>. Library tests call the KV stores directly.
 //
 // The inbox (JetStreamInboxes) binds an existing durable consumer and only

@@ -1,6 +1,10 @@
 package residency
 
-import "context"
+import (
+	"context"
+
+	"github.com/warmfleet/warmfleet/schemas"
+)
 
 // RuntimeJournal is what the durable store knows of the runtime's own
 // journal for a session. The zero value is unknown, which refuses a create:
@@ -64,7 +68,7 @@ type DurableStore interface {
 }
 
 // Mode says whether an attach creates a session or resumes one.
-type Mode string
+type Mode = schemas.SessionMode
 
 // Attach modes.
 const (

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Errors, matched with errors.Is. AttachError and ReleaseError wrap them.
@@ -58,8 +60,9 @@ var (
 )
 
 // Code classifies a refusal for a caller that answers on the wire: an
-// AttachError carries one, and a WireError carries one in a reply (wire.go).
-type Code string
+// AttachError carries one, and a reply's schemas.SessionError carries one
+// (wire.go).
+type Code = schemas.SessionCode
 
 // Codes for the sentinel errors above (see sentinelCodes), and the codes an
 // attach falls back to when its cause is none of them (see codeFor).
@@ -86,6 +89,13 @@ const (
 	CodePublish          Code = "publish_failed"
 	CodeInbox            Code = "inbox_failed"
 	CodeClosed           Code = "closed"
+)
+
+// Codes a reply carries that stand for no sentinel error.
+const (
+	CodeReleaseError Code = "release_incomplete"
+	CodeStaleNode    Code = "stale_fencing_token"
+	CodeNoHost       Code = "no_session_host"
 )
 
 // sentinelCodes is the one table from sentinel error to code: codeFor

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // FuzzSessionRequestDecode is the control plane's path for an operator's
@@ -14,11 +16,12 @@ func FuzzSessionRequestDecode(f *testing.F) {
 	f.Add([]byte(`{"tenant":"acme","session":"s-1","mode":"create","actor":"ops"}`))
 	f.Add([]byte(`{"tenant":"a.b","session":"*"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var req SessionRequest
+		var req schemas.SessionRequest
 		if err := json.Unmarshal(body, &req); err != nil {
 			return
 		}
-		err := req.Key().Validate()
+		key := KeyOf(req.Key())
+		err := key.Validate()
 		if err != nil {
 			if !errors.Is(err, ErrInvalidRequest) {
 				t.Fatalf("refusal %v does not match ErrInvalidRequest", err)
@@ -30,8 +33,8 @@ func FuzzSessionRequestDecode(f *testing.F) {
 				t.Fatalf("valid key part %q is not one subject token", s)
 			}
 		}
-		if got := strings.Count(req.Key().InboxSubject(), "."); got != 4 {
-			t.Fatalf("inbox subject %q has %d dots, want 4", req.Key().InboxSubject(), got)
+		if got := strings.Count(key.InboxSubject(), "."); got != 4 {
+			t.Fatalf("inbox subject %q has %d dots, want 4", key.InboxSubject(), got)
 		}
 	})
 }
@@ -44,7 +47,7 @@ func FuzzWireErrorDecode(f *testing.F) {
 	f.Add([]byte(`{"error":{"code":"attach_failed","step":"launch","unreleased":["lease"]}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var rep struct {
-			Error *WireError `json:"error"`
+			Error *schemas.SessionError `json:"error"`
 		}
 		if err := json.Unmarshal(body, &rep); err != nil || rep.Error == nil {
 			return

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // ResidencyEpoch is a session's lease epoch: 1 for the first grant, +1 for
 // every grant after an expiry. It is the fencing token of every residency
 // write.
-type ResidencyEpoch uint64
+type ResidencyEpoch = schemas.ResidencyEpoch
 
 // LeaseGrant is one grant of a session lease, as plain data so the
 // SessionLeases interface can travel over request/reply.

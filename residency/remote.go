@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Residency service operations an agent asks the control plane for, on
@@ -44,8 +45,8 @@ type tombstoneBody struct {
 }
 
 type svcReply struct {
-	OK    json.RawMessage `json:"ok,omitempty"`
-	Error *WireError      `json:"error,omitempty"`
+	OK    json.RawMessage       `json:"ok,omitempty"`
+	Error *schemas.SessionError `json:"error,omitempty"`
 }
 
 // Services are the control plane's residency stores a Service serves.
@@ -243,7 +244,7 @@ func (r *Remote) call(ctx context.Context, op string, body, out any) error {
 		return fmt.Errorf("%w: %s: malformed reply: %w", ErrServiceUnavailable, op, err)
 	}
 	if rep.Error != nil {
-		return rep.Error
+		return ErrorFromWire(rep.Error)
 	}
 	if out != nil && len(rep.OK) > 0 {
 		if err := json.Unmarshal(rep.OK, out); err != nil {

@@ -297,6 +297,14 @@ type ArtifactRegistration struct {
 	Record  ArtifactRecord `json:"record"`
 }
 
+// Validate checks a registration's version and record.
+func (r *ArtifactRegistration) Validate() error {
+	if err := validVersion(r.Version); err != nil {
+		return err
+	}
+	return r.Record.Validate()
+}
+
 // ArtifactRemoval asks the control plane (wf.admin.artifact.rm) to remove
 // one version of an artifact from the catalog, and its object when no other
 // version holds the same one.
@@ -304,6 +312,26 @@ type ArtifactRemoval struct {
 	Version         int    `json:"version,omitempty"`
 	Name            string `json:"name"`
 	ArtifactVersion string `json:"artifact_version"`
+}
+
+// Validate checks a removal's version and the artifact it names.
+func (r *ArtifactRemoval) Validate() error {
+	if err := validVersion(r.Version); err != nil {
+		return err
+	}
+	if err := ValidateArtifactName("name", r.Name); err != nil {
+		return err
+	}
+	return ValidateArtifactVersion("artifact_version", r.ArtifactVersion)
+}
+
+// validVersion refuses a message version this control plane does not
+// speak; 0 means this one.
+func validVersion(v int) error {
+	if v < 0 || v > SchemaVersion {
+		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported; this control plane speaks %d", v, SchemaVersion)
+	}
+	return nil
 }
 
 // ArtifactCredentialRequest is what an agent asks on

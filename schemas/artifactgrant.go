@@ -1,10 +1,6 @@
 package schemas
 
-import (
-	"crypto/sha256"
-	"encoding/hex"
-	"time"
-)
+import "time"
 
 // ArtifactGrant is a one-time NATS login to read the artifact object store,
 // minted for one fetch by one node's session. It is stored in
@@ -19,11 +15,4 @@ type ArtifactGrant struct {
 	RunID        string    `json:"run_id,omitempty"`
 	PrefetchID   string    `json:"prefetch_id,omitempty"`
 	ExpiresAt    time.Time `json:"expires_at"`
-}
-
-// ArtifactGrantKey is the wf_artifact_grants key of a grant's token: the
-// hex SHA-256 of the token.
-func ArtifactGrantKey(token string) string {
-	s := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(s[:])
 }

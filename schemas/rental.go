@@ -58,6 +58,35 @@ type Rental struct {
 	IdleSince time.Time `json:"idle_since,omitzero"`
 }
 
+// Resumes answers the generation this rental was resumed into for node n,
+// while that resume is under way (the rental names the node, is booting or
+// enrolling, at a generation above the node's), and 0 otherwise.
+// Enrollment and the NATS auth callout both ask it: a resumed machine comes
+// back with the session of its last cycle, which may have expired
+// meanwhile.
+func (r *Rental) Resumes(n NodeRecord) uint64 {
+	if r.RentalID != n.RentalID || r.NodeID != n.NodeID || r.Generation <= n.Generation {
+		return 0
+	}
+	if r.State != RentalBooting && r.State != RentalEnrolling {
+		return 0
+	}
+	return r.Generation
+}
+
+// RentalLeader is the rental loop's leader lease in wf_leases: who leads
+// it, in which term, until when. Term only grows: a takeover or a release
+// keeps it.
+type RentalLeader struct {
+	Holder    string    `json:"holder"`
+	Term      uint64    `json:"term"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// LeaseEpoch and LeaseExpiresAt make a RentalLeader a bus.LeaseRecord.
+func (r RentalLeader) LeaseEpoch() uint64        { return r.Term }
+func (r RentalLeader) LeaseExpiresAt() time.Time { return r.ExpiresAt }
+
 // RentalStage is one entry of a rental's timeline.
 type RentalStage struct {
 	State RentalState `json:"state"`

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -73,14 +73,15 @@ func TestLogDialer(t *testing.T) {
 	if err := bus.Provision(ctx, cp.JS, bus.Topology{}); err != nil {
 		t.Fatal(err)
 	}
-	callout, err := nodes.NewAuthCallout(ctx, cp, nodes.AuthConfig{IssuerSeed: seed}, log)
+	callout, err := admission.New(ctx, cp, admission.Config{IssuerSeed: seed}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- callout.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	stop, err := callout.Serve(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
 	for srv.Server().GlobalAccount().Interest(bus.AuthCalloutSubject) == 0 {
 		if ctx.Err() != nil {
 			t.Fatal("the auth callout did not subscribe")

@@ -83,17 +83,13 @@ func newServe(g *globals) *cobra.Command {
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
-				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth,
+				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 			}, log)
 			if err != nil {
 				return err
 			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			calloutDone, err := sec.startCallout(ctx, conn, log)
-			if err != nil {
-				return err
-			}
 			var metricsDone chan error
 			if metricsAddr != "" {
 				if metricsDone, err = serveCPMetrics(ctx, cancel, cmd, metricsAddr, conn, cp, log); err != nil {
@@ -103,11 +99,6 @@ func newServe(g *globals) *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats -s %s pub wf.runs.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, url)
 			runErr := cp.Run(ctx)
 			cancel()
-			if calloutDone != nil {
-				if err := <-calloutDone; err != nil && runErr == nil {
-					runErr = err
-				}
-			}
 			if metricsDone != nil {
 				if err := <-metricsDone; err != nil {
 					return err

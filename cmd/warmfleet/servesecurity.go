@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/nodes"
+	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/internal/randid"
 )
 
@@ -87,7 +86,7 @@ func (s *serveSecurity) prepare(embedded bool, dataDir string) error {
 		if err != nil {
 			return fmt.Errorf("--producer-tokens-file: %w", err)
 		}
-		if s.producers, err = nodes.ParseProducerTokens(string(b)); err != nil {
+		if s.producers, err = admission.ParseProducerTokens(string(b)); err != nil {
 			return fmt.Errorf("--producer-tokens-file %s: %w", s.producerTokensFile, err)
 		}
 	}
@@ -145,20 +144,14 @@ func (s *serveSecurity) clientOptions() ([]nats.Option, error) {
 	return opts, nil
 }
 
-// startCallout runs the auth callout until ctx ends; the returned channel
-// yields its result. Without --auth it returns nil.
-func (s *serveSecurity) startCallout(ctx context.Context, conn *bus.Conn, log *zap.Logger) (<-chan error, error) {
+// authConfig is the auth callout's configuration for controlplane.Config,
+// nil without --auth.
+func (s *serveSecurity) authConfig(log *zap.Logger) *admission.Config {
 	if !s.auth {
-		return nil, nil
+		return nil
 	}
-	ac, err := nodes.NewAuthCallout(ctx, conn, nodes.AuthConfig{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}, log)
-	if err != nil {
-		return nil, err
-	}
-	log.Info("NATS auth on", zap.Strings("producers", nodes.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
-	done := make(chan error, 1)
-	go func() { done <- ac.Run(ctx) }()
-	return done, nil
+	log.Info("NATS auth on", zap.Strings("producers", admission.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
+	return &admission.Config{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}
 }
 
 // ensureTokenFile returns path, writing a new random token there (0600)

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -129,7 +128,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rep, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionAttach, residency.SessionRequest{
+			rep, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionAttach, schemas.SessionRequest{
 				Tenant: key.Tenant, Session: key.Session, Mode: residency.Mode(mode), Node: pin, CompatibilityID: compat, Actor: "cli", GPUCount: gpus,
 			})
 			if err != nil {
@@ -160,7 +159,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionRelease, residency.SessionRequest{Tenant: key.Tenant, Session: key.Session}); err != nil {
+			if _, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); err != nil {
 				return err
 			}
 			return g.render(cmd.OutOrStdout(), map[string]any{"released": key}, func(tw *tabwriter.Writer) {
@@ -174,28 +173,28 @@ func newSessionCmd(g *globals) *cobra.Command {
 
 // sessionRequest asks the control plane and returns its reply, or the error
 // it carried.
-func sessionRequest(ctx context.Context, g *globals, subject string, req residency.SessionRequest) (residency.SessionReply, error) {
+func sessionRequest(ctx context.Context, g *globals, subject string, req schemas.SessionRequest) (schemas.SessionReply, error) {
 	conn, err := g.connect(ctx)
 	if err != nil {
-		return residency.SessionReply{}, err
+		return schemas.SessionReply{}, err
 	}
 	defer conn.Close()
 	b, err := json.Marshal(req)
 	if err != nil {
-		return residency.SessionReply{}, err
+		return schemas.SessionReply{}, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	resp, err := conn.NC.RequestWithContext(rctx, subject, b)
 	if err != nil {
-		return residency.SessionReply{}, fmt.Errorf("no control plane answered on %s: %w", subject, err)
+		return schemas.SessionReply{}, fmt.Errorf("no control plane answered on %s: %w", subject, err)
 	}
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
 		return rep, fmt.Errorf("reply on %s: %w", subject, err)
 	}
 	if rep.Error != nil {
-		return rep, rep.Error
+		return rep, residency.ErrorFromWire(rep.Error)
 	}
 	return rep, nil
 }
@@ -257,7 +256,7 @@ func checkpointText(r sessionRow) string {
 
 // printDrainSessions reports a node drain's sessions: what was released and
 // what could not be, with why.
-func printDrainSessions(w io.Writer, v *residency.DrainView) {
+func printDrainSessions(w io.Writer, v *schemas.DrainView) {
 	if v == nil {
 		return
 	}
@@ -265,10 +264,10 @@ func printDrainSessions(w io.Writer, v *residency.DrainView) {
 		fmt.Fprintf(w, "session drain on %s did not complete: %v\n", v.Node, v.Error)
 	}
 	for _, k := range v.Released {
-		fmt.Fprintf(w, "session %s released\n", k)
+		fmt.Fprintf(w, "session %s released\n", residency.KeyOf(k))
 	}
 	for _, f := range v.Failures {
-		fmt.Fprintf(w, "session %s NOT released: %s", f.Key, f.Reason)
+		fmt.Fprintf(w, "session %s NOT released: %s", residency.KeyOf(f.Key), f.Reason)
 		if len(f.Unwritten) > 0 {
 			fmt.Fprintf(w, " (still held: %s)", strings.Join(f.Unwritten, ", "))
 		}
@@ -278,8 +277,8 @@ func printDrainSessions(w io.Writer, v *residency.DrainView) {
 
 // drainNode asks the control plane to drain a node and returns its reply,
 // the node record and the node's session drain.
-func drainNode(ctx context.Context, conn *bus.Conn, id string) (nodes.DrainReply, error) {
-	var rep nodes.DrainReply
+func drainNode(ctx context.Context, conn *bus.Conn, id string) (schemas.NodeDrainReply, error) {
+	var rep schemas.NodeDrainReply
 	b, err := json.Marshal(schemas.AdminRequest{ID: id})
 	if err != nil {
 		return rep, err

@@ -19,6 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/nodehost"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // cli runs one warmfleet command line against url and returns its output.
@@ -80,9 +81,9 @@ func TestSessionCommands(t *testing.T) {
 	}()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		b, _ := json.Marshal(residency.SessionCommand{FencingToken: a.Enrollment().FencingToken})
-		resp, err := cpConn.NC.Request(bus.NodeSessions("node-1", string(residency.OpList)), b, time.Second)
-		var rep residency.SessionReply
+		b, _ := json.Marshal(schemas.SessionCommand{FencingToken: a.Enrollment().FencingToken})
+		resp, err := cpConn.NC.Request(bus.NodeSessions("node-1", string(schemas.SessionList)), b, time.Second)
+		var rep schemas.SessionReply
 		if err == nil && json.Unmarshal(resp.Data, &rep) == nil && rep.Error == nil {
 			break // enrolled, and its session host answers
 		}

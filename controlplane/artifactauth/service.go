@@ -20,6 +20,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -50,7 +51,8 @@ type Service struct {
 	cfg    Config
 	gate   *nodecreds.Gate
 	grants jetstream.KeyValue
-	server *nodecreds.Server[schemas.ArtifactCredentialRequest, *schemas.ArtifactCredentialRequest, schemas.ArtifactCredential]
+	server *requests.Server[schemas.ArtifactCredentialRequest, schemas.Reply[schemas.ArtifactCredential]]
+	nc     *nats.Conn
 	log    *zap.Logger
 
 	given, refused atomic.Int64
@@ -65,9 +67,11 @@ func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV, grantsKV jetstr
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Service{cfg: cfg, gate: nodecreds.NewGate(c, nodesKV, runsKV, cfg.Now), grants: grantsKV, log: log.Named("artifactauth")}
-	s.server = &nodecreds.Server[schemas.ArtifactCredentialRequest, *schemas.ArtifactCredentialRequest, schemas.ArtifactCredential]{
-		Conn: conn.NC, Subject: bus.SubjectArtifactCredentials, What: "artifact credential", Answer: s.Answer, Refused: &s.refused, Log: s.log}
+	s := &Service{cfg: cfg, gate: nodecreds.NewGate(c, nodesKV, runsKV, cfg.Now), grants: grantsKV, nc: conn.NC, log: log.Named("artifactauth")}
+	s.server = &requests.Server[schemas.ArtifactCredentialRequest, schemas.Reply[schemas.ArtifactCredential]]{
+		Subject: bus.SubjectArtifactCredentials, What: "artifact credential", Malformed: "body is not a artifact credential request",
+		Validate: (*schemas.ArtifactCredentialRequest).Validate, Answer: s.Answer, Refuse: requests.Refusal[schemas.ArtifactCredential],
+		Pool: requests.DefaultPool(), Refused: &s.refused, Log: s.log}
 	return s
 }
 
@@ -79,7 +83,7 @@ func (s *Service) Refused() int64 { return s.refused.Load() }
 // Serve answers requests in the control plane's queue group until ctx
 // ends or stop is called.
 func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	return s.server.Serve(ctx, wg)
+	return requests.Serve(ctx, wg, s.nc, s.server)
 }
 
 // Handle answers one request message (what Serve's workers run; the fuzz

@@ -3,6 +3,7 @@ package artifacts_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,8 +46,10 @@ func requestRaw(t *testing.T, nc *nats.Conn, subject string, m *nats.Msg) (schem
 func TestServiceOverNATS(t *testing.T) {
 	f := newFixture(t)
 	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
-	stop, err := artifacts.NewService(f.cat, f.conn.NC, zap.NewNop()).Serve(ctx)
+	stop, err := artifacts.NewService(f.cat, f.conn.NC, zap.NewNop()).Serve(ctx, &wg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,34 +1,23 @@
 // Package nodecreds is what every per-use credential service shares
-// (registry credentials, artifact source credentials): a request decoded,
-// validated and answered by a pool of workers in the control plane's queue
-// group; the asking node's current, live session checked against
-// wf_nodes; and whether an active Run booked on the node wants the thing
-// asked for, read from wf_runs when this replica's cache has not seen the
-// booking yet.
+// (registry credentials, artifact source credentials): the asking node's
+// current, live session checked against wf_nodes, and whether an active
+// Run booked on the node wants the thing asked for, read from wf_runs when
+// this replica's cache has not seen the booking yet. The services answer
+// on the request server (controlplane/requests).
 package nodecreds
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
-	"github.com/warmfleet/warmfleet/internal/keyed"
 	"github.com/warmfleet/warmfleet/schemas"
 )
-
-// Workers bounds how many credential requests one service of one replica
-// answers at once (a registry helper may take its whole timeout).
-const Workers = 16
 
 // Gate checks who asks: the node's current session, with a live lease,
 // and its booked Runs.
@@ -116,63 +105,6 @@ func (g *Gate) BookedRun(ctx context.Context, nodeID, runID string, match func(*
 		return nil
 	}
 	return &r
-}
-
-// Validated is a request type whose pointer validates it.
-type Validated[T any] interface {
-	*T
-	Validate() error
-}
-
-// Server answers one credential subject.
-type Server[T any, PT Validated[T], R any] struct {
-	Conn    *nats.Conn
-	Subject string // the wildcard subject served, e.g. bus.SubjectRegistryCredentials
-	What    string // "registry credential": for logs and refusals
-	// Answer decides a valid request that came on subject.
-	Answer func(ctx context.Context, subject string, req T) schemas.Reply[R]
-	// Refused counts requests refused here (undecodable or invalid).
-	Refused *atomic.Int64
-	Log     *zap.Logger
-}
-
-// Serve answers requests in the control plane's queue group until ctx
-// ends or stop is called, by a pool of workers that wg owns, so a slow
-// answer holds up no other request.
-func (s *Server[T, PT, R]) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	pool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: Workers, Queue: Workers * 4}, s.Handle)
-	subs, err := bus.QueueSubscribeAll(s.Conn, map[string]nats.MsgHandler{
-		// Keyed by reply inbox only to spread the load.
-		s.Subject: func(m *nats.Msg) { pool.Submit(m.Reply, m) },
-	})
-	if err != nil {
-		return nil, err
-	}
-	return subs.Stop, nil
-}
-
-// Handle decodes, validates and answers one request, replying in its
-// encoding. Input that is not a valid request is refused with its code.
-func (s *Server[T, PT, R]) Handle(ctx context.Context, m *nats.Msg) {
-	var req T
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = PT(&req).Validate()
-	}
-	var rep schemas.Reply[R]
-	if err != nil {
-		rep.Refusal = schemas.RefusalOfInput(err, "body is not a "+s.What+" request")
-		if s.Refused != nil {
-			s.Refused.Add(1)
-		}
-		s.Log.Info(s.What+" refused", zap.String("subject", m.Subject), zap.String("code", string(rep.Refusal.Code)),
-			zap.String("reason", rep.Refusal.Reason))
-	} else {
-		rep = s.Answer(ctx, m.Subject, req)
-	}
-	if err := bus.Respond(m, enc, rep); err != nil {
-		s.Log.Error("reply", zap.String("subject", m.Subject), zap.Error(err))
-	}
 }
 
 func refusal(code schemas.Code, field, format string, args ...any) *schemas.Refusal {

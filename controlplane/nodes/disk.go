@@ -12,6 +12,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -79,65 +80,48 @@ func booked(p schemas.Phase) bool {
 	return false
 }
 
-// handleDiskKeep answers a node asking what its disk collection must keep.
-// The subject names the asker (an agent may publish only its own), and the
+// diskKeep answers a node asking what its disk collection must keep. The
+// subject names the asker (an agent may publish only its own), and the
 // answer goes only to the node's current session.
-func (s *Service) handleDiskKeep(m *nats.Msg) {
-	var req schemas.DiskKeepRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: schemas.RefusalOfInput(err, "body is not a DiskKeepRequest")})
-		return
-	}
-	nodeID := req.NodeID
-	n, ok := s.cache.Node(nodeID)
+func (s *Service) diskKeep(_ context.Context, subject string, req schemas.DiskKeepRequest) (schemas.DiskKeep, error) {
+	n, ok := s.cache.Node(req.NodeID)
 	switch {
-	case m.Subject != bus.NodeDiskKeep(nodeID):
-		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "a node asks what to keep on its own subject"}})
-		return
+	case subject != bus.NodeDiskKeep(req.NodeID):
+		return schemas.DiskKeep{}, &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "a node asks what to keep on its own subject"}
 	case !ok:
-		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id", Reason: "no node " + nodeID}})
-		return
+		return schemas.DiskKeep{}, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id", Reason: "no node " + req.NodeID}
 	case req.FencingToken != n.FencingToken:
-		respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{Refusal: &schemas.Refusal{Code: schemas.CodeStaleFencingToken, Field: "fencing_token",
-			Reason: "not the node's current session; re-enroll"}})
-		return
+		return schemas.DiskKeep{}, &schemas.Refusal{Code: schemas.CodeStaleFencingToken, Field: "fencing_token", Reason: "not the node's current session; re-enroll"}
 	}
-	k := s.keepFor(nodeID)
-	respond(s.log, m, enc, schemas.Reply[schemas.DiskKeep]{OK: &k})
+	return s.keepFor(req.NodeID), nil
 }
 
-// handlePrune relays an operator's prune to the node's agent, with what
-// the node's booked Runs need kept, and answers with the agent's report.
-func (s *Service) handlePrune(ctx context.Context, m *nats.Msg) {
-	var req schemas.PruneRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
+// pruneServer serves wf.admin.node.prune: the agent's own reply is
+// relayed as it came.
+func (s *Service) pruneServer() *requests.Server[schemas.PruneRequest, schemas.Reply[schemas.PruneReport]] {
+	return &requests.Server[schemas.PruneRequest, schemas.Reply[schemas.PruneReport]]{
+		Subject: bus.SubjectPrune, Malformed: "body is not a PruneRequest", Validate: (*schemas.PruneRequest).Validate,
+		Answer: s.prune, Refuse: requests.Refusal[schemas.PruneReport], Pool: requests.DefaultPool(), Log: s.log,
 	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.PruneReport]{Refusal: schemas.RefusalOfInput(err, "body is not a PruneRequest")})
-		return
+}
+
+// prune relays an operator's prune to the node's agent, with what the
+// node's booked Runs need kept, and answers with the agent's report.
+func (s *Service) prune(ctx context.Context, _ string, req schemas.PruneRequest) schemas.Reply[schemas.PruneReport] {
+	refuse := func(code schemas.Code, field, reason string) schemas.Reply[schemas.PruneReport] {
+		return schemas.Reply[schemas.PruneReport]{Refusal: &schemas.Refusal{Code: code, Field: field, Reason: reason}}
 	}
 	n, ok := s.cache.Node(req.NodeID)
 	switch {
 	case !ok:
-		respond(s.log, m, enc, schemas.Reply[schemas.PruneReport]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id",
-			Reason: "no node " + req.NodeID + "; `warmfleet node list` shows them"}})
-		return
+		return refuse(schemas.CodeUnknownNode, "node_id", "no node "+req.NodeID+"; `warmfleet node list` shows them")
 	case !n.Live(s.cfg.Now()):
-		respond(s.log, m, enc, schemas.Reply[schemas.PruneReport]{Refusal: &schemas.Refusal{Code: schemas.CodeNodeNotLive, Field: "node_id",
-			Reason: "node " + req.NodeID + " is " + string(n.State) + " and holds no live lease, so no agent would answer; start its agent and retry"}})
-		return
+		return refuse(schemas.CodeNodeNotLive, "node_id", "node "+req.NodeID+" is "+string(n.State)+" and holds no live lease, so no agent would answer; start its agent and retry")
 	}
 	ask := schemas.DiskPrune{NodeID: n.NodeID, FencingToken: n.FencingToken, DryRun: req.DryRun, Keep: s.keepFor(n.NodeID)}
 	b, err := codec.Encode(codec.MsgPack, ask)
 	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.PruneReport]{Refusal: schemas.AsRefusal(err)})
-		return
+		return schemas.Reply[schemas.PruneReport]{Refusal: schemas.AsRefusal(err)}
 	}
 	rctx, cancel := context.WithTimeout(ctx, PruneTimeout)
 	defer cancel()
@@ -147,17 +131,15 @@ func (s *Service) handlePrune(ctx context.Context, m *nats.Msg) {
 		if errors.Is(err, nats.ErrNoResponders) {
 			reason = "node " + n.NodeID + "'s agent does not take prunes (no responder; an older agent?)"
 		}
-		respond(s.log, m, enc, schemas.Reply[schemas.PruneReport]{Refusal: &schemas.Refusal{Code: schemas.CodeNodeNotLive, Field: "node_id", Reason: reason}})
-		return
+		return refuse(schemas.CodeNodeNotLive, "node_id", reason)
 	}
 	var rep schemas.Reply[schemas.PruneReport]
 	if err := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, &rep); err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.PruneReport]{Refusal: &schemas.Refusal{Code: schemas.CodeInternal, Reason: "node " + n.NodeID + " answered the prune with something unreadable"}})
-		return
+		return refuse(schemas.CodeInternal, "", "node "+n.NodeID+" answered the prune with something unreadable")
 	}
 	if rep.OK != nil {
 		s.log.Info("node pruned", zap.String("node_id", n.NodeID), zap.Bool("dry_run", req.DryRun), zap.Int("removed", len(rep.OK.Removed)),
 			zap.Int64("freed_bytes", rep.OK.FreedBytes), zap.Int("kept", len(rep.OK.Kept)))
 	}
-	respond(s.log, m, enc, rep)
+	return rep
 }

@@ -4,28 +4,31 @@ import (
 	"context"
 	"errors"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
-	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// handleDrain marks a node draining: it takes no new Runs, finishes what it
-// runs, and a rented node is then retired by the rental loop.
-func (s *Service) handleDrain(ctx context.Context, m *nats.Msg) {
-	var req schemas.AdminRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = schemas.ValidateID("node_id", req.ID, schemas.CodeMalformed)
+// drainServer serves wf.admin.node.drain, whose reply carries the
+// node's session drain beside the record.
+func (s *Service) drainServer() *requests.Server[schemas.AdminRequest, schemas.NodeDrainReply] {
+	return &requests.Server[schemas.AdminRequest, schemas.NodeDrainReply]{
+		Subject: bus.SubjectDrain, Malformed: "body is not an AdminRequest", Pool: requests.DefaultPool(), Log: s.log,
+		Validate: func(r *schemas.AdminRequest) error { return schemas.ValidateID("node_id", r.ID, schemas.CodeMalformed) },
+		Answer:   s.drain,
+		Refuse: func(r *schemas.Refusal, _ error) schemas.NodeDrainReply {
+			return schemas.NodeDrainReply{Refusal: r}
+		},
 	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeRecord]{Refusal: schemas.RefusalOfInput(err, "body is not an AdminRequest")})
-		return
-	}
+}
+
+// drain marks a node draining: it takes no new Runs, finishes what it
+// runs, and a rented node is then retired by the rental loop. Its resident
+// sessions are released.
+func (s *Service) drain(ctx context.Context, _ string, req schemas.AdminRequest) schemas.NodeDrainReply {
 	rec, rev, err := bus.UpdateJSON(ctx, s.nodesKV, req.ID, func(n *schemas.NodeRecord) error {
 		if n.State == schemas.NodeDraining {
 			return bus.ErrNoChange
@@ -35,31 +38,18 @@ func (s *Service) handleDrain(ctx context.Context, m *nats.Msg) {
 	})
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeRecord]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}})
-		return
+		return schemas.NodeDrainReply{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}}
 	case err != nil && !errors.Is(err, bus.ErrNoChange):
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeRecord]{Refusal: schemas.AsRefusal(err)})
-		return
+		return schemas.NodeDrainReply{Refusal: schemas.AsRefusal(err)}
 	case err == nil:
 		s.cache.NoteNode(rec, rev)
 	}
 	s.log.Info("node draining", zap.String("node_id", req.ID))
-	rep := DrainReply{}
+	rep := schemas.NodeDrainReply{}
 	if s.sessions != nil {
 		rep.Sessions = s.sessions.DrainNode(ctx, rec)
 	}
 	rec.SessionTokenHash = ""
 	rep.OK = &rec
-	respond(s.log, m, enc, rep)
-}
-
-// DrainReply answers wf.admin.node.drain: the node record, as the
-// schemas.Reply[schemas.NodeRecord] every caller decodes, and the sessions
-// the drain released and could not release.
-type DrainReply struct {
-	OK      *schemas.NodeRecord `json:"ok,omitempty"`
-	Refusal *schemas.Refusal    `json:"refusal,omitempty"`
-	// Sessions is the node's session drain; nil when the control plane
-	// serves no sessions.
-	Sessions *residency.DrainView `json:"sessions,omitempty"`
+	return rep
 }

@@ -2,56 +2,33 @@ package nodes
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/randid"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// DefaultInviteTTL is how long an enrollment token is good for.
-const DefaultInviteTTL = 15 * time.Minute
-
-// handleInvite mints a NodeBootstrap: a single-use enrollment token whose
-// hash (never the token) is stored in wf_enroll.
-func (s *Service) handleInvite(ctx context.Context, m *nats.Msg) {
-	var req schemas.InviteRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.RefusalOfInput(err, "body is not an InviteRequest")})
-		return
-	}
-	boot, err := s.Invite(ctx, req)
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.NodeBootstrap]{Refusal: schemas.AsRefusal(err)})
-		return
-	}
-	respond(s.log, m, enc, schemas.Reply[schemas.NodeBootstrap]{OK: &boot})
+// answerInvite mints a NodeBootstrap for wf.admin.node.invite.
+func (s *Service) answerInvite(ctx context.Context, _ string, req schemas.InviteRequest) (schemas.NodeBootstrap, error) {
+	return s.Invite(ctx, req)
 }
 
 // Invite mints a single-use enrollment token for req and stores its hash.
 func (s *Service) Invite(ctx context.Context, req schemas.InviteRequest) (schemas.NodeBootstrap, error) {
-	ttl := DefaultInviteTTL
+	ttl := schemas.DefaultInviteTTL
 	if req.TTLSeconds > 0 {
 		ttl = time.Duration(req.TTLSeconds) * time.Second
 	}
 	token := newToken()
 	now := s.cfg.Now()
 	inv := schemas.Invitation{NodeID: req.NodeID, RentalID: req.RentalID, Generation: req.Generation, AgentVersion: req.AgentVersion, CreatedAt: now, ExpiresAt: now.Add(ttl)}
-	if _, err := bus.CreateJSON(ctx, s.enrollKV, inviteKey(token), &inv); err != nil {
+	if _, err := bus.CreateJSON(ctx, s.enrollKV, schemas.InvitationKey(token), &inv); err != nil {
 		return schemas.NodeBootstrap{}, fmt.Errorf("store invitation: %w", err)
 	}
 	s.log.Info("node invited", zap.String("node_id", req.NodeID), zap.String("rental_id", req.RentalID), zap.Uint64("generation", req.Generation), zap.Time("expires_at", inv.ExpiresAt))
@@ -61,26 +38,16 @@ func (s *Service) Invite(ctx context.Context, req schemas.InviteRequest) (schema
 	}, nil
 }
 
-// handleEnroll registers a node and answers in the request's encoding.
-func (s *Service) handleEnroll(ctx context.Context, m *nats.Msg) {
-	var req schemas.EnrollmentRequest
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil {
-		err = req.Validate()
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.Enrollment]{Refusal: schemas.RefusalOfInput(err, "body is not an EnrollmentRequest")})
-		return
-	}
+// answerEnroll registers a node, logging the outcome.
+func (s *Service) answerEnroll(ctx context.Context, _ string, req schemas.EnrollmentRequest) (schemas.Enrollment, error) {
 	enr, err := s.enroll(ctx, req)
 	if err != nil {
 		ref := schemas.AsRefusal(err)
 		s.log.Warn("enrollment refused", zap.String("node_id", req.NodeID), zap.String("code", string(ref.Code)), zap.String("reason", ref.Reason))
-		respond(s.log, m, enc, schemas.Reply[schemas.Enrollment]{Refusal: ref})
-		return
+		return enr, ref
 	}
 	s.log.Info("node enrolled", zap.String("node_id", enr.NodeID), zap.Uint64("fencing_token", enr.FencingToken), zap.Bool("duplicate", enr.Duplicate))
-	respond(s.log, m, enc, schemas.Reply[schemas.Enrollment]{OK: &enr})
+	return enr, nil
 }
 
 // enroll admits a node with one of three credentials: an invitation's
@@ -107,79 +74,15 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 		return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation",
 			Reason: fmt.Sprintf("node %s is at generation %d; this agent's bootstrap is older — re-invite the node", req.NodeID, rec.Generation)}
 	}
-	tok := req.EnrollmentToken
-	switch {
-	case tok == "":
-		if !s.cfg.OpenEnrollment {
-			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeTokenRequired, Field: "enrollment_token",
-				Reason: "this control plane admits only invited nodes; mint a bootstrap with `warmfleet node invite`"}
-		}
-	case !tokenWellFormed(tok):
-		return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeTokenMalformed, Field: "enrollment_token",
-			Reason: "not a warmfleet token (43 base64url characters); use the bootstrap file as minted"}
-	case known && rec.SessionTokenHash == hashToken(tok):
-		if req.Generation != rec.Generation {
-			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation", Reason: "a session resumes only within its generation; re-invite the node"}
-		}
-		if g := s.resumeGeneration(ctx, req, rec); g > 0 {
-			req.Generation = g // its rental was resumed from stopped: the node's next cycle
-			break
-		}
-		if !now.Before(rec.SessionExpires) {
-			return schemas.Enrollment{}, &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "enrollment_token", Reason: "the session expired; re-invite the node"}
-		}
-	default:
-		if err := s.redeem(ctx, tok, req, now); err != nil {
-			return schemas.Enrollment{}, err
-		}
+	if req.Generation, err = s.checkCredential(ctx, req, rec, known, now); err != nil {
+		return schemas.Enrollment{}, err
 	}
 	session := newToken()
 	duplicate := known && req.Generation == rec.Generation
-	price := req.PricePerHour
-	if req.RentalID != "" && s.cfg.RentedPrices {
-		// A rented node costs what its rental does.
-		var rt schemas.Rental
-		if _, err := bus.GetJSON(ctx, s.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
-			price = rt.PricePerHour
-		}
-	}
-	facts := req.Facts
-	facts.Normalize()
-	// The credential was checked against the session read above; other
-	// writers (facts, lost ↔ ready, drain) may change the record before the
-	// write and are retried over, but another enrollment — a new fencing
-	// token or generation — means this one must not act.
-	seenToken, seenGen := rec.FencingToken, rec.Generation
-	admit := func(n *schemas.NodeRecord) error {
-		if n.FencingToken != seenToken || n.Generation != seenGen {
-			return fmt.Errorf("node %s enrolled concurrently (fencing token %d → %d)", req.NodeID, seenToken, n.FencingToken)
-		}
-		n.RentalID, n.Generation = req.RentalID, req.Generation
-		n.FencingToken++
-		n.SessionTokenHash, n.SessionExpires = hashToken(session), now.Add(s.cfg.SessionTTL)
-		n.State, n.EnrolledAt, n.LeaseExpires = schemas.NodeReady, now, now.Add(s.LeaseTTL())
-		n.AgentVersion, n.Capacity, n.MaxWorkloads, n.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, price
-		n.Facts, n.FactsReceivedAt = &facts, now
-		return nil
-	}
-	// The consumer exists before the record says the node is ready, so no
-	// command is published for a node that cannot read it.
-	if _, err := s.conn.JS.CreateOrUpdateConsumer(ctx, bus.StreamCmds, bus.NodeConsumerConfig(req.NodeID, s.cfg.CommandAckWait)); err != nil {
-		return schemas.Enrollment{}, fmt.Errorf("create command consumer for %s: %w", req.NodeID, err)
-	}
-	var nrev uint64
-	if !known {
-		_ = admit(&rec)
-		nrev, err = bus.CreateJSON(ctx, s.nodesKV, req.NodeID, &rec)
-	} else {
-		rec, nrev, err = bus.UpdateJSON(ctx, s.nodesKV, req.NodeID, admit)
-	}
+	rec, err = s.register(ctx, req, rec, known, session, now)
 	if err != nil {
-		// A concurrent enrollment (another replica) won; this one must not
-		// act.
-		return schemas.Enrollment{}, fmt.Errorf("register node %s: %w", req.NodeID, err)
+		return schemas.Enrollment{}, err
 	}
-	s.cache.NoteNode(rec, nrev)
 	s.poke()
 	return schemas.Enrollment{
 		NodeID: req.NodeID, SessionToken: session, SessionExpires: rec.SessionExpires,
@@ -189,10 +92,100 @@ func (s *Service) enroll(ctx context.Context, req schemas.EnrollmentRequest) (sc
 	}, nil
 }
 
+// checkCredential checks the request's credential against the node's
+// record rec (known: it exists) and answers the generation the node
+// enrolls under: the request's, or, for a session whose stopped rental was
+// resumed, the rental's next.
+func (s *Service) checkCredential(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord, known bool, now time.Time) (uint64, error) {
+	tok := req.EnrollmentToken
+	switch {
+	case tok == "":
+		if !s.cfg.OpenEnrollment {
+			return 0, &schemas.Refusal{Code: schemas.CodeTokenRequired, Field: "enrollment_token",
+				Reason: "this control plane admits only invited nodes; mint a bootstrap with `warmfleet node invite`"}
+		}
+	case !schemas.TokenWellFormed(tok):
+		return 0, &schemas.Refusal{Code: schemas.CodeTokenMalformed, Field: "enrollment_token",
+			Reason: "not a warmfleet token (43 base64url characters); use the bootstrap file as minted"}
+	case known && rec.SessionTokenHash == schemas.TokenHash(tok):
+		if req.Generation != rec.Generation {
+			return 0, &schemas.Refusal{Code: schemas.CodeStaleGeneration, Field: "generation", Reason: "a session resumes only within its generation; re-invite the node"}
+		}
+		if g := s.resumeGeneration(ctx, req, rec); g > 0 {
+			return g, nil // its rental was resumed from stopped: the node's next cycle
+		}
+		if !now.Before(rec.SessionExpires) {
+			return 0, &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "enrollment_token", Reason: "the session expired; re-invite the node"}
+		}
+	default:
+		if err := s.redeem(ctx, tok, req, now); err != nil {
+			return 0, err
+		}
+	}
+	return req.Generation, nil
+}
+
+// register writes the node's new session into its record rec (known: it
+// exists), after its command consumer exists, and returns the record as
+// written. The credential was checked against rec; other writers (facts,
+// lost ↔ ready, drain) may change the record before the write and are
+// retried over, but another enrollment — a new fencing token or
+// generation — means this one must not act.
+func (s *Service) register(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord, known bool, session string, now time.Time) (schemas.NodeRecord, error) {
+	price := s.price(ctx, req)
+	facts := req.Facts
+	facts.Normalize()
+	seenToken, seenGen := rec.FencingToken, rec.Generation
+	admit := func(n *schemas.NodeRecord) error {
+		if n.FencingToken != seenToken || n.Generation != seenGen {
+			return fmt.Errorf("node %s enrolled concurrently (fencing token %d → %d)", req.NodeID, seenToken, n.FencingToken)
+		}
+		n.RentalID, n.Generation = req.RentalID, req.Generation
+		n.FencingToken++
+		n.SessionTokenHash, n.SessionExpires = schemas.TokenHash(session), now.Add(s.cfg.SessionTTL)
+		n.State, n.EnrolledAt, n.LeaseExpires = schemas.NodeReady, now, now.Add(s.LeaseTTL())
+		n.AgentVersion, n.Capacity, n.MaxWorkloads, n.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, price
+		n.Facts, n.FactsReceivedAt = &facts, now
+		return nil
+	}
+	// The consumer exists before the record says the node is ready, so no
+	// command is published for a node that cannot read it.
+	if _, err := s.conn.JS.CreateOrUpdateConsumer(ctx, bus.StreamCmds, bus.NodeConsumerConfig(req.NodeID, s.cfg.CommandAckWait)); err != nil {
+		return rec, fmt.Errorf("create command consumer for %s: %w", req.NodeID, err)
+	}
+	var rev uint64
+	var err error
+	if !known {
+		_ = admit(&rec)
+		rev, err = bus.CreateJSON(ctx, s.nodesKV, req.NodeID, &rec)
+	} else {
+		rec, rev, err = bus.UpdateJSON(ctx, s.nodesKV, req.NodeID, admit)
+	}
+	if err != nil {
+		// A concurrent enrollment (another replica) won; this one must not
+		// act.
+		return rec, fmt.Errorf("register node %s: %w", req.NodeID, err)
+	}
+	s.cache.NoteNode(rec, rev)
+	return rec, nil
+}
+
+// price is what the node costs an hour: what it declares, or, rented with
+// a capacity provider configured, what its rental does.
+func (s *Service) price(ctx context.Context, req schemas.EnrollmentRequest) float64 {
+	if req.RentalID != "" && s.cfg.RentedPrices {
+		var rt schemas.Rental
+		if _, err := bus.GetJSON(ctx, s.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
+			return rt.PricePerHour
+		}
+	}
+	return req.PricePerHour
+}
+
 // redeem checks an invitation against the request and deletes it at the
 // revision it was read at: of two concurrent redemptions one fails.
 func (s *Service) redeem(ctx context.Context, tok string, req schemas.EnrollmentRequest, now time.Time) error {
-	key := inviteKey(tok)
+	key := schemas.InvitationKey(tok)
 	var inv schemas.Invitation
 	rev, err := bus.GetJSON(ctx, s.enrollKV, key, &inv)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -224,24 +217,19 @@ func (s *Service) redeem(ctx context.Context, tok string, req schemas.Enrollment
 	return nil
 }
 
-// handleRenew extends a session. It never moves the fencing token; a
-// renewal from a superseded session is refused.
-func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
-	var req schemas.SessionRenewal
-	enc, err := codec.DecodeMsg(m, &req)
-	if err == nil && bus.SubjectNode(m.Subject) != req.NodeID {
-		err = &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "renewal published on another node's subject"}
-	}
-	if err != nil {
-		respond(s.log, m, enc, schemas.Reply[schemas.SessionRenewal]{Refusal: schemas.RefusalOfInput(err, "body is not a SessionRenewal")})
-		return
+// renew extends a session. It never moves the fencing token; a renewal
+// from a superseded session, or published on another node's subject, is
+// refused.
+func (s *Service) renew(ctx context.Context, subject string, req schemas.SessionRenewal) (schemas.SessionRenewal, error) {
+	if bus.SubjectNode(subject) != req.NodeID {
+		return schemas.SessionRenewal{}, &schemas.Refusal{Code: schemas.CodeWrongNode, Field: "node_id", Reason: "renewal published on another node's subject"}
 	}
 	now := s.cfg.Now()
 	rec, rev, err := bus.UpdateJSON(ctx, s.nodesKV, req.NodeID, func(n *schemas.NodeRecord) error {
 		switch {
 		case n.FencingToken != req.FencingToken:
 			return &schemas.Refusal{Code: schemas.CodeSuperseded, Field: "fencing_token", Reason: "a newer session of this node exists; this process must stop"}
-		case n.SessionTokenHash != hashToken(req.SessionToken):
+		case n.SessionTokenHash != schemas.TokenHash(req.SessionToken):
 			return &schemas.Refusal{Code: schemas.CodeSessionInvalid, Field: "session_token", Reason: "not this node's session"}
 		case !now.Before(n.SessionExpires):
 			return &schemas.Refusal{Code: schemas.CodeSessionExpired, Field: "session_token", Reason: "the session expired; re-invite the node"}
@@ -249,15 +237,14 @@ func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
 		n.SessionExpires = now.Add(s.cfg.SessionTTL)
 		return nil
 	})
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return schemas.SessionRenewal{}, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id", Reason: "not enrolled"}
+	}
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			err = &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "node_id", Reason: "not enrolled"}
-		}
-		respond(s.log, m, enc, schemas.Reply[schemas.SessionRenewal]{Refusal: schemas.AsRefusal(err)})
-		return
+		return schemas.SessionRenewal{}, err
 	}
 	s.cache.NoteNode(rec, rev)
-	respond(s.log, m, enc, schemas.Reply[schemas.SessionRenewal]{OK: &schemas.SessionRenewal{NodeID: rec.NodeID, SessionExpires: rec.SessionExpires, FencingToken: rec.FencingToken}})
+	return schemas.SessionRenewal{NodeID: rec.NodeID, SessionExpires: rec.SessionExpires, FencingToken: rec.FencingToken}, nil
 }
 
 // resumeGeneration is enrollment's question to the rentals: an agent
@@ -268,10 +255,14 @@ func (s *Service) handleRenew(ctx context.Context, m *nats.Msg) {
 // authority, and it holds only for the node its rental names, only while
 // that resume is under way.
 func (s *Service) resumeGeneration(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord) uint64 {
-	if req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
+	if s.rentalsKV == nil || req.RentalID == "" || rec.RentalID != req.RentalID || req.Generation != rec.Generation {
 		return 0
 	}
-	g := resumeUnderWay(ctx, s.rentalsKV, rec)
+	var rt schemas.Rental
+	if _, err := bus.GetJSON(ctx, s.rentalsKV, rec.RentalID, &rt); err != nil {
+		return 0
+	}
+	g := rt.Resumes(rec)
 	if g > 0 {
 		s.log.Info("a resumed rental's node re-enrolls under a new generation", zap.String("node_id", req.NodeID),
 			zap.String("rental_id", rec.RentalID), zap.Uint64("from", rec.Generation), zap.Uint64("to", g))
@@ -279,44 +270,5 @@ func (s *Service) resumeGeneration(ctx context.Context, req schemas.EnrollmentRe
 	return g
 }
 
-// resumeUnderWay answers the generation a node's rental was resumed into,
-// when that resume is under way (the rental names this node, is booting or
-// enrolling, at a generation above the node's), and 0 otherwise. Both
-// enrollment and the NATS auth callout ask it: a resumed machine comes back
-// with the session of its last cycle, which may have expired meanwhile.
-func resumeUnderWay(ctx context.Context, rentalsKV jetstream.KeyValue, rec schemas.NodeRecord) uint64 {
-	if rentalsKV == nil || rec.RentalID == "" {
-		return 0
-	}
-	var rt schemas.Rental
-	if _, err := bus.GetJSON(ctx, rentalsKV, rec.RentalID, &rt); err != nil {
-		return 0
-	}
-	if rt.NodeID != rec.NodeID || rt.Generation <= rec.Generation {
-		return 0
-	}
-	if rt.State != schemas.RentalBooting && rt.State != schemas.RentalEnrolling {
-		return 0
-	}
-	return rt.Generation
-}
-
 // newToken mints an enrollment or session token: 32 random bytes.
 func newToken() string { return randid.Token(32) }
-
-func tokenWellFormed(t string) bool {
-	b, err := base64.RawURLEncoding.DecodeString(t)
-	return err == nil && len(b) == 32
-}
-
-// hashToken is how tokens are stored: never the token itself.
-func hashToken(t string) string {
-	s := sha256.Sum256([]byte(t))
-	return "sha256:" + hex.EncodeToString(s[:])
-}
-
-// inviteKey is the wf_enroll key of a token.
-func inviteKey(t string) string {
-	s := sha256.Sum256([]byte(t))
-	return hex.EncodeToString(s[:])
-}

@@ -5,29 +5,30 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
-	"github.com/warmfleet/warmfleet/schemas"
 	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// handleNodeLeases answers with every node's live lease, or one node's when
-// the request names it (an empty body asks for all). Every replica sees
-// every heartbeat, so any replica's answer is current.
-func (s *Service) handleNodeLeases(m *nats.Msg) {
-	var req schemas.AdminRequest
-	enc := codec.JSON
-	if len(m.Data) > 0 {
-		var err error
-		if enc, err = codec.DecodeMsg(m, &req); err == nil && req.ID != "" {
-			err = schemas.ValidateID("id", req.ID, schemas.CodeMalformed)
+// leasesServer serves wf.admin.node.leases: an empty body asks for every
+// node's lease.
+func (s *Service) leasesServer() *requests.Server[schemas.AdminRequest, schemas.Reply[[]schemas.NodeLease]] {
+	srv := requests.Coded(bus.SubjectNodeLeases, "body is empty or an AdminRequest naming a node", func(r *schemas.AdminRequest) error {
+		if r.ID == "" {
+			return nil
 		}
-		if err != nil {
-			respond(s.log, m, enc, schemas.Reply[[]schemas.NodeLease]{Refusal: schemas.RefusalOfInput(err, "body is empty or an AdminRequest naming a node")})
-			return
-		}
-	}
+		return schemas.ValidateID("id", r.ID, schemas.CodeMalformed)
+	}, s.leases, s.log)
+	srv.Empty = true
+	return srv
+}
+
+// leases answers with every node's live lease, or one node's when the
+// request names it. Every replica sees every heartbeat, so any replica's
+// answer is current.
+func (s *Service) leases(_ context.Context, _ string, req schemas.AdminRequest) ([]schemas.NodeLease, error) {
 	var out []schemas.NodeLease
 	for _, n := range s.cache.Nodes() {
 		if req.ID == "" || n.NodeID == req.ID {
@@ -35,10 +36,9 @@ func (s *Service) handleNodeLeases(m *nats.Msg) {
 		}
 	}
 	if req.ID != "" && len(out) == 0 {
-		respond(s.log, m, enc, schemas.Reply[[]schemas.NodeLease]{Refusal: &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}})
-		return
+		return nil, &schemas.Refusal{Code: schemas.CodeUnknownNode, Field: "id", Reason: "no node " + req.ID + "; `warmfleet node list` shows them"}
 	}
-	respond(s.log, m, enc, schemas.Reply[[]schemas.NodeLease]{OK: &out})
+	return out, nil
 }
 
 // SweepLeases marks nodes whose lease lapsed as lost and ends the attempts

@@ -1,9 +1,9 @@
 // Package nodes is the control plane's node services: invitations and
 // enrollment into the fenced registry (wf_nodes, wf_enroll), session
 // renewals, heartbeats and the leases they earn, the sweep that marks a
-// silent node lost, facts, drain, what a node's disk must keep and the
-// operator's prune (disk.go), and the NATS auth callout that admits agents
-// and producers.
+// silent node lost, facts, drain, and what a node's disk must keep and the
+// operator's prune (disk.go). Who may log in to NATS at all is
+// controlplane/admission's.
 package nodes
 
 import (
@@ -18,11 +18,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/internal/keyed"
-	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -47,7 +46,7 @@ type Config struct {
 
 // Drainer releases the sessions resident on a draining node.
 type Drainer interface {
-	DrainNode(ctx context.Context, rec schemas.NodeRecord) *residency.DrainView
+	DrainNode(ctx context.Context, rec schemas.NodeRecord) *schemas.DrainView
 }
 
 // Service serves the node subjects.
@@ -93,40 +92,33 @@ func (s *Service) LeaseTTL() time.Duration {
 // are ordered by the per-node lock in enroll.
 const enrollWorkers = 32
 
-// Serve answers enrollments, renewals, invitations, drains and lease
-// queries, and takes heartbeats, until ctx ends or stop is called. All are
-// core NATS (not streams): a lost heartbeat is replaced by the next one,
-// and a request is retried by its sender. The queue group spreads requests
-// over replicas; heartbeats are taken by every replica (no queue group), so
-// each one's in-memory lease table is complete. Enrollments are handed to a
-// pool of workers that wg owns and ctx stops.
+// Serve answers enrollments, renewals, invitations, drains, lease queries,
+// prunes and disk-keep questions on the request server, and takes
+// heartbeats, until ctx ends or stop is called. All are core NATS (not
+// streams): a lost heartbeat is replaced by the next one, and a request is
+// retried by its sender. The queue group spreads requests over replicas;
+// heartbeats are published, not requests, and taken by every replica (no
+// queue group), so each one's in-memory lease table is complete. The
+// request workers are owned by wg and stopped by ctx.
 func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	enrollPool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: enrollWorkers, Queue: enrollWorkers * 4}, s.handleEnroll)
-	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
-		// Keyed by the reply inbox only to spread the load: the per-node
-		// lock in enroll orders one node's enrollments.
-		bus.SubjectEnroll:      func(m *nats.Msg) { enrollPool.Submit(m.Reply, m) },
-		bus.SubjectRenewals:    func(m *nats.Msg) { s.handleRenew(ctx, m) },
-		bus.SubjectInvite:      func(m *nats.Msg) { s.handleInvite(ctx, m) },
-		bus.SubjectDrain:       func(m *nats.Msg) { s.handleDrain(ctx, m) },
-		bus.SubjectNodeLeases:  func(m *nats.Msg) { s.handleNodeLeases(m) },
-		bus.SubjectPrune:       func(m *nats.Msg) { s.handlePrune(ctx, m) },
-		bus.SubjectDiskKeepAll: func(m *nats.Msg) { s.handleDiskKeep(m) },
-	})
+	enroll := requests.Coded(bus.SubjectEnroll, "body is not an EnrollmentRequest", (*schemas.EnrollmentRequest).Validate, s.answerEnroll, s.log)
+	enroll.Pool = keyed.PoolOptions{Workers: enrollWorkers, Queue: enrollWorkers * 4}
+	subs, err := requests.Serve(ctx, wg, s.conn.NC,
+		enroll,
+		requests.Coded(bus.SubjectRenewals, "body is not a SessionRenewal", nil, s.renew, s.log),
+		requests.Coded(bus.SubjectInvite, "body is not an InviteRequest", (*schemas.InviteRequest).Validate, s.answerInvite, s.log),
+		s.drainServer(),
+		s.leasesServer(),
+		s.pruneServer(),
+		requests.Coded(bus.SubjectDiskKeepAll, "body is not a DiskKeepRequest", (*schemas.DiskKeepRequest).Validate, s.diskKeep, s.log),
+	)
 	if err != nil {
 		return nil, err
 	}
 	hb, err := s.conn.NC.Subscribe(bus.SubjectHeartbeats, func(m *nats.Msg) { s.handleHeartbeat(ctx, m) })
 	if err != nil {
-		subs.Stop()
+		subs()
 		return nil, fmt.Errorf("nodes: subscribe %s: %w", bus.SubjectHeartbeats, err)
 	}
-	return append(subs, hb).Stop, nil
-}
-
-// respond answers a request, logging what cannot be sent.
-func respond(log *zap.Logger, m *nats.Msg, enc codec.Encoding, v any) {
-	if err := bus.Respond(m, enc, v); err != nil {
-		log.Error("reply", zap.String("subject", m.Subject), zap.Error(err))
-	}
+	return func() { subs(); _ = hb.Unsubscribe() }, nil
 }

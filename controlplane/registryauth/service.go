@@ -7,12 +7,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -40,14 +42,11 @@ func pinnedTo(r *schemas.Run, ref schemas.ImageRef) bool {
 	return err == nil && booked == ref
 }
 
-// Workers bounds how many credential requests one replica answers at once
-// (a helper may take its whole timeout).
-const Workers = nodecreds.Workers
-
 // Service answers wf.node.<id>.credentials.registry.
 type Service struct {
 	gate   *nodecreds.Gate
-	server *nodecreds.Server[schemas.RegistryCredentialRequest, *schemas.RegistryCredentialRequest, schemas.RegistryCredential]
+	server *requests.Server[schemas.RegistryCredentialRequest, schemas.Reply[schemas.RegistryCredential]]
+	nc     *nats.Conn
 	source *Source
 	wanted []ImageWanted
 	log    *zap.Logger
@@ -59,9 +58,11 @@ type Service struct {
 // registry anonymous); wanted are the reasons a node may have to pull an
 // image (BookedImages, and prefetches).
 func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, source *Source, wanted []ImageWanted, now func() time.Time, log *zap.Logger) *Service {
-	s := &Service{gate: nodecreds.NewGate(c, nodesKV, runsKV, now), source: source, wanted: wanted, log: log.Named("registryauth")}
-	s.server = &nodecreds.Server[schemas.RegistryCredentialRequest, *schemas.RegistryCredentialRequest, schemas.RegistryCredential]{
-		Conn: conn.NC, Subject: bus.SubjectRegistryCredentials, What: "registry credential", Answer: s.Answer, Refused: &s.refused, Log: s.log}
+	s := &Service{gate: nodecreds.NewGate(c, nodesKV, runsKV, now), source: source, wanted: wanted, nc: conn.NC, log: log.Named("registryauth")}
+	s.server = &requests.Server[schemas.RegistryCredentialRequest, schemas.Reply[schemas.RegistryCredential]]{
+		Subject: bus.SubjectRegistryCredentials, What: "registry credential", Malformed: "body is not a registry credential request",
+		Validate: (*schemas.RegistryCredentialRequest).Validate, Answer: s.Answer, Refuse: requests.Refusal[schemas.RegistryCredential],
+		Pool: requests.DefaultPool(), Refused: &s.refused, Log: s.log}
 	return s
 }
 
@@ -71,9 +72,10 @@ func (s *Service) Given() int64   { return s.given.Load() }
 func (s *Service) Refused() int64 { return s.refused.Load() }
 
 // Serve answers requests in the control plane's queue group until ctx
-// ends or stop is called (nodecreds.Server).
+// ends or stop is called, by requests.DefaultPool's workers (a credential
+// helper may take its whole timeout).
 func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	return s.server.Serve(ctx, wg)
+	return requests.Serve(ctx, wg, s.nc, s.server)
 }
 
 // Answer decides one valid request that came on subject: a refusal, or the

@@ -13,24 +13,13 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/randid"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // LeaderKey is the wf_leases key of the rental loop's leader lease.
 // A '/' cannot appear in a residency key (<tenant>.<session> of letters,
 // digits, '-' and '_'), so it never collides with a session's lease.
 const LeaderKey = "controlplane/rentals"
-
-// leaderRecord is the stored lease: who leads the rental loop, in which
-// term, until when. Term only grows: a takeover or a release keeps it.
-type leaderRecord struct {
-	Holder    string    `json:"holder"`
-	Term      uint64    `json:"term"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
-
-// LeaseEpoch and LeaseExpiresAt make leaderRecord a bus.LeaseRecord.
-func (r leaderRecord) LeaseEpoch() uint64        { return r.Term }
-func (r leaderRecord) LeaseExpiresAt() time.Time { return r.ExpiresAt }
 
 // leaderLease elects one control-plane replica to run the rental loop (the
 // janitor, retirement, every provider call and every decision to rent): the
@@ -57,8 +46,8 @@ func newLeaderLease(kv jetstream.KeyValue, ttl time.Duration, log *zap.Logger) *
 }
 
 // lease is the rental loop's record in wf_leases, decoded strictly.
-func (l *leaderLease) lease() bus.Lease[leaderRecord] {
-	return bus.Lease[leaderRecord]{KV: l.kv, Key: LeaderKey, Decode: func(b []byte, v any) error {
+func (l *leaderLease) lease() bus.Lease[schemas.RentalLeader] {
+	return bus.Lease[schemas.RentalLeader]{KV: l.kv, Key: LeaderKey, Decode: func(b []byte, v any) error {
 		return codec.Decode(codec.JSON, b, v)
 	}}
 }
@@ -122,7 +111,7 @@ func (l *leaderLease) step(ctx context.Context) error {
 
 // write stores this replica as holder at rev (0: create) in term.
 func (l *leaderLease) write(ctx context.Context, start time.Time, rev, term uint64) error {
-	nrev, err := l.lease().Write(ctx, leaderRecord{Holder: l.holder, Term: term, ExpiresAt: start.Add(l.ttl)}, rev)
+	nrev, err := l.lease().Write(ctx, schemas.RentalLeader{Holder: l.holder, Term: term, ExpiresAt: start.Add(l.ttl)}, rev)
 	if err != nil {
 		l.lose("lease write refused: " + err.Error())
 		return err
@@ -160,7 +149,7 @@ func (l *leaderLease) release(ctx context.Context) {
 	if rev == 0 {
 		return
 	}
-	if _, err := l.lease().Write(ctx, leaderRecord{Holder: l.holder, Term: term, ExpiresAt: time.Now()}, rev); err != nil {
+	if _, err := l.lease().Write(ctx, schemas.RentalLeader{Holder: l.holder, Term: term, ExpiresAt: time.Now()}, rev); err != nil {
 		l.log.Info("leader lease not released; it expires on its own", zap.Error(err))
 		return
 	}

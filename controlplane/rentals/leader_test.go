@@ -9,6 +9,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
@@ -58,7 +59,7 @@ func TestRentalLeader_OneLeaderAndFailover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r leaderRecord
+		var r schemas.RentalLeader
 		if err := codec.Decode(codec.JSON, e.Value(), &r); err != nil {
 			t.Fatal(err)
 		}

@@ -14,14 +14,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -67,15 +66,16 @@ func (m *Manager) Serve(ctx context.Context) (stop func(), err error) {
 		m.wg.Wait()
 		return nil, err
 	}
-	subs, err := bus.QueueSubscribeAll(m.conn.NC, map[string]nats.MsgHandler{
-		bus.SubjectRetire: func(msg *nats.Msg) { m.handleRetire(ctx, msg) },
-	})
+	stopRetire, err := requests.Serve(ctx, &m.wg, m.conn.NC, requests.Coded(bus.SubjectRetire, "body is not an AdminRequest",
+		func(r *schemas.AdminRequest) error {
+			return schemas.ValidateID("rental_id", r.ID, schemas.CodeMalformed)
+		}, m.askRetire, m.log))
 	if err != nil {
 		cancel()
 		m.wg.Wait()
 		return nil, err
 	}
-	return func() { subs.Stop(); cancel(); m.wg.Wait() }, nil
+	return func() { stopRetire(); cancel(); m.wg.Wait() }, nil
 }
 
 // leading reports whether this replica runs the rental loop now.
@@ -84,37 +84,22 @@ func (m *Manager) leading() bool {
 	return l != nil && l.leading()
 }
 
-// handleRetire asks for a rental to be retired once its node is idle.
-func (m *Manager) handleRetire(ctx context.Context, msg *nats.Msg) {
-	var req schemas.AdminRequest
-	enc, err := codec.DecodeMsg(msg, &req)
-	if err == nil {
-		err = schemas.ValidateID("rental_id", req.ID, schemas.CodeMalformed)
-	}
-	if err != nil {
-		m.respond(msg, enc, schemas.Reply[schemas.Rental]{Refusal: schemas.RefusalOfInput(err, "body is not an AdminRequest")})
-		return
-	}
-	err = m.store.update(ctx, req.ID, func(s *schemas.Rental, now time.Time) error {
+// askRetire asks for a rental to be retired once its node is idle
+// (wf.admin.rental.retire).
+func (m *Manager) askRetire(ctx context.Context, _ string, req schemas.AdminRequest) (schemas.Rental, error) {
+	err := m.store.update(ctx, req.ID, func(s *schemas.Rental, now time.Time) error {
 		if s.State != schemas.RentalReady {
 			return &schemas.Refusal{Code: schemas.CodeMalformed, Field: "id", Reason: "only a ready rental can be retired; it is " + string(s.State)}
 		}
 		return setRentalState(s, schemas.RentalDraining, time.Time{}, now)
 	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		err = &schemas.Refusal{Code: schemas.CodeMalformed, Field: "id", Reason: "no rental " + req.ID + "; `warmfleet rental list` shows them"}
+		return schemas.Rental{}, &schemas.Refusal{Code: schemas.CodeMalformed, Field: "id", Reason: "no rental " + req.ID + "; `warmfleet rental list` shows them"}
 	}
 	if err != nil {
-		m.respond(msg, enc, schemas.Reply[schemas.Rental]{Refusal: schemas.AsRefusal(err)})
-		return
+		return schemas.Rental{}, err
 	}
 	var rt schemas.Rental
 	_, _ = bus.GetJSON(ctx, m.store.kv, req.ID, &rt)
-	m.respond(msg, enc, schemas.Reply[schemas.Rental]{OK: &rt})
-}
-
-func (m *Manager) respond(msg *nats.Msg, enc codec.Encoding, v any) {
-	if err := bus.Respond(msg, enc, v); err != nil {
-		m.log.Error("reply", zap.String("subject", msg.Subject), zap.Error(err))
-	}
+	return rt, nil
 }

@@ -14,64 +14,59 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// reply answers an operator's session request in JSON.
-func (s *Service) reply(m *nats.Msg, rep residency.SessionReply) {
-	if err := bus.Respond(m, codec.JSON, rep); err != nil {
-		s.log.Error("session reply", zap.String("subject", m.Subject), zap.Error(err))
+// operatorServer serves one of an operator's session subjects: replies
+// in JSON, errors as the session protocol's (schemas.SessionError), and a
+// goroutine per request (an attach may wait minutes on an image pull).
+func (s *Service) operatorServer(subject string, answer func(context.Context, string, schemas.SessionRequest) schemas.SessionReply) *requests.Server[schemas.SessionRequest, schemas.SessionReply] {
+	return &requests.Server[schemas.SessionRequest, schemas.SessionReply]{
+		Subject: subject, What: "session request", Malformed: "body is not a SessionRequest", JSON: true, Log: s.log,
+		Validate: func(r *schemas.SessionRequest) error { return residency.KeyOf(r.Key()).Validate() },
+		Answer:   answer,
+		Refuse: func(_ *schemas.Refusal, err error) schemas.SessionReply {
+			if errors.Is(err, codec.ErrMalformed) {
+				err = fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
+			}
+			return schemas.SessionReply{Error: residency.ToWire(err)}
+		},
 	}
-}
-
-func decodeRequest(m *nats.Msg) (residency.SessionRequest, error) {
-	var req residency.SessionRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		return req, fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
-	}
-	if err := req.Key().Validate(); err != nil {
-		return req, err
-	}
-	return req, nil
 }
 
 // askNode sends one session command to a node's host and decodes its reply.
-func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op residency.SessionOp, cmd residency.SessionCommand, timeout time.Duration) (residency.SessionReply, error) {
+func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op schemas.SessionOp, cmd schemas.SessionCommand, timeout time.Duration) (schemas.SessionReply, error) {
 	cmd.FencingToken = n.FencingToken
 	b, err := json.Marshal(cmd)
 	if err != nil {
-		return residency.SessionReply{}, err
+		return schemas.SessionReply{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	msg := &nats.Msg{Subject: bus.NodeSessions(n.NodeID, string(op)), Data: b, Header: nats.Header{codec.ContentTypeHeader: []string{codec.ContentTypeJSON}}}
 	resp, err := s.conn.NC.RequestMsgWithContext(ctx, msg)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return residency.SessionReply{}, &residency.WireError{Code: residency.CodeNoHost, Message: "node " + n.NodeID + " hosts no sessions (no session host answered)"}
+		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeNoHost, Message: "node " + n.NodeID + " hosts no sessions (no session host answered)"}
 	}
 	if err != nil {
-		return residency.SessionReply{}, &residency.WireError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": " + err.Error()}
+		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": " + err.Error()}
 	}
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	if err := json.Unmarshal(resp.Data, &rep); err != nil {
-		return residency.SessionReply{}, &residency.WireError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": malformed reply: " + err.Error()}
+		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": malformed reply: " + err.Error()}
 	}
 	return rep, nil
 }
 
-// handleAttach places a session on a node and attaches it there.
+// attach places a session on a node and attaches it there.
 // Candidates are the ready, live nodes (only the one named, when the request
 // pins one), the session's previous host first (its image is warm there);
 // a node that refuses for a reason another node may not have (capacity,
 // draining, no session host, another runtime build) passes to the next.
-func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
-	req, err := decodeRequest(m)
-	if err != nil {
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
-		return
-	}
-	key := req.Key()
+func (s *Service) attach(ctx context.Context, st *stores, req schemas.SessionRequest) schemas.SessionReply {
+	key := residency.KeyOf(req.Key())
 	if req.Actor == "" {
 		req.Actor = "operator"
 	}
@@ -83,30 +78,27 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		case errors.Is(gerr, jetstream.ErrKeyNotFound):
 			req.Mode = residency.ModeCreate
 		default:
-			s.reply(m, residency.SessionReply{Error: residency.ToWire(gerr)})
-			return
+			return schemas.SessionReply{Error: residency.ToWire(gerr)}
 		}
 	}
 	cands, err := s.candidates(ctx, st, key, req.Node)
 	if err != nil {
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
-		return
+		return schemas.SessionReply{Error: residency.ToWire(err)}
 	}
-	var last *residency.WireError
+	var last *schemas.SessionError
 	for _, n := range cands {
-		cmd := residency.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor}
+		cmd := schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor}
 		release, err := s.bookGPUs(key, n.NodeID, req.GPUCount, &cmd)
 		if err != nil {
 			last = residency.ToWire(err)
 			s.log.Info("node cannot take session", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.Error(err))
 			continue
 		}
-		rep, err := s.askNode(ctx, n, residency.OpAttach, cmd, s.cfg.AttachTimeout)
+		rep, err := s.askNode(ctx, n, schemas.SessionAttach, cmd, s.cfg.AttachTimeout)
 		release()
 		if err == nil && rep.Error == nil {
 			s.log.Info("session attached", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.String("mode", string(req.Mode)))
-			s.reply(m, rep)
-			return
+			return rep
 		}
 		if err == nil {
 			err = rep.Error
@@ -118,15 +110,15 @@ func (s *Service) handleAttach(ctx context.Context, st *stores, m *nats.Msg) {
 		}
 	}
 	if last == nil {
-		last = &residency.WireError{Code: residency.CodeCapacity, Message: "no ready node to place session " + key.String() + " on"}
+		last = &schemas.SessionError{Code: residency.CodeCapacity, Message: "no ready node to place session " + key.String() + " on"}
 	}
-	s.reply(m, residency.SessionReply{Error: last})
+	return schemas.SessionReply{Error: last}
 }
 
 // bookGPUs books count free cards of node for the session into cmd and
 // holds them (cache.Reserve) until release is called: by then the attach
 // has published its residency, which holds them from there on, or failed.
-func (s *Service) bookGPUs(key residency.Key, node string, count int64, cmd *residency.SessionCommand) (release func(), err error) {
+func (s *Service) bookGPUs(key residency.Key, node string, count int64, cmd *schemas.SessionCommand) (release func(), err error) {
 	if count <= 0 {
 		return func() {}, nil
 	}
@@ -191,35 +183,27 @@ func (s *Service) candidates(ctx context.Context, st *stores, key residency.Key,
 	return out, nil
 }
 
-// handleRelease releases a session gracefully on the node whose route
+// release releases a session gracefully on the node whose route
 // wf_residency holds.
-func (s *Service) handleRelease(ctx context.Context, st *stores, m *nats.Msg) {
-	req, err := decodeRequest(m)
-	if err != nil {
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
-		return
-	}
-	key := req.Key()
+func (s *Service) release(ctx context.Context, st *stores, req schemas.SessionRequest) schemas.SessionReply {
+	key := residency.KeyOf(req.Key())
 	obs, _, err := st.locations.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && obs.State == residency.StateExpired):
-		s.reply(m, residency.SessionReply{Error: &residency.WireError{Code: residency.CodeNotResident, Message: "session " + key.String() + " is resident nowhere"}})
-		return
+		return schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeNotResident, Message: "session " + key.String() + " is resident nowhere"}}
 	case err != nil:
-		s.reply(m, residency.SessionReply{Error: residency.ToWire(err)})
-		return
+		return schemas.SessionReply{Error: residency.ToWire(err)}
 	}
 	var n schemas.NodeRecord
 	if _, err := bus.GetJSON(ctx, s.nodesKV, obs.Host, &n); err != nil {
-		s.reply(m, residency.SessionReply{Error: &residency.WireError{Code: residency.CodeUnavailable, Message: "node " + obs.Host + ": " + err.Error()}})
-		return
+		return schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + obs.Host + ": " + err.Error()}}
 	}
-	rep, err := s.askNode(ctx, n, residency.OpRelease, residency.SessionCommand{Tenant: key.Tenant, Session: key.Session}, s.cfg.DrainTimeout)
+	rep, err := s.askNode(ctx, n, schemas.SessionRelease, schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session}, s.cfg.DrainTimeout)
 	if err != nil {
-		rep = residency.SessionReply{Error: residency.ToWire(err)}
+		rep = schemas.SessionReply{Error: residency.ToWire(err)}
 	}
 	if rep.Error == nil {
 		s.log.Info("session released", zap.Stringer("session", key), zap.String("node_id", n.NodeID))
 	}
-	s.reply(m, rep)
+	return rep
 }

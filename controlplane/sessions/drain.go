@@ -13,7 +13,7 @@ import (
 // DrainNode releases every session resident on the draining node rec and
 // reports what it released and what it could not; nil when the Service is
 // not serving.
-func (s *Service) DrainNode(ctx context.Context, rec schemas.NodeRecord) *residency.DrainView {
+func (s *Service) DrainNode(ctx context.Context, rec schemas.NodeRecord) *schemas.DrainView {
 	if s.serving.Load() == nil {
 		return nil
 	}
@@ -31,25 +31,25 @@ func (s *Service) DrainNode(ctx context.Context, rec schemas.NodeRecord) *reside
 // gracefully, and reports what it released and what it could not. A node
 // without a session host, or one that does not answer, has its routes
 // reported from wf_residency as unreleased.
-func (s *Service) drainSessions(ctx context.Context, n schemas.NodeRecord) residency.DrainView {
-	rep, err := s.askNode(ctx, n, residency.OpDrain, residency.SessionCommand{}, s.cfg.DrainTimeout)
+func (s *Service) drainSessions(ctx context.Context, n schemas.NodeRecord) schemas.DrainView {
+	rep, err := s.askNode(ctx, n, schemas.SessionDrain, schemas.SessionCommand{}, s.cfg.DrainTimeout)
 	if err == nil && rep.Error != nil {
 		err = rep.Error
 	}
-	var v residency.DrainView
+	var v schemas.DrainView
 	switch {
 	case err == nil && rep.Drain != nil:
 		v = *rep.Drain
 	case err == nil:
-		v = residency.DrainView{Node: n.NodeID, Error: &residency.WireError{Code: residency.CodeUnavailable, Message: "drain reply carried no report"}}
+		v = schemas.DrainView{Node: n.NodeID, Error: &schemas.SessionError{Code: residency.CodeUnavailable, Message: "drain reply carried no report"}}
 	default:
-		v = residency.DrainView{Node: n.NodeID, Error: residency.ToWire(err)}
+		v = schemas.DrainView{Node: n.NodeID, Error: residency.ToWire(err)}
 	}
 	if v.Released == nil {
-		v.Released = []residency.Key{}
+		v.Released = []schemas.SessionKey{}
 	}
 	// Whatever wf_residency still routes to the node was not released.
-	held := map[residency.Key]bool{}
+	held := map[schemas.SessionKey]bool{}
 	for _, f := range v.Failures {
 		held[f.Key] = true
 	}
@@ -58,8 +58,8 @@ func (s *Service) drainSessions(ctx context.Context, n schemas.NodeRecord) resid
 		s.log.Warn("drain: routes not read", zap.Error(err))
 	}
 	for _, o := range routes {
-		if o.Host == n.NodeID && o.State != residency.StateExpired && !held[o.Key()] {
-			v.Failures = append(v.Failures, residency.DrainFailure{Key: o.Key(), Reason: "still routed to this node (" + string(o.State) + " at epoch " + fmt.Sprint(o.Epoch) + ")"})
+		if o.Host == n.NodeID && o.State != residency.StateExpired && !held[residency.WireKey(o.Key())] {
+			v.Failures = append(v.Failures, schemas.DrainFailure{Key: residency.WireKey(o.Key()), Reason: "still routed to this node (" + string(o.State) + " at epoch " + fmt.Sprint(o.Epoch) + ")"})
 		}
 	}
 	return v

@@ -13,14 +13,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Config tunes session residency (see package residency).
@@ -127,10 +128,13 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	// An attach may wait minutes on an image pull: each request gets its
 	// own goroutine, owned by wg, so one does not hold up the next.
 	var wg sync.WaitGroup
-	subs, err := bus.QueueSubscribeAll(s.conn.NC, map[string]nats.MsgHandler{
-		bus.SubjectSessionAttach:  func(m *nats.Msg) { wg.Go(func() { s.handleAttach(ctx, st, m) }) },
-		bus.SubjectSessionRelease: func(m *nats.Msg) { wg.Go(func() { s.handleRelease(ctx, st, m) }) },
-	})
+	stopOps, err := requests.Serve(ctx, &wg, s.conn.NC,
+		s.operatorServer(bus.SubjectSessionAttach, func(ctx context.Context, _ string, req schemas.SessionRequest) schemas.SessionReply {
+			return s.attach(ctx, st, req)
+		}),
+		s.operatorServer(bus.SubjectSessionRelease, func(ctx context.Context, _ string, req schemas.SessionRequest) schemas.SessionReply {
+			return s.release(ctx, st, req)
+		}))
 	if err != nil {
 		cancel()
 		stopSvc()
@@ -141,7 +145,7 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	return func() {
 		once.Do(func() {
 			s.serving.CompareAndSwap(st, nil)
-			subs.Stop()
+			stopOps()
 			cancel()
 			stopSvc()
 			wg.Wait()

@@ -64,20 +64,20 @@ func (f *fixture) addNode(t *testing.T, id string, token uint64) {
 // host answers one node's session commands with answer, recording them.
 type host struct {
 	mu   sync.Mutex
-	cmds []residency.SessionCommand
+	cmds []schemas.SessionCommand
 }
 
-func (h *host) commands() []residency.SessionCommand {
+func (h *host) commands() []schemas.SessionCommand {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]residency.SessionCommand(nil), h.cmds...)
+	return append([]schemas.SessionCommand(nil), h.cmds...)
 }
 
-func (f *fixture) host(t *testing.T, node string, op residency.SessionOp, answer func(residency.SessionCommand) residency.SessionReply) *host {
+func (f *fixture) host(t *testing.T, node string, op schemas.SessionOp, answer func(schemas.SessionCommand) schemas.SessionReply) *host {
 	t.Helper()
 	h := &host{}
 	sub, err := f.conn.NC.Subscribe(bus.NodeSessions(node, string(op)), func(m *nats.Msg) {
-		var cmd residency.SessionCommand
+		var cmd schemas.SessionCommand
 		if err := json.Unmarshal(m.Data, &cmd); err != nil {
 			t.Errorf("host %s: %v", node, err)
 			return
@@ -100,7 +100,7 @@ func (f *fixture) host(t *testing.T, node string, op residency.SessionOp, answer
 
 // ask sends an operator's session request and decodes the reply, checking
 // it is JSON.
-func (f *fixture) ask(t *testing.T, subject string, body any) residency.SessionReply {
+func (f *fixture) ask(t *testing.T, subject string, body any) schemas.SessionReply {
 	t.Helper()
 	b, err := json.Marshal(body)
 	if err != nil {
@@ -113,7 +113,7 @@ func (f *fixture) ask(t *testing.T, subject string, body any) residency.SessionR
 	if ct := m.Header.Get(codec.ContentTypeHeader); ct != codec.ContentTypeJSON {
 		t.Errorf("reply Content-Type = %q, want %q", ct, codec.ContentTypeJSON)
 	}
-	var rep residency.SessionReply
+	var rep schemas.SessionReply
 	if err := json.Unmarshal(m.Data, &rep); err != nil {
 		t.Fatalf("reply %q: %v", m.Data, err)
 	}
@@ -121,15 +121,15 @@ func (f *fixture) ask(t *testing.T, subject string, body any) residency.SessionR
 }
 
 // refuse answers every command with a refusal coded c.
-func refuse(c residency.Code) func(residency.SessionCommand) residency.SessionReply {
-	return func(residency.SessionCommand) residency.SessionReply {
-		return residency.SessionReply{Error: &residency.WireError{Code: c, Message: "refused"}}
+func refuse(c residency.Code) func(schemas.SessionCommand) schemas.SessionReply {
+	return func(schemas.SessionCommand) schemas.SessionReply {
+		return schemas.SessionReply{Error: &schemas.SessionError{Code: c, Message: "refused"}}
 	}
 }
 
 // accept answers every command with success.
-func accept(residency.SessionCommand) residency.SessionReply {
-	return residency.SessionReply{Residency: &residency.ResidencyView{}}
+func accept(schemas.SessionCommand) schemas.SessionReply {
+	return schemas.SessionReply{Residency: &schemas.ResidencyView{}}
 }
 
 // TestAttachPassesNodeRefusals: a node's own refusal passes the attach to
@@ -139,10 +139,10 @@ func TestAttachPassesNodeRefusals(t *testing.T) {
 	f := newFixture(t)
 	f.addNode(t, "n1", 11)
 	f.addNode(t, "n2", 22)
-	h1 := f.host(t, "n1", residency.OpAttach, refuse(residency.CodeCapacity))
-	h2 := f.host(t, "n2", residency.OpAttach, accept)
+	h1 := f.host(t, "n1", schemas.SessionAttach, refuse(residency.CodeCapacity))
+	h2 := f.host(t, "n2", schemas.SessionAttach, accept)
 
-	rep := f.ask(t, bus.SubjectSessionAttach, residency.SessionRequest{Tenant: "t1", Session: "s1"})
+	rep := f.ask(t, bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: "t1", Session: "s1"})
 	if rep.Error != nil || rep.Residency == nil {
 		t.Fatalf("attach reply = %+v, want a residency", rep)
 	}
@@ -153,7 +153,7 @@ func TestAttachPassesNodeRefusals(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("n2 commands = %+v, want one", got)
 	}
-	want := residency.SessionCommand{FencingToken: 22, Tenant: "t1", Session: "s1", Mode: residency.ModeCreate, Actor: "operator"}
+	want := schemas.SessionCommand{FencingToken: 22, Tenant: "t1", Session: "s1", Mode: residency.ModeCreate, Actor: "operator"}
 	if !reflect.DeepEqual(got[0], want) {
 		t.Errorf("n2 command = %+v, want %+v", got[0], want)
 	}
@@ -165,10 +165,10 @@ func TestAttachStopsAtSessionRefusal(t *testing.T) {
 	f := newFixture(t)
 	f.addNode(t, "n1", 1)
 	f.addNode(t, "n2", 2)
-	f.host(t, "n1", residency.OpAttach, refuse(residency.CodeLeaseHeld))
-	h2 := f.host(t, "n2", residency.OpAttach, accept)
+	f.host(t, "n1", schemas.SessionAttach, refuse(residency.CodeLeaseHeld))
+	h2 := f.host(t, "n2", schemas.SessionAttach, accept)
 
-	rep := f.ask(t, bus.SubjectSessionAttach, residency.SessionRequest{Tenant: "t1", Session: "s1", Mode: residency.ModeResume})
+	rep := f.ask(t, bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: "t1", Session: "s1", Mode: residency.ModeResume})
 	if rep.Error == nil || rep.Error.Code != residency.CodeLeaseHeld {
 		t.Fatalf("attach reply = %+v, want %s", rep, residency.CodeLeaseHeld)
 	}
@@ -191,10 +191,10 @@ func TestAttachRefusals(t *testing.T) {
 		want residency.Code
 	}{
 		{"malformed", "not a request", residency.CodeInvalidRequest},
-		{"no session", residency.SessionRequest{Tenant: "t1"}, residency.CodeInvalidRequest},
-		{"pinned unknown node", residency.SessionRequest{Tenant: "t1", Session: "s1", Node: "nope"}, residency.CodeInvalidRequest},
-		{"pinned draining node", residency.SessionRequest{Tenant: "t1", Session: "s1", Node: "d1"}, residency.CodeDraining},
-		{"no ready node", residency.SessionRequest{Tenant: "t1", Session: "s1"}, residency.CodeCapacity},
+		{"no session", schemas.SessionRequest{Tenant: "t1"}, residency.CodeInvalidRequest},
+		{"pinned unknown node", schemas.SessionRequest{Tenant: "t1", Session: "s1", Node: "nope"}, residency.CodeInvalidRequest},
+		{"pinned draining node", schemas.SessionRequest{Tenant: "t1", Session: "s1", Node: "d1"}, residency.CodeDraining},
+		{"no ready node", schemas.SessionRequest{Tenant: "t1", Session: "s1"}, residency.CodeCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := f.ask(t, bus.SubjectSessionAttach, tc.body)
@@ -209,19 +209,19 @@ func TestAttachRefusals(t *testing.T) {
 // routes the session to; a session routed nowhere is not resident.
 func TestReleaseGoesToRoutedHost(t *testing.T) {
 	f := newFixture(t)
-	rep := f.ask(t, bus.SubjectSessionRelease, residency.SessionRequest{Tenant: "t1", Session: "s1"})
+	rep := f.ask(t, bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: "t1", Session: "s1"})
 	if rep.Error == nil || rep.Error.Code != residency.CodeNotResident {
 		t.Fatalf("release of an unrouted session = %+v, want %s", rep, residency.CodeNotResident)
 	}
 
 	f.addNode(t, "n1", 7)
 	f.route(t, residency.Observation{Tenant: "t1", Session: "s1", Host: "n1", Epoch: 3, State: residency.StateResident})
-	h := f.host(t, "n1", residency.OpRelease, accept)
-	rep = f.ask(t, bus.SubjectSessionRelease, residency.SessionRequest{Tenant: "t1", Session: "s1"})
+	h := f.host(t, "n1", schemas.SessionRelease, accept)
+	rep = f.ask(t, bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: "t1", Session: "s1"})
 	if rep.Error != nil {
 		t.Fatalf("release = %+v", rep)
 	}
-	want := residency.SessionCommand{FencingToken: 7, Tenant: "t1", Session: "s1"}
+	want := schemas.SessionCommand{FencingToken: 7, Tenant: "t1", Session: "s1"}
 	if got := h.commands(); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 		t.Errorf("n1 commands = %+v, want [%+v]", got, want)
 	}
@@ -259,14 +259,14 @@ func TestDrainNode(t *testing.T) {
 	if v == nil || v.Error == nil || v.Error.Code != residency.CodeNoHost {
 		t.Fatalf("drain without a host = %+v, want %s", v, residency.CodeNoHost)
 	}
-	if v.Released == nil || len(v.Failures) != 1 || v.Failures[0].Key != (residency.Key{Tenant: "t1", Session: "kept"}) {
+	if v.Released == nil || len(v.Failures) != 1 || v.Failures[0].Key != (schemas.SessionKey{Tenant: "t1", Session: "kept"}) {
 		t.Errorf("drain without a host = %+v, want released [] and t1.kept unreleased", v)
 	}
 
-	released := residency.Key{Tenant: "t1", Session: "other"}
-	f.host(t, "n1", residency.OpDrain, func(residency.SessionCommand) residency.SessionReply {
-		return residency.SessionReply{Drain: &residency.DrainView{Node: "n1", Released: []residency.Key{released},
-			Failures: []residency.DrainFailure{{Key: residency.Key{Tenant: "t1", Session: "kept"}, Reason: "busy"}}}}
+	released := schemas.SessionKey{Tenant: "t1", Session: "other"}
+	f.host(t, "n1", schemas.SessionDrain, func(schemas.SessionCommand) schemas.SessionReply {
+		return schemas.SessionReply{Drain: &schemas.DrainView{Node: "n1", Released: []schemas.SessionKey{released},
+			Failures: []schemas.DrainFailure{{Key: schemas.SessionKey{Tenant: "t1", Session: "kept"}, Reason: "busy"}}}}
 	})
 	v = f.svc.DrainNode(ctx, rec)
 	if v == nil || v.Error != nil || len(v.Released) != 1 || v.Released[0] != released {

@@ -24,7 +24,7 @@ var fleet = []Package{
 	{Path: "bus/codec"},
 	{Path: "agent", Imports: []string{"bus", "schemas"}, Deps: []string{"bus", "bus/codec", "schemas"}},
 	{Path: "agent/store", Imports: []string{"schemas"}, Deps: []string{"schemas", "bus/codec"}},
-	{Path: "controlplane", Imports: []string{"controlplane/placement", "bus"}, Deps: []string{"controlplane/placement", "bus", "bus/codec", "schemas"}},
+	{Path: "controlplane", Imports: []string{"controlplane/placement", "bus", "schemas"}, Deps: []string{"controlplane/placement", "bus", "bus/codec", "schemas"}},
 	{Path: "controlplane/placement", Imports: []string{"schemas"}, Deps: []string{"schemas", "bus/codec"}},
 	{Path: "cmd/tool", Imports: []string{"controlplane"}, Deps: []string{"controlplane", "controlplane/placement", "bus", "bus/codec", "schemas"}},
 	{Path: "deploy"},
@@ -103,6 +103,14 @@ func TestCheckImportsFindsMissingRowsAndStaleNames(t *testing.T) {
 	slices.Sort(v)
 	if len(v) != 2 || !strings.Contains(v[0], "`gone`") || !strings.Contains(v[1], "runlog has no row") {
 		t.Fatalf("violations %q; want the stale name and the package without a row", v)
+	}
+}
+
+func TestCheckImportsFindsAListedImportNoneUses(t *testing.T) {
+	p := strings.Replace(page, "| decisions | `schemas` |", "| decisions | `schemas`, `bus` |", 1)
+	v := CheckImports(parse(t, p), fleet)
+	if len(v) != 1 || !strings.Contains(v[0], "lists `bus`") {
+		t.Fatalf("violations %q; want the unused may-import entry", v)
 	}
 }
 

@@ -17,8 +17,9 @@ type Package struct {
 // CheckImports holds every package to its row: each package has exactly one
 // (an exact name wins over a subtree, a longer subtree over a shorter),
 // each direct import of ours is one its row may import, no dependency,
-// direct or not, is one its row says never, and every package the table
-// names exists. It returns one line per violation.
+// direct or not, is one its row says never, every package the table
+// names exists, and every import a row lists is one of its packages'. It
+// returns one line per violation.
 func CheckImports(rows []Row, pkgs []Package) []string {
 	var out []string
 	known := make([]string, len(pkgs))
@@ -32,12 +33,14 @@ func CheckImports(rows []Row, pkgs []Package) []string {
 			}
 		}
 	}
+	used := map[int][]string{} // a row's line: its packages' imports
 	for _, p := range pkgs {
 		r, err := rowOf(rows, p.Path)
 		if err != nil {
 			out = append(out, err.Error())
 			continue
 		}
+		used[r.Line] = append(used[r.Line], p.Imports...)
 		for _, d := range p.Imports {
 			if !r.Anything && !slices.ContainsFunc(r.MayImport, func(q Pattern) bool { return q.Matches(d) }) {
 				out = append(out, fmt.Sprintf("%s imports %s, which its row (line %d) does not list under may import", p.Path, d, r.Line))
@@ -46,6 +49,13 @@ func CheckImports(rows []Row, pkgs []Package) []string {
 		for _, d := range p.Deps {
 			if slices.ContainsFunc(r.Never, func(q Pattern) bool { return q.Matches(d) }) {
 				out = append(out, fmt.Sprintf("%s depends on %s, which its row (line %d) rules out", p.Path, d, r.Line))
+			}
+		}
+	}
+	for _, r := range rows {
+		for _, q := range r.MayImport {
+			if !slices.ContainsFunc(used[r.Line], q.Matches) {
+				out = append(out, fmt.Sprintf("line %d lists `%s` under may import, which none of its packages imports: drop it", r.Line, q))
 			}
 		}
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Options configures a Host.
@@ -160,13 +161,13 @@ type server struct {
 
 // handle answers one command on wf.node.<id>.sessions.<op>.
 func (s *server) handle(ctx context.Context, m *nats.Msg) {
-	op := residency.SessionOp(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
-	var cmd residency.SessionCommand
-	rep := residency.SessionReply{}
+	op := schemas.SessionOp(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+	var cmd schemas.SessionCommand
+	rep := schemas.SessionReply{}
 	if err := json.Unmarshal(m.Data, &cmd); err != nil {
-		rep.Error = &residency.WireError{Code: residency.CodeInvalidRequest, Message: "body is not a SessionCommand: " + err.Error()}
+		rep.Error = &schemas.SessionError{Code: residency.CodeInvalidRequest, Message: "body is not a SessionCommand: " + err.Error()}
 	} else if tok := s.env.FencingToken(); cmd.FencingToken == 0 || cmd.FencingToken != tok {
-		rep.Error = &residency.WireError{Code: residency.CodeStaleNode,
+		rep.Error = &schemas.SessionError{Code: residency.CodeStaleNode,
 			Message: fmt.Sprintf("command for fencing token %d; this node's session holds %d", cmd.FencingToken, tok)}
 	} else {
 		rep = s.do(ctx, op, cmd)
@@ -184,32 +185,32 @@ func (s *server) handle(ctx context.Context, m *nats.Msg) {
 	}
 }
 
-func (s *server) do(ctx context.Context, op residency.SessionOp, cmd residency.SessionCommand) residency.SessionReply {
+func (s *server) do(ctx context.Context, op schemas.SessionOp, cmd schemas.SessionCommand) schemas.SessionReply {
 	switch op {
-	case residency.OpAttach:
+	case schemas.SessionAttach:
 		r, err := s.attach(ctx, cmd)
 		if err != nil {
-			return residency.SessionReply{Error: residency.ToWire(err)}
+			return schemas.SessionReply{Error: residency.ToWire(err)}
 		}
 		v := residency.ViewOf(r)
-		return residency.SessionReply{Residency: &v}
-	case residency.OpRelease:
-		key := cmd.Key()
+		return schemas.SessionReply{Residency: &v}
+	case schemas.SessionRelease:
+		key := residency.KeyOf(cmd.Key())
 		if err := key.Validate(); err != nil {
-			return residency.SessionReply{Error: residency.ToWire(err)}
+			return schemas.SessionReply{Error: residency.ToWire(err)}
 		}
 		if err := s.mgr.Release(ctx, key); err != nil {
-			return residency.SessionReply{Error: residency.ToWire(err)}
+			return schemas.SessionReply{Error: residency.ToWire(err)}
 		}
-		return residency.SessionReply{}
-	case residency.OpList:
+		return schemas.SessionReply{}
+	case schemas.SessionList:
 		rs := s.mgr.Residencies()
-		out := make([]residency.ResidencyView, 0, len(rs))
+		out := make([]schemas.ResidencyView, 0, len(rs))
 		for _, r := range rs {
 			out = append(out, residency.ViewOf(r))
 		}
-		return residency.SessionReply{Residencies: out}
-	case residency.OpDrain:
+		return schemas.SessionReply{Residencies: out}
+	case schemas.SessionDrain:
 		dctx, cancel := context.WithTimeout(ctx, s.h.o.DrainTimeout)
 		defer cancel()
 		rep, err := s.mgr.Drain(dctx)
@@ -218,17 +219,17 @@ func (s *server) do(ctx context.Context, op residency.SessionOp, cmd residency.S
 			v.Error = residency.ToWire(err)
 		}
 		s.log.Info("sessions drained", zap.Int("released", len(v.Released)), zap.Int("failures", len(v.Failures)))
-		return residency.SessionReply{Drain: &v}
+		return schemas.SessionReply{Drain: &v}
 	default:
-		return residency.SessionReply{Error: &residency.WireError{Code: residency.CodeInvalidRequest, Message: "unknown session operation " + string(op)}}
+		return schemas.SessionReply{Error: &schemas.SessionError{Code: residency.CodeInvalidRequest, Message: "unknown session operation " + string(op)}}
 	}
 }
 
 // attach attaches cmd's session. A created session's durable record is
 // written at once (checkpoint 0) under the new grant, so a successor can
 // resume it even if this host never releases it gracefully.
-func (s *server) attach(ctx context.Context, cmd residency.SessionCommand) (residency.Residency, error) {
-	key := cmd.Key()
+func (s *server) attach(ctx context.Context, cmd schemas.SessionCommand) (residency.Residency, error) {
+	key := residency.KeyOf(cmd.Key())
 	r, err := s.mgr.Attach(ctx, residency.Request{
 		Key: key, Mode: cmd.Mode, CompatibilityID: cmd.CompatibilityID,
 		Principal: residency.Principal{TenantID: key.Tenant, ActorID: cmd.Actor, TraceID: cmd.Trace},

@@ -1,4 +1,4 @@
-package nodes
+package admission
 
 import (
 	"context"
@@ -16,11 +16,11 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// TestAuthCallout_ResumedRentalSession: with NATS auth on, a node whose
+// TestCallout_ResumedRentalSession: with NATS auth on, a node whose
 // session expired may log in with it only while its stopped rental is being
 // resumed, and then only to enroll; otherwise the expired session is
 // refused as before.
-func TestAuthCallout_ResumedRentalSession(t *testing.T) {
+func TestCallout_ResumedRentalSession(t *testing.T) {
 	conn := testenv.ProvisionedBus(t, "auth-test")
 	log := zaptest.NewLogger(t)
 	ctx := context.Background()
@@ -29,14 +29,14 @@ func TestAuthCallout_ResumedRentalSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	seed, _ := issuer.Seed()
-	a, err := NewAuthCallout(ctx, conn, AuthConfig{IssuerSeed: seed}, log)
+	a, err := New(ctx, conn, Config{IssuerSeed: seed}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	session := newToken()
 	nodes, _ := conn.JS.KeyValue(ctx, bus.BucketNodes)
 	rentals, _ := conn.JS.KeyValue(ctx, bus.BucketRentals)
-	rec := schemas.NodeRecord{NodeID: "rt-1", RentalID: "rt-1", Generation: 1, FencingToken: 1, SessionTokenHash: hashToken(session),
+	rec := schemas.NodeRecord{NodeID: "rt-1", RentalID: "rt-1", Generation: 1, FencingToken: 1, SessionTokenHash: schemas.TokenHash(session),
 		SessionExpires: time.Now().Add(-time.Hour), State: schemas.NodeLost}
 	if _, err := bus.CreateJSON(ctx, nodes, rec.NodeID, &rec); err != nil {
 		t.Fatal(err)
@@ -46,10 +46,10 @@ func TestAuthCallout_ResumedRentalSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	login := func() (authGrant, error) {
+	login := func() (grant, error) {
 		return a.authorize(ctx, jwt.ConnectOptions{Username: "rt-1", Password: session})
 	}
-	var refusal *AuthRefusal
+	var refusal *Refusal
 	if _, err := login(); !errors.As(err, &refusal) {
 		t.Fatalf("expired session of a stopped rental: %v, want a refusal", err)
 	}

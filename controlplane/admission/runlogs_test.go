@@ -1,4 +1,4 @@
-package nodes
+package admission
 
 import (
 	"context"
@@ -10,71 +10,11 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/schemas"
 )
-
-// securedBus is an embedded nats-server with auth callout on, provisioned,
-// with the real callout serving it.
-type securedBus struct {
-	url     string
-	cp      *bus.Conn // the control plane's own login
-	callout *AuthCallout
-}
-
-func startSecuredBus(t *testing.T) *securedBus {
-	t.Helper()
-	issuer, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := issuer.Seed()
-	pub, _ := issuer.PublicKey()
-	password := newToken()
-	srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir(), Port: -1,
-		Auth: &bus.EmbeddedAuth{ServiceUser: "warmfleet-cp", ServicePassword: password, Issuer: pub}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	log := zaptest.NewLogger(t)
-	cp, err := bus.Connect(srv.URL(), "warmfleet-cp", log, nats.UserInfo("warmfleet-cp", password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := cp.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.Provision(ctx, cp.JS, bus.Topology{}); err != nil {
-		t.Fatal(err)
-	}
-	a, err := NewAuthCallout(ctx, cp, AuthConfig{IssuerSeed: seed}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("callout: %v", err)
-		}
-	})
-	for srv.Server().GlobalAccount().Interest(bus.AuthCalloutSubject) == 0 {
-		if ctx.Err() != nil {
-			t.Fatal("the auth callout did not subscribe in 20s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return &securedBus{url: srv.URL(), cp: cp, callout: a}
-}
 
 // logLogin dials as the log connection of node for run. Async errors
 // (permission violations) arrive on the channel.
@@ -114,11 +54,11 @@ func wantViolation(t *testing.T, errs <-chan error, subject string) {
 	}
 }
 
-// TestAuthCallout_RunLogLogin: an agent's log login for a Run is admitted
+// TestCallout_RunLogLogin: an agent's log login for a Run is admitted
 // only with the node's live session token and only while the Run's current
 // attempt is booked on that node; it may publish that Run's output to
 // WF_LOGS and nothing else.
-func TestAuthCallout_RunLogLogin(t *testing.T) {
+func TestCallout_RunLogLogin(t *testing.T) {
 	sb := startSecuredBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -126,9 +66,9 @@ func TestAuthCallout_RunLogLogin(t *testing.T) {
 	runsKV, _ := sb.cp.JS.KeyValue(ctx, bus.BucketRuns)
 	session, otherSession, expiredSession := newToken(), newToken(), newToken()
 	for _, rec := range []schemas.NodeRecord{
-		{NodeID: "n1", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: hashToken(session), SessionExpires: time.Now().Add(time.Hour)},
-		{NodeID: "n2", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: hashToken(otherSession), SessionExpires: time.Now().Add(time.Hour)},
-		{NodeID: "n3", Generation: 1, FencingToken: 1, State: schemas.NodeLost, SessionTokenHash: hashToken(expiredSession), SessionExpires: time.Now().Add(-time.Minute)},
+		{NodeID: "n1", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: schemas.TokenHash(session), SessionExpires: time.Now().Add(time.Hour)},
+		{NodeID: "n2", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: schemas.TokenHash(otherSession), SessionExpires: time.Now().Add(time.Hour)},
+		{NodeID: "n3", Generation: 1, FencingToken: 1, State: schemas.NodeLost, SessionTokenHash: schemas.TokenHash(expiredSession), SessionExpires: time.Now().Add(-time.Minute)},
 	} {
 		if _, err := bus.CreateJSON(ctx, nodesKV, rec.NodeID, &rec); err != nil {
 			t.Fatal(err)
@@ -218,7 +158,7 @@ func TestAuthCallout_RunLogLogin(t *testing.T) {
 				t.Fatalf("login: %v, want a refusal", err)
 			}
 			_, err = sb.callout.authorize(ctx, jwt.ConnectOptions{Username: bus.NodeLogUser(tc.node, tc.run), Password: tc.secret})
-			var ref *AuthRefusal
+			var ref *Refusal
 			if !errors.As(err, &ref) || !strings.Contains(ref.Reason, tc.reason) {
 				t.Fatalf("refusal %v, want one saying %q", err, tc.reason)
 			}

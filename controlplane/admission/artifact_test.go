@@ -1,4 +1,4 @@
-package nodes
+package admission
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// TestAuthCallout_ArtifactLogin: an artifact login is admitted with a
+// TestCallout_ArtifactLogin: an artifact login is admitted with a
 // grant of wf_artifact_grants only: for its node, unexpired, minted for the
 // node's current session, and once, however many logins race with it.
-func TestAuthCallout_ArtifactLogin(t *testing.T) {
+func TestCallout_ArtifactLogin(t *testing.T) {
 	sb := startSecuredBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -24,9 +24,9 @@ func TestAuthCallout_ArtifactLogin(t *testing.T) {
 	grantsKV, _ := sb.cp.JS.KeyValue(ctx, bus.BucketArtifactGrants)
 	now := time.Now()
 	for _, rec := range []schemas.NodeRecord{
-		{NodeID: "n1", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: hashToken(newToken()), SessionExpires: now.Add(time.Hour)},
-		{NodeID: "n2", Generation: 1, FencingToken: 2, State: schemas.NodeReady, SessionTokenHash: hashToken(newToken()), SessionExpires: now.Add(time.Hour)},
-		{NodeID: "n3", Generation: 1, FencingToken: 1, State: schemas.NodeLost, SessionTokenHash: hashToken(newToken()), SessionExpires: now.Add(-time.Minute)},
+		{NodeID: "n1", Generation: 1, FencingToken: 1, State: schemas.NodeReady, SessionTokenHash: schemas.TokenHash(newToken()), SessionExpires: now.Add(time.Hour)},
+		{NodeID: "n2", Generation: 1, FencingToken: 2, State: schemas.NodeReady, SessionTokenHash: schemas.TokenHash(newToken()), SessionExpires: now.Add(time.Hour)},
+		{NodeID: "n3", Generation: 1, FencingToken: 1, State: schemas.NodeLost, SessionTokenHash: schemas.TokenHash(newToken()), SessionExpires: now.Add(-time.Minute)},
 	} {
 		if _, err := bus.CreateJSON(ctx, nodesKV, rec.NodeID, &rec); err != nil {
 			t.Fatal(err)
