@@ -33,6 +33,8 @@ type Agent struct {
 	meter   *meter
 	// factsChanged wakes the facts loop; rt (a changeWatch) signals it.
 	factsChanged chan struct{}
+	// launches counts rt's launches in flight: facts wait for them.
+	launches *launchGate
 
 	req       requester
 	rep       *reporter
@@ -82,10 +84,10 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if conn != nil {
 		nc, js = conn.NC, conn.JS
 	}
-	changed := make(chan struct{}, 1)
+	changed, launches := make(chan struct{}, 1), newLaunchGate()
 	signal := changeWatch{changed: changed}.signal
-	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
-		factsChanged: changed, req: requester{nc: nc}, attempts: newAttempts(), caches: caches.New(cfg.CacheDir, cfg.Now, log)}
+	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed, launches: launches}, log: log, journal: j,
+		factsChanged: changed, launches: launches, req: requester{nc: nc}, attempts: newAttempts(), caches: caches.New(cfg.CacheDir, cfg.Now, log)}
 	a.meter = &meter{rt: a.rt, accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, caches: a.caches,
 		replicas: store, contentRoot: cfg.ContentRoot, networkModes: cfg.NetworkModes, maxWorkloads: cfg.MaxWorkloads,
 		watermarks: cfg.DiskWatermarks, now: cfg.Now, log: log}

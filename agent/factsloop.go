@@ -48,12 +48,17 @@ func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 			}
 			t.Reset(every)
 		}
+		// Measured between launches: its runtime calls slow one they overlap.
+		due := time.Now()
+		if !a.launches.await(ctx, factsMaxDefer) {
+			return
+		}
 		// A collection first, so this report carries the disk it freed.
 		start := time.Now()
 		a.disk.Collect(ctx, a.askKeep)
 		f := a.meter.facts(ctx)
 		last = time.Now()
-		a.log.Debug("facts measured", zap.Duration("took", last.Sub(start)))
+		a.log.Debug("facts measured", zap.Duration("took", last.Sub(start)), zap.Duration("deferred", start.Sub(due)))
 		if err := a.rep.publish(ctx, schemas.Observation{Kind: schemas.ObsFacts, Facts: &f}, ""); err != nil && ctx.Err() == nil {
 			a.log.Warn("facts not published; next report follows", zap.Error(err))
 		}
@@ -63,10 +68,12 @@ func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 // changeWatch is the runtime as the agent uses it: it signals the facts loop
 // when what the node holds may have changed: an image was ensured (by a
 // prepare or a launch) or a workload exited (its caches were written, its
-// container goes).
+// container goes); and it counts its launches in flight, which the facts
+// loop waits for.
 type changeWatch struct {
 	noderuntime.Runtime
-	changed chan<- struct{} // capacity 1: a pending signal covers any number of changes
+	changed  chan<- struct{} // capacity 1: a pending signal covers any number of changes
+	launches *launchGate     // set on the agent's runtime; a value that only signals has none
 }
 
 func (r changeWatch) signal() {
@@ -90,4 +97,9 @@ func (r changeWatch) Wait(ctx context.Context, id string) (noderuntime.WorkloadS
 		r.signal()
 	}
 	return st, err
+}
+
+func (r changeWatch) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
+	defer r.launches.begin()()
+	return r.Runtime.Launch(ctx, spec)
 }
