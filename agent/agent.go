@@ -133,6 +133,8 @@ type Agent struct {
 	accel   *boundedProbe
 	// factsChanged wakes the facts loop; rt (a changeWatch) signals it.
 	factsChanged chan struct{}
+	// launches counts rt's launches in flight: facts wait for them.
+	launches *launchGate
 
 	mu  sync.Mutex
 	enr schemas.Enrollment
@@ -215,9 +217,9 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	if err != nil {
 		return nil, fmt.Errorf("agent: artifact store: %w", err)
 	}
-	changed := make(chan struct{}, 1)
-	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed}, log: log, journal: j,
-		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed,
+	changed, launches := make(chan struct{}, 1), newLaunchGate()
+	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed, launches: launches}, log: log, journal: j,
+		accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, factsChanged: changed, launches: launches,
 		watching: map[string]context.CancelFunc{}, shipments: map[string]*shipment{}, held: map[string]heldItems{},
 		failedPrep: map[string]prepFailure{}, artifacts: store,
 		behind: &backlog{metrics: cfg.LogMetrics, bytes: map[string][2]int64{}}}
