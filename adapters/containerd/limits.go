@@ -77,16 +77,37 @@ func (l limits) opts(spec noderuntime.WorkloadSpec) ([]oci.SpecOpts, error) {
 	return opts, nil
 }
 
+// CFS bandwidth limits, in µs: the kernel's default period, its longest,
+// and the least quota a period gives a workload (minStartQuota).
+const (
+	cfsPeriod     = 100_000
+	cfsMaxPeriod  = 1_000_000
+	minStartQuota = 10_000
+)
+
+// cfsBandwidth is a cap of cpuMillis as CFS quota and period. A workload
+// starts under its cap (runc's init finishes in the workload's cgroup and
+// execs its command there), and a task that spends its quota waits for the
+// next period: a 10-millicore cap, 1 ms per 100 ms, made the start wait
+// out one or two periods (70–170 ms) on most launches in the e2e bench. So
+// the quota is never under minStartQuota while the period can grow (to the
+// kernel's 1 s): under 100 millicores the period lengthens, the average
+// stays cpuMillis.
+func cfsBandwidth(cpuMillis int64) (quota int64, period uint64) {
+	if q := cpuMillis * cfsPeriod / 1000; q >= minStartQuota {
+		return q, cfsPeriod
+	}
+	if p := minStartQuota * 1000 / cpuMillis; p <= cfsMaxPeriod {
+		return minStartQuota, uint64(p)
+	}
+	return max(cpuMillis*cfsMaxPeriod/1000, 1000), cfsMaxPeriod // 1 ms: the kernel's least quota
+}
+
 // resources caps the workload's CPU time and memory.
 func (l limits) resources(spec noderuntime.WorkloadSpec) []oci.SpecOpts {
 	var opts []oci.SpecOpts
 	if spec.CPUMillis > 0 {
-		const period = 100_000 // µs, the kernel's default CFS period
-		quota := spec.CPUMillis * period / 1000
-		if quota < 1000 { // the kernel's minimum quota
-			quota = 1000
-		}
-		opts = append(opts, oci.WithCPUCFS(quota, period))
+		opts = append(opts, oci.WithCPUCFS(cfsBandwidth(spec.CPUMillis)))
 	}
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(spec.MemoryBytes)))

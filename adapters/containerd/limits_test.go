@@ -135,3 +135,34 @@ func (f *fixture) testLimits(t *testing.T) {
 		requireIs(t, err, noderuntime.ErrWorkloadNotFound)
 	})
 }
+
+// TestCFSBandwidth: a cap is its millicores per second, as quota per
+// period; a small one gets a longer period instead of a quota its own
+// start would spend (runc's init and the exec run under it).
+func TestCFSBandwidth(t *testing.T) {
+	for _, c := range []struct {
+		millis int64
+		quota  int64
+		period uint64
+	}{
+		{4000, 400_000, 100_000},
+		{500, 50_000, 100_000},
+		{100, 10_000, 100_000},
+		{50, 10_000, 200_000},
+		{15, 10_000, 666_666},
+		{10, 10_000, 1_000_000},
+		{3, 3_000, 1_000_000}, // the longest period: the quota shrinks
+		{1, 1_000, 1_000_000},
+	} {
+		q, p := cfsBandwidth(c.millis)
+		if q != c.quota || p != c.period {
+			t.Errorf("cfsBandwidth(%d) = %d µs per %d µs, want %d per %d", c.millis, q, p, c.quota, c.period)
+		}
+		if got := q * 1000 / int64(p); got != c.millis {
+			t.Errorf("cfsBandwidth(%d) averages %d millicores", c.millis, got)
+		}
+		if q < 1000 || p > cfsMaxPeriod {
+			t.Errorf("cfsBandwidth(%d) = %d per %d: outside the kernel's bounds", c.millis, q, p)
+		}
+	}
+}

@@ -156,6 +156,9 @@ func (s *sizedRun) timed(ctx context.Context, c *sizedCase, mbit int, name, imag
 		return fmt.Errorf("run %s: no image ensure and launch seen", name)
 	}
 	c.addRun(end, ensure, launch)
+	if s.rt.inventoryDuring(launch) {
+		c.factsDuring++
+	}
 	return nil
 }
 
@@ -218,10 +221,12 @@ func reportSized(rep *Report, o sizedOpts, w *sizedWorld, art benchArtifact, res
 					parts = append(parts, fmt.Sprintf("%s %.0f", k, pct(v, 0.5)))
 				}
 			}
-			rep.note("%s @ %d: p95 %.0f ms vs floor p95 %.0f ms; median of each Run over its own floor %.2f; floor p50 = raw %.0f + direct %.0f ms; stages p50 (ms): %s",
-				c.name, r.Mbit, pct(c.c.total, 0.95), pct(c.c.floor, 0.95), c.c.pairedRatio(), pct(c.c.raw, 0.5), pct(c.c.direct, 0.5), strings.Join(parts, ", "))
+			rep.note("%s @ %d: p95 %.0f ms vs floor p95 %.0f ms; median of each Run over its own floor %.2f; floor p50 = raw %.0f + direct %.0f ms; stages p50 (ms): %s; the agent measured facts during %d of its %d launches",
+				c.name, r.Mbit, pct(c.c.total, 0.95), pct(c.c.floor, 0.95), c.c.pairedRatio(), pct(c.c.raw, 0.5), pct(c.c.direct, 0.5), strings.Join(parts, ", "),
+				c.c.factsDuring, len(c.c.total))
 			d[c.name] = map[string]any{"submit_to_running": summarise(c.c.total), "p95_ms": pct(c.c.total, 0.95), "paired_ratio_p50": c.c.pairedRatio(),
-				"floor": summarise(c.c.floor), "floor_p95_ms": pct(c.c.floor, 0.95), "floor_raw": summarise(c.c.raw), "floor_direct": summarise(c.c.direct), "stages": stages}
+				"floor": summarise(c.c.floor), "floor_p95_ms": pct(c.c.floor, 0.95), "floor_raw": summarise(c.c.raw), "floor_direct": summarise(c.c.direct), "stages": stages,
+				"facts_during_launch": c.c.factsDuring}
 		}
 		details = append(details, d)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,11 +15,13 @@ type span struct{ start, end time.Time }
 
 // timedRuntime records when the agent's EnsureImage and Launch calls
 // start and end, so a Run's preparing stage splits into the artifact fetch
-// (which the attempt's queue applies first) and the image pull.
+// (which the attempt's queue applies first) and the image pull; and when
+// its Images calls do, the image inventory of each facts measurement, so a
+// launch one overlapped is counted.
 type timedRuntime struct {
 	noderuntime.Runtime
-	mu                sync.Mutex
-	ensures, launches []span
+	mu                             sync.Mutex
+	ensures, launches, inventories []span
 }
 
 func (t *timedRuntime) EnsureImage(ctx context.Context, spec noderuntime.ImageSpec) (noderuntime.ImageResult, error) {
@@ -33,6 +36,20 @@ func (t *timedRuntime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec
 	st, err := t.Runtime.Launch(ctx, spec)
 	t.record(&t.launches, s)
 	return st, err
+}
+
+func (t *timedRuntime) Images(ctx context.Context) ([]schemas.ImageLocality, error) {
+	s := time.Now()
+	imgs, err := t.Runtime.Images(ctx)
+	t.record(&t.inventories, s)
+	return imgs, err
+}
+
+// inventoryDuring reports whether an image inventory overlapped l.
+func (t *timedRuntime) inventoryDuring(l span) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.ContainsFunc(t.inventories, func(s span) bool { return s.start.Before(l.end) && l.start.Before(s.end) })
 }
 
 func (t *timedRuntime) record(to *[]span, start time.Time) {
@@ -75,6 +92,8 @@ type sizedCase struct {
 	raw    []time.Duration // the floor's transfer part
 	direct []time.Duration // the floor's unpack + start part
 	stages map[string][]time.Duration
+	// factsDuring counts the Runs whose launch a facts measurement overlapped.
+	factsDuring int
 }
 
 func newSizedCase() *sizedCase { return &sizedCase{stages: map[string][]time.Duration{}} }
