@@ -2,6 +2,7 @@ package bus
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,11 +49,28 @@ const (
 func NodeSessions(nodeID, op string) string { return subjectNodePrefix + nodeID + ".sessions." + op }
 
 // NodeResidencyService is where one node's agent asks the control plane's
-// residency services (op: lease.acquire, route.publish, state.load, …). The
-// node id in the subject is the caller's identity: an agent may publish only
-// its own `wf.node.<id>.>`.
+// residency services (op: lease_acquire, route_publish, state_load, …;
+// schemas.ResidencyOp); "*" for nodeID serves every node. The node id in the
+// subject is the caller's identity: an agent may publish only its own
+// `wf.node.<id>.>`.
 func NodeResidencyService(nodeID, op string) string {
-	return subjectNodePrefix + nodeID + ".residency." + op
+	return subjectNodePrefix + nodeID + residencyServiceInfix + op
+}
+
+const residencyServiceInfix = ".residency."
+
+// ResidencyServiceNode is the node id in a NodeResidencyService subject; ""
+// for any other subject.
+func ResidencyServiceNode(subject string) string {
+	rest, ok := strings.CutPrefix(subject, subjectNodePrefix)
+	if !ok {
+		return ""
+	}
+	node, op, ok := strings.Cut(rest, residencyServiceInfix)
+	if !ok || node == "" || op == "" || strings.Contains(node, ".") || strings.Contains(op, ".") {
+		return ""
+	}
+	return node
 }
 
 // SessionInbox is the subject producers publish a session's work on.
