@@ -38,9 +38,6 @@ const (
 	// SubjectSessionRelease asks the control plane to release a resident
 	// session gracefully on the node that holds it.
 	SubjectSessionRelease = "wf.admin.session.release"
-	// SubjectResidencyServiceAll matches every node's requests to the
-	// control plane's residency services (leases, routes, durable state).
-	SubjectResidencyServiceAll = "wf.node.*.residency.*"
 )
 
 // NodeSessions is where the control plane asks one node's agent to act on

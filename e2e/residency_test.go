@@ -85,7 +85,7 @@ func TestAcceptance_ResidencyFailover(t *testing.T) {
 	if err := late.TombstoneResidency(ctx, key, a.id, 1); !errors.Is(err, residency.ErrEpochSuperseded) {
 		t.Errorf("late tombstone under epoch 1: %v, want ErrEpochSuperseded", err)
 	}
-	if err := late.CommitCheckpoint(ctx, residency.Checkpoint{Key: key, Host: a.id, Epoch: 1, Sequence: 99,
+	if err := late.CommitCheckpoint(ctx, residency.Checkpoint{Key: residency.WireKey(key), Host: a.id, Epoch: 1, Sequence: 99,
 		CompatibilityID: sessCompat, Namespace: residency.NamespaceFor(key)}); !errors.Is(err, residency.ErrEpochSuperseded) {
 		t.Errorf("late checkpoint under epoch 1: %v, want ErrEpochSuperseded", err)
 	}

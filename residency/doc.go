@@ -44,11 +44,13 @@
 //   - DurableStore (implemented by KVSessions over wf_sessions): load a
 //     session's durable state and commit checkpoints, fenced by epoch.
 //
-// The control plane serves all three to agents with Service, over
-// request/reply on wf.node.<id>.residency.<op> (remote.go); the node id in
-// the subject is the caller, and a request for another node's lease, route
-// or checkpoint is refused. Remote is the agent's client of the same
-// interfaces, so nothing in the Manager depends on KV. Package nodehost runs
+// The control plane serves all three to agents over request/reply on
+// wf.node.<id>.residency.<op> (package controlplane/sessions; the requests,
+// replies and the records the stores keep are schemas', schemas/residency.go);
+// the node id in the subject is the caller, and a request for another
+// node's lease, route or checkpoint is refused (NotHolder). Remote is the
+// agent's client of the same interfaces, so nothing in the Manager depends
+// on KV. Package nodehost runs
 // a Manager inside the node agent over the agent's own runtime and answers
 // the control plane's session commands (schemas.SessionCommand) on
 // wf.node.<id>.sessions.<op>. Library tests call the KV stores directly.

@@ -9,52 +9,21 @@ import (
 // RuntimeJournal is what the durable store knows of the runtime's own
 // journal for a session. The zero value is unknown, which refuses a create:
 // a store that forgot to answer fails closed.
-type RuntimeJournal int
+type RuntimeJournal = schemas.RuntimeJournal
 
 // Runtime journal states.
 const (
-	JournalUnknown RuntimeJournal = iota
-	JournalEmpty
-	JournalPresent
+	JournalUnknown = schemas.JournalUnknown
+	JournalEmpty   = schemas.JournalEmpty
+	JournalPresent = schemas.JournalPresent
 )
 
-func (j RuntimeJournal) String() string {
-	switch j {
-	case JournalEmpty:
-		return "empty"
-	case JournalPresent:
-		return "present"
-	default:
-		return "unknown"
-	}
-}
-
 // SessionState is a session's durable state, which outlives any residency.
-type SessionState struct {
-	// Exists reports whether the session has durable state at all.
-	Exists bool
-	// Namespace is the object prefix the runtime writes under. It is
-	// required whether or not the session exists; an empty one is refused.
-	Namespace string
-	// CompatibilityID is the runtime build that wrote the state. A restore
-	// onto another build is refused.
-	CompatibilityID string
-	// RuntimeJournal decides a create: only JournalEmpty may be created.
-	RuntimeJournal RuntimeJournal
-	// HasCheckpoint and CheckpointSequence are the latest checkpoint.
-	HasCheckpoint      bool
-	CheckpointSequence uint64
-}
+type SessionState = schemas.SessionState
 
-// Checkpoint is what a release commits before it lets the runtime go.
-type Checkpoint struct {
-	Key             Key
-	Host            string
-	Epoch           ResidencyEpoch
-	Sequence        uint64
-	CompatibilityID string
-	Namespace       string
-}
+// Checkpoint is what a release commits before it lets the runtime go; its
+// Key is the wire key (KeyOf reads it).
+type Checkpoint = schemas.SessionCheckpoint
 
 // DurableStore is the session state store.
 type DurableStore interface {

@@ -108,7 +108,7 @@ const (
 // is how a sentinel crosses the wire: under CodeSuperseded a publish over
 // the host's own tombstone, made through Remote, would come back as
 // ErrEpochSuperseded, where TestRemote_TypedErrorsAndIdentity
-// (remote_test.go) requires ErrTombstoned.
+// (controlplane/sessions/residency_test.go) requires ErrTombstoned.
 var sentinelCodes = []struct {
 	err  error
 	code Code

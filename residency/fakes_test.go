@@ -146,11 +146,12 @@ func (d *memDurable) LoadSessionState(_ context.Context, key Key) (SessionState,
 func (d *memDurable) CommitCheckpoint(_ context.Context, cp Checkpoint) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if cp.Epoch < d.epochs[cp.Key] {
-		return fmt.Errorf("%w: checkpoint at epoch %d < %d", ErrEpochSuperseded, cp.Epoch, d.epochs[cp.Key])
+	key := KeyOf(cp.Key)
+	if cp.Epoch < d.epochs[key] {
+		return fmt.Errorf("%w: checkpoint at epoch %d < %d", ErrEpochSuperseded, cp.Epoch, d.epochs[key])
 	}
-	d.epochs[cp.Key] = cp.Epoch
-	d.states[cp.Key] = SessionState{Exists: true, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
+	d.epochs[key] = cp.Epoch
+	d.states[key] = SessionState{Exists: true, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
 		RuntimeJournal: JournalPresent, HasCheckpoint: true, CheckpointSequence: cp.Sequence}
 	d.cps = append(d.cps, cp)
 	return nil

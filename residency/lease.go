@@ -15,24 +15,9 @@ import (
 type ResidencyEpoch = schemas.ResidencyEpoch
 
 // LeaseGrant is one grant of a session lease, as plain data so the
-// SessionLeases interface can travel over request/reply.
-type LeaseGrant struct {
-	Key    Key            `json:"key"`
-	Holder string         `json:"holder"`
-	Epoch  ResidencyEpoch `json:"epoch"`
-	// Revision is the wf_leases revision this grant was last written at:
-	// renew and release are CAS writes at this revision (or, after a
-	// write of this grant whose answer was lost, at the one that holds it).
-	Revision uint64 `json:"revision"`
-	// TTL is the lease's lifetime from each renewal.
-	TTL time.Duration `json:"ttl"`
-	// GrantedAt is when the control plane granted this epoch.
-	GrantedAt time.Time `json:"granted_at"`
-	// ExpiresAt is the record's expiry as the control plane wrote it.
-	ExpiresAt time.Time `json:"expires_at"`
-	// Token identifies this grant across an ambiguous write.
-	Token string `json:"token"`
-}
+// SessionLeases interface can travel over request/reply; its Key is the
+// wire key (KeyOf reads it).
+type LeaseGrant = schemas.SessionLeaseGrant
 
 // SessionLeases is the control plane's lease service, seen from a host.
 // KVLeases implements it over wf_leases; a host in an agent would reach it

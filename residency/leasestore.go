@@ -11,31 +11,12 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/randid"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // LeaseRecord is a session lease as stored in wf_leases (JSON, so operators
 // can read it with `nats kv get wf_leases <tenant>.<session>`).
-type LeaseRecord struct {
-	Tenant    string         `json:"tenant"`
-	Session   string         `json:"session"`
-	Holder    string         `json:"holder"`
-	Epoch     ResidencyEpoch `json:"epoch"`
-	ExpiresAt time.Time      `json:"expires_at"`
-	GrantedAt time.Time      `json:"granted_at"`
-	RenewedAt time.Time      `json:"renewed_at,omitzero"`
-	Released  bool           `json:"released,omitempty"`
-	Token     string         `json:"token"`
-}
-
-// Live reports whether the lease is held at now. Liveness is the record's
-// own expires_at, never a KV TTL (a per-key TTL is dropped by Update).
-func (r LeaseRecord) Live(now time.Time) bool { return bus.LeaseLive(r, now) }
-
-// LeaseEpoch implements bus.LeaseRecord.
-func (r LeaseRecord) LeaseEpoch() uint64 { return uint64(r.Epoch) }
-
-// LeaseExpiresAt implements bus.LeaseRecord.
-func (r LeaseRecord) LeaseExpiresAt() time.Time { return r.ExpiresAt }
+type LeaseRecord = schemas.SessionLeaseRecord
 
 // KVLeasesOptions configures KVLeases.
 type KVLeasesOptions struct {
@@ -161,7 +142,7 @@ func (s *KVLeases) lease(key Key) bus.Lease[LeaseRecord] {
 }
 
 func (s *KVLeases) grant(key Key, rec LeaseRecord, rev uint64) LeaseGrant {
-	return LeaseGrant{Key: key, Holder: rec.Holder, Epoch: rec.Epoch, Revision: rev, TTL: s.ttl, GrantedAt: rec.GrantedAt, ExpiresAt: rec.ExpiresAt, Token: rec.Token}
+	return LeaseGrant{Key: WireKey(key), Holder: rec.Holder, Epoch: rec.Epoch, Revision: rev, TTL: s.ttl, GrantedAt: rec.GrantedAt, ExpiresAt: rec.ExpiresAt, Token: rec.Token}
 }
 
 // RenewSessionLease implements SessionLeases: a CAS Update at the grant's
@@ -169,7 +150,7 @@ func (s *KVLeases) grant(key Key, rec LeaseRecord, rev uint64) LeaseGrant {
 func (s *KVLeases) RenewSessionLease(ctx context.Context, g LeaseGrant) (LeaseGrant, error) {
 	now := s.clock.Now()
 	if !now.Before(g.ExpiresAt) {
-		return LeaseGrant{}, fmt.Errorf("%w: %s epoch %d expired at %s", ErrLeaseLost, g.Key, g.Epoch, g.ExpiresAt.Format(time.RFC3339Nano))
+		return LeaseGrant{}, fmt.Errorf("%w: %s epoch %d expired at %s", ErrLeaseLost, KeyOf(g.Key), g.Epoch, g.ExpiresAt.Format(time.RFC3339Nano))
 	}
 	rec := LeaseRecord{
 		Tenant: g.Key.Tenant, Session: g.Key.Session, Holder: g.Holder, Epoch: g.Epoch,
@@ -179,7 +160,7 @@ func (s *KVLeases) RenewSessionLease(ctx context.Context, g LeaseGrant) (LeaseGr
 	if err != nil {
 		return LeaseGrant{}, err
 	}
-	return s.grant(g.Key, rec, rev), nil
+	return s.grant(KeyOf(g.Key), rec, rev), nil
 }
 
 // ReleaseSessionLease implements SessionLeases: it CAS-writes an "expired
@@ -202,19 +183,20 @@ func (s *KVLeases) ReleaseSessionLease(ctx context.Context, g LeaseGrant) error 
 // at the new revision. Any other holder, epoch, a release or an expiry is
 // ErrLeaseLost.
 func (s *KVLeases) writeOwn(ctx context.Context, op string, g LeaseGrant, rec LeaseRecord, now time.Time) (uint64, error) {
+	key := KeyOf(g.Key)
 	own := func(cur LeaseRecord) bool {
 		if cur.Token != g.Token || cur.Epoch != g.Epoch || cur.Holder != g.Holder || cur.Released {
 			return false
 		}
-		s.log.Debug("lease write conflicted with a lost write of our own; retrying", zap.Stringer("key", g.Key))
+		s.log.Debug("lease write conflicted with a lost write of our own; retrying", zap.Stringer("key", key))
 		return true
 	}
-	rev, err := s.lease(g.Key).WriteOwn(ctx, rec, g.Revision, now, own)
+	rev, err := s.lease(key).WriteOwn(ctx, rec, g.Revision, now, own)
 	if errors.Is(err, bus.ErrLeaseLost) {
-		return 0, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, g.Key, g.Epoch)
+		return 0, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, key, g.Epoch)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("residency: %s lease %s: %w", op, g.Key, err)
+		return 0, fmt.Errorf("residency: %s lease %s: %w", op, key, err)
 	}
 	return rev, nil
 }

@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // ObservedState is a residency's state as published in wf_residency.
-type ObservedState string
+type ObservedState = schemas.ResidencyState
 
 // Published states. StateExpired is the tombstone.
 const (
@@ -23,29 +23,9 @@ const (
 )
 
 // Observation is a residency as published in wf_residency under
-// `<tenant>.<session>`.
-type Observation struct {
-	Tenant  string         `json:"tenant"`
-	Session string         `json:"session"`
-	Host    string         `json:"host"`
-	Epoch   ResidencyEpoch `json:"lease_epoch"`
-	// Generation is the host-local registry generation of the residency.
-	Generation uint64        `json:"generation"`
-	State      ObservedState `json:"state"`
-	// Accepting is false while the host drains and in every state but
-	// resident: a router must not send new sessions' work here.
-	Accepting       bool   `json:"accepting"`
-	Workload        string `json:"workload,omitempty"`
-	CompatibilityID string `json:"compatibility_id,omitempty"`
-	Namespace       string `json:"namespace,omitempty"`
-	// CPUMillis, MemoryBytes and GPUs (card UUIDs) are what the residency's
-	// workload holds on its host: the control plane books them in the same
-	// ledger as Runs.
-	CPUMillis   int64     `json:"cpu_millis,omitempty"`
-	MemoryBytes int64     `json:"memory_bytes,omitempty"`
-	GPUs        []string  `json:"gpus,omitempty"`
-	ObservedAt  time.Time `json:"observed_at"`
-}
+// `<tenant>.<session>`: the wire's schemas.ResidencyObservation (a
+// conversion either way costs nothing), read here through Key and Holds.
+type Observation schemas.ResidencyObservation
 
 // Holds reports whether the residency's workload may be running on its
 // host, holding what it was given.

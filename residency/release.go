@@ -36,7 +36,7 @@ func (s *session) release(ctx context.Context, why string) error {
 	// 2. checkpoint.
 	s.mu.Lock()
 	cp := Checkpoint{
-		Key: s.key, Host: m.o.HostID, Epoch: s.lease.Epoch(), Sequence: s.state.CheckpointSequence + 1,
+		Key: WireKey(s.key), Host: m.o.HostID, Epoch: s.lease.Epoch(), Sequence: s.state.CheckpointSequence + 1,
 		CompatibilityID: m.o.Target.CompatibilityID, Namespace: s.state.Namespace,
 	}
 	s.mu.Unlock()

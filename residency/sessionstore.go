@@ -4,33 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // SessionRecord is a session's durable state as stored in wf_sessions under
 // `<tenant>.<session>` (JSON, so `nats kv get wf_sessions acme.s1` reads it).
 // It outlives every residency; only the control plane writes it.
-type SessionRecord struct {
-	Tenant    string `json:"tenant"`
-	Session   string `json:"session"`
-	Namespace string `json:"namespace"`
-	// CompatibilityID is the runtime build that wrote the state.
-	CompatibilityID string `json:"compatibility_id"`
-	// CheckpointSequence is the latest committed checkpoint; 0 means the
-	// session was created and has not checkpointed yet.
-	CheckpointSequence uint64 `json:"checkpoint_sequence"`
-	// Epoch is the lease epoch of the last write: a write under a lower one
-	// is refused, so a stale holder cannot overwrite its successor's
-	// checkpoint.
-	Epoch     ResidencyEpoch `json:"lease_epoch"`
-	Host      string         `json:"host"`
-	UpdatedAt time.Time      `json:"updated_at"`
-}
+type SessionRecord = schemas.SessionRecord
 
 // NamespaceFor is the object prefix of a session's durable objects. It is a
 // property of the identities, so a session with no record has one too.
@@ -104,25 +89,26 @@ func (s *KVSessions) LoadSessionState(ctx context.Context, key Key) (SessionStat
 // lower than the stored one is refused with ErrEpochSuperseded, as is one
 // whose epoch the session's lease has moved past.
 func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error {
-	if err := cp.Key.Validate(); err != nil {
+	key := KeyOf(cp.Key)
+	if err := key.Validate(); err != nil {
 		return err
 	}
 	if cp.Epoch == 0 || cp.Namespace == "" || cp.CompatibilityID == "" {
 		return fmt.Errorf("%w: checkpoint needs an epoch, a namespace and a compatibility id", ErrInvalidRequest)
 	}
-	k := cp.Key.String()
+	k := key.String()
 	var lr LeaseRecord
 	if _, err := bus.GetJSON(ctx, s.leases, k, &lr); err == nil && lr.Epoch > cp.Epoch {
-		return fmt.Errorf("%w: %s lease is at epoch %d > %d", ErrEpochSuperseded, cp.Key, lr.Epoch, cp.Epoch)
+		return fmt.Errorf("%w: %s lease is at epoch %d > %d", ErrEpochSuperseded, key, lr.Epoch, cp.Epoch)
 	} else if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("residency: read lease %s: %w", cp.Key, err)
+		return fmt.Errorf("residency: read lease %s: %w", key, err)
 	}
 	rec := SessionRecord{
-		Tenant: cp.Key.Tenant, Session: cp.Key.Session, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
+		Tenant: key.Tenant, Session: key.Session, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
 		CheckpointSequence: cp.Sequence, Epoch: cp.Epoch, Host: cp.Host, UpdatedAt: s.clock.Now(),
 	}
 	for range maxCASAttempts {
-		cur, rev, err := s.Get(ctx, cp.Key)
+		cur, rev, err := s.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 			_, err = bus.CreateJSON(ctx, s.kv, k, rec)
@@ -130,13 +116,13 @@ func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error 
 				continue
 			}
 		case err != nil:
-			return fmt.Errorf("residency: read session %s: %w", cp.Key, err)
+			return fmt.Errorf("residency: read session %s: %w", key, err)
 		default:
 			if cur.Epoch > cp.Epoch {
-				return fmt.Errorf("%w: %s checkpoint at epoch %d < stored %d", ErrEpochSuperseded, cp.Key, cp.Epoch, cur.Epoch)
+				return fmt.Errorf("%w: %s checkpoint at epoch %d < stored %d", ErrEpochSuperseded, key, cp.Epoch, cur.Epoch)
 			}
 			if cur.Epoch == cp.Epoch && cur.CheckpointSequence > cp.Sequence {
-				return fmt.Errorf("%w: %s checkpoint %d is behind stored %d at epoch %d", ErrEpochSuperseded, cp.Key, cp.Sequence, cur.CheckpointSequence, cp.Epoch)
+				return fmt.Errorf("%w: %s checkpoint %d is behind stored %d at epoch %d", ErrEpochSuperseded, key, cp.Sequence, cur.CheckpointSequence, cp.Epoch)
 			}
 			_, err = updateJSON(ctx, s.kv, k, rec, rev)
 			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -144,10 +130,10 @@ func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error 
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("residency: write session %s: %w", cp.Key, err)
+			return fmt.Errorf("residency: write session %s: %w", key, err)
 		}
-		s.log.Debug("checkpoint committed", zap.Stringer("key", cp.Key), zap.Uint64("sequence", cp.Sequence), zap.Uint64("epoch", uint64(cp.Epoch)))
+		s.log.Debug("checkpoint committed", zap.Stringer("key", key), zap.Uint64("sequence", cp.Sequence), zap.Uint64("epoch", uint64(cp.Epoch)))
 		return nil
 	}
-	return fmt.Errorf("residency: write session %s: gave up after %d conflicts", cp.Key, maxCASAttempts)
+	return fmt.Errorf("residency: write session %s: gave up after %d conflicts", key, maxCASAttempts)
 }

@@ -184,3 +184,32 @@ func TestKVLocationsFence(t *testing.T) {
 		t.Fatalf("publish under an epoch the lease moved past: %v", err)
 	}
 }
+
+// A repeated acquire under the same token (its first answer lost) gets the
+// grant it made back; any other acquire is refused while it lives.
+func TestKVLeases_AcquireTokenIdempotent(t *testing.T) {
+	cp := newControlPlane(t, newBus(t), SystemClock{}, 2*time.Second, 5*time.Second)
+	ctx := testCtx(t)
+	key := Key{Tenant: tenant, Session: "idem-1"}
+	g1, err := cp.leases.AcquireSessionLeaseToken(ctx, key, "host-a", "tok-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := cp.leases.AcquireSessionLeaseToken(ctx, key, "host-a", "tok-1")
+	if err != nil || g2.Epoch != g1.Epoch || g2.Revision != g1.Revision || g2.Token != "tok-1" {
+		t.Fatalf("repeat: %+v, %v; want %+v", g2, err, g1)
+	}
+	if _, err := cp.leases.AcquireSessionLeaseToken(ctx, key, "host-a", "tok-2"); !errors.Is(err, ErrLeaseHeld) {
+		t.Fatalf("other token: %v, want ErrLeaseHeld", err)
+	}
+	if _, err := cp.leases.AcquireSessionLeaseToken(ctx, key, "host-b", "tok-1"); !errors.Is(err, ErrLeaseHeld) {
+		t.Fatalf("other holder, same token: %v, want ErrLeaseHeld", err)
+	}
+	if err := cp.leases.ReleaseSessionLease(ctx, g1); err != nil {
+		t.Fatal(err)
+	}
+	g3, err := cp.leases.AcquireSessionLeaseToken(ctx, key, "host-a", "tok-1")
+	if err != nil || g3.Epoch != 2 {
+		t.Fatalf("after release, same token: %+v, %v; want a new grant at epoch 2", g3, err)
+	}
+}

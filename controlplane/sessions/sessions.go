@@ -74,8 +74,10 @@ type Service struct {
 	serving atomic.Pointer[stores]
 }
 
-// stores are the residency stores the operator's requests and drains read.
+// stores are the residency stores: served to agents (residency.go), read
+// by the operator's requests and drains.
 type stores struct {
+	leases    *residency.KVLeases
 	locations *residency.KVLocations
 	durable   *residency.KVSessions
 }
@@ -97,8 +99,9 @@ func New(cfg Config, conn *bus.Conn, c *cache.Cache, nodesKV jetstream.KeyValue,
 	return &Service{cfg: cfg.withDefaults(), conn: conn, cache: c, nodesKV: nodesKV, fleet: fleet, now: now, log: log}
 }
 
-// Serve starts the residency services and the operator's session subjects
-// (bus.SubjectSessionAttach, bus.SubjectSessionRelease). The returned stop
+// Serve starts the residency stores' services to agents (residency.go) and
+// the operator's session subjects (bus.SubjectSessionAttach,
+// bus.SubjectSessionRelease), all on the one request server. The returned stop
 // ends them and waits for the requests in flight.
 func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	clock := residency.SystemClock{}
@@ -114,40 +117,32 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sessions: durable state: %w", err)
 	}
-	svc, err := residency.NewService(residency.Services{Leases: leases, Locations: locs, Sessions: durable}, s.log)
-	if err != nil {
-		return nil, fmt.Errorf("sessions: %w", err)
-	}
-	st := &stores{locations: locs, durable: durable}
+	st := &stores{leases: leases, locations: locs, durable: durable}
 	ctx, cancel := context.WithCancel(ctx)
-	stopSvc, err := svc.Serve(ctx, s.conn.NC, bus.ControlPlaneQueue)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("sessions: %w", err)
-	}
-	// An attach may wait minutes on an image pull: each request gets its
-	// own goroutine, owned by wg, so one does not hold up the next.
+	// wg owns every server's workers. An operator's attach may wait
+	// minutes on an image pull, so each of those requests gets a goroutine
+	// of its own (operatorServer); agents' requests go to each operation's
+	// pool (residencyServer).
 	var wg sync.WaitGroup
-	stopOps, err := requests.Serve(ctx, &wg, s.conn.NC,
+	stopAll, err := requests.Serve(ctx, &wg, s.conn.NC, append(st.residencyEndpoints(s.log.Named("residency-service")),
 		s.operatorServer(bus.SubjectSessionAttach, func(ctx context.Context, _ string, req schemas.SessionRequest) schemas.SessionReply {
 			return s.attach(ctx, st, req)
 		}),
 		s.operatorServer(bus.SubjectSessionRelease, func(ctx context.Context, _ string, req schemas.SessionRequest) schemas.SessionReply {
 			return s.release(ctx, st, req)
-		}))
+		}))...)
 	if err != nil {
 		cancel()
-		stopSvc()
-		return nil, err
+		wg.Wait()
+		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	s.serving.Store(st)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			s.serving.CompareAndSwap(st, nil)
-			stopOps()
+			stopAll()
 			cancel()
-			stopSvc()
 			wg.Wait()
 		})
 	}, nil

@@ -239,7 +239,7 @@ func (s *server) attach(ctx context.Context, cmd schemas.SessionCommand) (reside
 		return r, err
 	}
 	cerr := s.remote.CommitCheckpoint(ctx, residency.Checkpoint{
-		Key: key, Host: s.env.NodeID, Epoch: r.Epoch, Sequence: 0, CompatibilityID: r.CompatibilityID, Namespace: r.Namespace,
+		Key: residency.WireKey(key), Host: s.env.NodeID, Epoch: r.Epoch, Sequence: 0, CompatibilityID: r.CompatibilityID, Namespace: r.Namespace,
 	})
 	if cerr != nil {
 		// Still resident; the release's checkpoint records it. Until then a

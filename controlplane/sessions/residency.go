@@ -1,0 +1,115 @@
+package sessions
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
+	"github.com/warmfleet/warmfleet/internal/keyed"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// The residency stores served to agents. Only the control plane writes KV
+// (an agent's permissions, bus.PermsNode, grant none), so a session host
+// (residency.Remote) reaches wf_leases, wf_residency and wf_sessions through
+// these operations, one request server each, on wf.node.<id>.residency.<op>.
+// The node id in the subject is the caller: an agent may publish only its
+// own wf.node.<id>.>, and a lease, route or checkpoint whose holder is
+// another node is refused.
+
+// maxInFlight bounds the requests of one operation answered at once, over
+// every node, so a slow store write holds up neither the next request nor
+// another operation (a renewal waits on no checkpoint).
+const maxInFlight = 64
+
+// residencyEndpoints are the residency operations, each served over st.
+func (st *stores) residencyEndpoints(log *zap.Logger) []requests.Endpoint {
+	return []requests.Endpoint{
+		residencyServer(schemas.ResidencyLeaseAcquire, "ResidencyKeyRequest", st.acquireLease, log),
+		residencyServer(schemas.ResidencyLeaseRenew, "SessionLeaseGrant", st.renewLease, log),
+		residencyServer(schemas.ResidencyLeaseRelease, "SessionLeaseGrant", st.releaseLease, log),
+		residencyServer(schemas.ResidencyRoutePublish, "ResidencyObservation", st.publishRoute, log),
+		residencyServer(schemas.ResidencyRouteTombstone, "ResidencyTombstoneRequest", st.tombstoneRoute, log),
+		residencyServer(schemas.ResidencyStateLoad, "ResidencyKeyRequest", st.loadState, log),
+		residencyServer(schemas.ResidencyStateCheckpoint, "SessionCheckpoint", st.commitCheckpoint, log),
+	}
+}
+
+// residencyServer serves op from every node: answer gets the node id in the
+// subject and runs under residency.DefaultRequestTimeout; the reply is
+// JSON, its error the session protocol's, whose code the agent's side
+// matches to the same sentinel (residency.ErrorFromWire). A body that does
+// not decode as a T is refused residency.ErrInvalidRequest.
+func residencyServer[T, R any](op schemas.ResidencyOp, body string, answer func(ctx context.Context, node string, req T) (R, error), log *zap.Logger) *requests.Server[T, schemas.ResidencyReply[R]] {
+	malformed := "body is not a " + body
+	return &requests.Server[T, schemas.ResidencyReply[R]]{
+		Subject: bus.NodeResidencyService("*", string(op)), What: "residency request", Malformed: malformed, JSON: true, Log: log,
+		Pool: keyed.PoolOptions{Workers: maxInFlight, Queue: 4 * maxInFlight},
+		Answer: func(ctx context.Context, subject string, req T) schemas.ResidencyReply[R] {
+			node := bus.ResidencyServiceNode(subject)
+			ctx, cancel := context.WithTimeout(ctx, residency.DefaultRequestTimeout)
+			defer cancel()
+			r, err := answer(ctx, node, req)
+			if err != nil {
+				log.Debug("residency request refused", zap.String("node_id", node), zap.String("op", string(op)), zap.Error(err))
+				return schemas.ResidencyReply[R]{Error: residency.ToWire(err)}
+			}
+			return schemas.ResidencyReply[R]{OK: &r}
+		},
+		Refuse: func(_ *schemas.Refusal, err error) schemas.ResidencyReply[R] {
+			return schemas.ResidencyReply[R]{Error: residency.ToWire(fmt.Errorf("%w: %s: %v", residency.ErrInvalidRequest, malformed, err))}
+		},
+	}
+}
+
+// none is the answer of an operation that has no result: {"ok":{}}.
+type none = struct{}
+
+func (st *stores) acquireLease(ctx context.Context, node string, req schemas.ResidencyKeyRequest) (residency.LeaseGrant, error) {
+	if req.Token == "" {
+		return st.leases.AcquireSessionLease(ctx, residency.KeyOf(req.Key), node)
+	}
+	return st.leases.AcquireSessionLeaseToken(ctx, residency.KeyOf(req.Key), node, req.Token)
+}
+
+func (st *stores) renewLease(ctx context.Context, node string, g residency.LeaseGrant) (residency.LeaseGrant, error) {
+	if g.Holder != node {
+		return residency.LeaseGrant{}, residency.NotHolder(node, "the lease", g.Holder)
+	}
+	return st.leases.RenewSessionLease(ctx, g)
+}
+
+func (st *stores) releaseLease(ctx context.Context, node string, g residency.LeaseGrant) (none, error) {
+	if g.Holder != node {
+		return none{}, residency.NotHolder(node, "the lease", g.Holder)
+	}
+	return none{}, st.leases.ReleaseSessionLease(ctx, g)
+}
+
+func (st *stores) publishRoute(ctx context.Context, node string, o schemas.ResidencyObservation) (none, error) {
+	if o.Host != node {
+		return none{}, residency.NotHolder(node, "the route", o.Host)
+	}
+	return none{}, st.locations.PublishResidency(ctx, residency.Observation(o))
+}
+
+// tombstoneRoute tombstones the route as the subject's node: another node's
+// epoch is refused by the store (residency.ErrEpochSuperseded).
+func (st *stores) tombstoneRoute(ctx context.Context, node string, req schemas.ResidencyTombstoneRequest) (none, error) {
+	return none{}, st.locations.TombstoneResidency(ctx, residency.KeyOf(req.Key), node, req.Epoch)
+}
+
+func (st *stores) loadState(ctx context.Context, _ string, req schemas.ResidencyKeyRequest) (residency.SessionState, error) {
+	return st.durable.LoadSessionState(ctx, residency.KeyOf(req.Key))
+}
+
+func (st *stores) commitCheckpoint(ctx context.Context, node string, cp residency.Checkpoint) (none, error) {
+	if cp.Host != node {
+		return none{}, residency.NotHolder(node, "the checkpoint", cp.Host)
+	}
+	return none{}, st.durable.CommitCheckpoint(ctx, cp)
+}
