@@ -75,7 +75,7 @@ func (f *fixture) testOOM(t *testing.T) {
 		t.Error("cgroup oom_kill counter did not show the kill")
 	}
 	// ...and the /tasks/oom event, which lands as a label.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := f.rt.client.LoadContainer(f.rt.ctx(testCtx(t)), "oom")
 		if err != nil {
@@ -123,7 +123,7 @@ func (f *fixture) testRestart(t *testing.T) {
 // waitForLog polls a workload's log until it contains s.
 func waitForLog(t *testing.T, rt *Runtime, id, s string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		b, _ := outputSoFar(rt, id)
 		if strings.Contains(string(b), s) {
