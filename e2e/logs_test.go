@@ -312,15 +312,21 @@ func TestAcceptance_LogFloodIsolated(t *testing.T) {
 	w := newWorld(t)
 	f := newFleet(t)
 	const rate, burst = 1 << 20, 1 << 20
-	f.startAgent(agentSpec{id: "node-a", world: w, logRate: rate, logBurst: burst})
-	// 10 MiB of x's (no newline) per round, for about five seconds.
-	flood := f.submit(schemas.RunRequest{RequestID: "flood", Image: w.image.Reference, Command: []string{"sh", "-c",
-		`end=$(($(date +%s)+5)); k=0; while [ $(date +%s) -lt $end ]; do head -c 10485760 /dev/zero | tr '\0' x; k=$((k+1)); done; echo "rounds $k" >&2`}})
+	n := f.startAgent(agentSpec{id: "node-a", world: w, logRate: rate, logBurst: burst})
+	// 10 MiB of x's (no newline) per round, for at least five seconds and
+	// then until the test creates /ctl/stop (at most two minutes): however
+	// slowly the quiet Run below starts, the flood outlasts it.
+	ctl := []schemas.CacheMount{{Name: "flood-ctl", Path: "/ctl"}}
+	flood := f.submit(schemas.RunRequest{RequestID: "flood", Image: w.image.Reference, Caches: ctl, Command: []string{"sh", "-c",
+		`start=$(date +%s); k=0; while [ $(date +%s) -lt $((start+5)) ] || { [ ! -e /ctl/stop ] && [ $(date +%s) -lt $((start+120)) ]; }; do head -c 10485760 /dev/zero | tr '\0' x; k=$((k+1)); done; echo "rounds $k" >&2`}})
 	f.waitPhase(flood, schemas.PhaseRunning, 60*time.Second)
 	quiet := f.submit(schemas.RunRequest{RequestID: "quiet", Image: w.image.Reference, Command: printer(1000, "")})
 	q := f.waitPhase(quiet, schemas.PhaseSucceeded, 60*time.Second)
 	if fl, _ := f.run(flood); fl.Phase.Terminal() {
 		t.Fatalf("the flood ended (%s) before the quiet Run did: no overlap to test", fl.Phase)
+	}
+	if err := os.WriteFile(filepath.Join(n.spec.dataDir, "caches", "flood-ctl", "_", "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	qs := f.stored(quiet)
 	if err := numbered(qs.bytes[[2]string{q.AttemptID, bus.LogStdout}], "out", 1000); err != nil {
