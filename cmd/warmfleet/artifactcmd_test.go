@@ -221,7 +221,10 @@ func TestArtifactPutLarge(t *testing.T) {
 	if !strings.Contains(out, "64.0 MiB / 64.0 MiB (100%)") || !strings.Contains(out, "registered big:2") {
 		t.Fatalf("want progress and the record:\n%s", out)
 	}
-	ctx := context.Background()
+	// A deadline of the test's own: without one, nats.go bounds the whole
+	// 64 MiB read by 5 s, which a loaded machine can exceed.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	obs, err := conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
 	if err != nil {
 		t.Fatal(err)
