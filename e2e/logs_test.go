@@ -112,7 +112,7 @@ func printer(n int, pause string) []string {
 func TestAcceptance_RunLogs(t *testing.T) {
 	w := newWorld(t)
 	f := newFleet(t)
-	f.startAgent(agentSpec{id: "node-a", world: w})
+	node := f.startAgent(agentSpec{id: "node-a", world: w})
 	const n = 100_000
 	id := f.submit(schemas.RunRequest{RequestID: "logs-100k", Image: w.image.Reference, Command: printer(n, "")})
 	f.waitPhase(id, schemas.PhaseSucceeded, 120*time.Second)
@@ -158,9 +158,12 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	}
 
 	// -f on a running Run prints lines as they come and exits when the Run
-	// ends.
-	live := f.submit(schemas.RunRequest{RequestID: "logs-follow", Image: w.image.Reference, Command: []string{"sh", "-c",
-		`for i in 1 2 3 4 5; do echo "tick $i"; sleep 1; done`}})
+	// ends. The Run ends only once the test has read its first line from -f
+	// (it creates /ctl/stop then; at most two minutes), however slowly -f
+	// starts here.
+	live := f.submit(schemas.RunRequest{RequestID: "logs-follow", Image: w.image.Reference, Caches: []schemas.CacheMount{{Name: "follow-ctl", Path: "/ctl"}},
+		Command: []string{"sh", "-c", `for i in 1 2 3 4 5; do echo "tick $i"; sleep 1; done; i=0; until [ -e /ctl/stop ] || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done`}})
+	stop := filepath.Join(node.spec.dataDir, "caches", "follow-ctl", "_", "stop")
 	f.waitPhase(live, schemas.PhaseRunning, 60*time.Second)
 	follow := wf("run", "logs", "-f", live)
 	pipe, err := follow.StdoutPipe()
@@ -176,6 +179,9 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	for sc.Scan() {
 		if firstAt.IsZero() {
 			firstAt = time.Now()
+			if err := os.WriteFile(stop, nil, 0o644); err != nil {
+				t.Error(err)
+			}
 		}
 		lines = append(lines, sc.Text())
 	}
