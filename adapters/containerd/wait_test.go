@@ -1,6 +1,8 @@
 package containerd
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -98,7 +100,12 @@ func (f *fixture) testOOM(t *testing.T) {
 func (f *fixture) testRestart(t *testing.T) {
 	t.Parallel()
 	first := f.newRuntime(t)
-	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Command: []string{"sh", "-c", "sleep 4; exit 5"}})
+	// The workload exits 5 once the test has seen it running through the
+	// second runtime (it creates /ctl/exit; at most two minutes), however
+	// long the restart takes.
+	ctl := t.TempDir()
+	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Mounts: []noderuntime.Mount{{Source: ctl, Target: "/ctl"}},
+		Command: []string{"sh", "-c", "i=0; until [ -e /ctl/exit ] || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done; exit 5"}})
 	if err := first.Close(); err != nil { // the agent goes away
 		t.Fatal(err)
 	}
@@ -113,6 +120,9 @@ func (f *fixture) testRestart(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("List after restart = %+v, want restart running", list)
+	}
+	if err := os.WriteFile(filepath.Join(ctl, "exit"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	st := wait(t, second, "restart")
 	if st.ExitCode != 5 || !st.StartedAt.Equal(launched.StartedAt.Truncate(0)) || st.FinishedAt.Before(st.StartedAt) {
