@@ -84,6 +84,39 @@ func eventually(t *testing.T, within time.Duration, what string, ok func() bool)
 	}
 }
 
+// waitHandled waits until the work-queue stream holds nothing on subject:
+// every message published there so far was handled and acknowledged, which
+// removes it.
+func (pl *testPlane) waitHandled(t *testing.T, stream, subject string) {
+	t.Helper()
+	eventually(t, 20*time.Second, stream+" to hold nothing unhandled on "+subject, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := pl.conn.JS.Stream(ctx, stream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		return err == nil && info.State.Subjects[subject] == 0
+	})
+}
+
+// storedEvents is how many events WF_EVENTS holds for a Run.
+func (pl *testPlane) storedEvents(t *testing.T, runID string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := pl.conn.JS.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEvents(runID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[bus.RunEvents(runID)]
+}
+
 func (pl *testPlane) publish(t *testing.T, subject, msgID string, v any) {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -305,13 +338,26 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 		}
 		return true
 	})
-	time.Sleep(200 * time.Millisecond)
+	// Each decision's event is published after the write that stored it.
+	eventually(t, 30*time.Second, "every Run's events in WF_EVENTS", func() bool {
+		for i := range runs {
+			id := schemas.RunIDFor(fmt.Sprintf("idle-%d", i))
+			if r, _ := pl.run(t, id); pl.storedEvents(t, id) < r.EventSeq {
+				return false
+			}
+		}
+		return true
+	})
+	// A few passes settle what the decisions started (about 200 ms' worth),
+	// then the idle ones are counted.
+	settled := pl.cp.Metrics().Passes
+	eventually(t, 30*time.Second, "about 10 scheduling passes", func() bool { return pl.cp.Metrics().Passes-settled >= 10 })
 	before := pl.cp.Metrics()
-	time.Sleep(500 * time.Millisecond) // about 25 passes
-	after := pl.cp.Metrics()
-	if after.Passes-before.Passes < 5 {
-		t.Fatalf("the scheduler did not run: %d passes", after.Passes-before.Passes)
-	}
+	var after controlplane.Metrics
+	eventually(t, 30*time.Second, "about 25 scheduling passes", func() bool {
+		after = pl.cp.Metrics()
+		return after.Passes-before.Passes >= 25
+	})
 	if d := after.Decisions - before.Decisions; d != 0 {
 		t.Fatalf("idle passes decided unchanged waiting Runs %d times", d)
 	}
@@ -375,23 +421,41 @@ func TestEventsSeenOnce(t *testing.T) {
 		r, ok := pl.run(t, runID)
 		return ok && r.Phase == schemas.PhaseSucceeded
 	})
-	time.Sleep(500 * time.Millisecond) // many scheduling passes, and late reports
+	// The terminal event is published after the write that stored it: wait
+	// until every event the record counts was seen, then give many
+	// scheduling passes and late reports the time to repeat one.
 	r, _ := pl.run(t, runID)
+	seqs := func() []uint64 {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []uint64
+		for _, ev := range seen {
+			if ev.RunID == runID {
+				out = append(out, ev.Seq)
+			}
+		}
+		slices.Sort(out) // one Run's events come from intake, reconcile and ingest
+		return out
+	}
+	eventually(t, 30*time.Second, "every event of the Run seen", func() bool {
+		s := seqs()
+		for seq := uint64(1); seq <= r.EventSeq; seq++ {
+			if !slices.Contains(s, seq) {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(500 * time.Millisecond)
+	got := seqs()
 	mu.Lock()
 	defer mu.Unlock()
-	var seqs []uint64
-	for _, ev := range seen {
-		if ev.RunID == runID {
-			seqs = append(seqs, ev.Seq)
-		}
-	}
-	slices.Sort(seqs) // one Run's events come from intake, reconcile and ingest
 	want := make([]uint64, r.EventSeq)
 	for i := range want {
 		want[i] = uint64(i + 1)
 	}
-	if !slices.Equal(seqs, want) {
-		t.Fatalf("subscriber saw event seqs %v, want each of 1..%d once: %+v", seqs, r.EventSeq, seen)
+	if !slices.Equal(got, want) {
+		t.Fatalf("subscriber saw event seqs %v, want each of 1..%d once: %+v", got, r.EventSeq, seen)
 	}
 }
 

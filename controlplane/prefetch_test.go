@@ -97,13 +97,13 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 	if _, err := pl.conn.NC.Request(bus.SubjectDrain, body, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "node-b draining", func() bool { n, _ := pl.node(t, "node-b"); return n.State == schemas.NodeDraining })
+	eventually(t, 20*time.Second, "node-b draining", func() bool { n, _ := pl.node(t, "node-b"); return n.State == schemas.NodeDraining })
 	digest := "sha256:" + fmt.Sprintf("%064x", 7)
 	image := "registry.example/team/model@" + digest
 
 	req := schemas.PrefetchRequest{RequestID: "warm-1", Image: image, Nodes: "node-a,node-b"}
 	var p schemas.Prefetch
-	eventually(t, 5*time.Second, "the prefetch accepted (the replica sees node-b draining)", func() bool {
+	eventually(t, 20*time.Second, "the prefetch accepted (the replica sees node-b draining)", func() bool {
 		rep := pl.askPrefetch(t, req)
 		if rep.Refusal != nil {
 			t.Fatalf("refused: %v", rep.Refusal)
@@ -165,10 +165,10 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 		n := pl.prefetchRecord(t, p.ID).Node("node-a")
 		return n.State == schemas.PrefetchReady && n.Progress.DoneBytes == 100
 	})
-	eventually(t, 5*time.Second, "Wants false once ready", func() bool { return !wants("node-a", ref) })
-	// Progress after the receipt changes nothing.
+	eventually(t, 20*time.Second, "Wants false once ready", func() bool { return !wants("node-a", ref) })
+	// Progress after the receipt changes nothing, once handled.
 	progress(enrA.FencingToken, 50, "")
-	time.Sleep(300 * time.Millisecond)
+	pl.waitHandled(t, bus.StreamObs, bus.NodeObs("node-a"))
 	if n := pl.prefetchRecord(t, p.ID).Node("node-a"); n.State != schemas.PrefetchReady {
 		t.Fatalf("a late progress report moved a ready entry: %+v", n)
 	}
@@ -199,7 +199,7 @@ func TestPrefetchRecordsProgressAndReceipts(t *testing.T) {
 		t.Fatalf("re-enrollment kept fencing token %d", again.FencingToken)
 	}
 	enrA = again
-	eventually(t, 5*time.Second, "the control plane to see node-a's new session", func() bool {
+	eventually(t, 20*time.Second, "the control plane to see node-a's new session", func() bool {
 		n, _ := pl.node(t, "node-a")
 		return n.FencingToken == again.FencingToken
 	})
@@ -282,9 +282,9 @@ func TestArtifactPrefetchReceiptThroughIngest(t *testing.T) {
 		t.Fatal(err)
 	}
 	wants := func() bool { return pl.cp.Prefetches().WantsArtifact("node-a", digest) }
-	eventually(t, 5*time.Second, "the service to mirror the record", wants)
+	eventually(t, 20*time.Second, "the service to mirror the record", wants)
 	rc := schemas.OperationReceipt{OperationID: op, PrefetchID: id, Kind: schemas.CmdPrepareArtifact, Outcome: schemas.OutcomeApplied, AcceptedAt: time.Now()}
 	pl.observe(t, "node-a", enr.FencingToken, schemas.Observation{Kind: schemas.ObsReceipt, Receipt: &rc}, "rc-artifact")
 	eventually(t, 10*time.Second, "node-a ready", func() bool { return pl.prefetchRecord(t, id).Node("node-a").State == schemas.PrefetchReady })
-	eventually(t, 5*time.Second, "WantsArtifact false once ready", func() bool { return !wants() })
+	eventually(t, 20*time.Second, "WantsArtifact false once ready", func() bool { return !wants() })
 }

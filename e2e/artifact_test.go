@@ -233,6 +233,9 @@ func TestAcceptance_ArtifactCorruption(t *testing.T) {
 	if len(partials) != 0 {
 		t.Fatalf("wrong bytes kept as a partial fetch: %v", partials)
 	}
+	// The Run fails on its prepare's receipt; its launch command may be
+	// handled after that.
+	f.waitHandled(bus.StreamCmds, bus.NodeCmd("node"), 30*time.Second)
 	if n := served.Load(); n != 1 {
 		t.Fatalf("the lying source was read %d times; a launch after a failed prepare must not fetch again", n)
 	}
@@ -369,7 +372,7 @@ func TestAcceptance_PrefetchArtifact(t *testing.T) {
 		return true
 	})
 	f.waitReplica("node-b", rec.Digest, 30*time.Second)
-	f.eventually(5*time.Second, "a finished prefetch to want the artifact no more", func() bool {
+	f.eventually(30*time.Second, "a finished prefetch to want the artifact no more", func() bool {
 		return !f.plane.Prefetches().WantsArtifact("node-b", rec.Digest)
 	})
 

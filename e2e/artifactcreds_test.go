@@ -39,11 +39,19 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const grantTTL = 5 * time.Second
-	sf := newSecureFleet(t, func(c *controlplane.Config) { c.ArtifactSourceAuth = urls; c.ArtifactGrantTTL = grantTTL })
+	// A login's NATS user expires with its grant, so the TTL bounds the
+	// 12 MiB read below on a loaded machine too.
+	const grantTTL = 30 * time.Second
+	// The booked Run is never resent to the node, however long the test takes.
+	sf := newSecureFleet(t, func(c *controlplane.Config) {
+		c.ArtifactSourceAuth, c.ArtifactGrantTTL, c.RedispatchAfter = urls, grantTTL, time.Hour
+	})
 	sf.plant("artifact source header value", headerSecret)
 	tap := sf.tapStreams()
-	ctx := context.Background()
+	// A deadline of the test's own: without one, nats.go bounds each object
+	// store call, a whole 12 MiB read or write included, by 5 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 
 	// The artifact's bytes in the object store, as the catalog puts them.
 	// Large enough for the ordered consumer to ask for flow control.
@@ -166,7 +174,7 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 		}
 		_ = nc.Flush()
 		violations.denied(t, "publish", bus.NodeObs("node-a"))
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(20 * time.Second)
 		for !violations.has("permissions violation for publish to \"$o." + bus.ObjectBucketArtifacts + ".") {
 			if time.Now().After(deadline) {
 				t.Fatal("no permissions violation for the object store write")
@@ -250,7 +258,8 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 // succeeds, with no permission violation on the server.
 func TestAcceptance_ArtifactFetchUnderAuth(t *testing.T) {
 	sf := newSecureFleet(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // as above
+	defer cancel()
 	content := artifactBytes(12<<20, 9)
 	digest := sha256Of(content)
 	object := "sha256/" + strings.TrimPrefix(digest, "sha256:")

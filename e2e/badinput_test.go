@@ -68,7 +68,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 	}
 	// Every one refused, in order, each with its code and field.
 	var rejected []schemas.RunEvent
-	f.eventually(20*time.Second, "all rejections", func() bool {
+	f.eventually(60*time.Second, "all rejections", func() bool {
 		rejected = f.rejections(before)
 		return len(rejected) >= len(cases)
 	})
@@ -97,7 +97,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 			t.Errorf("a bad request created run %s", k)
 		}
 	}
-	f.eventually(10*time.Second, "WF_RUNS to drain", func() bool {
+	f.eventually(30*time.Second, "WF_RUNS to drain", func() bool {
 		s, err := f.conn.JS.Stream(context.Background(), bus.StreamRuns)
 		if err != nil {
 			return false
@@ -108,10 +108,10 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 
 	// Intake still works: a good request is accepted after all of them.
 	good := f.submit(schemas.RunRequest{RequestID: "good-after-bad", Image: img})
-	f.waitPhase(good, schemas.PhaseAccepted, 10*time.Second)
+	f.waitPhase(good, schemas.PhaseAccepted, 30*time.Second)
 	// And a request id reused with a different body is refused, not merged.
 	f.publish(bus.SubjectSubmit, []byte(`{"request_id":"good-after-bad","image":"`+img+`","command":["other"]}`), "")
-	f.eventually(10*time.Second, "conflict rejection", func() bool {
+	f.eventually(30*time.Second, "conflict rejection", func() bool {
 		for _, ev := range f.events(good) {
 			if ev.Type == schemas.EventRejected && ev.Code == schemas.CodeRequestIDConflict {
 				return true
@@ -125,7 +125,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 	// Bad cancels are refused too.
 	f.publish(bus.SubjectCancel, []byte(`{"run_id":"r-doesnotexist"}`), "")
 	f.publish(bus.SubjectCancel, []byte(`{"nope":1}`), "")
-	f.eventually(10*time.Second, "cancel rejections", func() bool {
+	f.eventually(30*time.Second, "cancel rejections", func() bool {
 		evs := f.rejections(before)
 		var codes []string
 		for _, e := range evs[len(cases):] {

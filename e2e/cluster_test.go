@@ -239,7 +239,7 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &fleet{t: t}
-	f.eventually(10*time.Second, "a live rental-loop leader after the failover", func() bool {
+	f.eventually(30*time.Second, "a live rental-loop leader after the failover", func() bool {
 		var rec struct {
 			Holder    string    `json:"holder"`
 			Term      uint64    `json:"term"`
@@ -249,12 +249,38 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		return err == nil && rec.Holder != "" && rec.Term >= 1 && time.Now().Before(rec.ExpiresAt)
 	})
 
-	// The audit log: exactly one terminal phase event per Run.
-	terminalEvents := map[string]int{}
-	var stream jetstream.Stream
-	var info *jetstream.StreamInfo
+	// The audit log: exactly one terminal phase event per Run. A Run's
+	// terminal write is stored before its event is published (by the
+	// replica that wrote it, or by the survivor's outbox repair), so the log
+	// is read until it holds one for every Run.
+	var terminalEvents map[string]int
+	f.eventually(2*time.Minute, "a terminal phase event of every Run in WF_EVENTS", func() bool {
+		terminalEvents = countTerminalEvents(ctx, t, prod.JS)
+		for _, id := range ids {
+			if terminalEvents[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range ids {
+		if n := terminalEvents[id]; n != 1 {
+			t.Errorf("%s has %d terminal phase events", id, n)
+		}
+	}
+}
+
+// countTerminalEvents counts the terminal phase events WF_EVENTS holds, by
+// Run, reading through a cluster that may still be electing leaders.
+func countTerminalEvents(ctx context.Context, t *testing.T, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	var (
+		stream jetstream.Stream
+		info   *jetstream.StreamInfo
+		err    error
+	)
 	for try := 0; ; try++ {
-		if stream, err = prod.JS.Stream(ctx, bus.StreamEvents); err == nil {
+		if stream, err = js.Stream(ctx, bus.StreamEvents); err == nil {
 			if info, err = stream.Info(ctx); err == nil {
 				break
 			}
@@ -264,6 +290,7 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	counts := map[string]int{}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		var m *jetstream.RawStreamMsg
 		for try := 0; ; try++ {
@@ -277,12 +304,8 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		}
 		var ev schemas.RunEvent
 		if codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &ev) == nil && ev.Type == schemas.EventPhase && ev.Phase.Terminal() {
-			terminalEvents[ev.RunID]++
+			counts[ev.RunID]++
 		}
 	}
-	for _, id := range ids {
-		if n := terminalEvents[id]; n != 1 {
-			t.Errorf("%s has %d terminal phase events", id, n)
-		}
-	}
+	return counts
 }

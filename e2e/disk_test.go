@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -87,13 +89,19 @@ func TestAcceptance_DiskGarbageCollection(t *testing.T) {
 		_, held := imageUsage(t, w)[imgs["first"].ManifestDigest]
 		return errors.Is(err, fs.ErrNotExist) && !held
 	})
-	_, after := statDisk(t, w.ctrd.Dir)
-	if pct := 100 * float64(after) / float64(total); pct > float64(watermarks.Low) {
-		t.Fatalf("after collection %.1f%% used, want at most the %d%% low watermark", pct, watermarks.Low)
-	}
+	// The image is gone from containerd's list before its content is (the
+	// runtime's delete waits for containerd's collection of it): the
+	// collection's end is when the disk is back under the low watermark.
+	var after int64
+	f.eventually(30*time.Second, "the collection to free the disk", func() bool {
+		_, after = statDisk(t, w.ctrd.Dir)
+		return 100*float64(after)/float64(total) <= float64(watermarks.Low)
+	})
 	// Only as much as needed, least recently used first; the running Run's
-	// image and cache are never candidates.
-	time.Sleep(time.Second) // a second collection would have happened by now
+	// image and cache are never candidates: not in this collection, nor in
+	// the next one, which precedes the second facts report measured after
+	// this one ended.
+	f.waitFactsReports("disk-node", time.Now(), 2, 30*time.Second)
 	use = imageUsage(t, w)
 	for _, name := range []string{"second", "running"} {
 		if _, ok := use[imgs[name].ManifestDigest]; !ok {
@@ -175,4 +183,20 @@ func requireExists(t *testing.T, path string, want bool) {
 	if got := err == nil; got != want {
 		t.Fatalf("%s exists: %v, want %v (err %v)", path, got, want, err)
 	}
+}
+
+// waitFactsReports waits until node's record holds the n-th facts report
+// measured after since: the agent collects its disk (when past the high
+// watermark) before each report, so every report after the first one
+// counted follows a whole collection that began after since.
+func (f *fleet) waitFactsReports(node string, since time.Time, n int, within time.Duration) {
+	f.t.Helper()
+	var seen []time.Time
+	f.eventually(within, fmt.Sprintf("%d facts reports of %s measured after %s", n, node, since.Format(time.StampMilli)), func() bool {
+		facts := f.nodeRecord(node).Facts
+		if facts != nil && facts.ObservedAt.After(since) && !slices.ContainsFunc(seen, facts.ObservedAt.Equal) {
+			seen = append(seen, facts.ObservedAt)
+		}
+		return len(seen) >= n
+	})
 }

@@ -73,9 +73,15 @@ func readGPUReport(t *testing.T, n *node, r schemas.Run) gpuReport {
 }
 
 // gpuCommand reports the container's NVIDIA device nodes and its booked
-// UUIDs into the report cache, then holds its cards for hold.
-func gpuCommand(hold string) []string {
-	return []string{"sh", "-c", `{ for d in /dev/nvidia*; do [ -e "$d" ] && echo "dev $d"; done; echo "gpus $WARMFLEET_GPUS"; } > /report/$WARMFLEET_ATTEMPT_ID; sleep ` + hold}
+// UUIDs into the report cache, then holds its cards: until the test
+// creates the cache's release file when hold is set (at most two minutes),
+// else not at all.
+func gpuCommand(hold bool) []string {
+	wait := ""
+	if hold {
+		wait = `; i=0; until [ -e /report/release ] || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done`
+	}
+	return []string{"sh", "-c", `{ for d in /dev/nvidia*; do [ -e "$d" ] && echo "dev $d"; done; echo "gpus $WARMFLEET_GPUS"; } > /report/$WARMFLEET_ATTEMPT_ID` + wait}
 }
 
 // TestAcceptance_GPUsDisjoint: three one-GPU Runs on a two-GPU node. Two run
@@ -89,8 +95,22 @@ func TestAcceptance_GPUsDisjoint(t *testing.T) {
 
 	var ids []string
 	for _, req := range []string{"gpu-a", "gpu-b", "gpu-c"} {
-		ids = append(ids, f.submit(schemas.RunRequest{RequestID: req, Image: w.image.Reference, Command: gpuCommand("3"), Caches: reportCache,
+		ids = append(ids, f.submit(schemas.RunRequest{RequestID: req, Image: w.image.Reference, Command: gpuCommand(true), Caches: reportCache,
 			Resources: schemas.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, GPUCount: 1}}))
+	}
+	// The cards are held until two Runs run at once, however long their
+	// launches take; then they end, and the third may start.
+	f.eventually(90*time.Second, "two of the Runs running", func() bool {
+		running := 0
+		for _, id := range ids {
+			if r, ok := f.run(id); ok && r.Phase == schemas.PhaseRunning {
+				running++
+			}
+		}
+		return running >= 2
+	})
+	if err := os.WriteFile(filepath.Join(n.spec.dataDir, "caches", "gpu-report", "_", "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	var runs []schemas.Run
 	for _, id := range ids {
@@ -129,7 +149,7 @@ func TestAcceptance_GPUsDisjoint(t *testing.T) {
 		t.Errorf("%s started at %v, before either card was free (%v)", third.ID, third.StartedAt, time.Unix(0, ended))
 	}
 
-	both := f.waitPhase(f.submit(schemas.RunRequest{RequestID: "gpu-both", Image: w.image.Reference, Command: gpuCommand("0"), Caches: reportCache,
+	both := f.waitPhase(f.submit(schemas.RunRequest{RequestID: "gpu-both", Image: w.image.Reference, Command: gpuCommand(false), Caches: reportCache,
 		Resources: schemas.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, GPUCount: 2}}), schemas.PhaseSucceeded, 60*time.Second)
 	rep := readGPUReport(t, n, both)
 	if !slices.Equal(rep.devices, []string{"/dev/nvidia0", "/dev/nvidia1"}) || len(both.GPUs) != 2 || rep.uuids != strings.Join(both.GPUs, ",") {
@@ -153,7 +173,7 @@ func TestAcceptance_GPUHostWithoutCDIRefused(t *testing.T) {
 		return rec.Facts != nil && slices.ContainsFunc(rec.Facts.Host.Accelerator.CDI.Errors, func(e schemas.CDISpecError) bool { return e.Path == bad })
 	})
 
-	gpu := f.waitPhase(f.submit(schemas.RunRequest{RequestID: "needs-cdi", Image: w.image.Reference, Command: gpuCommand("0"),
+	gpu := f.waitPhase(f.submit(schemas.RunRequest{RequestID: "needs-cdi", Image: w.image.Reference, Command: gpuCommand(false),
 		Resources: schemas.Resources{GPUCount: 1}}), schemas.PhaseFailed, 30*time.Second)
 	if gpu.Reason != string(schemas.CodeUnsatisfiable) || gpu.NodeID != "" {
 		t.Errorf("GPU Run ended %s (%s) on %q, want failed unsatisfiable without a node", gpu.Phase, gpu.Reason, gpu.NodeID)

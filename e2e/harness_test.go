@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -118,8 +119,8 @@ func (f *fleet) startCP() *part {
 	case <-cp.Ready():
 	case <-p.done:
 		f.t.Fatalf("control plane stopped: %v", p.err)
-	case <-time.After(20 * time.Second):
-		f.t.Fatal("control plane not ready in 20s")
+	case <-time.After(60 * time.Second):
+		f.t.Fatal("control plane not ready in 60s")
 	}
 	f.t.Cleanup(func() { p.stop(f.t) })
 	return p
@@ -201,7 +202,7 @@ func (f *fleet) waitNode(id string, a *agent.Agent) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.eventually(20*time.Second, "node "+id+" enrolled", func() bool {
+	f.eventually(60*time.Second, "node "+id+" enrolled", func() bool {
 		var rec schemas.NodeRecord
 		_, err := bus.GetJSON(context.Background(), kv, id, &rec)
 		return err == nil && rec.FencingToken != 0 && rec.FencingToken == a.Enrollment().FencingToken
@@ -282,8 +283,38 @@ func (f *fleet) failNow(r schemas.Run, want schemas.Phase) bool {
 	return false
 }
 
-// events reads a Run's whole event log.
+// events reads a Run's whole event log once it holds every event the Run's
+// record counts: a change is stored in wf_runs first and its events are
+// published to WF_EVENTS after, so a test that saw the record change must
+// wait for its events.
 func (f *fleet) events(runID string) []schemas.RunEvent {
+	f.t.Helper()
+	r, ok := f.run(runID)
+	var out []schemas.RunEvent
+	f.eventually(30*time.Second, "WF_EVENTS to hold the events run "+runID+"'s record counts", func() bool {
+		out = f.storedEvents(runID)
+		return !ok || holdsSeqs(out, r.EventSeq)
+	})
+	return out
+}
+
+// holdsSeqs reports whether evs hold a Run's events 1..n (in any order;
+// a rejection on the Run's subject has no seq).
+func holdsSeqs(evs []schemas.RunEvent, n uint64) bool {
+	seen := make(map[uint64]bool, len(evs))
+	for _, ev := range evs {
+		seen[ev.Seq] = true
+	}
+	for seq := uint64(1); seq <= n; seq++ {
+		if !seen[seq] {
+			return false
+		}
+	}
+	return true
+}
+
+// storedEvents reads what WF_EVENTS holds for a Run now.
+func (f *fleet) storedEvents(runID string) []schemas.RunEvent {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -449,4 +480,61 @@ func (f *fleet) waitImageHot(node, manifestDigest string, within time.Duration) 
 		}
 		return false
 	})
+}
+
+// waitHandled waits until the work-queue stream holds nothing on subject
+// (anything when subject is ""): every message published there so far was
+// handled and acknowledged, which removes it.
+func (f *fleet) waitHandled(stream, subject string, within time.Duration) {
+	f.t.Helper()
+	f.eventually(within, stream+" to hold nothing unhandled on "+subject, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := f.conn.JS.Stream(ctx, stream)
+		if err != nil {
+			return false
+		}
+		if subject == "" {
+			info, err := s.Info(ctx)
+			return err == nil && info.State.Msgs == 0
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		return err == nil && info.State.Subjects[subject] == 0
+	})
+}
+
+// observations holds what a node publishes on its observation subject from
+// when it was made (a core subscription sees what the agent publishes into
+// WF_OBS).
+type observations struct {
+	mu  sync.Mutex
+	all []schemas.Observation
+}
+
+// has reports whether one of the observations satisfies match.
+func (o *observations) has(match func(schemas.Observation) bool) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.ContainsFunc(o.all, match)
+}
+
+func (f *fleet) watchObservations(nodeID string) *observations {
+	f.t.Helper()
+	o := &observations{}
+	sub, err := f.conn.NC.Subscribe(bus.NodeObs(nodeID), func(m *nats.Msg) {
+		var ob schemas.Observation
+		if codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &ob) == nil {
+			o.mu.Lock()
+			o.all = append(o.all, ob)
+			o.mu.Unlock()
+		}
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.conn.NC.Flush(); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return o
 }

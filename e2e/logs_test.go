@@ -112,7 +112,7 @@ func printer(n int, pause string) []string {
 func TestAcceptance_RunLogs(t *testing.T) {
 	w := newWorld(t)
 	f := newFleet(t)
-	f.startAgent(agentSpec{id: "node-a", world: w})
+	node := f.startAgent(agentSpec{id: "node-a", world: w})
 	const n = 100_000
 	id := f.submit(schemas.RunRequest{RequestID: "logs-100k", Image: w.image.Reference, Command: printer(n, "")})
 	f.waitPhase(id, schemas.PhaseSucceeded, 120*time.Second)
@@ -158,9 +158,12 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	}
 
 	// -f on a running Run prints lines as they come and exits when the Run
-	// ends.
-	live := f.submit(schemas.RunRequest{RequestID: "logs-follow", Image: w.image.Reference, Command: []string{"sh", "-c",
-		`for i in 1 2 3 4 5; do echo "tick $i"; sleep 1; done`}})
+	// ends. The Run ends only once the test has read its first line from -f
+	// (it creates /ctl/stop then; at most two minutes), however slowly -f
+	// starts here.
+	live := f.submit(schemas.RunRequest{RequestID: "logs-follow", Image: w.image.Reference, Caches: []schemas.CacheMount{{Name: "follow-ctl", Path: "/ctl"}},
+		Command: []string{"sh", "-c", `for i in 1 2 3 4 5; do echo "tick $i"; sleep 1; done; i=0; until [ -e /ctl/stop ] || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done`}})
+	stop := filepath.Join(node.spec.dataDir, "caches", "follow-ctl", "_", "stop")
 	f.waitPhase(live, schemas.PhaseRunning, 60*time.Second)
 	follow := wf("run", "logs", "-f", live)
 	pipe, err := follow.StdoutPipe()
@@ -176,6 +179,9 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	for sc.Scan() {
 		if firstAt.IsZero() {
 			firstAt = time.Now()
+			if err := os.WriteFile(stop, nil, 0o644); err != nil {
+				t.Error(err)
+			}
 		}
 		lines = append(lines, sc.Text())
 	}
@@ -312,15 +318,21 @@ func TestAcceptance_LogFloodIsolated(t *testing.T) {
 	w := newWorld(t)
 	f := newFleet(t)
 	const rate, burst = 1 << 20, 1 << 20
-	f.startAgent(agentSpec{id: "node-a", world: w, logRate: rate, logBurst: burst})
-	// 10 MiB of x's (no newline) per round, for about five seconds.
-	flood := f.submit(schemas.RunRequest{RequestID: "flood", Image: w.image.Reference, Command: []string{"sh", "-c",
-		`end=$(($(date +%s)+5)); k=0; while [ $(date +%s) -lt $end ]; do head -c 10485760 /dev/zero | tr '\0' x; k=$((k+1)); done; echo "rounds $k" >&2`}})
+	n := f.startAgent(agentSpec{id: "node-a", world: w, logRate: rate, logBurst: burst})
+	// 10 MiB of x's (no newline) per round, for at least five seconds and
+	// then until the test creates /ctl/stop (at most two minutes): however
+	// slowly the quiet Run below starts, the flood outlasts it.
+	ctl := []schemas.CacheMount{{Name: "flood-ctl", Path: "/ctl"}}
+	flood := f.submit(schemas.RunRequest{RequestID: "flood", Image: w.image.Reference, Caches: ctl, Command: []string{"sh", "-c",
+		`start=$(date +%s); k=0; while [ $(date +%s) -lt $((start+5)) ] || { [ ! -e /ctl/stop ] && [ $(date +%s) -lt $((start+120)) ]; }; do head -c 10485760 /dev/zero | tr '\0' x; k=$((k+1)); done; echo "rounds $k" >&2`}})
 	f.waitPhase(flood, schemas.PhaseRunning, 60*time.Second)
 	quiet := f.submit(schemas.RunRequest{RequestID: "quiet", Image: w.image.Reference, Command: printer(1000, "")})
 	q := f.waitPhase(quiet, schemas.PhaseSucceeded, 60*time.Second)
 	if fl, _ := f.run(flood); fl.Phase.Terminal() {
 		t.Fatalf("the flood ended (%s) before the quiet Run did: no overlap to test", fl.Phase)
+	}
+	if err := os.WriteFile(filepath.Join(n.spec.dataDir, "caches", "flood-ctl", "_", "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	qs := f.stored(quiet)
 	if err := numbered(qs.bytes[[2]string{q.AttemptID, bus.LogStdout}], "out", 1000); err != nil {

@@ -117,7 +117,7 @@ func TestAcceptance_Prefetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The control plane's copy follows its own write a moment after the watch above.
-	f.eventually(5*time.Second, "a finished prefetch to want the image no more", func() bool {
+	f.eventually(30*time.Second, "a finished prefetch to want the image no more", func() bool {
 		return !f.plane.Prefetches().Wants("node-b", bigRef)
 	})
 	f.waitImageHot("node-b", big.ManifestDigest, 30*time.Second)
@@ -186,7 +186,7 @@ func TestAcceptance_PrefetchFromPrivateRegistry(t *testing.T) {
 
 	// Finished: the prefetch no longer stands for node-a, and nothing is
 	// booked there, so the control plane refuses the credential.
-	f.eventually(5*time.Second, "the finished prefetch to want the image no more", func() bool {
+	f.eventually(30*time.Second, "the finished prefetch to want the image no more", func() bool {
 		return !f.plane.Prefetches().Wants("node-a", pinned)
 	})
 	rec := f.nodeRecord("node-a")

@@ -26,7 +26,9 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 	if cpu <= 0 {
 		t.Fatalf("node capacity %d", cpu)
 	}
-	long := f.submit(schemas.RunRequest{RequestID: "busy-long", Image: w.image.Reference, Command: []string{"sleep", "25"},
+	// It runs on well past the rental's start however slowly this machine
+	// starts one; MaxRuntimeSeconds is what the queue estimate reads.
+	long := f.submit(schemas.RunRequest{RequestID: "busy-long", Image: w.image.Reference, Command: []string{"sleep", "55"},
 		Resources: schemas.Resources{CPUMillis: cpu}, MaxRuntimeSeconds: 60})
 	f.waitPhase(long, schemas.PhaseRunning, 60*time.Second)
 	if n := len(f.rentals()); n != 0 {

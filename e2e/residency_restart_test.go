@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
@@ -27,9 +28,17 @@ func TestResidency_RestartsKeepAndCleanRuntimes(t *testing.T) {
 	r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
 	ctx := context.Background()
 
+	// The new control plane asks node-a to reconcile: wait for that round
+	// trip (node-a's account published and handled) and for any command
+	// sent in answer to be applied, before looking at the runtime.
+	obs := f.watchObservations(a.id)
 	f.cp.stop(t)
 	f.cp = f.startCP()
-	time.Sleep(2 * time.Second) // the reconcile round trip and any stop it would send
+	f.eventually(30*time.Second, "node-a's reconciliation after the restart", func() bool {
+		return obs.has(func(o schemas.Observation) bool { return o.Kind == schemas.ObsReconciliation })
+	})
+	f.waitHandled(bus.StreamObs, bus.NodeObs(a.id), 30*time.Second)
+	f.waitHandled(bus.StreamCmds, bus.NodeCmd(a.id), 30*time.Second)
 	if st, err := rt.Inspect(ctx, r.Workload); err != nil || st.State != noderuntime.WorkloadRunning {
 		t.Fatalf("session runtime after control-plane restart: %+v, %v", st, err)
 	}

@@ -172,7 +172,15 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 		o, ok := f.route(key)
 		return ok && o.State == residency.StateExpired && o.Epoch == 1
 	})
-	if lr, ok := f.leaseRecord(key); !ok || !lr.Released || lr.Epoch != 1 {
+	// The release drops the lease after the tombstone, and its local state
+	// last.
+	var lr residency.LeaseRecord
+	f.eventually(20*time.Second, "warm release drops the lease", func() bool {
+		var ok bool
+		lr, ok = f.leaseRecord(key)
+		return ok && lr.Released
+	})
+	if lr.Epoch != 1 {
 		t.Errorf("lease after warm release: %+v, want released at epoch 1", lr)
 	}
 	if st, ok := f.sessionRecord(key); !ok || st.CheckpointSequence != 1 || st.Epoch != 1 {
@@ -182,9 +190,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 		_, err := rtA.Inspect(ctx, r.Workload)
 		return errors.Is(err, noderuntime.ErrWorkloadNotFound)
 	})
-	if rs := a.host.Residencies(); len(rs) != 0 {
-		t.Errorf("node-a still holds %v after warm release", rs)
-	}
+	f.eventually(10*time.Second, "node-a to hold nothing after warm release", func() bool { return len(a.host.Residencies()) == 0 })
 
 	// Work arriving while the session is resident nowhere waits.
 	f.publishWork(key, "w-3")

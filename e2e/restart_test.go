@@ -94,7 +94,9 @@ func TestAcceptance_DuplicateCommandsOneEffect(t *testing.T) {
 	}}
 	rc := f.watchReceipts("n1")
 	a := f.startAgent(agentSpec{id: "n1", world: w, dataDir: dir, counts: c, faults: faults})
-	id := f.submit(schemas.RunRequest{RequestID: "dup", Image: w.image.Reference, Command: []string{"sleep", "30"}})
+	// The workload outlives the agent restart and the resends however slow
+	// they are; the cancel ends it.
+	id := f.submit(schemas.RunRequest{RequestID: "dup", Image: w.image.Reference, Command: []string{"sleep", "300"}})
 	<-crashed
 	r := f.waitPhase(id, schemas.PhaseRunning, 60*time.Second)
 	// The agent dies with the launch unacked; its next process gets it again.
@@ -109,7 +111,7 @@ func TestAcceptance_DuplicateCommandsOneEffect(t *testing.T) {
 	prep := cmd(r.AttemptID+".prepare", schemas.CmdPrepareImage)
 	prep.PrepareImage = &schemas.PrepareImage{RunID: id, AttemptID: r.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Unpack: true}
 	launch := cmd(r.AttemptID+".launch", schemas.CmdLaunchWorkload)
-	launch.Launch = &schemas.LaunchWorkload{RunID: id, AttemptID: r.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Command: []string{"sleep", "30"}}
+	launch.Launch = &schemas.LaunchWorkload{RunID: id, AttemptID: r.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Command: []string{"sleep", "300"}}
 	f.resend(prep, 2)
 	f.resend(launch, 2)
 	f.eventually(30*time.Second, "duplicate receipts for prepare and launch", func() bool {
@@ -161,10 +163,17 @@ func TestAcceptance_RestartReconciles(t *testing.T) {
 		}
 	})
 	t.Run("control plane", func(t *testing.T) {
+		obs := f.watchObservations("n1")
 		id := f.submit(schemas.RunRequest{RequestID: "cp-restart", Image: w.image.Reference, Command: []string{"sh", "-c", "sleep 2; exit 5"}})
 		r := f.waitPhase(id, schemas.PhaseRunning, 60*time.Second)
 		f.cp.stop(t)
-		time.Sleep(3 * time.Second) // the workload exits while no control plane runs
+		// The workload exits while no control plane runs: its exit report
+		// waits in WF_OBS.
+		f.eventually(60*time.Second, "the workload's exit reported while the control plane is down", func() bool {
+			return obs.has(func(o schemas.Observation) bool {
+				return o.Workload != nil && o.Workload.AttemptID == r.AttemptID && o.Workload.Phase == schemas.WorkloadExited
+			})
+		})
 		f.cp = f.startCP()
 		done := f.waitPhase(id, schemas.PhaseFailed, 60*time.Second)
 		if done.ExitCode == nil || *done.ExitCode != 5 || c.launched(r.AttemptID) != 1 {

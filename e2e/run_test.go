@@ -87,7 +87,7 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 	// Duplicate submit of a finished request: still one Run, no new events.
 	before := len(f.events(okID))
 	f.publish(bus.SubjectSubmit, []byte(okBody), "")
-	time.Sleep(500 * time.Millisecond)
+	f.waitHandled(bus.StreamRuns, bus.SubjectSubmit, 30*time.Second) // the duplicate handled
 	if r, _ := f.run(okID); r.Phase != schemas.PhaseSucceeded || len(f.events(okID)) != before {
 		t.Fatalf("a duplicate submit changed the run: phase %s, events %d → %d", r.Phase, before, len(f.events(okID)))
 	}

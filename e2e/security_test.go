@@ -122,8 +122,8 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	case <-cp.Ready():
 	case <-p.done:
 		t.Fatalf("control plane stopped: %v", p.err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("control plane not ready in 20s")
+	case <-time.After(60 * time.Second):
+		t.Fatal("control plane not ready in 60s")
 	}
 
 	// The operator's connection (full permissions) drives the harness.
@@ -232,7 +232,7 @@ func (a *asyncErrs) add(err error) { a.mu.Lock(); a.errs = append(a.errs, err); 
 func (a *asyncErrs) denied(t *testing.T, op, subject string) {
 	t.Helper()
 	want := fmt.Sprintf("permissions violation for %s to %q", strings.ToLower(op), strings.ToLower(subject))
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		a.mu.Lock()
 		for _, e := range a.errs {
@@ -298,7 +298,7 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	}
 	// Its output was shipped on the node's log login for that Run (the
 	// node's own login may not publish logs): both streams are closed.
-	sf.eventually(10*time.Second, "the run's output streams closed in WF_LOGS", func() bool {
+	sf.eventually(30*time.Second, "the run's output streams closed in WF_LOGS", func() bool {
 		out, errOut := getLogEnd(sf.conn.JS, runID, bus.LogStdout)
 		stderr, errErr := getLogEnd(sf.conn.JS, runID, bus.LogStderr)
 		return out && stderr && errOut == nil && errErr == nil

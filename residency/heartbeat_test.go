@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -74,11 +75,14 @@ func TestReleaseAbortsWhenHaltTimesOut(t *testing.T) {
 	durable := newMemDurable()
 	durable.seed(key, compatA)
 	release := make(chan struct{})
+	inHand := make(chan struct{})
+	var inHandOnce sync.Once
 	handled := make(chan string, 4)
 	h := newHost(t, hostConfig{
 		id: "host-h", cp: cp, env: env, durable: durable, runtime: newFakeRuntime(), target: fakeTarget(),
 		handler: func(_ context.Context, w Work) error {
 			if w.MsgID == "slow" {
+				inHandOnce.Do(func() { close(inHand) })
 				<-release
 			}
 			handled <- w.MsgID
@@ -92,7 +96,11 @@ func TestReleaseAbortsWhenHaltTimesOut(t *testing.T) {
 	if err := publishWork(ctx, env.js, key, "slow"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // the slow message is in hand
+	select {
+	case <-inHand:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow message was not handed to the handler")
+	}
 	err := h.mgr.Release(ctx, key)
 	if !errors.Is(err, ErrReleaseAborted) {
 		t.Fatalf("release: %v; want aborted", err)

@@ -25,7 +25,7 @@ func TestManager_WarmReleaseAndResume(t *testing.T) {
 	env := newBus(t)
 	ct := newContainerd(t)
 	const (
-		ttl     = time.Second
+		ttl     = 3 * time.Second // a lease a loaded containerd launch fits in
 		warmTTL = 300 * time.Millisecond
 	)
 	cp := newControlPlane(t, env, SystemClock{}, ttl, 3*time.Second)
@@ -79,18 +79,18 @@ func TestManager_WarmReleaseAndResume(t *testing.T) {
 		default:
 		}
 	}
-	waitFor(t, "work handled", 5*time.Second, func() bool { return len(rec.snapshot()) == len(ids) })
+	waitFor(t, "work handled", 30*time.Second, func() bool { return len(rec.snapshot()) == len(ids) })
 
 	// Idle, but something the inbox cannot see is still busy.
 	idleOK.Store(false)
-	if o := nextOutcome(5 * time.Second); o.Kind != WarmNotIdle {
+	if o := nextOutcome(30 * time.Second); o.Kind != WarmNotIdle {
 		t.Fatalf("outcome %+v, want not_idle", o)
 	}
 	// Idle, and the runtime refuses to go: back to resident, same generation.
 	a.faults.inject("runtime.stop")
 	idleOK.Store(true)
 	for {
-		o := nextOutcome(5 * time.Second)
+		o := nextOutcome(30 * time.Second)
 		if o.Kind == WarmNotIdle {
 			continue
 		}
@@ -108,12 +108,12 @@ func TestManager_WarmReleaseAndResume(t *testing.T) {
 		t.Fatalf("route after abort %+v %v", obs, err)
 	}
 	publish() // consumption resumed
-	waitFor(t, "work after abort", 5*time.Second, func() bool { return len(rec.snapshot()) == len(ids) })
+	waitFor(t, "work after abort", 30*time.Second, func() bool { return len(rec.snapshot()) == len(ids) })
 
 	// Now it goes.
 	released := time.Now()
 	for {
-		o := nextOutcome(5 * time.Second)
+		o := nextOutcome(30 * time.Second)
 		if o.Kind == WarmReleased {
 			break
 		}
@@ -146,7 +146,7 @@ func TestManager_WarmReleaseAndResume(t *testing.T) {
 	if err != nil || !rb.Attached || rb.Epoch != 2 {
 		t.Fatalf("resume on B: %+v %v", rb, err)
 	}
-	waitFor(t, "B handling the waiting work", 5*time.Second, func() bool { return len(rec.snapshot()) == len(ids) })
+	waitFor(t, "B handling the waiting work", 30*time.Second, func() bool { return len(rec.snapshot()) == len(ids) })
 	if err := rec.checkOnce(ids); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package containerd
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +77,7 @@ func (f *fixture) testOOM(t *testing.T) {
 		t.Error("cgroup oom_kill counter did not show the kill")
 	}
 	// ...and the /tasks/oom event, which lands as a label.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := f.rt.client.LoadContainer(f.rt.ctx(testCtx(t)), "oom")
 		if err != nil {
@@ -98,7 +100,12 @@ func (f *fixture) testOOM(t *testing.T) {
 func (f *fixture) testRestart(t *testing.T) {
 	t.Parallel()
 	first := f.newRuntime(t)
-	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Command: []string{"sh", "-c", "sleep 4; exit 5"}})
+	// The workload exits 5 once the test has seen it running through the
+	// second runtime (it creates /ctl/exit; at most two minutes), however
+	// long the restart takes.
+	ctl := t.TempDir()
+	launched := f.launch(t, first, noderuntime.WorkloadSpec{ID: "restart", Mounts: []noderuntime.Mount{{Source: ctl, Target: "/ctl"}},
+		Command: []string{"sh", "-c", "i=0; until [ -e /ctl/exit ] || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done; exit 5"}})
 	if err := first.Close(); err != nil { // the agent goes away
 		t.Fatal(err)
 	}
@@ -114,6 +121,9 @@ func (f *fixture) testRestart(t *testing.T) {
 	if !found {
 		t.Fatalf("List after restart = %+v, want restart running", list)
 	}
+	if err := os.WriteFile(filepath.Join(ctl, "exit"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	st := wait(t, second, "restart")
 	if st.ExitCode != 5 || !st.StartedAt.Equal(launched.StartedAt.Truncate(0)) || st.FinishedAt.Before(st.StartedAt) {
 		t.Fatalf("Wait after restart = %+v, launched %+v", st, launched)
@@ -123,7 +133,7 @@ func (f *fixture) testRestart(t *testing.T) {
 // waitForLog polls a workload's log until it contains s.
 func waitForLog(t *testing.T, rt *Runtime, id, s string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		b, _ := outputSoFar(rt, id)
 		if strings.Contains(string(b), s) {

@@ -74,9 +74,11 @@ func startJS(t testing.TB) (jetstream.JetStream, jetstream.ObjectStore) {
 	return js, obs
 }
 
+// putObject stores b as name. The deadline is the test's: without one,
+// nats.go bounds a whole Put by 5 s, which a loaded machine can exceed.
 func putObject(t testing.TB, obs jetstream.ObjectStore, name string, b []byte) {
 	t.Helper()
-	if _, err := obs.Put(context.Background(), jetstream.ObjectMeta{Name: name}, bytes.NewReader(b)); err != nil {
+	if _, err := obs.Put(ctxT(t), jetstream.ObjectMeta{Name: name}, bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -116,8 +116,9 @@ func TestObjectSourceInterleavedChunks(t *testing.T) {
 	// a's first MiB, then all of b, then the rest of a.
 	gate := make(chan struct{})
 	errc := make(chan error, 1)
+	ctx := ctxT(t)
 	go func() {
-		_, err := obs.Put(context.Background(), jetstream.ObjectMeta{Name: "a"}, io.MultiReader(bytes.NewReader(a[:1<<20]), &waitReader{gate: gate, r: bytes.NewReader(a[1<<20:])}))
+		_, err := obs.Put(ctx, jetstream.ObjectMeta{Name: "a"}, io.MultiReader(bytes.NewReader(a[:1<<20]), &waitReader{gate: gate, r: bytes.NewReader(a[1<<20:])}))
 		errc <- err
 	}()
 	waitChunks(t, js, 8)
@@ -190,7 +191,7 @@ func waitChunks(t *testing.T, js jetstream.JetStream, n uint64) {
 func TestObjectSourceShortChunks(t *testing.T) {
 	js, obs := startJS(t)
 	b, digest := content(t, 2<<20)
-	if _, err := obs.Put(context.Background(), jetstream.ObjectMeta{Name: "m"}, iotest.HalfReader(bytes.NewReader(b))); err != nil {
+	if _, err := obs.Put(ctxT(t), jetstream.ObjectMeta{Name: "m"}, iotest.HalfReader(bytes.NewReader(b))); err != nil {
 		t.Fatal(err)
 	}
 	src := NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest)

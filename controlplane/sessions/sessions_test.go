@@ -205,6 +205,36 @@ func TestAttachRefusals(t *testing.T) {
 	}
 }
 
+// TestAttachPinnedNodeLiveByHeartbeats: a pinned node is live by the lease
+// its heartbeats earned (in memory), not only by the one its record stored
+// at its last state change.
+func TestAttachPinnedNodeLiveByHeartbeats(t *testing.T) {
+	f := newFixture(t)
+	n := schemas.NodeRecord{NodeID: "n1", State: schemas.NodeReady, FencingToken: 3, LeaseExpires: time.Now().Add(-time.Minute)}
+	rev, err := bus.CreateJSON(context.Background(), f.nodes, n.NodeID, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.cache.NoteNode(n, rev)
+	h := f.host(t, "n1", residency.OpAttach, accept)
+	pinned := residency.SessionRequest{Tenant: "t1", Session: "s1", Node: "n1"}
+	if rep := f.ask(t, bus.SubjectSessionAttach, pinned); rep.Error == nil || rep.Error.Code != residency.CodeDraining {
+		t.Fatalf("attach on a node without a live lease = %+v, want %s", rep, residency.CodeDraining)
+	}
+	if got := h.commands(); len(got) != 0 {
+		t.Fatalf("a node without a live lease was asked %+v", got)
+	}
+	if res := f.cache.Heartbeat("n1", 3, time.Now().Add(time.Hour)); res != cache.HeartbeatExtended {
+		t.Fatalf("heartbeat = %v", res)
+	}
+	if rep := f.ask(t, bus.SubjectSessionAttach, pinned); rep.Error != nil || rep.Residency == nil {
+		t.Fatalf("attach on a heartbeating node whose stored lease passed = %+v, want a residency", rep)
+	}
+	if got := h.commands(); len(got) != 1 || got[0].FencingToken != 3 {
+		t.Errorf("n1 commands = %+v, want one with fencing token 3", got)
+	}
+}
+
 // TestReleaseGoesToRoutedHost: a release goes to the host wf_residency
 // routes the session to; a session routed nowhere is not resident.
 func TestReleaseGoesToRoutedHost(t *testing.T) {

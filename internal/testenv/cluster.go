@@ -58,7 +58,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			nd.Stop()
 		}
 	})
-	c.WaitReady(t, 30*time.Second)
+	c.WaitReady(t, 60*time.Second)
 	return c
 }
 

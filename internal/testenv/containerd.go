@@ -86,7 +86,7 @@ func StartContainerd(t testing.TB, opts ...ContainerdOption) *Containerd {
 		}
 	}
 	ns := filepath.Base(dir)
-	d, err := ctrdproc.Start(context.Background(), ctrdproc.Config{Dir: dir, Namespaces: []string{ns}, ReadyTimeout: 20 * time.Second,
+	d, err := ctrdproc.Start(context.Background(), ctrdproc.Config{Dir: dir, Namespaces: []string{ns}, ReadyTimeout: 60 * time.Second,
 		KillWithParent: true, Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
 	if err != nil {
 		unmount()
