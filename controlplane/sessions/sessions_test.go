@@ -216,8 +216,8 @@ func TestAttachPinnedNodeLiveByHeartbeats(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.cache.NoteNode(n, rev)
-	h := f.host(t, "n1", residency.OpAttach, accept)
-	pinned := residency.SessionRequest{Tenant: "t1", Session: "s1", Node: "n1"}
+	h := f.host(t, "n1", schemas.SessionAttach, accept)
+	pinned := schemas.SessionRequest{Tenant: "t1", Session: "s1", Node: "n1"}
 	if rep := f.ask(t, bus.SubjectSessionAttach, pinned); rep.Error == nil || rep.Error.Code != residency.CodeDraining {
 		t.Fatalf("attach on a node without a live lease = %+v, want %s", rep, residency.CodeDraining)
 	}
