@@ -196,7 +196,12 @@ func (l *launch) ensureImage(ctx context.Context) error {
 // was launched by an earlier delivery whose journal write was lost.
 func (l *launch) start(ctx context.Context) error {
 	c := l.cmd
-	l.a.rep.workload(ctx, schemas.WorkloadObservation{RunID: c.RunID, AttemptID: c.AttemptID, Phase: schemas.WorkloadStarting})
+	if !l.prepared {
+		// A prepared attempt's report already moved the Run to launching;
+		// saying so again would only put a publish and the control
+		// plane's handling of it on the launch's path.
+		l.a.rep.workload(ctx, schemas.WorkloadObservation{RunID: c.RunID, AttemptID: c.AttemptID, Phase: schemas.WorkloadStarting})
+	}
 	st, err := l.a.rt.Launch(ctx, l.spec)
 	if l.prepared && errors.Is(err, noderuntime.ErrImageNotFound) {
 		l.a.log.Warn("image gone since its prepare; ensuring it again", zap.String("workload", c.AttemptID), zap.String("digest", c.ManifestDigest))

@@ -278,3 +278,28 @@ func TestLaunch_StartsAndHolds(t *testing.T) {
 		}
 	}
 }
+
+// A launch reports starting only when no prepare of its attempt reported
+// prepared (which moved the Run to launching already): a prepared
+// attempt's launch goes from its receipt to running with no report between.
+func TestLaunch_StartingOnlyWithoutPrepare(t *testing.T) {
+	b := newLaunchBench(t, Config{})
+	prepared, bare := launchCmd("att-prepared"), launchCmd("att-bare")
+	b.a.attempts.prepared("att-prepared", prepared.Launch.ManifestDigest)
+	for _, c := range []schemas.Command{prepared, bare} {
+		var rc schemas.OperationReceipt
+		b.a.applyLaunch(b.ctx, c, &rc)
+		if rc.Outcome != schemas.OutcomeApplied {
+			t.Fatalf("%s: receipt %+v, want applied", c.Launch.AttemptID, rc)
+		}
+	}
+	if got := b.reportsIn("att-bare", schemas.WorkloadStarting); len(got) != 1 {
+		t.Errorf("unprepared launch: %d starting reports, want one", len(got))
+	}
+	if got := b.reportsIn("att-prepared", schemas.WorkloadRunning); len(got) != 1 {
+		t.Fatalf("prepared launch: %d running reports, want one", len(got))
+	}
+	if got := b.reportsIn("att-prepared", schemas.WorkloadStarting); len(got) != 0 {
+		t.Errorf("prepared launch reported starting %d times, want none: %+v", len(got), got)
+	}
+}
