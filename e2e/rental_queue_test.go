@@ -50,7 +50,7 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 	}
 	var decided *schemas.RunEvent
 	for _, ev := range f.events(next) {
-		if ev.Decided() && ev.Code == rentals.CodeRentBeatsQueue {
+		if ev.Decided() && ev.Code == schemas.CodeRentBeatsQueue {
 			decided = &ev
 			break
 		}
@@ -59,7 +59,7 @@ func TestAcceptance_RentBeatsQueue(t *testing.T) {
 		t.Fatalf("no recorded decision to rent rather than queue: %+v", decided)
 	}
 	for _, c := range decided.Decision.Candidates {
-		if c.NodeID == busy.spec.id && (c.Reason != rentals.CodeRentBeatsQueue || c.Components.QueueSeconds <= 0) {
+		if c.NodeID == busy.spec.id && (c.Reason != schemas.CodeRentBeatsQueue || c.Components.QueueSeconds <= 0) {
 			t.Fatalf("the busy node's candidate in the decision: %+v", c)
 		}
 	}
@@ -85,7 +85,7 @@ func TestAcceptance_QueueBeatsRent(t *testing.T) {
 	}
 	queued := false
 	for _, ev := range f.events(next) {
-		if ev.Code == rentals.CodeRentBeatsQueue {
+		if ev.Code == schemas.CodeRentBeatsQueue {
 			t.Fatalf("a rent decision was recorded: %+v", ev)
 		}
 		if ev.Decided() && ev.Decision != nil && ev.Decision.Winner == busy.spec.id && ev.Decision.WinnerQueued {

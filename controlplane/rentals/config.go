@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
-	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // Config lets the control plane rent machines when no node fits.
@@ -81,7 +80,3 @@ func (c *Config) Defaults() {
 		c.RentMargin = time.Minute
 	}
 }
-
-// CodeRentBeatsQueue is schemas.CodeRentBeatsQueue, named where the
-// rent-or-queue policy lives.
-const CodeRentBeatsQueue = schemas.CodeRentBeatsQueue
