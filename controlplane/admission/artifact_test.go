@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -41,18 +39,11 @@ func TestCallout_ArtifactLogin(t *testing.T) {
 		}
 		return tok
 	}
-	login := func(user, secret string) error {
-		nc, err := nats.Connect(sb.url, nats.UserInfo(user, secret), nats.NoReconnect(), nats.RetryOnFailedConnect(false))
-		if err == nil {
-			nc.Close()
-		}
-		return err
-	}
 	ok := grant("n1", 1, now.Add(time.Minute))
-	if err := login(bus.ArtifactUser("n1"), ok); err != nil {
+	if err := sb.login(bus.ArtifactUser("n1"), ok); err != nil {
 		t.Fatalf("a granted login: %v", err)
 	}
-	if err := login(bus.ArtifactUser("n1"), ok); !bus.IsAuthError(err) {
+	if err := sb.login(bus.ArtifactUser("n1"), ok); !bus.IsAuthError(err) {
 		t.Fatalf("the same token again: %v, want refused", err)
 	}
 	for _, c := range []struct {
@@ -66,7 +57,7 @@ func TestCallout_ArtifactLogin(t *testing.T) {
 		{"a malformed user", "n.1@artifact", grant("n1", 1, now.Add(time.Minute))},
 		{"not a token", bus.ArtifactUser("n1"), "short"},
 	} {
-		if err := login(c.user, c.secret); !bus.IsAuthError(err) {
+		if err := sb.login(c.user, c.secret); !bus.IsAuthError(err) {
 			t.Errorf("%s: %v, want refused", c.name, err)
 		}
 	}
@@ -76,7 +67,7 @@ func TestCallout_ArtifactLogin(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 6 {
 		wg.Go(func() {
-			if login(bus.ArtifactUser("n1"), raced) == nil {
+			if sb.login(bus.ArtifactUser("n1"), raced) == nil {
 				admitted.Add(1)
 			}
 		})

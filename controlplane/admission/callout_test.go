@@ -29,6 +29,15 @@ type securedBus struct {
 	callout *Callout
 }
 
+// login connects as user with secret once and hangs up: nil is admitted.
+func (sb *securedBus) login(user, secret string) error {
+	nc, err := nats.Connect(sb.url, nats.UserInfo(user, secret), nats.NoReconnect(), nats.RetryOnFailedConnect(false))
+	if err == nil {
+		nc.Close()
+	}
+	return err
+}
+
 func startSecuredBus(t *testing.T) *securedBus { return startSecuredBusWith(t, Config{}) }
 
 // startSecuredBusWith serves cfg (its issuer seed made here).
@@ -162,16 +171,9 @@ func TestCallout_InvitationLogin(t *testing.T) {
 		}
 		return tok
 	}
-	login := func(user, secret string) error {
-		nc, err := nats.Connect(sb.url, nats.UserInfo(user, secret), nats.NoReconnect(), nats.RetryOnFailedConnect(false))
-		if err == nil {
-			nc.Close()
-		}
-		return err
-	}
 	good := invite("n1", time.Now().Add(time.Minute))
 	for range 2 {
-		if err := login("n1", good); err != nil {
+		if err := sb.login("n1", good); err != nil {
 			t.Fatalf("an invitation's login: %v", err)
 		}
 	}
@@ -185,7 +187,7 @@ func TestCallout_InvitationLogin(t *testing.T) {
 		{"a node id that is no subject token", "n.1", invite("n.1", time.Now().Add(time.Minute))},
 		{"no secret", "n1", ""},
 	} {
-		if err := login(c.user, c.secret); !bus.IsAuthError(err) {
+		if err := sb.login(c.user, c.secret); !bus.IsAuthError(err) {
 			t.Errorf("%s: %v, want refused", c.name, err)
 		}
 	}
