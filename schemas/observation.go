@@ -59,7 +59,7 @@ type WorkloadPhase string
 const (
 	WorkloadPreparing WorkloadPhase = "preparing" // fetching or unpacking the image
 	WorkloadPrepared  WorkloadPhase = "prepared"  // image ready
-	WorkloadStarting  WorkloadPhase = "starting"
+	WorkloadStarting  WorkloadPhase = "starting"  // created, not yet started (a launch reports it only when no prepared report came first)
 	WorkloadRunning   WorkloadPhase = "running"
 	WorkloadExited    WorkloadPhase = "exited"
 	WorkloadFailed    WorkloadPhase = "failed" // could not be started
