@@ -152,6 +152,10 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 	var stdout, stderr syncBuffer
 	wait := submitWait(t, b, &stdout, &stderr, "--request-id", "wait-1", "--", "sh", "-c", "…")
 	waitForText(t, &stdout, "hello\n") // live, before the Run ends
+	// Events and logs arrive on consumers of their own: the stderr chunk
+	// goes once the events before it are printed, so the order below is
+	// the one they were published in.
+	waitForText(t, &stderr, "warmfleet: running: container running\n")
 	b.chunk(p.runID, 1, bus.LogStderr, 0, now, "oops\n")
 	waitForText(t, &stderr, "oops\n")
 	b.chunk(p.runID, 1, bus.LogStdout, 6, now, "bye\nno newline")
