@@ -85,17 +85,15 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 		nc, js = conn.NC, conn.JS
 	}
 	changed, launches := make(chan struct{}, 1), newLaunchGate()
-	signal := changeWatch{changed: changed}.signal
-	a := &Agent{cfg: cfg, conn: conn, rt: changeWatch{Runtime: rt, changed: changed, launches: launches}, log: log, journal: j,
+	watch := changeWatch{Runtime: rt, changed: changed, launches: launches}
+	signal := watch.signal
+	a := &Agent{cfg: cfg, conn: conn, rt: watch, log: log, journal: j,
 		factsChanged: changed, launches: launches, req: requester{nc: nc}, attempts: newAttempts(), caches: caches.New(cfg.CacheDir, cfg.Now, log)}
 	a.meter = &meter{rt: a.rt, accel: &boundedProbe{probe: cfg.Accelerator, timeout: cfg.AcceleratorTimeout, log: log}, caches: a.caches,
 		replicas: store, contentRoot: cfg.ContentRoot, networkModes: cfg.NetworkModes, maxWorkloads: cfg.MaxWorkloads,
 		watermarks: cfg.DiskWatermarks, now: cfg.Now, log: log}
 	a.rep = &reporter{js: js, nodeID: cfg.NodeID, session: a.Enrollment, now: cfg.Now, log: log}
-	a.creds = &creds.Asker{NodeID: cfg.NodeID, Requester: a.req, FencingToken: a.fencingToken, Log: log}
-	if cfg.ImageMetrics != nil {
-		a.creds.Metrics = cfg.ImageMetrics
-	}
+	a.creds = &creds.Asker{NodeID: cfg.NodeID, Requester: a.req, FencingToken: a.fencingToken, Metrics: cfg.ImageMetrics, Log: log}
 	a.replicas = &replicas{store: store, creds: a.creds, js: js, nc: nc, transport: cfg.ArtifactTransport, authOn: cfg.Credentials != nil,
 		http: cfg.ArtifactHTTP, nodeID: cfg.NodeID, changed: signal, log: log}
 	a.disk = disk.New(disk.Config{NodeID: cfg.NodeID, ContentRoot: cfg.ContentRoot, CacheDir: cfg.CacheDir, ArtifactDir: cfg.ArtifactDir,

@@ -23,10 +23,7 @@ func networkModes(configured []string) []string {
 // offersNetwork reports whether a node configured with these modes gives a
 // Run the network it asks for (empty is the default, bridge).
 func offersNetwork(configured []string, network string) bool {
-	if configured == nil {
-		return slices.Contains(noderuntime.AllNetworkModes(), noderuntime.NetworkMode(schemas.NetworkModeOf(network)))
-	}
-	return slices.Contains(configured, schemas.NetworkModeOf(network))
+	return slices.Contains(networkModes(configured), schemas.NetworkModeOf(network))
 }
 
 // withContainer fills spec's network, /dev/shm and limits from l. A Run

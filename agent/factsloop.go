@@ -73,7 +73,7 @@ func (a *Agent) factsLoop(ctx context.Context, every time.Duration) {
 type changeWatch struct {
 	noderuntime.Runtime
 	changed  chan<- struct{} // capacity 1: a pending signal covers any number of changes
-	launches *launchGate     // set on the agent's runtime; a value that only signals has none
+	launches *launchGate     // the launches in flight, which the facts loop waits for
 }
 
 func (r changeWatch) signal() {

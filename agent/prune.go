@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -18,14 +17,11 @@ import (
 // The agent's side of disk collection (agent/disk) that talks to the
 // control plane: what booked Runs need kept, and the operator's prune.
 
-// keepTimeout bounds asking the control plane what to keep.
-const keepTimeout = 5 * time.Second
-
 // askKeep asks the control plane what Runs booked or queued here need.
 func (a *Agent) askKeep(ctx context.Context) (schemas.DiskKeep, error) {
 	req := schemas.DiskKeepRequest{NodeID: a.cfg.NodeID, FencingToken: a.Enrollment().FencingToken}
 	var rep schemas.Reply[schemas.DiskKeep]
-	if err := a.req.Request(ctx, keepTimeout, bus.NodeDiskKeep(a.cfg.NodeID), req, &rep); err != nil {
+	if err := a.req.Request(ctx, requestTimeout, bus.NodeDiskKeep(a.cfg.NodeID), req, &rep); err != nil {
 		return schemas.DiskKeep{}, fmt.Errorf("agent: ask what to keep: %w", err)
 	}
 	if rep.Refusal != nil {
