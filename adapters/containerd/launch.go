@@ -130,14 +130,11 @@ func (l *launching) run(ctx context.Context) (noderuntime.WorkloadStatus, error)
 
 // refuseExisting fails with ErrWorkloadExists when the id is taken.
 func (l *launching) refuseExisting(ctx context.Context) error {
-	_, err := l.w.client.LoadContainer(ctx, l.spec.ID)
-	switch {
-	case err == nil:
+	exists, err := l.w.exists(ctx, l.spec.ID)
+	if exists {
 		return noderuntime.ErrWorkloadExists
-	case !errdefs.IsNotFound(err):
-		return fmt.Errorf("look up container: %w", err)
 	}
-	return nil
+	return err
 }
 
 // checkedOpts are the spec options of the workload's mounts, limits and
@@ -178,7 +175,7 @@ func (l *launching) createContainer(ctx context.Context, checked []oci.SpecOpts)
 	case errdefs.IsAlreadyExists(err):
 		// Only a container makes the workload exist; a stray snapshot of
 		// the same key is a different failure, and not this launch's.
-		if _, lerr := l.w.client.LoadContainer(ctx, l.spec.ID); lerr == nil {
+		if exists, _ := l.w.exists(ctx, l.spec.ID); exists {
 			return noderuntime.ErrWorkloadExists
 		}
 	default:
