@@ -376,15 +376,12 @@ func (c *Cache) withLeaseLocked(n schemas.NodeRecord) schemas.NodeRecord {
 	return n
 }
 
-// MemLeaseOf returns the in-memory lease held by session token of node id,
-// or the zero time.
-func (c *Cache) MemLeaseOf(id string, token uint64) time.Time {
+// WithLease returns n, a record read from wf_nodes, with LeaseExpires
+// raised to the in-memory lease of n's current session, when that is later.
+func (c *Cache) WithLease(n schemas.NodeRecord) schemas.NodeRecord {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	if l, ok := c.leases[id]; ok && l.token == token {
-		return l.expires
-	}
-	return time.Time{}
+	return c.withLeaseLocked(n)
 }
 
 // HeartbeatResult says what the cache made of a heartbeat.

@@ -58,10 +58,7 @@ func (s *Service) SweepLeases(ctx context.Context, now time.Time, active []*sche
 			continue
 		}
 		rec, rev, err := bus.UpdateJSON(ctx, s.nodesKV, n.NodeID, func(r *schemas.NodeRecord) error {
-			lease := r.LeaseExpires
-			if mem := s.cache.MemLeaseOf(r.NodeID, r.FencingToken); mem.After(lease) {
-				lease = mem
-			}
+			lease := s.cache.WithLease(*r).LeaseExpires
 			if r.State == schemas.NodeLost || now.Before(lease) {
 				return bus.ErrNoChange
 			}

@@ -161,9 +161,7 @@ func (s *Service) candidates(ctx context.Context, st *stores, key residency.Key,
 		}
 		// The stored lease is the one written at the last state change; the
 		// node's heartbeats since have earned the one in memory.
-		if l := s.cache.MemLeaseOf(pinned, n.FencingToken); l.After(n.LeaseExpires) {
-			n.LeaseExpires = l
-		}
+		n = s.cache.WithLease(n)
 		if n.State != schemas.NodeReady || !n.Live(now) {
 			return nil, fmt.Errorf("%w: node %s is %s (live %v)", residency.ErrDraining, pinned, n.State, n.Live(now))
 		}
