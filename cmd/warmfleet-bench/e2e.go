@@ -296,7 +296,7 @@ func (b *e2eBench) warmUp(ctx context.Context) error {
 	b.cleanup.push(w.stop)
 	b.runs = &e2eRunner{client: b.client, watch: w, command: b.o.command, logPath: filepath.Join(b.e.dir, "cp.log")}
 	b.nonce = strconv.FormatInt(time.Now().UnixNano(), 36)
-	if _, err := b.runs.timed(ctx, "e2e-"+b.nonce+"-warmup", b.warm.Reference); err != nil {
+	if _, err := b.runs.run(ctx, "e2e-"+b.nonce+"-warmup", b.warm.Reference, nil); err != nil {
 		return fmt.Errorf("warm-up run: %w", err)
 	}
 	return nil
@@ -319,17 +319,6 @@ func (r *e2eRunner) run(ctx context.Context, rid, image string, arts []schemas.A
 		return end, err
 	}
 	return end, end.succeeded(rid, r.logPath)
-}
-
-// timed runs one Run and returns its timings.
-func (r *e2eRunner) timed(ctx context.Context, rid, image string) (*runTimings, error) {
-	end, err := r.run(ctx, rid, image, nil)
-	if err != nil {
-		return nil, err
-	}
-	t := newRunTimings()
-	t.add(end)
-	return t, nil
 }
 
 // directLaunch is the baseline: EnsureImage then Launch of the same

@@ -44,11 +44,11 @@ func (b *e2eBench) busyboxCase(ctx context.Context, name string, direct, wf func
 		}
 		directs = append(directs, d)
 		time.Sleep(b.o.gap)
-		t, err := b.runs.timed(ctx, fmt.Sprintf("e2e-%s-%s-%03d", b.nonce, name, i), wf(i).Reference)
+		end, err := b.runs.run(ctx, fmt.Sprintf("e2e-%s-%s-%03d", b.nonce, name, i), wf(i).Reference, nil)
 		if err != nil {
 			return nil, nil, err
 		}
-		runs.merge(t)
+		runs.add(end)
 	}
 	return directs, runs, nil
 }

@@ -162,6 +162,7 @@ type rttProbes struct {
 	base, floor *probe
 	cmds        *commandProbe
 	payload     int
+	cleanup     undo // each probe's close, once it is set up
 }
 
 // newRTTProbes sets the probes up and starts the profile.
@@ -177,26 +178,21 @@ func newRTTProbes(ctx context.Context, e *env, client *bus.Conn, nodeID string, 
 	if p.base, err = requestReply(e, client, len(cmdBytes)); err != nil {
 		return nil, fmt.Errorf("baseline: %w", err)
 	}
+	p.cleanup.push(p.base.close)
 	if p.cmds, err = commandRTT(client, nodeID, enr, digest); err != nil {
 		p.close()
 		return nil, err
 	}
+	p.cleanup.push(p.cmds.close)
 	if p.floor, err = commandFloor(ctx, e, client, len(cmdBytes)); err != nil {
 		p.close()
 		return nil, err
 	}
+	p.cleanup.push(p.floor.close)
 	return p, nil
 }
 
-func (p *rttProbes) close() {
-	if p.floor != nil {
-		p.floor.close()
-	}
-	if p.cmds != nil {
-		p.cmds.close()
-	}
-	p.base.close()
-}
+func (p *rttProbes) close() { p.cleanup.run() }
 
 func (r *rttResult) report(o rttOpts) *Report {
 	rep := newReport("rtt")

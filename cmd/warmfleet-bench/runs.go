@@ -250,14 +250,6 @@ func (r *runTimings) add(end runEnd) {
 	}
 }
 
-func (r *runTimings) merge(o *runTimings) {
-	r.submitToRunning = append(r.submitToRunning, o.submitToRunning...)
-	r.placedToRunning = append(r.placedToRunning, o.placedToRunning...)
-	for k, v := range o.byStage {
-		r.byStage[k] = append(r.byStage[k], v...)
-	}
-}
-
 // stageTable renders stages in lifecycle order for a note.
 func stageTable(st map[string]Latencies) string {
 	var parts []string
