@@ -32,12 +32,9 @@ func printEvent(w io.Writer, g *globals, ev schemas.RunEvent) {
 		fmt.Fprintln(w, string(b))
 		return
 	}
-	detail := ev.Message
+	detail := fieldMessage(ev)
 	if ev.ExitCode != nil {
 		detail += fmt.Sprintf(" (exit %d)", *ev.ExitCode)
-	}
-	if ev.Field != "" {
-		detail = ev.Field + ": " + detail
 	}
 	fmt.Fprintf(w, "%-4d %s  %-16s %-10s %-12s %-22s %s\n", ev.Seq, ev.At.UTC().Format("15:04:05.000"), ev.Type, ev.Phase, or(ev.NodeID, "-"), or(string(ev.Code), "-"), detail)
 }
