@@ -55,7 +55,7 @@ var reportCache = []schemas.CacheMount{{Name: "gpu-report", Path: "/report"}}
 // "dev <name>" and "gpus <uuids>".
 func readGPUReport(t *testing.T, n *node, r schemas.Run) gpuReport {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(n.spec.dataDir, "caches", "gpu-report", "_", r.AttemptID))
+	b, err := os.ReadFile(n.cacheFile("gpu-report", r.AttemptID))
 	if err != nil {
 		t.Fatalf("read %s's output: %v", r.ID, err)
 	}
@@ -109,7 +109,7 @@ func TestAcceptance_GPUsDisjoint(t *testing.T) {
 		}
 		return running >= 2
 	})
-	if err := os.WriteFile(filepath.Join(n.spec.dataDir, "caches", "gpu-report", "_", "release"), nil, 0o644); err != nil {
+	if err := os.WriteFile(n.cacheFile("gpu-report", "release"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var runs []schemas.Run

@@ -154,6 +154,12 @@ type node struct {
 	part  *part
 }
 
+// cacheFile is file in the node's cache name of no compatibility key, the
+// same file a Run sees at that cache's mount.
+func (n *node) cacheFile(name, file string) string {
+	return filepath.Join(n.spec.dataDir, "caches", name, "_", file)
+}
+
 func (f *fleet) startAgent(spec agentSpec) *node {
 	f.t.Helper()
 	if spec.generation == 0 {

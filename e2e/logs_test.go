@@ -163,7 +163,7 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	// starts here.
 	live := f.submit(schemas.RunRequest{RequestID: "logs-follow", Image: w.image.Reference, Caches: []schemas.CacheMount{{Name: "follow-ctl", Path: "/ctl"}},
 		Command: []string{"sh", "-c", `for i in 1 2 3 4 5; do echo "tick $i"; sleep 1; done; i=0; until [ -e /ctl/stop ] || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done`}})
-	stop := filepath.Join(node.spec.dataDir, "caches", "follow-ctl", "_", "stop")
+	stop := node.cacheFile("follow-ctl", "stop")
 	f.waitPhase(live, schemas.PhaseRunning, 60*time.Second)
 	follow := wf("run", "logs", "-f", live)
 	pipe, err := follow.StdoutPipe()
@@ -331,7 +331,7 @@ func TestAcceptance_LogFloodIsolated(t *testing.T) {
 	if fl, _ := f.run(flood); fl.Phase.Terminal() {
 		t.Fatalf("the flood ended (%s) before the quiet Run did: no overlap to test", fl.Phase)
 	}
-	if err := os.WriteFile(filepath.Join(n.spec.dataDir, "caches", "flood-ctl", "_", "stop"), nil, 0o644); err != nil {
+	if err := os.WriteFile(n.cacheFile("flood-ctl", "stop"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	qs := f.stored(quiet)

@@ -17,37 +17,13 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// receipts collects every receipt a node publishes (a core subscription
-// sees what the agent publishes into WF_OBS).
-type receipts struct {
-	mu  sync.Mutex
-	all []schemas.OperationReceipt
-}
-
-func (f *fleet) watchReceipts(nodeID string) *receipts {
-	f.t.Helper()
-	r := &receipts{}
-	sub, err := f.conn.NC.Subscribe(bus.NodeObs(nodeID), func(m *nats.Msg) {
-		var o schemas.Observation
-		if codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &o) == nil && o.Receipt != nil {
-			r.mu.Lock()
-			r.all = append(r.all, *o.Receipt)
-			r.mu.Unlock()
-		}
-	})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(func() { _ = sub.Unsubscribe() })
-	return r
-}
-
-// of returns (applied first-time, duplicates) receipts for an operation.
-func (r *receipts) of(op string) (applied, dups int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, rc := range r.all {
-		if rc.OperationID != op || rc.Outcome != schemas.OutcomeApplied {
+// receipts returns (applied first-time, duplicates) receipts for an operation.
+func (o *observations) receipts(op string) (applied, dups int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, ob := range o.all {
+		rc := ob.Receipt
+		if rc == nil || rc.OperationID != op || rc.Outcome != schemas.OutcomeApplied {
 			continue
 		}
 		if rc.Duplicate {
@@ -92,7 +68,7 @@ func TestAcceptance_DuplicateCommandsOneEffect(t *testing.T) {
 		}
 		return hit
 	}}
-	rc := f.watchReceipts("n1")
+	rc := f.watchObservations("n1")
 	a := f.startAgent(agentSpec{id: "n1", world: w, dataDir: dir, counts: c, faults: faults})
 	// The workload outlives the agent restart and the resends however slow
 	// they are; the cancel ends it.
@@ -115,8 +91,8 @@ func TestAcceptance_DuplicateCommandsOneEffect(t *testing.T) {
 	f.resend(prep, 2)
 	f.resend(launch, 2)
 	f.eventually(30*time.Second, "duplicate receipts for prepare and launch", func() bool {
-		_, pd := rc.of(prep.OperationID)
-		_, ld := rc.of(launch.OperationID)
+		_, pd := rc.receipts(prep.OperationID)
+		_, ld := rc.receipts(launch.OperationID)
 		return pd >= 2 && ld >= 3 // launch: two resends plus the redelivery after the crash
 	})
 
@@ -126,11 +102,11 @@ func TestAcceptance_DuplicateCommandsOneEffect(t *testing.T) {
 	stop.Stop = &schemas.StopWorkload{RunID: id, AttemptID: r.AttemptID, GraceSeconds: 1}
 	f.resend(stop, 2)
 	f.eventually(30*time.Second, "duplicate receipts for stop", func() bool {
-		_, sd := rc.of(stop.OperationID)
+		_, sd := rc.receipts(stop.OperationID)
 		return sd >= 2
 	})
 	for _, op := range []string{prep.OperationID, launch.OperationID, stop.OperationID} {
-		if applied, _ := rc.of(op); applied != 1 {
+		if applied, _ := rc.receipts(op); applied != 1 {
 			t.Errorf("%s applied %d times, want once", op, applied)
 		}
 	}
