@@ -124,7 +124,7 @@ func (sf *secureFleet) confinementLogins() map[string]confinementLogin {
 	}
 
 	// An invitation never redeemed: the enrolling identity.
-	e := sf.invite(confEnrolling, 1, 10*time.Minute)
+	e := sf.invite(confEnrolling, 1, 15*time.Minute)
 	out["enrolling node"] = sf.confinementDial("enrolling node", map[string]string{identities.PlaceholderNode: confEnrolling},
 		bus.NodeCredentials(confEnrolling, e.EnrollmentToken).Options()...)
 
@@ -139,7 +139,7 @@ func (sf *secureFleet) confinementLogins() map[string]confinementLogin {
 	// controlplane/artifactauth writes one.
 	token := randomSecret(t)
 	grant, _ := json.Marshal(schemas.ArtifactGrant{NodeID: confNode, FencingToken: enr.FencingToken, Digest: "sha256:" + strings.Repeat("1", 64),
-		Object: "sha256/" + strings.Repeat("1", 64), RunID: confRun, ExpiresAt: time.Now().Add(5 * time.Minute)})
+		Object: "sha256/" + strings.Repeat("1", 64), RunID: confRun, ExpiresAt: time.Now().Add(15 * time.Minute)})
 	grants, err := sf.conn.JS.KeyValue(ctx, bus.BucketArtifactGrants)
 	if err != nil {
 		t.Fatal(err)
