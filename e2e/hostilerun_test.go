@@ -145,6 +145,7 @@ func TestAcceptance_HostileRun(t *testing.T) {
 	if len(natsStreams) < 8 || total < 64<<10 {
 		t.Fatalf("captured %d flows, %d bytes on the NATS port: the capture missed the fleet's traffic", len(natsStreams), total)
 	}
+	t.Logf("captured %d flows, %d bytes on the NATS port", len(natsStreams), total)
 	// The server's INFO line precedes the TLS handshake: the one plaintext
 	// the NATS port carries, proof the capture reads those flows.
 	if !slices.ContainsFunc(natsStreams, func(s []byte) bool { return bytes.Contains(s, []byte(`"tls_required":true`)) }) {
