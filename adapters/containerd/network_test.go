@@ -107,7 +107,8 @@ func (f *fixture) testNetwork(t *testing.T) {
 		gw := nr.bridge.Gateway.String()
 		// The gateway answers over TCP (ping needs CAP_NET_RAW, which
 		// workloads do not hold); the bridge has no address before the
-		// launch, so the server listens on every address.
+		// launch, so the server listens on every address. (busybox 1.35's
+		// wget -T segfaults, so no -T.)
 		ln, err := net.Listen("tcp4", ":0")
 		if err != nil {
 			t.Fatal(err)
@@ -118,7 +119,7 @@ func (f *fixture) testNetwork(t *testing.T) {
 		t.Cleanup(func() { _ = srv.Close() })
 		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 		f.launchOn(t, nr.Runtime, noderuntime.WorkloadSpec{ID: "net-bridge", Network: noderuntime.NetworkBridge, Command: []string{"sh", "-c",
-			"busybox ip -4 addr show eth0 && busybox ip route && cat /etc/resolv.conf && busybox ip link show lo && busybox wget -q -T 5 -O - http://" + gw + ":" + port + "/"}})
+			"busybox ip -4 addr show eth0 && busybox ip route && cat /etc/resolv.conf && busybox ip link show lo && busybox wget -O - http://" + gw + ":" + port + "/"}})
 		st := wait(t, nr.Runtime, "net-bridge")
 		log, _ := finishedOutput(t, nr.Runtime, "net-bridge")
 		if st.ExitCode != 0 {
