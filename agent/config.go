@@ -61,7 +61,8 @@ type Config struct {
 	Sessions noderuntime.SessionHost
 	// NetworkModes are the network modes this node gives Runs (values of
 	// noderuntime.NetworkMode), reported in facts; a launch asking for
-	// another is refused. Nil offers every mode.
+	// another is refused. Nil offers every mode but host: host networking
+	// is given only where the operator named it.
 	NetworkModes []string
 	// LogRate and LogBurst bound how fast one Run's output is kept, both
 	// streams together (bytes per second, bytes); past them output is

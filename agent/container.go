@@ -8,14 +8,17 @@ import (
 )
 
 // networkModes are the network modes this node gives Runs, as facts report
-// them: configured (Config.NetworkModes), or every mode when that is nil.
+// them: configured (Config.NetworkModes), or every mode but host when that
+// is nil, since a Run in the host's namespace reaches what the node does.
 func networkModes(configured []string) []string {
 	if configured != nil {
 		return slices.Clone(configured)
 	}
 	var all []string
 	for _, m := range noderuntime.AllNetworkModes() {
-		all = append(all, string(m))
+		if m != noderuntime.NetworkHost {
+			all = append(all, string(m))
+		}
 	}
 	return all
 }

@@ -14,18 +14,21 @@ import (
 )
 
 func TestNetworkModes_FactsAndOffer(t *testing.T) {
-	all := newFactsAgent(t, Config{}, stubRuntime{})
-	if got := all.meter.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "host", "none"}) {
-		t.Errorf("facts of an agent offering everything: %v", got)
+	byDefault := newFactsAgent(t, Config{}, stubRuntime{})
+	if got := byDefault.meter.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "none"}) {
+		t.Errorf("facts of an agent configured with no modes: %v, want host left out", got)
 	}
-	noHost := newFactsAgent(t, Config{NetworkModes: []string{"bridge", "none"}}, stubRuntime{})
-	if got := noHost.meter.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "none"}) {
-		t.Errorf("facts of an agent forbidding host: %v", got)
+	all := newFactsAgent(t, Config{NetworkModes: []string{"bridge", "host", "none"}}, stubRuntime{})
+	if got := all.meter.facts(context.Background()).Host.NetworkModes; !slices.Equal(got, []string{"bridge", "host", "none"}) {
+		t.Errorf("facts of an agent allowing host: %v", got)
 	}
 	for network, want := range map[string]bool{"": true, "bridge": true, "none": true, "host": false} {
-		if got := offersNetwork(noHost.cfg.NetworkModes, network); got != want {
+		if got := offersNetwork(byDefault.cfg.NetworkModes, network); got != want {
 			t.Errorf("offersNetwork(%q) = %v, want %v", network, got, want)
 		}
+	}
+	if !offersNetwork(all.cfg.NetworkModes, "host") {
+		t.Error("an agent configured with host does not offer it")
 	}
 }
 
@@ -54,7 +57,8 @@ func TestLaunch_NetworkNotOfferedRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(conn.Close)
-	a, err := New(Config{NodeID: "node-net", DataDir: t.TempDir(), NetworkModes: []string{"bridge", "none"}}, conn, stubRuntime{}, zaptest.NewLogger(t))
+	// No modes configured: host networking is not offered by default.
+	a, err := New(Config{NodeID: "node-net", DataDir: t.TempDir()}, conn, stubRuntime{}, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -224,7 +224,8 @@ func TestAcceptance_LogsSurviveAgentKill(t *testing.T) {
 		}
 		cmd := exec.Command(bin, "--node-id", "node-k", "--nats-url", f.nats.URL(), "--data-dir", dataDir,
 			"--containerd-address", w.ctrd.Address, "--containerd-namespace", w.ctrd.Namespace, "--image-dir", w.imageDir,
-			"--network-bridge", w.bridge.Name, "--network-subnet", w.bridge.Subnet, "--network-ipam-dir", w.ipamDir, "--log-level", "debug")
+			"--network-bridge", w.bridge.Name, "--network-subnet", w.bridge.Subnet, "--network-ipam-dir", w.ipamDir, "--log-level", "debug",
+			"--allow-host-network") // the Run below uses host networking
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

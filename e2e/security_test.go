@@ -41,6 +41,7 @@ type secureFleet struct {
 	*fleet
 	url      string
 	tls      []nats.Option // client TLS options, from a throwaway CA
+	pki      bus.DevPKI    // that CA's files, for parts started as processes
 	logs     *observer.ObservedLogs
 	secrets  map[string]string // what must never be at rest: name -> value
 	secretMu sync.Mutex
@@ -94,7 +95,7 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	// to the same place.
 	srv.Server().SetLoggerV2(natsLogger{log.Named("nats-server")}, true, false, false)
 
-	sf := &secureFleet{url: srv.URL(), tls: tlsOpts, logs: logs, producerName: "acme", producerToken: producerToken,
+	sf := &secureFleet{url: srv.URL(), tls: tlsOpts, pki: pki, logs: logs, producerName: "acme", producerToken: producerToken,
 		secrets: map[string]string{"service password": servicePassword, "operator token": operatorToken,
 			"producer token": producerToken, "issuer seed": string(seed)}}
 

@@ -156,10 +156,10 @@ func (l *launching) checkedOpts() ([]oci.SpecOpts, error) {
 
 // createContainer creates the container on a new snapshot of the image,
 // its spec from the image's config, then the workload's command and env,
-// checked options, network and devices.
+// checked options, network and devices, and last its confinement.
 func (l *launching) createContainer(ctx context.Context, checked []oci.SpecOpts) error {
 	l.labels = launchLabels(l.spec, l.img.Target().Digest.String())
-	opts := slices.Concat(imageOpts(l.img, l.spec), checked, l.attached.opts, l.w.devices.opts(l.spec.Devices))
+	opts := slices.Concat(imageOpts(l.img, l.spec), checked, l.attached.opts, l.w.devices.opts(l.spec.Devices), confinement())
 	c, err := l.w.client.NewContainer(ctx, l.spec.ID,
 		ctrd.WithImage(l.img),
 		ctrd.WithSnapshotter(l.w.snapshotter),

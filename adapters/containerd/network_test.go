@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	ctrd "github.com/containerd/containerd"
 	"github.com/containerd/containerd/containers"
@@ -101,15 +105,28 @@ func (f *fixture) testNetwork(t *testing.T) {
 			t.Fatalf("NetworkModes = %v, want bridge", nr.NetworkModes())
 		}
 		gw := nr.bridge.Gateway.String()
+		// The gateway answers over TCP (ping needs CAP_NET_RAW, which
+		// workloads do not hold); the bridge has no address before the
+		// launch, so the server listens on every address. (busybox 1.35's
+		// wget -T segfaults, so no -T.)
+		ln, err := net.Listen("tcp4", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "gateway reachable\n") }),
+			ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 		f.launchOn(t, nr.Runtime, noderuntime.WorkloadSpec{ID: "net-bridge", Network: noderuntime.NetworkBridge, Command: []string{"sh", "-c",
-			"busybox ip -4 addr show eth0 && busybox ip route && cat /etc/resolv.conf && busybox ip link show lo && busybox ping -c 1 -W 5 " + gw}})
+			"busybox ip -4 addr show eth0 && busybox ip route && cat /etc/resolv.conf && busybox ip link show lo && busybox wget -O - http://" + gw + ":" + port + "/"}})
 		st := wait(t, nr.Runtime, "net-bridge")
 		log, _ := finishedOutput(t, nr.Runtime, "net-bridge")
 		if st.ExitCode != 0 {
 			t.Fatalf("workload exited %d:\n%s", st.ExitCode, log)
 		}
 		prefix := strings.TrimSuffix(gw, "1")
-		for _, want := range []string{"inet " + prefix, "default via " + gw, "nameserver 192.0.2.53", "search example.test", "UP"} {
+		for _, want := range []string{"inet " + prefix, "default via " + gw, "nameserver 192.0.2.53", "search example.test", "UP", "gateway reachable"} {
 			if !strings.Contains(string(log), want) {
 				t.Errorf("workload output lacks %q:\n%s", want, log)
 			}

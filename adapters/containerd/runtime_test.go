@@ -53,6 +53,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Network", f.testNetwork)
 	t.Run("Limits", f.testLimits)
 	t.Run("Devices", f.testDevices)
+	t.Run("Confinement", f.testConfinement)
 }
 
 // newRuntime connects a fresh Runtime, closed when t ends; a second one

@@ -183,7 +183,7 @@ func newRoot() *cobra.Command {
 	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on")
 	f.StringVar(&natsTLS.CertFile, "tls-cert", os.Getenv("WARMFLEET_NATS_CERT"), "client certificate (PEM) for a NATS server that verifies clients")
 	f.StringVar(&natsTLS.KeyFile, "tls-key", os.Getenv("WARMFLEET_NATS_KEY"), "client key (PEM)")
-	f.BoolVar(&allowHostNetwork, "allow-host-network", true, `let Runs share this host's network namespace ("network": "host"); false refuses them, and facts say so`)
+	f.BoolVar(&allowHostNetwork, "allow-host-network", false, `let Runs that ask ("network": "host") share this host's network namespace, and so reach every local service this host's network reaches; off, facts do not offer host and such a launch is refused (docs/security.md)`)
 	f.StringVar(&netOpts.Bridge, "network-bridge", containerd.DefaultBridge, "Linux bridge that bridged Runs join (created by the CNI bridge plugin)")
 	f.StringVar(&netOpts.Subnet, "network-subnet", containerd.DefaultSubnet, "IPv4 subnet of the bridge network; its first address is the bridge's")
 	f.StringVar(&netOpts.IPAMDir, "network-ipam-dir", "", "host-local IPAM's data dir (default <data-dir>/runtime/ipam); agents sharing one bridge must share it")
@@ -241,7 +241,7 @@ func runWithMetrics(ctx context.Context, addr string, reg *prometheus.Registry, 
 }
 
 // networkModes are the modes the agent offers Runs: what the runtime can
-// give, less host networking when the operator forbade it.
+// give, less host networking unless the operator allowed it.
 func networkModes(rt []noderuntime.NetworkMode, allowHost bool) []string {
 	out := []string{}
 	for _, m := range rt {

@@ -105,8 +105,19 @@ func (u Unsatisfiable) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, er
 		return r, nil, err
 	}
 	r.Reason = string(schemas.CodeUnsatisfiable)
-	evs = append(evs, phaseEvent(&r, schemas.PhaseAccepted, schemas.CodeUnsatisfiable, "every node rejects it for a reason waiting will not change; see the decision"))
+	evs = append(evs, phaseEvent(&r, schemas.PhaseAccepted, schemas.CodeUnsatisfiable,
+		"every node rejects it for a reason waiting will not change"+firstRejection(d)+"; see `warmfleet run decision`"))
 	return r, evs, nil
+}
+
+// firstRejection quotes one node's rejection of d, so the Run's end says
+// what to change without a second command.
+func firstRejection(d schemas.BookingDecision) string {
+	if len(d.Candidates) == 0 {
+		return ""
+	}
+	c := d.Candidates[0]
+	return " (" + c.NodeID + ": " + string(c.Reason) + ": " + c.Detail + ")"
 }
 
 // QueueStart launches a queued attempt with the cards in GPUs: it heads

@@ -136,7 +136,7 @@ func (q *query) supports(n *Node, host *schemas.HostFacts, c *schemas.Candidate)
 		return reject(c, schemas.ReasonPlatformMismatch, "needs %s, node is %s", q.platform.String(), hostPlatform(host).String())
 	}
 	if mode := q.network; len(host.NetworkModes) > 0 && !slices.Contains(host.NetworkModes, mode) {
-		return reject(c, schemas.ReasonNetworkUnavailable, "needs network %s; node offers %s", mode, strings.Join(host.NetworkModes, ", "))
+		return reject(c, schemas.ReasonNetworkUnavailable, "field network: needs %s; node offers %s%s", mode, strings.Join(host.NetworkModes, ", "), networkHint(mode))
 	}
 	if len(req.Run.Caches) > 0 && !n.support.CacheMounts {
 		return reject(c, schemas.ReasonCacheMountsUnsupported, "mounts %d cache(s); node's runtime %q declares no cache mounts", len(req.Run.Caches), n.support.ContainerRuntime)
@@ -401,4 +401,13 @@ func describeGPUs(a schemas.AcceleratorFacts) string {
 		parts = append(parts, fmt.Sprintf("%d × %s (%d bytes)", d.Count, d.Model, d.MemoryBytes))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// networkHint says what gives a node a network mode it lacks: host
+// networking is off unless its agent was started allowing it.
+func networkHint(mode string) string {
+	if mode == string(schemas.NetworkHost) {
+		return " (host networking needs an agent started with --allow-host-network)"
+	}
+	return ""
 }
