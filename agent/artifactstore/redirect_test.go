@@ -162,4 +162,3 @@ func TestOrigin(t *testing.T) {
 		}
 	}
 }
-
