@@ -117,7 +117,7 @@ func TestArtifactReaderConfined(t *testing.T) {
 		}
 		cancel()
 		if err == nil {
-			t.Errorf("the reader created a %s consumer", c.name)
+			t.Errorf("the reader created a consumer (%s)", c.name)
 		}
 	}
 	str, err := admin.Stream(ctx, stream)
