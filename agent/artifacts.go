@@ -35,7 +35,7 @@ type replicas struct {
 	nc        *nats.Conn
 	transport *bus.Transport
 	// authOn: the agent logs in to NATS, so object-store reads go through
-	// a login scoped to the artifact bucket.
+	// a login scoped to the one consumer of each read.
 	authOn  bool
 	http    *http.Client // nil: a client that bounds the wait for a response
 	nodeID  string
@@ -64,7 +64,9 @@ func (r *replicas) ensure(ctx context.Context, m schemas.ArtifactMount, runID, p
 
 // credentialedSource opens an artifact's source under a credential the
 // control plane gives for this fetch; it asks again after the source
-// refused one. The credential lives in memory until close.
+// refused one, and for every Open of an object: the consumer the control
+// plane created for a read serves that read only. The credential lives in
+// memory until the next ask or close.
 type credentialedSource struct {
 	r                 *replicas
 	content           schemas.ArtifactMount
@@ -78,8 +80,11 @@ type credentialedSource struct {
 func (s *credentialedSource) Open(ctx context.Context, offset int64) (io.ReadCloser, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.inner != nil && s.content.Source.Object != "" {
+		s.reset()
+	}
 	if s.inner == nil {
-		inner, closer, err := s.r.openSource(ctx, s.content, s.runID, s.prefetchID)
+		inner, closer, err := s.r.openSource(ctx, s.content, s.runID, s.prefetchID, offset)
 		if err != nil {
 			return nil, err
 		}
@@ -105,20 +110,27 @@ func (s *credentialedSource) close() {
 	s.reset()
 }
 
-// openSource asks the control plane for the fetch's credential and builds
-// the source it opens: a login scoped to reading the artifact bucket, or
-// the URL's headers. Without NATS auth (a development bus) the object store
-// is read on the agent's own connection.
-func (r *replicas) openSource(ctx context.Context, m schemas.ArtifactMount, runID, prefetchID string) (artifactstore.Source, func(), error) {
-	cred, err := r.creds.Artifact(ctx, m.Digest, runID, prefetchID)
+// openSource asks the control plane for the credential of a fetch from
+// offset and builds the source it opens: for an object, the pull consumer
+// the control plane created (read under a login allowed to pull it and
+// nothing else, or, without NATS auth, a development bus, on the agent's
+// own connection); for a URL, its headers.
+func (r *replicas) openSource(ctx context.Context, m schemas.ArtifactMount, runID, prefetchID string, offset int64) (artifactstore.Source, func(), error) {
+	cred, err := r.creds.Artifact(ctx, m.Digest, runID, prefetchID, offset)
 	if err != nil {
 		return nil, nil, err
 	}
 	if m.Source.URL != "" {
 		return artifactstore.NewURLSource(r.httpClient(), m.Source.URL, cred.Headers), func() {}, nil
 	}
-	if cred.Login == nil || !r.authOn {
-		return artifactstore.NewObjectSource(r.js, bus.ObjectBucketArtifacts, m.Source.Object, m.Digest), func() {}, nil
+	if cred.Object == nil {
+		return nil, nil, &ArtifactCredentialError{Digest: m.Digest, Err: errors.New("the control plane's answer names no consumer to read the object from")}
+	}
+	if !r.authOn {
+		return artifactstore.NewObjectSource(r.js, bus.ObjectBucketArtifacts, *cred.Object, m.Digest), func() {}, nil
+	}
+	if cred.Login == nil {
+		return nil, nil, &ArtifactCredentialError{Digest: m.Digest, Err: errors.New("the control plane's answer holds no login for the object store")}
 	}
 	nc, err := r.dialLogin(ctx, *cred.Login)
 	if err != nil {
@@ -129,7 +141,7 @@ func (r *replicas) openSource(ctx context.Context, m schemas.ArtifactMount, runI
 		nc.Close()
 		return nil, nil, fmt.Errorf("agent: jetstream for the artifact login: %w", err)
 	}
-	return artifactstore.NewObjectSource(js, bus.ObjectBucketArtifacts, m.Source.Object, m.Digest), nc.Close, nil
+	return artifactstore.NewObjectSource(js, bus.ObjectBucketArtifacts, *cred.Object, m.Digest), nc.Close, nil
 }
 
 // dialLogin opens the connection of an object-store login

@@ -43,7 +43,7 @@ func (r requester) Request(ctx context.Context, timeout time.Duration, subject s
 // session, for the credential of one fetch of digest; for tests and for
 // the replica store's wiring.
 func (a *Agent) ArtifactCredential(ctx context.Context, digest, runID, prefetchID string) (schemas.ArtifactCredential, error) {
-	return a.creds.Artifact(ctx, digest, runID, prefetchID)
+	return a.creds.Artifact(ctx, digest, runID, prefetchID, 0)
 }
 
 // DialArtifactLogin opens the connection of an object-store login

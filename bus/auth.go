@@ -75,8 +75,8 @@ func IsNodeLogUser(user string) bool { return strings.Contains(user, nodeLogSep)
 const artifactUserSuffix = "@artifact"
 
 // ArtifactUser is the user an agent logs in as, with a one-time token the
-// control plane minted for one fetch (schemas.ArtifactLogin), to read the
-// artifact object store (PermsArtifactReader).
+// control plane minted for one fetch (schemas.ArtifactLogin), to pull the
+// consumer of one artifact object it was granted (PermsArtifactReader).
 func ArtifactUser(nodeID string) string { return nodeID + artifactUserSuffix }
 
 // ParseArtifactUser returns the node id of an ArtifactUser; ok is false
@@ -177,26 +177,19 @@ func PermsNodeLogs(nodeID, runID string) Permissions {
 	}
 }
 
-// PermsArtifactReader is what a one-time artifact login may do: read the
-// artifact object store (ObjectBucketArtifacts) as nats.go's
-// ObjectStore(bucket) and Get do, and nothing else. It looks up the
-// stream, reads an object's meta record by direct get, reads its chunks
-// through an ordered push consumer (create, flow control, delete) and
-// takes the deliveries on its own inbox. No publish under $O.<bucket>.>
-// (a write), no other stream, no wf.* subject. The consumer's deliver
-// subject is in the request's body, which a permission cannot confine
-// (docs/security.md).
-func PermsArtifactReader(nodeID string) Permissions {
-	stream := ObjectStream(ObjectBucketArtifacts)
+// PermsArtifactReader is what a one-time artifact login may do: pull the
+// one consumer the control plane created for its fetch (ArtifactConsumer,
+// filtered to one object's chunks; CreateObjectRead) and read that
+// consumer's info, taking the deliveries on its own inbox. It creates and
+// deletes no consumer (a create request's body, deliver subject and filter
+// included, is past any permission), reads no meta record or other
+// object, writes nothing under $O.<bucket>.>, and has no wf.* subject.
+func PermsArtifactReader(nodeID, consumer string) Permissions {
+	api := ObjectStream(ObjectBucketArtifacts) + "." + consumer
 	return Permissions{
 		Publish: []string{
-			"$JS.API.STREAM.INFO." + stream,
-			"$JS.API.STREAM.MSG.GET." + stream,
-			"$JS.API.DIRECT.GET." + stream,
-			"$JS.API.DIRECT.GET." + stream + ".>",
-			"$JS.API.CONSUMER.CREATE." + stream + ".>",
-			"$JS.API.CONSUMER.DELETE." + stream + ".>",
-			"$JS.FC." + stream + ".>",
+			"$JS.API.CONSUMER.INFO." + api,
+			"$JS.API.CONSUMER.MSG.NEXT." + api,
 		},
 		Subscribe: []string{ArtifactInboxPrefix(nodeID) + ".>"},
 	}

@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,15 +77,20 @@ func TestArtifactUser(t *testing.T) {
 	}
 }
 
-// TestPermsArtifactReader: only reads of the artifact object store's
-// stream; nothing under $O (a write), no other stream, no wf.* subject.
+// TestPermsArtifactReader: only pulls and info of the one consumer it was
+// granted; no consumer create or delete, no direct or message get, nothing
+// under $O (a write), no wf.* subject.
 func TestPermsArtifactReader(t *testing.T) {
-	p := bus.PermsArtifactReader("gpu-7")
-	stream := "OBJ_" + bus.ObjectBucketArtifacts
+	consumer := bus.ArtifactConsumer("gpu-7", "abc")
+	p := bus.PermsArtifactReader("gpu-7", consumer)
+	api := "OBJ_" + bus.ObjectBucketArtifacts + "." + consumer
+	want := []string{"$JS.API.CONSUMER.INFO." + api, "$JS.API.CONSUMER.MSG.NEXT." + api}
+	if !slices.Equal(p.Publish, want) {
+		t.Errorf("publish %v, want %v", p.Publish, want)
+	}
 	for _, s := range p.Publish {
-		if strings.HasPrefix(s, "$O.") || strings.HasPrefix(s, "wf.") || !strings.Contains(s, stream) || strings.Contains(s, "PURGE") ||
-			strings.Contains(s, "DELETE."+stream) && !strings.HasPrefix(s, "$JS.API.CONSUMER.DELETE.") {
-			t.Errorf("publish %q is not a read of %s", s, stream)
+		if strings.ContainsAny(s, "*>") {
+			t.Errorf("publish %q holds a wildcard", s)
 		}
 	}
 	if len(p.Subscribe) != 1 || p.Subscribe[0] != bus.ArtifactInboxPrefix("gpu-7")+".>" || p.Responses {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/agent"
+	"github.com/warmfleet/warmfleet/agent/artifactstore"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
@@ -25,7 +27,9 @@ import (
 
 // TestAcceptance_ArtifactCredentialScoped: a node's session can read the
 // artifact object store only through a one-time login the control plane
-// grants for a fetch of an artifact booked on it, can never write it, and
+// grants for a fetch of an artifact booked on it, which may pull the one
+// consumer of that object's chunks the control plane made and nothing
+// else (checkArtifactLoginConfined), can never write it, and
 // gets a URL source's header by request/reply only. Nothing of the login's
 // token or the header's value is at rest.
 //
@@ -148,39 +152,34 @@ func TestAcceptance_ArtifactCredentialScoped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lstore, err := ljs.ObjectStore(ctx, bus.ObjectBucketArtifacts)
-	if err != nil {
-		t.Fatalf("the artifact login cannot open the object store: %v", err)
+	if cred.Object == nil {
+		t.Fatalf("credential for an object: %v names no consumer", cred)
 	}
-	got, err := lstore.GetBytes(ctx, object)
+	// Its own object, through the consumer the control plane made for it.
+	rc, err := artifactstore.NewObjectSource(ljs, bus.ObjectBucketArtifacts, *cred.Object, objDigest).Open(ctx, 0)
+	if err != nil {
+		t.Fatalf("the artifact login cannot read its object: %v", err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
 	if err != nil || !bytes.Equal(got, content) {
 		t.Fatalf("the artifact login read %d bytes (%v), want the object's %d", len(got), err, len(content))
-	}
-	info, err := lstore.GetInfo(ctx, object)
-	if err != nil || info.Digest != schemas.ObjectStoreDigest(objDigest) {
-		t.Fatalf("the artifact login's object info: %+v (%v)", info, err)
 	}
 	if violations.has("violation") {
 		t.Fatal("reading the object needed a right the artifact login lacks")
 	}
+	checkArtifactLoginConfined(t, ctx, sf.conn.JS, ljs, violations, object)
 	{
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		if _, err := lstore.PutBytes(pctx, "sha256/"+strings.Repeat("3", 64), []byte("not yours")); err == nil {
-			t.Fatal("the artifact login wrote to the object store")
+		// No write: a chunk published under $O is refused.
+		if err := nc.Publish("$O."+bus.ObjectBucketArtifacts+".C.not-yours", []byte("not yours")); err != nil {
+			t.Fatal(err)
 		}
-		cancel()
 		if err := nc.Publish(bus.NodeObs("node-a"), []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
 		_ = nc.Flush()
+		violations.denied(t, "publish", "$O."+bus.ObjectBucketArtifacts+".C.not-yours")
 		violations.denied(t, "publish", bus.NodeObs("node-a"))
-		deadline := time.Now().Add(20 * time.Second)
-		for !violations.has("permissions violation for publish to \"$o." + bus.ObjectBucketArtifacts + ".") {
-			if time.Now().After(deadline) {
-				t.Fatal("no permissions violation for the object store write")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
 	}
 	if _, err := store.GetInfo(ctx, "sha256/"+strings.Repeat("3", 64)); !errors.Is(err, jetstream.ErrObjectNotFound) {
 		t.Fatalf("the refused write left an object: %v", err)
@@ -295,5 +294,104 @@ func TestAcceptance_ArtifactFetchUnderAuth(t *testing.T) {
 		if strings.Contains(strings.ToLower(e.Message), "violation") && !strings.Contains(e.Message, "Authorization Violation") {
 			t.Errorf("nats-server: %s", e.Message)
 		}
+	}
+}
+
+// checkArtifactLoginConfined: an artifact login (ljs) creates no consumer,
+// ephemeral, durable, push or ordered, even of its own object's chunks;
+// reads no meta record (its own object's included) or stream message by
+// direct or message get; and pulls no consumer but its own: not one the
+// control plane made of another object for another node.
+func checkArtifactLoginConfined(t *testing.T, ctx context.Context, admin, ljs jetstream.JetStream, violations *asyncErrs, object string) {
+	t.Helper()
+	stream := bus.ObjectStream(bus.ObjectBucketArtifacts)
+	store, err := admin.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := store.GetInfo(ctx, object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutBytes(ctx, "theirs", []byte("another artifact's bytes")); err != nil {
+		t.Fatal(err)
+	}
+	other := bus.ArtifactConsumer("node-b", "e2e")
+	if _, err := bus.CreateObjectRead(ctx, admin, bus.ObjectBucketArtifacts, "theirs", 0, bus.ObjectReadConfig{Name: other, Inactive: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	chunks := bus.ObjectChunks(bus.ObjectBucketArtifacts, info.NUID)
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, time.Second) }
+	creates := map[string]func(context.Context) error{
+		"ephemeral pull": func(c context.Context) error {
+			_, err := ljs.CreateConsumer(c, stream, jetstream.ConsumerConfig{FilterSubject: chunks})
+			return err
+		},
+		"durable": func(c context.Context) error {
+			_, err := ljs.CreateConsumer(c, stream, jetstream.ConsumerConfig{Durable: "login_durable", FilterSubject: chunks})
+			return err
+		},
+		"push": func(c context.Context) error {
+			_, err := ljs.CreatePushConsumer(c, stream, jetstream.ConsumerConfig{Name: "login_push", DeliverSubject: bus.NodeCmd("node-b"), FilterSubject: chunks})
+			return err
+		},
+		"ordered": func(c context.Context) error {
+			oc, err := ljs.OrderedConsumer(c, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{chunks}})
+			if err == nil {
+				_, err = oc.Next(jetstream.FetchMaxWait(time.Second))
+			}
+			return err
+		},
+		"object store": func(c context.Context) error {
+			obs, err := ljs.ObjectStore(c, bus.ObjectBucketArtifacts)
+			if err == nil {
+				_, err = obs.GetInfo(c, object)
+			}
+			return err
+		},
+		"another object's pull": func(c context.Context) error {
+			cons, err := ljs.Consumer(c, stream, other)
+			if err == nil {
+				_, err = cons.Next(jetstream.FetchMaxWait(time.Second))
+			}
+			return err
+		},
+	}
+	for name, try := range creates {
+		c, cancel := short()
+		if err := try(c); err == nil {
+			t.Errorf("the artifact login succeeded at: %s", name)
+		}
+		cancel()
+	}
+	nc := ljs.Conn()
+	for _, subj := range []string{
+		"$JS.API.DIRECT.GET." + stream + "." + bus.ObjectMeta(bus.ObjectBucketArtifacts, "theirs"),
+		"$JS.API.DIRECT.GET." + stream + "." + bus.ObjectMeta(bus.ObjectBucketArtifacts, object),
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + "." + other,
+		"$JS.API.CONSUMER.DELETE." + stream + "." + other,
+	} {
+		if _, err := nc.Request(subj, []byte(`{"seq":1}`), 500*time.Millisecond); err == nil {
+			t.Errorf("the artifact login was answered on %s", subj)
+		}
+		violations.denied(t, "publish", subj)
+	}
+	// Of all the creates, only the control plane's consumers (artifact_…) exist.
+	str, err := admin.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := str.ConsumerNames(ctx)
+	for n := range names.Name() {
+		if !strings.HasPrefix(n, "artifact_") {
+			t.Errorf("consumer %s exists after the artifact login's attempts", n)
+		}
+	}
+	if ci, err := admin.Consumer(ctx, stream, other); err != nil {
+		t.Fatalf("the other node's consumer: %v", err)
+	} else if ci.CachedInfo().Delivered.Consumer != 0 {
+		t.Fatalf("the other node's consumer delivered %d chunks", ci.CachedInfo().Delivered.Consumer)
 	}
 }

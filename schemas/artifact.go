@@ -346,6 +346,9 @@ type ArtifactCredentialRequest struct {
 	Digest       string `json:"digest"`
 	RunID        string `json:"run_id,omitempty"`
 	PrefetchID   string `json:"prefetch_id,omitempty"`
+	// Offset is the byte an object-store fetch resumes from: the consumer
+	// the control plane creates for it starts at the chunk holding it.
+	Offset int64 `json:"offset,omitempty"`
 }
 
 // Validate checks an ArtifactCredentialRequest.
@@ -359,6 +362,9 @@ func (r *ArtifactCredentialRequest) Validate() error {
 	if r.FencingToken == 0 {
 		return refuse(CodeMissingField, "fencing_token", "the node's current fencing token is required")
 	}
+	if r.Offset < 0 {
+		return refuse(CodeMalformed, "offset", "negative offset %d; a fetch resumes from byte 0 or past it", r.Offset)
+	}
 	for _, id := range []struct{ field, v string }{{"run_id", r.RunID}, {"prefetch_id", r.PrefetchID}} {
 		if id.v != "" {
 			if err := ValidateID(id.field, id.v, CodeMalformed); err != nil {
@@ -371,14 +377,33 @@ func (r *ArtifactCredentialRequest) Validate() error {
 
 // ArtifactCredential answers an ArtifactCredentialRequest. It travels only
 // by core request/reply and is held by the agent for one fetch. For an
-// object-store source, Login is a NATS login (user and one-time token)
-// allowed to read the artifact bucket and nothing else, until Expires; for
-// a URL, Headers are sent with the fetch. Neither set: the source needs
-// no credential.
+// object-store source, Object is the pull consumer the control plane
+// created for this fetch and the object's info, and Login a NATS login
+// (user and one-time token) allowed to pull that consumer and nothing else,
+// until Expires; for a URL, Headers are sent with the fetch. Neither
+// Login nor Headers set: the source needs no credential.
 type ArtifactCredential struct {
-	Digest  string            `json:"digest"`
-	Login   *ArtifactLogin    `json:"login,omitempty"`
-	Headers map[string]string `json:"headers,omitempty"`
+	Digest  string              `json:"digest"`
+	Login   *ArtifactLogin      `json:"login,omitempty"`
+	Object  *ArtifactObjectRead `json:"object,omitempty"`
+	Headers map[string]string   `json:"headers,omitempty"`
+}
+
+// ArtifactObjectRead is one fetch's read of an object-store object: the
+// ephemeral pull consumer of its chunks the control plane created (the
+// login may not create one, nor read the object's meta), and the object's
+// info. The consumer delivers chunk StartChunk, which begins at byte
+// StartByte, and every chunk after it.
+type ArtifactObjectRead struct {
+	Consumer string `json:"consumer"`
+	// Digest is the object's own record of its content, in the object
+	// store's form (ObjectStoreDigest); the node refuses one that is not
+	// the artifact's before reading a byte.
+	Digest     string `json:"digest"`
+	Size       uint64 `json:"size"`
+	Chunks     uint32 `json:"chunks"`
+	StartChunk uint32 `json:"start_chunk,omitempty"`
+	StartByte  int64  `json:"start_byte,omitempty"`
 }
 
 // ArtifactLogin is a short-lived NATS login scoped to reading artifacts.

@@ -40,7 +40,7 @@ func BenchmarkEnsureObject(b *testing.B) {
 	b.Run("store-Ensure", func(b *testing.B) {
 		b.SetBytes(int64(mib) << 20)
 		s := newStore(b)
-		w := Want{Digest: digest, SizeBytes: int64(mib) << 20, Source: NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest)}
+		w := Want{Digest: digest, SizeBytes: int64(mib) << 20, Source: OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", digest)}
 		for range b.N {
 			res, err := s.Ensure(ctx, w)
 			if err != nil || res.FetchedBytes != w.SizeBytes {

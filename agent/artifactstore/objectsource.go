@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,184 +18,123 @@ import (
 )
 
 const (
-	// objectHeartbeat is the consumer's idle heartbeat; a delivery silent
-	// for objectStall is a stalled fetch, failed and resumed.
+	// objectHeartbeat is the pull's idle heartbeat; nats.go fails a pull
+	// that misses two in a row, a stalled fetch, which the store resumes.
 	objectHeartbeat = 5 * time.Second
-	objectStall     = 3 * objectHeartbeat
-	// objectInactive lets the server delete the consumer of a fetch whose
-	// process died.
-	objectInactive = 30 * time.Second
+	// objectBatch is how many chunks a pull keeps asked for ahead of the
+	// reader (4 MiB of 128 KiB chunks).
+	objectBatch = 32
 )
 
-// objectSource reads one object of a NATS object store bucket.
-//
-// It reads the object's chunks itself, through a push consumer delivered
-// to the connection's inbox (the API calls: STREAM.INFO and DIRECT.GET for
-// the object's info and its last chunk, CONSUMER.CREATE and
-// CONSUMER.DELETE; flow-control replies go to the subjects the server
-// names, which allow_responses covers). nats.go's ObjectStore.Get would
-// hash every byte again and cannot start mid-object.
+// ErrSourceSpent: an object source's consumer was read already (a
+// consumer's position moves as it is pulled); a resume asks for a new one.
+var ErrSourceSpent = errors.New("the object source's consumer was read already; ask for a new one")
+
+// objectSource reads one object of a NATS object store bucket through the
+// pull consumer its read names (schemas.ArtifactObjectRead), which the
+// control plane created for this fetch: an artifact login may pull that
+// consumer and read its info, nothing else (bus.PermsArtifactReader), so
+// the object's info comes with the read. nats.go's ObjectStore.Get would
+// create a consumer and read the meta record itself, and hash every byte
+// again.
 type objectSource struct {
 	js     jetstream.JetStream
 	bucket string
-	object string
+	read   schemas.ArtifactObjectRead
 	digest string // sha256:<hex> the object must carry
+	opened atomic.Bool
 }
 
-// NewObjectSource serves object from bucket; digest (sha256:<hex>) is the
-// content expected: an object whose info names another digest is refused
-// with ErrDigestMismatch before a byte is fetched.
-func NewObjectSource(js jetstream.JetStream, bucket, object, digest string) Source {
-	return &objectSource{js: js, bucket: bucket, object: object, digest: digest}
+// NewObjectSource serves the object read names in bucket, once: Open after
+// the first returns ErrSourceSpent. digest (sha256:<hex>) is the content
+// expected: an object whose info names another digest is refused with
+// ErrDigestMismatch before a byte is fetched.
+func NewObjectSource(js jetstream.JetStream, bucket string, read schemas.ArtifactObjectRead, digest string) Source {
+	return &objectSource{js: js, bucket: bucket, read: read, digest: digest}
 }
 
-// Open starts at offset by arithmetic, each step checked: the object's
-// chunks are the messages on bus.ObjectChunks(bucket, nuid). Byte offset is
-// chunk k = offset/ChunkSize if every chunk but the last is full, which
-// holds iff (chunks-1)*ChunkSize + len(last chunk) == size. If the chunks
-// are also contiguous in the stream, chunk k is at last-chunk-sequence -
-// (chunks-1) + k; the consumer starts there, and the first delivery's
-// pending count must say exactly chunks-k-1 follow it, which holds only if
-// exactly k chunks precede the start. Any check that fails (short or
-// interleaved chunks) is ErrNoResume, and the store starts over from byte 0.
+// OwnObjectReads is a Source for a caller that may create consumers
+// itself (a bench, a test, a bus without auth): each Open creates a fresh
+// read of object from the offset asked, as the control plane does for a
+// node (bus.CreateObjectRead), and reads it as NewObjectSource does.
+func OwnObjectReads(js jetstream.JetStream, bucket, object, digest string) Source {
+	return ownObjectReads{js: js, bucket: bucket, object: object, digest: digest}
+}
+
+type ownObjectReads struct {
+	js                     jetstream.JetStream
+	bucket, object, digest string
+}
+
+func (o ownObjectReads) Open(ctx context.Context, offset int64) (io.ReadCloser, error) {
+	r, err := bus.CreateObjectRead(ctx, o.js, o.bucket, o.object, offset,
+		bus.ObjectReadConfig{Name: "reader_" + rand.Text(), Inactive: time.Minute})
+	if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, bus.ErrObjectLink) {
+		return nil, &permanent{fmt.Errorf("object %s in %s: %w", o.object, o.bucket, errors.Join(err, ErrNotFound))}
+	}
+	if err != nil {
+		return nil, err
+	}
+	read := schemas.ArtifactObjectRead{Consumer: r.Consumer, Digest: r.Digest, Size: r.Size, Chunks: r.Chunks,
+		StartChunk: r.StartChunk, StartByte: r.StartByte}
+	return NewObjectSource(o.js, o.bucket, read, o.digest).Open(ctx, offset)
+}
+
+// Open reads the consumer from its first chunk (read.StartChunk, at byte
+// read.StartByte) and skips what precedes offset. The first delivery's
+// pending count must say exactly chunks-StartChunk-1 follow it, which holds
+// only if the consumer starts where the control plane's arithmetic said
+// (bus.CreateObjectRead); otherwise, as with short or interleaved chunks,
+// it is ErrNoResume and the store starts over from byte 0.
 func (s *objectSource) Open(ctx context.Context, offset int64) (io.ReadCloser, error) {
-	where := fmt.Sprintf("object %s in %s", s.object, s.bucket)
-	info, err := s.info(ctx, where, offset)
-	if err != nil {
-		return nil, err
+	where := fmt.Sprintf("object consumer %s in %s", s.read.Consumer, s.bucket)
+	if s.opened.Swap(true) {
+		return nil, fmt.Errorf("%s: %w", where, ErrSourceSpent)
 	}
-	if offset == int64(info.Size) || info.Chunks == 0 {
+	want := schemas.ObjectStoreDigest(s.digest)
+	switch size := int64(s.read.Size); {
+	case want == "" || s.read.Digest != want:
+		return nil, fmt.Errorf("%s carries digest %s, not %s: %w", where, s.read.Digest, s.digest, ErrDigestMismatch)
+	case offset > size:
+		return nil, fmt.Errorf("%s has %d bytes, asked from %d: %w", where, size, offset, ErrNoResume)
+	case offset == size || s.read.Chunks == 0:
 		return io.NopCloser(eofReader{}), nil
+	case offset < s.read.StartByte || s.read.StartChunk >= s.read.Chunks:
+		return nil, fmt.Errorf("%s starts at byte %d, asked from %d: %w", where, s.read.StartByte, offset, ErrNoResume)
 	}
-	chunk := int64(bus.ObjectChunkSize)
-	if info.Opts != nil && info.Opts.ChunkSize > 0 {
-		chunk = int64(info.Opts.ChunkSize)
-	}
-	k, skip := offset/chunk, offset%chunk
-	if k >= int64(info.Chunks) {
-		return nil, fmt.Errorf("%s: offset %d past its %d chunks: %w", where, offset, info.Chunks, ErrNoResume)
-	}
-	start, err := s.chunkSequence(ctx, where, info, k, chunk)
+	cons, err := s.js.Consumer(ctx, bus.ObjectStream(s.bucket), s.read.Consumer)
 	if err != nil {
-		return nil, err
+		return nil, s.classifyNATS(where, err)
 	}
-	r, err := s.deliver(ctx, where, info, start)
+	it, err := cons.Messages(jetstream.PullMaxMessages(objectBatch), jetstream.PullHeartbeat(objectHeartbeat),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
-		return nil, err
+		return nil, s.classifyNATS(where, err)
 	}
-	r.remaining, r.chunks = int64(info.Size)-k*chunk, uint64(int64(info.Chunks)-k)
-	// The first delivery proves the start (see above) before the store
-	// appends a byte.
+	r := &objectReader{it: it, where: where, ctx: ctx, classify: s.classifyNATS,
+		chunks: uint64(s.read.Chunks - s.read.StartChunk), remaining: int64(s.read.Size) - s.read.StartByte}
+	// The first delivery proves the start before the store appends a byte.
 	if err := r.next(); err != nil {
 		r.Close()
 		return nil, err
 	}
 	if r.pending+1 != r.chunks {
 		r.Close()
-		return nil, fmt.Errorf("%s: chunk %d is not where its sequence says: %w", where, k, ErrNoResume)
+		return nil, fmt.Errorf("%s: chunk %d is not where its sequence says: %w", where, s.read.StartChunk, ErrNoResume)
 	}
-	if int64(len(r.cur)) < skip {
+	if err := r.skip(offset - s.read.StartByte); err != nil {
 		r.Close()
-		return nil, fmt.Errorf("%s: chunk %d is shorter than its chunk size: %w", where, k, ErrNoResume)
+		return nil, err
 	}
-	r.cur = r.cur[skip:]
-	r.remaining -= skip
 	return r, nil
-}
-
-// info is the object's info, checked: a content object carrying the
-// digest asked for, at least offset bytes long.
-func (s *objectSource) info(ctx context.Context, where string, offset int64) (*jetstream.ObjectInfo, error) {
-	obs, err := s.js.ObjectStore(ctx, s.bucket)
-	if err != nil {
-		return nil, s.classifyNATS(where, err)
-	}
-	info, err := obs.GetInfo(ctx, s.object)
-	if err != nil {
-		return nil, s.classifyNATS(where, err)
-	}
-	want := schemas.ObjectStoreDigest(s.digest)
-	switch {
-	case info.Opts != nil && info.Opts.Link != nil:
-		return nil, &permanent{fmt.Errorf("%s is a link; the catalog names content objects", where)}
-	case want == "" || info.Digest != want:
-		return nil, fmt.Errorf("%s carries digest %s, not %s: %w", where, info.Digest, s.digest, ErrDigestMismatch)
-	case offset > int64(info.Size):
-		return nil, fmt.Errorf("%s has %d bytes, asked from %d: %w", where, info.Size, offset, ErrNoResume)
-	}
-	return info, nil
-}
-
-// chunkSequence is the stream sequence of chunk k (of chunk bytes each but
-// the last), 0 for the first chunk (the consumer then starts at the
-// subject's first message). It fails with ErrNoResume where the chunks'
-// sizes do not add up.
-func (s *objectSource) chunkSequence(ctx context.Context, where string, info *jetstream.ObjectInfo, k, chunk int64) (uint64, error) {
-	if k == 0 {
-		return 0, nil
-	}
-	str, err := s.js.Stream(ctx, bus.ObjectStream(s.bucket))
-	if err != nil {
-		return 0, s.classifyNATS(where, err)
-	}
-	last, err := str.GetLastMsgForSubject(ctx, bus.ObjectChunks(s.bucket, info.NUID))
-	if err != nil {
-		return 0, s.classifyNATS(where, err)
-	}
-	// nats.go's Put makes a chunk of each Read, so a chunk may be short.
-	// If the sizes add up with every chunk but the last full, every chunk
-	// but the last is full, and chunk k starts at k*chunk.
-	if int64(info.Chunks-1)*chunk+int64(len(last.Data)) != int64(info.Size) {
-		return 0, fmt.Errorf("%s: chunks are not of its chunk size: %w", where, ErrNoResume)
-	}
-	start := int64(last.Sequence) - int64(info.Chunks-1) + k
-	if start < 1 {
-		return 0, fmt.Errorf("%s: chunks are not contiguous: %w", where, ErrNoResume)
-	}
-	return uint64(start), nil
-}
-
-// deliver starts a push consumer of the object's chunks from stream
-// sequence start (0: the first chunk), delivered to a fresh inbox, and
-// returns the reader of its deliveries.
-func (s *objectSource) deliver(ctx context.Context, where string, info *jetstream.ObjectInfo, start uint64) (*objectReader, error) {
-	stream := bus.ObjectStream(s.bucket)
-	nc := s.js.Conn()
-	cfg := jetstream.ConsumerConfig{
-		Name:              "wf_artifact_" + rand.Text(),
-		DeliverSubject:    nc.NewInbox(),
-		FilterSubject:     bus.ObjectChunks(s.bucket, info.NUID),
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		FlowControl:       true,
-		IdleHeartbeat:     objectHeartbeat,
-		InactiveThreshold: objectInactive,
-		MemoryStorage:     true,
-		Replicas:          1,
-	}
-	if start > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
-	}
-	sub, err := nc.SubscribeSync(cfg.DeliverSubject)
-	if err != nil {
-		return nil, fmt.Errorf("%s: subscribe: %w", where, err)
-	}
-	if _, err := s.js.CreatePushConsumer(ctx, stream, cfg); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, s.classifyNATS(where, err)
-	}
-	return &objectReader{nc: nc, sub: sub, js: s.js, stream: stream, consumer: cfg.Name, where: where, ctx: ctx}, nil
 }
 
 // objectReader hands out an object's chunks in order.
 type objectReader struct {
-	nc       *nats.Conn
-	sub      *nats.Subscription
-	js       jetstream.JetStream
-	stream   string
-	consumer string
+	it       jetstream.MessagesContext
 	where    string
 	ctx      context.Context
+	classify func(where string, err error) error
 
 	cur       []byte // rest of the current chunk
 	delivered uint64 // consumer sequence of the last chunk
@@ -222,59 +162,56 @@ func (r *objectReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// next waits for the next chunk, answering flow control on the way. The
-// stall deadline counts from the call, not from the last heartbeat: a
-// consumer stalled on flow control keeps sending heartbeats.
-func (r *objectReader) next() error {
-	ctx, cancel := context.WithTimeout(r.ctx, objectStall)
-	defer cancel()
-	for {
-		m, err := r.sub.NextMsgWithContext(ctx)
-		if err != nil {
-			if r.ctx.Err() != nil {
-				return r.ctx.Err()
+// skip discards n bytes: the part of the object before the offset asked
+// that the consumer's first chunk still holds, or (where the chunks did
+// not allow a start mid-object) every chunk the store holds already.
+func (r *objectReader) skip(n int64) error {
+	for n > 0 {
+		if len(r.cur) == 0 {
+			if r.pending == 0 {
+				return fmt.Errorf("%s: chunks ended before the offset: %w", r.where, ErrNoResume)
 			}
-			if errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("%s: no chunk for %s (a login that cannot answer flow control stalls: it needs allow_responses)", r.where, objectStall)
+			if err := r.next(); err != nil {
+				return err
 			}
-			return fmt.Errorf("%s: %w", r.where, err)
 		}
-		if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
-			switch {
-			case status == "100" && m.Reply != "":
-				_ = m.Respond(nil) // flow control request
-			case status == "100":
-				if fc := m.Header.Get("Nats-Consumer-Stalled"); fc != "" {
-					_ = r.nc.Publish(fc, nil)
-				}
-			default:
-				return fmt.Errorf("%s: consumer status %s %s", r.where, status, m.Header.Get("Description"))
-			}
-			continue
-		}
-		md, err := m.Metadata()
-		if err != nil {
-			return fmt.Errorf("%s: chunk without metadata: %w", r.where, err)
-		}
-		if md.Sequence.Consumer != r.delivered+1 {
-			return fmt.Errorf("%s: chunk %d delivered after %d (a gap)", r.where, md.Sequence.Consumer, r.delivered)
-		}
-		r.delivered, r.pending, r.cur = md.Sequence.Consumer, md.NumPending, m.Data
-		return nil
+		k := min(n, int64(len(r.cur)))
+		r.cur, r.remaining, n = r.cur[k:], r.remaining-k, n-k
 	}
+	return nil
 }
 
-// Close stops the delivery and deletes the consumer (the server would
-// after objectInactive anyway).
-func (r *objectReader) Close() error {
-	if r.closed {
-		return nil
+// next waits for the next chunk. A pull that hears neither a chunk nor a
+// heartbeat for two heartbeats fails (jetstream.ErrNoHeartbeat).
+func (r *objectReader) next() error {
+	m, err := r.it.Next(jetstream.NextContext(r.ctx))
+	if err != nil {
+		if r.ctx.Err() != nil {
+			return r.ctx.Err()
+		}
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			return fmt.Errorf("%s: no chunk for %s: %w", r.where, 2*objectHeartbeat, err)
+		}
+		return r.classify(r.where, err)
 	}
-	r.closed = true
-	_ = r.sub.Unsubscribe()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 2*time.Second)
-	defer cancel()
-	_ = r.js.DeleteConsumer(ctx, r.stream, r.consumer)
+	md, err := m.Metadata()
+	if err != nil {
+		return fmt.Errorf("%s: chunk without metadata: %w", r.where, err)
+	}
+	if md.Sequence.Consumer != r.delivered+1 {
+		return fmt.Errorf("%s: chunk %d delivered after %d (a gap)", r.where, md.Sequence.Consumer, r.delivered)
+	}
+	r.delivered, r.pending, r.cur = md.Sequence.Consumer, md.NumPending, m.Data()
+	return nil
+}
+
+// Close stops pulling. The consumer is the control plane's: the server
+// deletes it once nobody has pulled it for a while.
+func (r *objectReader) Close() error {
+	if !r.closed {
+		r.closed = true
+		r.it.Stop()
+	}
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 func TestEnsureObjectFetchesAndVerifies(t *testing.T) {
@@ -21,7 +22,7 @@ func TestEnsureObjectFetchesAndVerifies(t *testing.T) {
 		b, digest := content(t, size)
 		putObject(t, obs, "m", b)
 		s := newStore(t)
-		res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(size), Source: NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest)})
+		res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(size), Source: OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", digest)})
 		if err != nil {
 			t.Fatalf("%d bytes: %v", size, err)
 		}
@@ -38,7 +39,7 @@ func TestObjectSourceRefusesOtherDigest(t *testing.T) {
 	putObject(t, obs, "m", b)
 	_, other := content(t, 1<<20)
 	s := newStore(t)
-	src := &countingSource{Source: NewObjectSource(js, bus.ObjectBucketArtifacts, "m", other)}
+	src := &countingSource{Source: OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", other)}
 	_, err := s.Ensure(ctxT(t), Want{Digest: other, SizeBytes: 1 << 20, Source: src})
 	if !errors.Is(err, ErrDigestMismatch) {
 		t.Fatalf("err %v", err)
@@ -47,7 +48,7 @@ func TestObjectSourceRefusesOtherDigest(t *testing.T) {
 		t.Fatalf("%d bytes read in %d opens, partials %v: the object was refused before a byte", src.read.Load(), src.opens.Load(), s.Partials())
 	}
 
-	_, err = s.Ensure(ctxT(t), Want{Digest: other, SizeBytes: 1 << 20, Source: NewObjectSource(js, bus.ObjectBucketArtifacts, "missing", other)})
+	_, err = s.Ensure(ctxT(t), Want{Digest: other, SizeBytes: 1 << 20, Source: OwnObjectReads(js, bus.ObjectBucketArtifacts, "missing", other)})
 	if !errors.Is(err, ErrNotFound) {
 		t.Fatalf("missing object: %v", err)
 	}
@@ -63,11 +64,11 @@ func TestEnsureResumesCancelledObjectFetch(t *testing.T) {
 	s := newStore(t)
 
 	ctx, cancel := context.WithCancel(ctxT(t))
-	first := &countingSource{Source: NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest), cancelAt: 7 << 20, cancel: cancel}
+	first := &countingSource{Source: OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", digest), cancelAt: 7 << 20, cancel: cancel}
 	if _, err := s.Ensure(ctx, Want{Digest: digest, SizeBytes: int64(len(b)), Source: first}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled ensure: %v", err)
 	}
-	second := &countingSource{Source: NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest)}
+	second := &countingSource{Source: OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", digest)}
 	res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(len(b)), Source: second})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +89,7 @@ func TestObjectSourceResumesAtAnyOffset(t *testing.T) {
 	js, obs := startJS(t)
 	b, digest := content(t, 1<<20+100)
 	putObject(t, obs, "m", b)
-	src := NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest)
+	src := OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", digest)
 	for _, off := range []int64{1, 128 << 10, 128<<10 + 7, 1 << 20, 1<<20 + 99, 1<<20 + 100} {
 		rc, err := src.Open(ctxT(t), off)
 		if err != nil {
@@ -128,7 +129,7 @@ func TestObjectSourceInterleavedChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	src := NewObjectSource(js, bus.ObjectBucketArtifacts, "a", da)
+	src := OwnObjectReads(js, bus.ObjectBucketArtifacts, "a", da)
 	// Chunk 3 lies before b's chunks: the arithmetic from the last chunk
 	// misses it, and the first delivery's pending count says so.
 	if _, err := src.Open(ctxT(t), 3<<17); !errors.Is(err, ErrNoResume) {
@@ -187,34 +188,63 @@ func waitChunks(t *testing.T, js jetstream.JetStream, n uint64) {
 
 // TestObjectSourceShortChunks: an object put from a reader that returns
 // short reads has short chunks; byte offsets are not chunk multiples, so
-// the source refuses to resume rather than splice.
+// the read starts at the first chunk and the source skips the bytes before
+// the offset rather than splice at a guessed chunk.
 func TestObjectSourceShortChunks(t *testing.T) {
 	js, obs := startJS(t)
 	b, digest := content(t, 2<<20)
 	if _, err := obs.Put(ctxT(t), jetstream.ObjectMeta{Name: "m"}, iotest.HalfReader(bytes.NewReader(b))); err != nil {
 		t.Fatal(err)
 	}
-	src := NewObjectSource(js, bus.ObjectBucketArtifacts, "m", digest)
-	if _, err := src.Open(ctxT(t), 3<<17); !errors.Is(err, ErrNoResume) {
-		t.Fatalf("open mid-way of short chunks: %v, want ErrNoResume", err)
-	}
-	// Within the first chunk the offset needs no arithmetic.
-	rc, err := src.Open(ctxT(t), 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := readAllT(rc)
-	rc.Close()
-	if err != nil || !bytes.Equal(got, b[100:]) {
-		t.Fatalf("from 100: %d bytes, %v", len(got), err)
+	src := OwnObjectReads(js, bus.ObjectBucketArtifacts, "m", digest)
+	for _, off := range []int64{100, 3 << 17} {
+		rc, err := src.Open(ctxT(t), off)
+		if err != nil {
+			t.Fatalf("open at %d: %v", off, err)
+		}
+		got, err := readAllT(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, b[off:]) {
+			t.Fatalf("from %d: %d bytes, %v", off, len(got), err)
+		}
 	}
 	s := newStore(t)
 	if err := os.WriteFile(s.partialPath(digest), b[:3<<17], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(len(b)), Source: src})
+	counted := &countingSource{Source: src}
+	res, err := s.Ensure(ctxT(t), Want{Digest: digest, SizeBytes: int64(len(b)), Source: counted})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fileEquals(t, res.Path, b)
+	if len(counted.offsets) != 1 || counted.offsets[0] != 3<<17 || counted.read.Load() != int64(len(b)-3<<17) {
+		t.Fatalf("opens at %v handed out %d bytes, want one resume of the rest", counted.offsets, counted.read.Load())
+	}
+}
+
+// TestObjectSourceReadsOnce: a read's consumer moves as it is pulled, so
+// a second Open of one source is ErrSourceSpent, never bytes from
+// wherever the consumer stands.
+func TestObjectSourceReadsOnce(t *testing.T) {
+	js, obs := startJS(t)
+	b, digest := content(t, 300<<10)
+	putObject(t, obs, "m", b)
+	r, err := bus.CreateObjectRead(ctxT(t), js, bus.ObjectBucketArtifacts, "m", 0, bus.ObjectReadConfig{Name: "once", Inactive: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewObjectSource(js, bus.ObjectBucketArtifacts, schemas.ArtifactObjectRead{Consumer: r.Consumer, Digest: r.Digest, Size: r.Size, Chunks: r.Chunks}, digest)
+	rc, err := src.Open(ctxT(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAllT(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
+	if _, err := src.Open(ctxT(t), 0); !errors.Is(err, ErrSourceSpent) {
+		t.Fatalf("second open: %v, want ErrSourceSpent", err)
+	}
 }

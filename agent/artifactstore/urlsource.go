@@ -22,8 +22,11 @@ type urlSource struct {
 }
 
 // NewURLSource serves the bytes at rawURL, sending headers (the fetch's
-// credential, if any) with every request. Errors never carry the headers
-// or the URL's query. A nil client is http.DefaultClient.
+// credential, if any) with every request to rawURL's origin. Redirects are
+// followed under keepCredentials: never from https to plain http, and
+// without the headers to another origin. Errors never carry the headers
+// or the URL's query. A nil client is http.DefaultClient; its own
+// CheckRedirect, if any, is asked first.
 func NewURLSource(client *http.Client, rawURL string, headers map[string]string) Source {
 	if client == nil {
 		client = http.DefaultClient
@@ -32,7 +35,9 @@ func NewURLSource(client *http.Client, rawURL string, headers map[string]string)
 	if u, err := url.Parse(rawURL); err == nil {
 		where = u.Scheme + "://" + u.Host + u.EscapedPath()
 	}
-	return &urlSource{client: client, url: rawURL, headers: headers, where: where}
+	guarded := *client
+	guarded.CheckRedirect = keepCredentials(client.CheckRedirect, headers)
+	return &urlSource{client: &guarded, url: rawURL, headers: headers, where: where}
 }
 
 func (s *urlSource) Open(ctx context.Context, offset int64) (io.ReadCloser, error) {

@@ -78,9 +78,9 @@ func (a *Asker) Registry(reference, runID string) func(ctx context.Context, host
 }
 
 // Artifact asks for the credential of one fetch of digest (for runID's
-// attempt or prefetchID).
-func (a *Asker) Artifact(ctx context.Context, digest, runID, prefetchID string) (schemas.ArtifactCredential, error) {
-	req := schemas.ArtifactCredentialRequest{NodeID: a.NodeID, FencingToken: a.FencingToken(), Digest: digest, RunID: runID, PrefetchID: prefetchID}
+// attempt or prefetchID) from byte offset.
+func (a *Asker) Artifact(ctx context.Context, digest, runID, prefetchID string, offset int64) (schemas.ArtifactCredential, error) {
+	req := schemas.ArtifactCredentialRequest{NodeID: a.NodeID, FencingToken: a.FencingToken(), Digest: digest, RunID: runID, PrefetchID: prefetchID, Offset: offset}
 	var rep schemas.Reply[schemas.ArtifactCredential]
 	err := ask(ctx, a, bus.NodeArtifactCredentials(a.NodeID), req, &rep, "artifact credential for "+digest)
 	switch {
@@ -136,5 +136,11 @@ func (e *ArtifactCredentialError) Unwrap() error {
 	return e.Err
 }
 
-// Code is the code a Run fails with for it.
-func (e *ArtifactCredentialError) Code() schemas.Code { return schemas.CodeArtifactSourceAuthFailed }
+// Code is the code a Run fails with for it: the refusal's own where the
+// control plane found no object to read, else CodeArtifactSourceAuthFailed.
+func (e *ArtifactCredentialError) Code() schemas.Code {
+	if e.Refusal != nil && e.Refusal.Code == schemas.CodeArtifactFetchFailed {
+		return schemas.CodeArtifactFetchFailed
+	}
+	return schemas.CodeArtifactSourceAuthFailed
+}

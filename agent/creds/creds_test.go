@@ -112,7 +112,7 @@ func TestArtifact_Errors(t *testing.T) {
 		"broken": func(any) error { return errors.New("connection closed") },
 	} {
 		ans := &answers{next: []func(any) error{answer}}
-		_, err := asker(t, ans, nil).Artifact(context.Background(), digest, "r1", "")
+		_, err := asker(t, ans, nil).Artifact(context.Background(), digest, "r1", "", 0)
 		var ce *ArtifactCredentialError
 		if !errors.As(err, &ce) || ce.Digest != digest || ce.Code() != schemas.CodeArtifactSourceAuthFailed {
 			t.Errorf("%s: %v", name, err)
@@ -122,7 +122,7 @@ func TestArtifact_Errors(t *testing.T) {
 		rep.(*schemas.Reply[schemas.ArtifactCredential]).OK = &schemas.ArtifactCredential{Digest: digest, Headers: map[string]string{"Authorization": "x"}}
 		return nil
 	}}}
-	cred, err := asker(t, ans, nil).Artifact(context.Background(), digest, "", "pf-1")
+	cred, err := asker(t, ans, nil).Artifact(context.Background(), digest, "", "pf-1", 0)
 	if err != nil || cred.Headers["Authorization"] != "x" {
 		t.Fatalf("credential %+v, %v", cred, err)
 	}

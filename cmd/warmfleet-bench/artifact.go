@@ -204,7 +204,7 @@ func (b *artifactBench) store(ctx context.Context, i int) (time.Duration, error)
 }
 
 func (b *artifactBench) source() artifactstore.Source {
-	return artifactstore.NewObjectSource(b.conn.JS, bus.ObjectBucketArtifacts, b.object, b.digest)
+	return artifactstore.OwnObjectReads(b.conn.JS, bus.ObjectBucketArtifacts, b.object, b.digest)
 }
 
 // warmUse is an Ensure with the replica present: it re-verifies it and

@@ -16,8 +16,9 @@ import (
 // (bus.ArtifactUser): the token's grant in wf_artifact_grants, for this
 // node, not expired, minted for the node's current session, and not used
 // before. Admitting it deletes the grant at the revision read, so of two
-// logins with one token at most one gets in. The user may read the
-// artifact object store until the grant expires (bus.PermsArtifactReader).
+// logins with one token at most one gets in. The user may pull the one
+// consumer the grant names, of one object's chunks, until the grant
+// expires (bus.PermsArtifactReader).
 func (a *Callout) authorizeArtifact(ctx context.Context, user, secret string) (grant, error) {
 	nodeID, ok := bus.ParseArtifactUser(user)
 	if !ok {
@@ -38,6 +39,8 @@ func (a *Callout) authorizeArtifact(ctx context.Context, user, secret string) (g
 		return grant{}, &Refusal{User: user, Reason: "this artifact login was minted for another node; log in as the user it was answered with"}
 	case !a.now().Before(g.ExpiresAt):
 		return grant{}, &Refusal{User: user, Reason: "this artifact login expired at " + g.ExpiresAt.UTC().Format(time.RFC3339) + "; ask for a new one"}
+	case !bus.SubjectToken(g.Consumer):
+		return grant{}, &Refusal{User: user, Reason: "this artifact login's grant names no consumer to read; ask wf.node.<id>.credentials.artifact for a new one"}
 	}
 	if err := a.grantSession(ctx, user, nodeID, g); err != nil {
 		return grant{}, err
@@ -48,7 +51,7 @@ func (a *Callout) authorizeArtifact(ctx context.Context, user, secret string) (g
 		}
 		return grant{}, fmt.Errorf("use artifact grant: %w", err)
 	}
-	p := bus.PermsArtifactReader(nodeID)
+	p := bus.PermsArtifactReader(nodeID, g.Consumer)
 	return grant{kind: "artifact", name: user, perms: &p, expires: g.ExpiresAt}, nil
 }
 

@@ -33,7 +33,7 @@ func TestCallout_ArtifactLogin(t *testing.T) {
 	grant := func(node string, token uint64, expires time.Time) string {
 		t.Helper()
 		tok := newToken()
-		g := schemas.ArtifactGrant{NodeID: node, FencingToken: token, Digest: "sha256:00", Object: "sha256/00", ExpiresAt: expires}
+		g := schemas.ArtifactGrant{NodeID: node, FencingToken: token, Digest: "sha256:00", Object: "sha256/00", Consumer: bus.ArtifactConsumer(node, "c1"), ExpiresAt: expires}
 		if _, err := bus.CreateJSON(ctx, grantsKV, schemas.ArtifactGrantKey(tok), g); err != nil {
 			t.Fatal(err)
 		}
@@ -60,6 +60,16 @@ func TestCallout_ArtifactLogin(t *testing.T) {
 		if err := sb.login(c.user, c.secret); !bus.IsAuthError(err) {
 			t.Errorf("%s: %v, want refused", c.name, err)
 		}
+	}
+	// A grant that names no consumer (minted before consumers were the
+	// control plane's) gives nothing to read: refused.
+	bare := newToken()
+	if _, err := bus.CreateJSON(ctx, grantsKV, schemas.ArtifactGrantKey(bare), schemas.ArtifactGrant{NodeID: "n1", FencingToken: 1,
+		Digest: "sha256:00", Object: "sha256/00", ExpiresAt: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.login(bus.ArtifactUser("n1"), bare); !bus.IsAuthError(err) {
+		t.Errorf("a grant without a consumer: %v, want refused", err)
 	}
 	// Racing logins with one token: one gets in.
 	raced := grant("n1", 1, now.Add(time.Minute))

@@ -7,6 +7,7 @@ package artifactauth
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -30,6 +31,11 @@ import (
 // fetch cut off by it asks again.
 const DefaultGrantTTL = 15 * time.Minute
 
+// ConsumerInactive is how long the consumer made for an object-store fetch
+// outlives its last pull: the server deletes it then, so none outlives the
+// fetch it was made for (the login may not delete it).
+const ConsumerInactive = time.Minute
+
 // ArtifactWanted says whether node nodeID has a live reason other than a
 // booked Run (a prefetch) to fetch the artifact of digest, and from where.
 type ArtifactWanted func(nodeID, digest string) (schemas.ArtifactSource, bool)
@@ -51,6 +57,7 @@ type Service struct {
 	cfg    Config
 	gate   *nodecreds.Gate
 	grants jetstream.KeyValue
+	js     jetstream.JetStream
 	server *requests.Server[schemas.ArtifactCredentialRequest, schemas.Reply[schemas.ArtifactCredential]]
 	nc     *nats.Conn
 	log    *zap.Logger
@@ -67,7 +74,7 @@ func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV, grantsKV jetstr
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Service{cfg: cfg, gate: nodecreds.NewGate(c, nodesKV, runsKV, cfg.Now), grants: grantsKV, nc: conn.NC, log: log.Named("artifactauth")}
+	s := &Service{cfg: cfg, gate: nodecreds.NewGate(c, nodesKV, runsKV, cfg.Now), grants: grantsKV, js: conn.JS, nc: conn.NC, log: log.Named("artifactauth")}
 	s.server = &requests.Server[schemas.ArtifactCredentialRequest, schemas.Reply[schemas.ArtifactCredential]]{
 		Subject: bus.SubjectArtifactCredentials, What: "artifact credential", Malformed: "body is not a artifact credential request",
 		Validate: (*schemas.ArtifactCredentialRequest).Validate, Answer: s.Answer, Refuse: requests.Refusal[schemas.ArtifactCredential],
@@ -110,12 +117,15 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Artifa
 	cred := schemas.ArtifactCredential{Digest: req.Digest}
 	switch {
 	case src.Object != "":
-		login, err := s.grant(ctx, req, src.Object)
-		if err != nil {
+		login, read, err := s.grant(ctx, req, src.Object)
+		switch {
+		case errors.Is(err, jetstream.ErrObjectNotFound), errors.Is(err, bus.ErrObjectLink):
+			return refuse(schemas.CodeArtifactFetchFailed, "digest", "the object store holds no content object %s for artifact %s; the operator registers the artifact again", src.Object, req.Digest)
+		case err != nil:
 			s.log.Warn("artifact grant not stored", zap.String("node_id", req.NodeID), zap.String("digest", req.Digest), zap.Error(err))
-			return refuse(schemas.CodeInternal, "", "the control plane could not store the login (%v); ask again", err)
+			return refuse(schemas.CodeInternal, "", "the control plane could not prepare the object's read (%v); ask again", err)
 		}
-		cred.Login = &login
+		cred.Login, cred.Object = &login, &read
 	case src.URL != "":
 		cred.Headers = s.cfg.URLs.Headers(src.URL)
 	}
@@ -152,15 +162,35 @@ func (s *Service) source(ctx context.Context, req schemas.ArtifactCredentialRequ
 	return schemas.ArtifactSource{}, false
 }
 
-// grant mints a one-time login and stores its grant under the token's
-// hash (the token itself is never stored), for the auth callout.
-func (s *Service) grant(ctx context.Context, req schemas.ArtifactCredentialRequest, object string) (schemas.ArtifactLogin, error) {
+// grant creates the fetch's pull consumer of the object's chunks from the
+// chunk holding req.Offset, mints a one-time login and stores its grant,
+// naming that consumer, under the token's hash (the token itself is never
+// stored), for the auth callout. The consumer is the control plane's to
+// create because a login allowed to create one could make it durable or
+// push its chunks to any subject.
+func (s *Service) grant(ctx context.Context, req schemas.ArtifactCredentialRequest, object string) (schemas.ArtifactLogin, schemas.ArtifactObjectRead, error) {
+	name := bus.ArtifactConsumer(req.NodeID, randid.Hex("", 8))
+	meta := map[string]string{"node_id": req.NodeID, "digest": req.Digest}
+	if req.RunID != "" {
+		meta["run_id"] = req.RunID
+	}
+	if req.PrefetchID != "" {
+		meta["prefetch_id"] = req.PrefetchID
+	}
+	r, err := bus.CreateObjectRead(ctx, s.js, bus.ObjectBucketArtifacts, object, req.Offset,
+		bus.ObjectReadConfig{Name: name, Inactive: ConsumerInactive, Metadata: meta})
+	if err != nil {
+		return schemas.ArtifactLogin{}, schemas.ArtifactObjectRead{}, err
+	}
+	read := schemas.ArtifactObjectRead{Consumer: r.Consumer, Digest: r.Digest, Size: r.Size, Chunks: r.Chunks,
+		StartChunk: r.StartChunk, StartByte: r.StartByte}
 	token := randid.Token(32)
 	expires := s.cfg.Now().Add(s.cfg.GrantTTL).Truncate(time.Second)
 	g := schemas.ArtifactGrant{NodeID: req.NodeID, FencingToken: req.FencingToken, Digest: req.Digest, Object: object,
-		RunID: req.RunID, PrefetchID: req.PrefetchID, ExpiresAt: expires}
+		Consumer: name, RunID: req.RunID, PrefetchID: req.PrefetchID, ExpiresAt: expires}
 	if _, err := bus.CreateJSON(ctx, s.grants, schemas.ArtifactGrantKey(token), g); err != nil {
-		return schemas.ArtifactLogin{}, err
+		// The consumer goes after ConsumerInactive unpulled.
+		return schemas.ArtifactLogin{}, schemas.ArtifactObjectRead{}, err
 	}
-	return schemas.ArtifactLogin{User: bus.ArtifactUser(req.NodeID), Token: token, Expires: expires}, nil
+	return schemas.ArtifactLogin{User: bus.ArtifactUser(req.NodeID), Token: token, Expires: expires}, read, nil
 }

@@ -28,6 +28,9 @@ var (
 	digestDone = "sha256:" + strings.Repeat("c", 64)
 	digestPre  = "sha256:" + strings.Repeat("d", 64)
 	digestNone = "sha256:" + strings.Repeat("e", 64)
+	digestGone = "sha256:" + strings.Repeat("f", 64)
+	// objectSize is three chunks of the object digestObj's mounts name.
+	objectSize = 2*bus.ObjectChunkSize + 7
 )
 
 type world struct {
@@ -75,10 +78,19 @@ func newWorld(t testing.TB) *world {
 		{ID: "run-2", Phase: schemas.PhaseSucceeded, NodeID: "node-a", Artifacts: []schemas.ArtifactMount{mount(digestDone, obj)}},
 		{ID: "run-3", Phase: schemas.PhasePlaced, Queued: true, NodeID: "node-b", Artifacts: []schemas.ArtifactMount{mount(digestURL, schemas.ArtifactSource{URL: "https://anon.example.com/m"})}},
 		{ID: "run-5", Phase: schemas.PhaseRunning, NodeID: "node-c", Artifacts: []schemas.ArtifactMount{mount(digestObj, obj)}},
+		{ID: "run-6", Phase: schemas.PhaseRunning, NodeID: "node-a", Artifacts: []schemas.ArtifactMount{
+			mount(digestGone, schemas.ArtifactSource{Object: "sha256/" + strings.Repeat("f", 64)})}},
 	} {
 		if _, err := bus.CreateJSON(ctx, w.runs, r.ID, r); err != nil {
 			t.Fatal(err)
 		}
+	}
+	store, err := w.conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutBytes(ctx, obj.Object, make([]byte, objectSize)); err != nil {
+		t.Fatal(err)
 	}
 	w.cache = cache.New()
 	core, logs := observer.New(zapcore.DebugLevel)
@@ -104,7 +116,7 @@ func newWorld(t testing.TB) *world {
 	// The cache catches up with the records written above.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, ok := w.cache.Node("node-c"); ok && len(w.cache.ActiveRuns()) == 3 {
+		if _, ok := w.cache.Node("node-c"); ok && len(w.cache.ActiveRuns()) == 4 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -159,6 +171,21 @@ func TestServiceAnswers(t *testing.T) {
 	if g.NodeID != "node-a" || g.FencingToken != 5 || g.Digest != digestObj || g.Object != "sha256/"+strings.Repeat("a", 64) || !g.ExpiresAt.Equal(login.Expires) {
 		t.Fatalf("grant %+v", g)
 	}
+	checkObjectRead(t, w, rep.OK.Object, g, 0)
+	// A resumed fetch: the consumer starts at the chunk holding the offset.
+	resumed := req("node-a", 5, digestObj, "run-1")
+	resumed.Offset = bus.ObjectChunkSize + 5
+	if rep := w.ask(t, "node-a", resumed); rep.OK == nil || rep.OK.Object == nil {
+		t.Fatalf("resumed: %+v %+v", rep.OK, rep.Refusal)
+	} else if rep.OK.Object.Consumer == g.Consumer {
+		t.Fatal("a second grant shares the first's consumer")
+	} else {
+		var g2 schemas.ArtifactGrant
+		if _, err := bus.GetJSON(ctx, w.grants, schemas.ArtifactGrantKey(rep.OK.Login.Token), &g2); err != nil {
+			t.Fatal(err)
+		}
+		checkObjectRead(t, w, rep.OK.Object, g2, 1)
+	}
 	// The token is nowhere in the bucket, keys or values.
 	keys, err := w.grants.ListKeys(ctx)
 	if err != nil {
@@ -199,6 +226,7 @@ func TestServiceAnswers(t *testing.T) {
 		{"a finished Run's artifact", "node-a", req("node-a", 5, digestDone, "run-2"), schemas.CodeArtifactNotWanted},
 		{"never booked", "node-a", req("node-a", 5, digestNone, ""), schemas.CodeArtifactNotWanted},
 		{"another node's prefetch", "node-a", req("node-a", 5, digestPre, ""), schemas.CodeArtifactNotWanted},
+		{"an object the store lacks", "node-a", req("node-a", 5, digestGone, "run-6"), schemas.CodeArtifactFetchFailed},
 		{"on another node's subject", "node-b", req("node-a", 5, digestObj, "run-1"), schemas.CodeWrongNode},
 		{"lapsed lease", "node-c", req("node-c", 3, digestObj, "run-5"), schemas.CodeSessionExpired},
 		{"unknown node", "node-z", req("node-z", 1, digestObj, ""), schemas.CodeUnknownNode},
@@ -211,11 +239,11 @@ func TestServiceAnswers(t *testing.T) {
 			t.Errorf("%s: %+v %+v, want refusal %s", c.name, rep.OK, rep.Refusal, c.code)
 		}
 	}
-	if w.svc.Given() != 5 || w.svc.Refused() != 12 {
+	if w.svc.Given() != 6 || w.svc.Refused() != 13 {
 		t.Errorf("given %d, refused %d", w.svc.Given(), w.svc.Refused())
 	}
-	if w.logs.FilterMessage("artifact credential refused").Len() != 12 {
-		t.Errorf("refusals logged: %d, want 12", w.logs.FilterMessage("artifact credential refused").Len())
+	if w.logs.FilterMessage("artifact credential refused").Len() != 13 {
+		t.Errorf("refusals logged: %d, want 13", w.logs.FilterMessage("artifact credential refused").Len())
 	}
 	// A replica whose cache has seen nothing: the Run named is read from
 	// wf_runs.
@@ -231,6 +259,40 @@ func TestServiceAnswers(t *testing.T) {
 		if strings.Contains(e.Message+string(b), login.Token) || strings.Contains(e.Message+string(b), "s3cr3t") {
 			t.Fatalf("a log line holds a secret: %s %s", e.Message, b)
 		}
+	}
+}
+
+// checkObjectRead: the answer names the grant's consumer, an ephemeral pull
+// consumer of the object's chunks only, without acks, that the server
+// deletes a minute after its last pull, starting at chunk startChunk.
+func checkObjectRead(t *testing.T, w *world, r *schemas.ArtifactObjectRead, g schemas.ArtifactGrant, startChunk uint32) {
+	t.Helper()
+	ctx := context.Background()
+	if r == nil || r.Consumer == "" || r.Consumer != g.Consumer || !strings.HasPrefix(r.Consumer, bus.ArtifactConsumer(g.NodeID, "")) {
+		t.Fatalf("object read %+v for grant %+v", r, g)
+	}
+	store, err := w.conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := store.GetInfo(ctx, g.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Size != uint64(objectSize) || r.Chunks != 3 || r.Digest != info.Digest || r.StartChunk != startChunk || r.StartByte != int64(startChunk)*bus.ObjectChunkSize {
+		t.Fatalf("object read %+v, want %d bytes in 3 chunks from chunk %d, digest %s", r, objectSize, startChunk, info.Digest)
+	}
+	ci, err := w.conn.JS.Consumer(ctx, bus.ObjectStream(bus.ObjectBucketArtifacts), r.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ci.CachedInfo().Config
+	if c.Durable != "" || c.DeliverSubject != "" || c.AckPolicy != jetstream.AckNonePolicy || c.InactiveThreshold != artifactauth.ConsumerInactive ||
+		c.FilterSubject != bus.ObjectChunks(bus.ObjectBucketArtifacts, info.NUID) || c.Metadata["node_id"] != g.NodeID {
+		t.Fatalf("consumer %+v", c)
+	}
+	if pending := ci.CachedInfo().NumPending; pending != uint64(3-startChunk) {
+		t.Fatalf("consumer has %d chunks pending, want %d", pending, 3-startChunk)
 	}
 }
 
