@@ -33,6 +33,7 @@ const (
 	confRun, confOtherRun                  = "run-a", "run-b"
 	confTenant, confOtherTenant            = "acme", "other"
 	confSession                            = "s1"
+	confConsumer, confOtherConsumer        = "artifact_node-a_probe", "artifact_node-b_probe"
 	probeToken                             = "probe"
 )
 
@@ -111,7 +112,8 @@ func (sf *secureFleet) confinementLogins() map[string]confinementLogin {
 	t := sf.t
 	t.Helper()
 	ctx := context.Background()
-	own := map[string]string{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant}
+	own := map[string]string{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant,
+		identities.PlaceholderConsumer: confConsumer}
 	producer := bus.ProducerCredentials(sf.producerName, sf.producerToken).Options()
 	operatorToken := sf.secrets["operator token"]
 	out := map[string]confinementLogin{
@@ -139,7 +141,7 @@ func (sf *secureFleet) confinementLogins() map[string]confinementLogin {
 	// controlplane/artifactauth writes one.
 	token := randomSecret(t)
 	grant, _ := json.Marshal(schemas.ArtifactGrant{NodeID: confNode, FencingToken: enr.FencingToken, Digest: "sha256:" + strings.Repeat("1", 64),
-		Object: "sha256/" + strings.Repeat("1", 64), RunID: confRun, ExpiresAt: time.Now().Add(15 * time.Minute)})
+		Object: "sha256/" + strings.Repeat("1", 64), Consumer: confConsumer, RunID: confRun, ExpiresAt: time.Now().Add(15 * time.Minute)})
 	grants, err := sf.conn.JS.KeyValue(ctx, bus.BucketArtifactGrants)
 	if err != nil {
 		t.Fatal(err)

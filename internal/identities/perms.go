@@ -15,7 +15,7 @@ func Full() bus.Permissions { return bus.Permissions{Publish: []string{">"}, Sub
 
 // Granted is what the code grants the table's identity, with the
 // placeholders for its values (bus's Perms* functions, called with
-// `<id>`, `<run>`, `<name>`), and whether it is Full. A row the code knows
+// `<id>`, `<run>`, `<name>`, `<consumer>`), and whether it is Full. A row the code knows
 // nothing of is an error: each identity the table lists must be one the
 // callout can grant. When a Perms* function's parameters change, this is
 // the one place that calls it.
@@ -32,7 +32,7 @@ func Granted(identity string) (p bus.Permissions, full bool, err error) {
 	case "log login":
 		return bus.PermsNodeLogs(PlaceholderNode, PlaceholderRun), false, nil
 	case "artifact login":
-		return bus.PermsArtifactReader(PlaceholderNode), false, nil
+		return bus.PermsArtifactReader(PlaceholderNode, PlaceholderConsumer), false, nil
 	}
 	return bus.Permissions{}, false, fmt.Errorf("identity %q: no grant in code; name it in identities.Granted", identity)
 }

@@ -20,11 +20,13 @@ var placeholderForm = regexp.MustCompile(`<[a-z]+>`)
 
 // Placeholders a pattern in the table may hold for the values of one
 // login: its node, its Run (log logins), its producer name (also its
-// tenant). A pattern naming another is an error.
+// tenant), the consumer its artifact grant names. A pattern naming another
+// is an error.
 const (
 	PlaceholderNode     = "<id>"
 	PlaceholderRun      = "<run>"
 	PlaceholderProducer = "<name>"
+	PlaceholderConsumer = "<consumer>"
 )
 
 // Replies says whether an identity may answer the requests it receives.
@@ -183,7 +185,7 @@ func patternsOf(line int, who string, cell func(int) (string, error), col int) (
 	}
 	for _, p := range ps {
 		for _, ph := range placeholderForm.FindAllString(p, -1) {
-			if ph != PlaceholderNode && ph != PlaceholderRun && ph != PlaceholderProducer {
+			if ph != PlaceholderNode && ph != PlaceholderRun && ph != PlaceholderProducer && ph != PlaceholderConsumer {
 				return nil, fmt.Errorf("security page line %d (%s): %q holds the unknown placeholder %s", line, who, p, ph)
 			}
 		}
