@@ -98,20 +98,26 @@ func TestAcceptance_SecureDefaults(t *testing.T) {
 	}
 
 	// The warmfleet CLI, no environment, no --nats-url: it finds serve's login.
-	cli := func(dir string, args ...string) (string, error) {
+	cliEnv := func(dir string, env []string, args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, wf, args...)
-		cmd.Dir, cmd.Env = dir, cleanEnv()
+		cmd.Dir, cmd.Env = dir, append(cleanEnv(), env...)
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
+	cli := func(dir string, args ...string) (string, error) { return cliEnv(dir, nil, args...) }
 	if out, err := cli(work, "node", "list"); err != nil {
 		t.Fatalf("warmfleet node list in make run's directory: %v\n%s", err, out)
 	}
 	if _, err := os.Stat("/var/lib/warmfleet/" + bus.OperatorContextFile); os.IsNotExist(err) {
-		if out, err := cli(t.TempDir(), "--nats-url", url, "node", "list"); err == nil || !strings.Contains(out, bus.EnvNATSTokenFile) {
-			t.Fatalf("warmfleet with no login anywhere: %v; want a refusal naming %s:\n%s", err, bus.EnvNATSTokenFile, out)
+		// Elsewhere, with no login found: refused, saying what to set.
+		if out, err := cli(t.TempDir(), "--nats-url", url, "node", "list"); err == nil || !strings.Contains(out, bus.EnvNATSCAFile) {
+			t.Fatalf("warmfleet with no login and no CA: %v; want a refusal naming %s:\n%s", err, bus.EnvNATSCAFile, out)
+		}
+		out, err := cliEnv(t.TempDir(), []string{bus.EnvNATSCAFile + "=" + login.CA}, "--nats-url", url, "node", "list")
+		if err == nil || !strings.Contains(out, "refused this login") || !strings.Contains(out, bus.EnvNATSTokenFile) {
+			t.Fatalf("warmfleet with the CA but no login: %v; want a refusal naming %s:\n%s", err, bus.EnvNATSTokenFile, out)
 		}
 	}
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,6 +62,10 @@ func (g *globals) connect(ctx context.Context) (*bus.Conn, error) {
 				return nil, fmt.Errorf("NATS at %s refused the operator login in %s (%v): is it from this server's data dir? Or set %s to the operator token file (docs/security.md)", url, login, last, bus.EnvNATSTokenFile)
 			}
 			return nil, fmt.Errorf("NATS at %s refused this login (%v): set %s to the operator token file, or run where `warmfleet serve --auth` keeps its data dir (docs/security.md)", url, last, bus.EnvNATSTokenFile)
+		}
+		var unknownCA x509.UnknownAuthorityError
+		if errors.As(last, &unknownCA) {
+			return nil, fmt.Errorf("NATS at %s presented a certificate from a CA this CLI does not trust: set %s to that CA's PEM file (serve --auth keeps it as <data-dir>/tls/ca.pem), or run where serve keeps its data dir", url, bus.EnvNATSCAFile)
 		}
 		return nil, fmt.Errorf("no NATS server at %s (start one with `warmfleet serve` or pass --nats-url): %w", url, err)
 	}
