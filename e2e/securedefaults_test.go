@@ -159,18 +159,35 @@ func TestAcceptance_SecureDefaults(t *testing.T) {
 		t.Fatalf("run submit --wait through the CA-only agent: %v\n%s\nagent:\n%s", err, out, agent.output())
 	}
 
-	// The stock nats CLI with the context file serve wrote, as the README says.
+	// The stock nats CLI with the context file serve wrote, as the README
+	// says: its pub and kv get examples, with no other flag.
 	t.Run("nats CLI", func(t *testing.T) {
 		natsBin := findNatsCLI(t)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, natsBin, "kv", "get", "wf_nodes", "local-1", "--raw")
-		cmd.Dir = work
-		cmd.Env = append(cleanEnv(), "HOME="+t.TempDir(), "NATS_CONTEXT="+loginFile)
-		out, err := cmd.CombinedOutput()
-		var rec schemas.NodeRecord
-		if err != nil || json.Unmarshal(out, &rec) != nil || rec.NodeID != "local-1" {
-			t.Fatalf("NATS_CONTEXT=%s nats kv get wf_nodes local-1: %v\n%s", loginFile, err, out)
+		home := t.TempDir()
+		natsCmd := func(args []string) (string, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, natsBin, args...)
+			cmd.Dir = work
+			cmd.Env = append(cleanEnv(), "HOME="+home, "NATS_CONTEXT="+loginFile)
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		steps, runID := natsCLISteps(w.image.Reference)
+		if out, err := natsCmd(steps["pub"]); err != nil || !strings.Contains(out, "Published") {
+			t.Fatalf("NATS_CONTEXT=%s nats %s: %v\n%s", loginFile, shellJoin(steps["pub"]), err, out)
+		}
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			out, err := natsCmd(steps["get"])
+			var run schemas.Run
+			if err == nil && json.Unmarshal([]byte(out), &run) == nil && run.ID == runID && run.Phase == schemas.PhaseSucceeded {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("nats %s: no succeeded Run after 90s: %v\n%s", shellJoin(steps["get"]), err, out)
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
 	})
 }
