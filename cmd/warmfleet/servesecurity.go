@@ -136,6 +136,9 @@ func (s *serveSecurity) prepare(embedded bool, dataDir, listen string, log *zap.
 		s.serviceUser = "warmfleet-cp"
 		s.servicePass = randid.Token(32)
 		if s.serverTLS.CertFile == "" {
+			if s.serverTLS.VerifyClients {
+				return errors.New("--tls-verify-clients needs --tls-cert, --tls-key and --tls-ca: the CA serve keeps in <data-dir>/tls issues no client certificates")
+			}
 			pki, err := bus.EnsurePKI(filepath.Join(dataDir, "tls"), bus.HostsFor(listen))
 			if err != nil {
 				return fmt.Errorf("--auth without --tls-cert: the data dir's certificates: %w", err)
