@@ -26,6 +26,10 @@ type OperatorContext struct {
 	Password    string `json:"password"`
 	// CA is the path of the PEM CA the server's certificate chains to.
 	CA string `json:"ca,omitempty"`
+	// Cert and Key are a client certificate's files, for a server that
+	// verifies clients.
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
 }
 
 // ErrOperatorContext is wrapped by every error reading one.
@@ -83,7 +87,7 @@ func ReadOperatorContext(path string) (OperatorContext, error) {
 // Options are the connection options of this login: TLS against its CA
 // when it names one, and the operator's credentials.
 func (c OperatorContext) Options() ([]nats.Option, error) {
-	opts, err := TLSFiles{CAFile: c.CA}.ClientOptions()
+	opts, err := TLSFiles{CAFile: c.CA, CertFile: c.Cert, KeyFile: c.Key}.ClientOptions()
 	if err != nil {
 		return nil, err
 	}

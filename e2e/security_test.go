@@ -41,11 +41,15 @@ type secureFleet struct {
 	*fleet
 	url      string
 	tls      []nats.Option // client TLS options, from a throwaway CA
+	pki      bus.DevPKI
 	logs     *observer.ObservedLogs
 	secrets  map[string]string // what must never be at rest: name -> value
 	secretMu sync.Mutex
 
 	producerName, producerToken string
+	// runtime is the runtime of each agent started (by data dir); nil: a
+	// no-op runtime whose workloads exit at once.
+	runtime func(dataDir string, log *zap.Logger) noderuntime.Runtime
 }
 
 const testImage = "localhost/busybox@sha256:293b61c04e6cc91c9c17343b579b3be84b0cfe4881ad4f9018ab3a023e69e263"
@@ -94,7 +98,7 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	// to the same place.
 	srv.Server().SetLoggerV2(natsLogger{log.Named("nats-server")}, true, false, false)
 
-	sf := &secureFleet{url: srv.URL(), tls: tlsOpts, logs: logs, producerName: "acme", producerToken: producerToken,
+	sf := &secureFleet{url: srv.URL(), tls: tlsOpts, pki: pki, logs: logs, producerName: "acme", producerToken: producerToken,
 		secrets: map[string]string{"service password": servicePassword, "operator token": operatorToken,
 			"producer token": producerToken, "issuer seed": string(seed)}}
 
@@ -175,7 +179,10 @@ func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderu
 	if err != nil {
 		sf.t.Fatal(err)
 	}
-	rt := noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
+	var rt noderuntime.Runtime = noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
+	if sf.runtime != nil {
+		rt = sf.runtime(dataDir, log)
+	}
 	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
 		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30},
 		LogDialer: bus.RunLogDialer(sf.url, id, sf.tls, creds, log)}, conn, rt, log)
