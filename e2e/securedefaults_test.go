@@ -138,7 +138,7 @@ func TestAcceptance_SecureDefaults(t *testing.T) {
 		"--image-dir", w.imageDir, "--network-bridge", w.bridge.Name, "--network-subnet", w.bridge.Subnet, "--network-ipam-dir", w.ipamDir}
 	// Logging in without TLS is refused before the agent dials.
 	noTLS := startProc(t, work, agentBin, append([]string{"--nats-auth", "--node-id", "plain-1", "--nats-url", plain}, agentArgs...)...)
-	if err := noTLS.wait(30*time.Second); err == nil || !strings.Contains(noTLS.output(), string(schemas.CodeTLSRequired)) ||
+	if err := noTLS.wait(30 * time.Second); err == nil || !strings.Contains(noTLS.output(), string(schemas.CodeTLSRequired)) ||
 		!strings.Contains(noTLS.output(), "--insecure-auth-without-tls") {
 		t.Fatalf("agent --nats-auth over %s: %v; want %s naming --insecure-auth-without-tls:\n%s", plain, err, schemas.CodeTLSRequired, noTLS.output())
 	}
