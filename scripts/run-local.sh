@@ -6,12 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-.warmfleet}
 mkdir -p "$DATA"
-if [ "$(cd "$DATA" && pwd)" != "$PWD/.warmfleet" ]; then
+DATA=$(cd "$DATA" && pwd) # absolute: containerd's config needs it
+if [ "$DATA" != "$PWD/.warmfleet" ]; then
 	# The CLI finds serve's operator login in ./.warmfleet by itself; a
 	# data dir elsewhere is named through the environment instead.
 	export WARMFLEET_NATS_URL=tls://127.0.0.1:${PORT:-4222} WARMFLEET_NATS_TOKEN_FILE=$DATA/operator.token WARMFLEET_NATS_CA=$DATA/tls/ca.pem
 fi
-DATA=$(cd "$DATA" && pwd) # absolute: containerd's config needs it
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
