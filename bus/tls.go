@@ -24,10 +24,15 @@ type TLSFiles struct {
 	// VerifyClients (server side) requires every client to present a
 	// certificate signed by CAFile.
 	VerifyClients bool
+	// CAPEM (client side) is the CA certificate itself, in PEM, used when
+	// CAFile is empty: the one a node bootstrap carries.
+	CAPEM string
 }
 
 // Enabled reports whether any file is named.
-func (t TLSFiles) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" || t.CAFile != "" }
+func (t TLSFiles) Enabled() bool {
+	return t.CertFile != "" || t.KeyFile != "" || t.CAFile != "" || t.CAPEM != ""
+}
 
 // ErrTLSConfig is wrapped by every TLS setup error.
 var ErrTLSConfig = errors.New("bus: tls")
@@ -62,6 +67,12 @@ func (t TLSFiles) ClientConfig() (*tls.Config, error) {
 		pool, err := loadPool(t.CAFile)
 		if err != nil {
 			return nil, err
+		}
+		cfg.RootCAs = pool
+	} else if t.CAPEM != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(t.CAPEM)) {
+			return nil, fmt.Errorf("%w: the bootstrap's control_plane_ca holds no PEM certificate", ErrTLSConfig)
 		}
 		cfg.RootCAs = pool
 	}

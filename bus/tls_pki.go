@@ -36,64 +36,82 @@ func GenerateDevPKI(dir string, validFor time.Duration, hosts ...string) (DevPKI
 		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
 		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"),
 	}
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return p, fmt.Errorf("%w: ca key: %w", ErrTLSConfig, err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "warmfleet dev CA"},
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return p, fmt.Errorf("%w: ca certificate: %w", ErrTLSConfig, err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
+	ca, err := newCA(validFor)
 	if err != nil {
 		return p, err
 	}
-	if err := writePEM(p.CAFile, "CERTIFICATE", caDER, 0o644); err != nil {
+	if err := writePEM(p.CAFile, "CERTIFICATE", ca.cert.Raw, 0o644); err != nil {
 		return p, err
 	}
-	leaf := func(cn string, usage x509.ExtKeyUsage, names []string, certFile, keyFile string) error {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return fmt.Errorf("%w: key for %s: %w", ErrTLSConfig, cn, err)
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: serial(), Subject: pkix.Name{CommonName: cn},
-			NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		}
-		for _, h := range names {
-			if ip := net.ParseIP(h); ip != nil {
-				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-			} else {
-				tmpl.DNSNames = append(tmpl.DNSNames, h)
-			}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			return fmt.Errorf("%w: certificate for %s: %w", ErrTLSConfig, cn, err)
-		}
-		kb, err := x509.MarshalECPrivateKey(key)
-		if err != nil {
-			return err
-		}
-		if err := writePEM(certFile, "CERTIFICATE", der, 0o644); err != nil {
-			return err
-		}
-		return writePEM(keyFile, "EC PRIVATE KEY", kb, 0o600)
-	}
-	if err := leaf("warmfleet nats server", x509.ExtKeyUsageServerAuth, hosts, p.ServerCert, p.ServerKey); err != nil {
+	if err := ca.issue("warmfleet nats server", x509.ExtKeyUsageServerAuth, hosts, validFor, p.ServerCert, p.ServerKey); err != nil {
 		return p, err
 	}
-	if err := leaf("warmfleet client", x509.ExtKeyUsageClientAuth, nil, p.ClientCert, p.ClientKey); err != nil {
+	if err := ca.issue("warmfleet client", x509.ExtKeyUsageClientAuth, nil, validFor, p.ClientCert, p.ClientKey); err != nil {
 		return p, err
 	}
 	return p, nil
+}
+
+// certAuthority is a CA certificate with its key, able to issue leaves.
+type certAuthority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func newCA(validFor time.Duration) (certAuthority, error) {
+	now := time.Now()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return certAuthority{}, fmt.Errorf("%w: ca key: %w", ErrTLSConfig, err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "warmfleet CA"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return certAuthority{}, fmt.Errorf("%w: ca certificate: %w", ErrTLSConfig, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return certAuthority{}, err
+	}
+	return certAuthority{cert: cert, key: key}, nil
+}
+
+// issue writes a leaf certificate for names (host names and IP addresses)
+// and its key (0600).
+func (ca certAuthority) issue(cn string, usage x509.ExtKeyUsage, names []string, validFor time.Duration, certFile, keyFile string) error {
+	now := time.Now()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("%w: key for %s: %w", ErrTLSConfig, cn, err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: cn},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	}
+	for _, h := range names {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return fmt.Errorf("%w: certificate for %s: %w", ErrTLSConfig, cn, err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := writePEM(certFile, "CERTIFICATE", der, 0o644); err != nil {
+		return err
+	}
+	return writePEM(keyFile, "EC PRIVATE KEY", kb, 0o600)
 }
 
 // Server is the server side's files, verifying clients when verify is set.

@@ -50,6 +50,9 @@ type Config struct {
 	// OpenEnrollment admits nodes that present no enrollment token. For
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
+	// ControlPlaneCA is the NATS server's CA certificate (PEM, public),
+	// carried by every node bootstrap so agents dial TLS and trust it.
+	ControlPlaneCA string
 	Topology       bus.Topology
 	// PrefetchFlushInterval is how often nodes' prefetch progress is written
 	// to wf_prefetch; prefetch.DefaultFlushInterval when zero.

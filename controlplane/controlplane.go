@@ -92,6 +92,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.nodes = nodes.New(nodes.Config{
 		HeartbeatInterval: cfg.HeartbeatInterval, LeaseMultiplier: cfg.LeaseMultiplier, SessionTTL: cfg.SessionTTL,
 		CommandAckWait: cfg.CommandAckWait, OpenEnrollment: cfg.OpenEnrollment, RentedPrices: cfg.Capacity != nil, Now: cfg.Now,
+		ControlPlaneCA: cfg.ControlPlaneCA,
 	}, conn, cp.nodesKV, kv[bus.BucketEnroll], kv[bus.BucketRentals], cp.cache, cp.runs, cp.sessions, poke, log)
 	var renter scheduler.Renter
 	if cfg.Capacity != nil {

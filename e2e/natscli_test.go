@@ -16,8 +16,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/adapters/containerd"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -27,7 +30,9 @@ const natsCLIInstall = "go install github.com/nats-io/natscli/nats@v0.5.0"
 
 // TestAcceptance_NatsCLIExamples runs the README's "Try it" commands with the
 // real `nats` CLI against an embedded NATS server, a control plane and one
-// agent, and checks that they do what the README says: a JSON RunRequest
+// agent, as `make run` sets them up: auth and TLS on, the CLI logging in
+// through NATS_CONTEXT and an operator login file (bus.OperatorContext, as
+// serve writes one). It checks that they do what the README says: a JSON RunRequest
 // published with `nats pub` runs to succeeded, `nats sub` shows its events
 // accepted … succeeded, `nats kv get` shows the Run record, `nats kv watch`
 // shows the node, and `nats stream view` shows the audit log.
@@ -37,9 +42,18 @@ const natsCLIInstall = "go install github.com/nats-io/natscli/nats@v0.5.0"
 func TestAcceptance_NatsCLIExamples(t *testing.T) {
 	bin := findNatsCLI(t)
 	w := newWorld(t)
-	f := newFleet(t)
-	n := f.startAgent(agentSpec{id: "local-1", world: w})
+	f := newSecureFleet(t)
+	f.runtime = func(dataDir string, log *zap.Logger) noderuntime.Runtime {
+		rt, err := containerd.New(context.Background(), w.runtimeOptions(dataDir, log))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rt.Close() })
+		return rt
+	}
+	n := f.startAgent("local-1")
 	cli := newNatsCLI(t, bin, f.nats.Server())
+	cli.login(f)
 
 	steps, runID := natsCLISteps(w.image.Reference)
 
@@ -234,6 +248,19 @@ func newNatsCLI(t *testing.T, bin string, srv *server.Server) *natsCLI {
 		t.Logf("nats CLI %s: %s", bin, strings.TrimSpace(string(out)))
 	}
 	return c
+}
+
+// login makes the CLI log in as the operator of sf over its TLS, through a
+// context file in NATS_CONTEXT, as the README's `make run` setup does.
+func (c *natsCLI) login(sf *secureFleet) {
+	c.t.Helper()
+	pki := sf.pki
+	ctxFile := filepath.Join(c.t.TempDir(), bus.OperatorContextFile)
+	if err := bus.WriteOperatorContext(ctxFile, bus.OperatorContext{URL: sf.url, User: bus.OperatorUser, Password: sf.secrets["operator token"],
+		CA: pki.CAFile, Cert: pki.ClientCert, Key: pki.ClientKey}); err != nil {
+		c.t.Fatal(err)
+	}
+	c.env = append(c.env, "NATS_CONTEXT="+ctxFile)
 }
 
 // record adds a command and its output to the transcript, the way the

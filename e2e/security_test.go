@@ -47,6 +47,9 @@ type secureFleet struct {
 	secretMu sync.Mutex
 
 	producerName, producerToken string
+	// runtime is the runtime of each agent started (by data dir); nil: a
+	// no-op runtime whose workloads exit at once.
+	runtime func(dataDir string, log *zap.Logger) noderuntime.Runtime
 }
 
 const testImage = "localhost/busybox@sha256:293b61c04e6cc91c9c17343b579b3be84b0cfe4881ad4f9018ab3a023e69e263"
@@ -176,7 +179,10 @@ func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderu
 	if err != nil {
 		sf.t.Fatal(err)
 	}
-	rt := noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
+	var rt noderuntime.Runtime = noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
+	if sf.runtime != nil {
+		rt = sf.runtime(dataDir, log)
+	}
 	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
 		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30},
 		LogDialer: bus.RunLogDialer(sf.url, id, sf.tls, creds, log)}, conn, rt, log)

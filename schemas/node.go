@@ -103,6 +103,10 @@ type NodeBootstrap struct {
 	ExpiresAt       time.Time `json:"expires_at"`
 	// AgentVersion is the agent build this node is expected to run.
 	AgentVersion string `json:"agent_version,omitempty"`
+	// ControlPlaneCA is the PEM of the CA the NATS server's certificate
+	// chains to (public), so the agent dials TLS and trusts that server
+	// with no other file.
+	ControlPlaneCA string `json:"control_plane_ca,omitempty"`
 }
 
 // Invitation is the stored half of a NodeBootstrap in wf_enroll, keyed by

@@ -114,6 +114,17 @@ const (
 	CodeInternal          Code = "internal"
 )
 
+// Startup refusals of an insecure setup (docs/security.md).
+const (
+	// CodeAuthRequired refuses `warmfleet serve` listening beyond loopback
+	// without --auth (override: --insecure-no-auth).
+	CodeAuthRequired Code = "auth_required"
+	// CodeTLSRequired refuses an agent logging in (--nats-auth) over a
+	// connection without TLS, where its token would cross in clear
+	// (override: --insecure-auth-without-tls).
+	CodeTLSRequired Code = "tls_required"
+)
+
 // Refusal is a coded, operator-readable refusal of one input. Field names the
 // offending field in its wire (json) spelling; Reason says what class of value
 // was wrong and what to do. Refusals never echo secret values.

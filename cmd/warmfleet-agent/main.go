@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -51,7 +52,7 @@ func newRoot() *cobra.Command {
 		generation                                                                          uint64
 		capacity                                                                            schemas.Resources
 		maxWorkloads                                                                        int
-		natsAuth, allowHostNetwork                                                          bool
+		natsAuth, allowHostNetwork, authWithoutTLS                                          bool
 		netOpts                                                                             containerd.NetworkOptions
 		natsTLS                                                                             bus.TLSFiles
 		logRate, logBurst                                                                   int64
@@ -84,6 +85,12 @@ func newRoot() *cobra.Command {
 				if !cmd.Flags().Changed("nats-url") && b.ControlPlaneURL != "" {
 					natsURL = b.ControlPlaneURL
 				}
+				if natsTLS.CAFile == "" {
+					natsTLS.CAPEM = b.ControlPlaneCA // --tls-ca wins
+				}
+			}
+			if err := checkAuthTransport(natsAuth, authWithoutTLS, natsURL, natsTLS, log); err != nil {
+				return err
 			}
 			if nodeID == "" {
 				host, _ := os.Hostname()
@@ -180,7 +187,8 @@ func newRoot() *cobra.Command {
 	f.StringVar(&nvmlLibrary, "nvml-library", os.Getenv("WARMFLEET_NVML_LIBRARY"), "NVML library the GPU probe loads (default: libnvidia-ml.so.1 from the loader's search path)")
 	f.StringSliceVar(&cdiDirs, "cdi-spec-dir", cdispec.DefaultDirs(), "CDI spec directory, lowest priority first; repeat for several. GPUs are given to containers through the devices these specs declare")
 	f.BoolVar(&natsAuth, "nats-auth", os.Getenv("WARMFLEET_NATS_AUTH") == "1", "log in to NATS as this node with the bootstrap's token, then the session's (for warmfleet serve --auth; docs/security.md)")
-	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on")
+	f.BoolVar(&authWithoutTLS, "insecure-auth-without-tls", false, "let --nats-auth log in over a connection without TLS, where the node's tokens cross in clear (any process that can read this host's traffic, a host-network Run included, may take them)")
+	f.StringVar(&natsTLS.CAFile, "tls-ca", os.Getenv("WARMFLEET_NATS_CA"), "CA (PEM) the NATS server's certificate must chain to; turns TLS on (default: the bootstrap's control_plane_ca)")
 	f.StringVar(&natsTLS.CertFile, "tls-cert", os.Getenv("WARMFLEET_NATS_CERT"), "client certificate (PEM) for a NATS server that verifies clients")
 	f.StringVar(&natsTLS.KeyFile, "tls-key", os.Getenv("WARMFLEET_NATS_KEY"), "client key (PEM)")
 	f.BoolVar(&allowHostNetwork, "allow-host-network", false, `let Runs that ask ("network": "host") share this host's network namespace, and so reach every local service this host's network reaches; off, facts do not offer host and such a launch is refused (docs/security.md)`)
@@ -270,6 +278,31 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// checkAuthTransport refuses --nats-auth over a connection without TLS
+// (no CA, certificate or tls:// URL) unless --insecure-auth-without-tls
+// says so: the node's tokens would cross the wire in clear.
+func checkAuthTransport(auth, override bool, url string, t bus.TLSFiles, log *zap.Logger) error {
+	if !auth || t.Enabled() || allTLSURLs(url) {
+		return nil
+	}
+	if !override {
+		return &schemas.Refusal{Code: schemas.CodeTLSRequired, Field: "--nats-auth", Reason: fmt.Sprintf(
+			"logging in to %s without TLS sends this node's tokens in clear: use a bootstrap from `warmfleet node invite` against a server with TLS (it carries the CA), or pass --tls-ca, or --insecure-auth-without-tls to send them anyway", url)}
+	}
+	log.Warn("--nats-auth without TLS (--insecure-auth-without-tls): the node's tokens cross the network in clear", zap.String("nats", url))
+	return nil
+}
+
+// allTLSURLs reports whether every URL in a comma-separated list is tls://.
+func allTLSURLs(list string) bool {
+	for _, u := range strings.Split(list, ",") {
+		if !strings.HasPrefix(strings.TrimSpace(u), "tls://") {
+			return false
+		}
+	}
+	return true
 }
 
 // readBootstrap reads a NodeBootstrap file strictly; its token is a secret

@@ -43,10 +43,16 @@ type globals struct {
 	natsURL  string
 	output   string
 	logLevel string
+	// urlSet: --nats-url or WARMFLEET_NATS_URL named the server, which
+	// then wins over a discovered operator login's URL.
+	urlSet func() bool
+	// loginDirs are searched in order for serve's operator login when the
+	// environment names none.
+	loginDirs []string
 }
 
 func newRoot() *cobra.Command {
-	g := &globals{}
+	g := &globals{loginDirs: operatorLoginDirs()}
 	root := &cobra.Command{
 		Use:           "warmfleet",
 		Short:         "GPU fleet control plane: places Runs on the warmest machine that fits",
@@ -54,6 +60,9 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL")
+	g.urlSet = func() bool {
+		return root.PersistentFlags().Changed("nats-url") || os.Getenv("WARMFLEET_NATS_URL") != ""
+	}
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newDevCmd())

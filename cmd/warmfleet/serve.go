@@ -50,10 +50,18 @@ func newServe(g *globals) *cobra.Command {
 				return err
 			}
 			url := g.natsURL
-			if err := sec.prepare(!cmd.Flags().Changed("nats-url"), dataDir); err != nil {
+			embedded := !cmd.Flags().Changed("nats-url")
+			if err := sec.checkListen(embedded, listen, log); err != nil {
 				return err
 			}
-			if !cmd.Flags().Changed("nats-url") {
+			if err := sec.prepare(embedded, dataDir, listen, log); err != nil {
+				return err
+			}
+			caPEM, err := sec.controlPlaneCA()
+			if err != nil {
+				return err
+			}
+			if embedded {
 				srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(dataDir, "jetstream"), Host: listen, Port: port,
 					Auth: sec.embeddedAuth(), TLS: sec.serverTLS})
 				if err != nil {
@@ -63,6 +71,9 @@ func newServe(g *globals) *cobra.Command {
 				url = srv.URL()
 				log.Info("embedded NATS listening", zap.String("url", url), zap.String("store", filepath.Join(dataDir, "jetstream")))
 				fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: embedded NATS at %s (data in %s)\n", url, dataDir)
+				if err := sec.publish(dataDir, url, log); err != nil {
+					return err
+				}
 			}
 			copts, err := sec.clientOptions()
 			if err != nil {
@@ -82,7 +93,7 @@ func newServe(g *globals) *cobra.Command {
 			}
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
-				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
+				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 			}, log)
 			if err != nil {
@@ -96,7 +107,11 @@ func newServe(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats -s %s pub wf.runs.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, url)
+			natsArgs := "-s " + url
+			if embedded && sec.auth {
+				natsArgs = "--context " + filepath.Join(dataDir, bus.OperatorContextFile)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats %s pub wf.runs.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, natsArgs)
 			runErr := cp.Run(ctx)
 			cancel()
 			if metricsDone != nil {

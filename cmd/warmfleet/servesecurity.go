@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,11 +16,12 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/internal/randid"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // serveSecurity is `warmfleet serve`'s NATS auth and TLS (docs/security.md).
 type serveSecurity struct {
-	auth                      bool
+	auth, insecureNoAuth      bool
 	issuerSeedFile            string
 	producerTokensFile        string
 	operatorTokenFile         string
@@ -35,6 +37,7 @@ type serveSecurity struct {
 func (s *serveSecurity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.BoolVar(&s.auth, "auth", false, "require a login for NATS: agents, producers and operators get per-identity permissions from the control plane's auth callout (docs/security.md)")
+	f.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "let the embedded NATS listen beyond loopback without --auth: anyone who reaches the port may read and rewrite everything (a warning is logged at every start)")
 	f.StringVar(&s.issuerSeedFile, "auth-issuer-seed-file", "", "account nkey seed (SA...) that signs callout answers; required with --auth and --nats-url (the server's auth_callout.issuer is its public key); the embedded server generates one")
 	f.StringVar(&s.producerTokensFile, "producer-tokens-file", "", "with --auth: `file` of \"<name> <token>\" lines, one per producer")
 	f.StringVar(&s.operatorTokenFile, "operator-token-file", "", "with --auth: file holding the operator token (user \"operator\", full permissions)")
@@ -48,10 +51,35 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 	f.StringVar(&s.clientKey, "tls-client-key", "", "the control plane's own client key (PEM)")
 }
 
+// checkListen refuses an embedded server open beyond loopback without
+// --auth, unless --insecure-no-auth says so, which is warned about at each
+// start.
+func (s *serveSecurity) checkListen(embedded bool, listen string, log *zap.Logger) error {
+	if !embedded || s.auth || isLoopback(listen) {
+		return nil
+	}
+	if !s.insecureNoAuth {
+		return &schemas.Refusal{Code: schemas.CodeAuthRequired, Field: "--auth", Reason: fmt.Sprintf(
+			"--listen %s is reachable beyond this machine, and without --auth anyone who reaches it reads and rewrites every Run, node and credential request: add --auth (agents then need --nats-auth), listen on 127.0.0.1, or pass --insecure-no-auth to run open anyway", listen)}
+	}
+	log.Warn("embedded NATS listens beyond loopback WITHOUT auth (--insecure-no-auth): anyone who reaches it may read and rewrite everything; use --auth", zap.String("listen", listen))
+	return nil
+}
+
+// isLoopback reports whether listen (an IP or host name) is this machine only.
+func isLoopback(listen string) bool {
+	if listen == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(listen)
+	return ip != nil && ip.IsLoopback()
+}
+
 // prepare reads the secret files and, for the embedded server, mints the
-// control plane's login and the callout's issuer key. Secrets are never
-// printed.
-func (s *serveSecurity) prepare(embedded bool, dataDir string) error {
+// control plane's login and the callout's issuer key, and, unless given
+// certificate files, keeps a CA and server certificate under
+// <data-dir>/tls so auth always comes with TLS. Secrets are never printed.
+func (s *serveSecurity) prepare(embedded bool, dataDir, listen string, log *zap.Logger) error {
 	if !s.auth {
 		if s.producerTokensFile != "" || s.operatorTokenFile != "" || s.issuerSeedFile != "" {
 			return errors.New("--producer-tokens-file, --operator-token-file and --auth-issuer-seed-file need --auth")
@@ -107,6 +135,17 @@ func (s *serveSecurity) prepare(embedded bool, dataDir string) error {
 	if embedded {
 		s.serviceUser = "warmfleet-cp"
 		s.servicePass = randid.Token(32)
+		if s.serverTLS.CertFile == "" {
+			if s.serverTLS.VerifyClients {
+				return errors.New("--tls-verify-clients needs --tls-cert, --tls-key and --tls-ca: the CA serve keeps in <data-dir>/tls issues no client certificates")
+			}
+			pki, err := bus.EnsurePKI(filepath.Join(dataDir, "tls"), bus.HostsFor(listen))
+			if err != nil {
+				return fmt.Errorf("--auth without --tls-cert: the data dir's certificates: %w", err)
+			}
+			log.Info("embedded NATS TLS from the data dir", zap.String("ca", pki.CAFile), zap.String("cert", pki.ServerCert), zap.Bool("reissued", pki.Reissued))
+			s.serverTLS = pki.Server()
+		}
 	} else {
 		if s.natsUser == "" || s.natsPassFile == "" {
 			return errors.New("--auth with --nats-url needs --nats-user and --nats-password-file: the control plane's own login, listed in the server's auth_callout.auth_users")
@@ -152,6 +191,42 @@ func (s *serveSecurity) authConfig(log *zap.Logger) *admission.Config {
 	}
 	log.Info("NATS auth on", zap.Strings("producers", admission.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
 	return &admission.Config{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}
+}
+
+// publish writes, for the embedded server with auth, the operator's login
+// to <data-dir>/operator.json (0600) for the CLIs to find; without auth it
+// removes one left from an earlier start, which would point them at TLS and
+// a login this server does not have.
+func (s *serveSecurity) publish(dataDir, url string, log *zap.Logger) error {
+	path := filepath.Join(dataDir, bus.OperatorContextFile)
+	if !s.auth || s.operatorToken == "" {
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		return nil
+	}
+	c := bus.OperatorContext{Description: "warmfleet operator (written by warmfleet serve)", URL: url, User: bus.OperatorUser, Password: s.operatorToken}
+	if s.serverTLS.CAFile != "" {
+		ca, err := filepath.Abs(s.serverTLS.CAFile)
+		if err != nil {
+			return err
+		}
+		c.CA = ca
+	}
+	if err := bus.WriteOperatorContext(path, c); err != nil {
+		return err
+	}
+	log.Info("operator login written for the CLIs", zap.String("file", path))
+	return nil
+}
+
+// controlPlaneCA is the CA (PEM) node bootstraps carry: the one the
+// server's certificate chains to, if any.
+func (s *serveSecurity) controlPlaneCA() (string, error) {
+	if s.serverTLS.CAFile == "" {
+		return "", nil
+	}
+	return bus.CAPEM(s.serverTLS.CAFile)
 }
 
 // ensureTokenFile returns path, writing a new random token there (0600)

@@ -35,6 +35,7 @@ func (s *Service) Invite(ctx context.Context, req schemas.InviteRequest) (schema
 	return schemas.NodeBootstrap{
 		ControlPlaneURL: s.conn.NC.ConnectedUrlRedacted(), NodeID: req.NodeID, RentalID: req.RentalID, Generation: req.Generation,
 		EnrollmentToken: token, ExpiresAt: inv.ExpiresAt, AgentVersion: req.AgentVersion,
+		ControlPlaneCA: s.cfg.ControlPlaneCA,
 	}, nil
 }
 

@@ -41,7 +41,10 @@ type Config struct {
 	// RentedPrices: a rented node costs what its rental does (a capacity
 	// provider is configured).
 	RentedPrices bool
-	Now          func() time.Time
+	// ControlPlaneCA is the NATS server's CA (PEM), written into every
+	// bootstrap; empty when the server has no TLS.
+	ControlPlaneCA string
+	Now            func() time.Time
 }
 
 // Drainer releases the sessions resident on a draining node.

@@ -74,7 +74,7 @@ if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload || true; f
 if command -v systemctl >/dev/null 2>&1 && systemctl cat warmfleet-agent.service >/dev/null 2>&1; then
   systemctl enable --now warmfleet-agent.service
 elif command -v warmfleet-agent >/dev/null 2>&1; then
-  nohup warmfleet-agent --bootstrap "$dir/bootstrap.json" >>/var/log/warmfleet-agent.log 2>&1 &
+  nohup warmfleet-agent --nats-auth --bootstrap "$dir/bootstrap.json" >>/var/log/warmfleet-agent.log 2>&1 &
 else
   echo "warmfleet: no warmfleet-agent on this image; bootstrap left at $dir/bootstrap.json" >&2
   exit 1
