@@ -169,7 +169,7 @@ func (sf *secureFleet) startAgent(id string) *secureAgent {
 // --nats-auth` does: first with the bootstrap token.
 func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderuntime.SessionHost) *secureAgent {
 	sf.t.Helper()
-	creds := bus.NodeCredentials(id, token)
+	creds := bus.AgentCredentials(id, token, token)
 	log := sf.log.Named(id)
 	conn, err := bus.Connect(sf.url, "warmfleet-agent-"+id, log, append(append([]nats.Option{}, sf.tls...), creds.Options()...)...)
 	if err != nil {
@@ -427,7 +427,7 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	// An invitation logs in only as the node it names, and only to enroll.
 	d := sf.invite("node-d", 1, time.Minute)
 	sf.refusedLogin("node-d's invitation as node-a", bus.NodeCredentials(a.id, d.EnrollmentToken))
-	dnc, djs, derrs := sf.dial("node-d enrolling", bus.NodeCredentials("node-d", d.EnrollmentToken))
+	dnc, djs, derrs := sf.dial("node-d enrolling", bus.AgentCredentials("node-d", d.EnrollmentToken, d.EnrollmentToken))
 	jsPublishFails(t, djs, bus.NodeObs("node-d"), []byte(`{}`))
 	derrs.denied(t, "publish", bus.NodeObs("node-d"))
 	dnc.Close()
