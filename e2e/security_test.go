@@ -46,6 +46,9 @@ type secureFleet struct {
 	secretMu sync.Mutex
 
 	producerName, producerToken string
+	// workloadTime is how long a workload of startAgentWith's agents runs
+	// before it exits 0; 200ms when zero.
+	workloadTime time.Duration
 }
 
 const testImage = "localhost/busybox@sha256:293b61c04e6cc91c9c17343b579b3be84b0cfe4881ad4f9018ab3a023e69e263"
@@ -175,7 +178,11 @@ func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderu
 	if err != nil {
 		sf.t.Fatal(err)
 	}
-	rt := noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
+	exit := 200 * time.Millisecond
+	if sf.workloadTime > 0 {
+		exit = sf.workloadTime
+	}
+	rt := noopruntime.New(noopruntime.Options{ExitAfter: exit})
 	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
 		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30},
 		LogDialer: bus.RunLogDialer(sf.url, id, sf.tls, creds, log)}, conn, rt, log)
