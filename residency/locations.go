@@ -41,13 +41,15 @@ func (o Observation) Key() Key { return Key{Tenant: o.Tenant, Session: o.Session
 type Locations interface {
 	// PublishResidency writes the observation under its epoch. It refuses
 	// with ErrEpochSuperseded an epoch lower than the stored one (or than
-	// the session's current lease), and with ErrTombstoned a publish at the
-	// epoch of an existing tombstone.
+	// the session's current lease), with ErrNotLeaseHolder one whose host
+	// does not hold the session's lease at exactly its epoch, and with
+	// ErrTombstoned a publish at the epoch of an existing tombstone.
 	PublishResidency(ctx context.Context, obs Observation) error
 	// TombstoneResidency writes the `expired` tombstone at epoch, keeping
 	// the epoch high-water mark. It refuses with ErrEpochSuperseded when a
 	// later epoch is stored (a stale holder cannot tombstone its successor's
-	// route). It is idempotent.
+	// route), and with ErrNotLeaseHolder one from a host not holding the
+	// lease at exactly epoch. It is idempotent.
 	TombstoneResidency(ctx context.Context, key Key, host string, epoch ResidencyEpoch) error
 }
 
