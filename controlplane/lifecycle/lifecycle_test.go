@@ -466,4 +466,19 @@ func TestNotBookedHere(t *testing.T) {
 			t.Errorf("receipt from the booked node on %s: %s, %v; want failed", from, got.Phase, err)
 		}
 	}
+	// An attempt lost and booked nowhere: a late word from its node is not
+	// refused as an intrusion, and moves nothing; one that says it still
+	// runs is superseded (stopped there).
+	lost, _, err := Loss{AttemptID: schemas.WorkloadID("r-1", 1), MaxAttempts: 3}.Apply(booked(schemas.PhaseRunning))
+	if err != nil || lost.Phase != schemas.PhaseAccepted || lost.NodeID != "" {
+		t.Fatalf("loss: %+v %v", lost, err)
+	}
+	for _, in := range []Transition{ReceiptFailure{NodeID: "n1", Receipt: fail}, report(schemas.WorkloadExited, exited)} {
+		if got, evs, err := in.Apply(lost); !errors.Is(err, ErrNoChange) || errors.Is(err, ErrNotBookedHere) || got.Phase != schemas.PhaseAccepted || len(evs) != 0 {
+			t.Errorf("%#v on a lost attempt: %s, %v; want plain no change", in, got.Phase, err)
+		}
+	}
+	if _, _, err := report(schemas.WorkloadRunning, nil).Apply(lost); !errors.Is(err, ErrSuperseded) {
+		t.Errorf("a lost attempt still running: %v, want ErrSuperseded", err)
+	}
 }
