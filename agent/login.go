@@ -69,7 +69,11 @@ func (a *Agent) login(ctx context.Context, secret string, giveUp bool) error {
 // Generation, DataDir, EnrollmentToken) logs in to NATS with first: its
 // saved session when it has one, else its bootstrap token. Building the
 // connection's Credentials with it spares a restarted agent a refused first
-// login with its already-redeemed bootstrap token.
+// login with its already-redeemed bootstrap token. Those Credentials
+// (bus.AgentCredentials) take the bootstrap token too: the connection's
+// reply inboxes are that token's login's (bus.EnrollingInboxPrefix) from
+// its first login on, since login swaps secrets on one connection and an
+// enrolling login may read no other inbox of the node's.
 func LoginSecret(cfg Config) string {
 	if tok, _, ok := loadSession(cfg); ok {
 		return tok

@@ -1,6 +1,8 @@
 package bus
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -40,6 +42,23 @@ const inboxRoot = "_WF_INBOX."
 
 // NodeInboxPrefix is the reply-inbox prefix of a node agent's connection.
 func NodeInboxPrefix(nodeID string) string { return inboxRoot + "node." + nodeID }
+
+// EnrollInboxRoot is the branch of node nodeID's enrolling logins' reply
+// inboxes; each login's own is EnrollingInboxPrefix, one token below it.
+func EnrollInboxRoot(nodeID string) string { return inboxRoot + "enroll." + nodeID }
+
+// EnrollingInboxPrefix is the reply-inbox prefix of an agent that holds the
+// bootstrap token token: `_WF_INBOX.enroll.<id>.<h>`, h a hash of the
+// token (32 hex digits; it says nothing of the token or of its key in
+// wf_enroll). An enrolling login may subscribe only its own token's branch
+// (PermsEnrolling), so another invitation for the same node, unredeemed,
+// reads none of the replies of the node's connection, whichever secret that
+// connection presents now. The agent keeps the prefix after it enrolled;
+// the node's permissions cover it (PermsNode).
+func EnrollingInboxPrefix(nodeID, token string) string {
+	sum := sha256.Sum256([]byte("warmfleet enrolling inbox\x00" + token))
+	return EnrollInboxRoot(nodeID) + "." + hex.EncodeToString(sum[:16])
+}
 
 // NodeLogInboxPrefix is the reply-inbox prefix of an agent's log
 // connection for one Run: inside the node's branch, apart from its main
@@ -118,12 +137,27 @@ type Permissions struct {
 }
 
 // PermsEnrolling is what an agent holding only an invitation may do: ask
-// for enrollment and read the reply.
-func PermsEnrolling(nodeID string) Permissions {
+// for enrollment and read the replies on the inbox prefixes given. An
+// invitation's login gets its own EnrollingInboxPrefix only, never the
+// node's (NodeInboxPrefix): a fresh invitation for an enrolled node must
+// not read that node's credential replies. A node's own expired session,
+// let in to enroll again while its rental resumes, gets NodeInboxes.
+func PermsEnrolling(nodeID string, inboxes ...string) Permissions {
+	sub := make([]string, 0, len(inboxes))
+	for _, in := range inboxes {
+		sub = append(sub, in+".>")
+	}
 	return Permissions{
 		Publish:   []string{SubjectEnroll},
-		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>"},
+		Subscribe: sub,
 	}
+}
+
+// NodeInboxes are the reply-inbox prefixes a node's own connection may use:
+// NodeInboxPrefix, and every EnrollingInboxPrefix of the node (an agent
+// keeps its bootstrap token's after it enrolled).
+func NodeInboxes(nodeID string) []string {
+	return []string{NodeInboxPrefix(nodeID), EnrollInboxRoot(nodeID)}
 }
 
 // PermsNode is what an enrolled agent may do: publish its own
@@ -161,7 +195,7 @@ func PermsNode(nodeID string) Permissions {
 			subjectSessionLogs + ">",
 			NodeDiskKeep(nodeID),
 		},
-		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", NodeSessions(nodeID, "*"), NodeDiskPrune(nodeID)},
+		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", EnrollInboxRoot(nodeID) + ".>", NodeSessions(nodeID, "*"), NodeDiskPrune(nodeID)},
 		Responses: true,
 	}
 }
@@ -235,6 +269,19 @@ type Credentials struct {
 // session token.
 func NodeCredentials(nodeID, secret string) *Credentials {
 	return &Credentials{user: nodeID, secret: secret, inbox: NodeInboxPrefix(nodeID)}
+}
+
+// AgentCredentials are an agent's that may log in with its bootstrap token
+// (bootstrap; empty when it has none): secret first, and the reply-inbox
+// prefix of that token's login (EnrollingInboxPrefix) for the connection's
+// whole life, which its session's permissions cover too. Without a
+// bootstrap token they are NodeCredentials.
+func AgentCredentials(nodeID, secret, bootstrap string) *Credentials {
+	c := NodeCredentials(nodeID, secret)
+	if bootstrap != "" {
+		c.inbox = EnrollingInboxPrefix(nodeID, bootstrap)
+	}
+	return c
 }
 
 // ProducerCredentials are a producer's: its name and its producer token.

@@ -27,6 +27,10 @@ const (
 	// residency; only the control plane writes it.
 	BucketSessions = "wf_sessions"
 
+	// placementKeyPrefix starts the wf_leases key of a session's placement
+	// (SessionPlacementKey); no lease key has a '/'.
+	placementKeyPrefix = "placements/"
+
 	// SubjectInboxAll matches every session inbox.
 	SubjectInboxAll = "wf.residency.*.*.inbox"
 
@@ -148,4 +152,11 @@ func InboxConsumerConfig(tenant, session string, ackWait time.Duration) jetstrea
 		MaxAckPending: 1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
+}
+
+// SessionPlacementKey is the wf_leases key of the node an operator's attach
+// placed a session on (schemas.SessionPlacement): the one node that may
+// acquire the session's lease while the attach runs.
+func SessionPlacementKey(tenant, session string) string {
+	return placementKeyPrefix + tenant + "." + session
 }

@@ -111,7 +111,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
 		prefetch.WithArtifacts(cp.artifacts))
-	cp.ingest = ingest.New(cp.cache, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
+	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
 	// A node's disk collection keeps what booked Runs need and what an
 	// open prefetch wants there.
 	cp.nodes.AddDiskKeeper(cp.prefetch)
@@ -298,6 +298,7 @@ func (cp *ControlPlane) Metrics() Metrics {
 		StaleReports: cp.ingest.Stale(), LeaseLapses: cp.nodes.LeaseLapses(), CommandsSent: cp.dispatch.Sent(),
 		PlacementMisses: st.PlacementMisses.Load(), Decisions: st.Decisions.Load(), DecisionNanos: st.DecisionNanos.Load(),
 		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
+		RefusedObservations: cp.ingest.Refused(),
 	}
 	select {
 	case <-cp.ready:

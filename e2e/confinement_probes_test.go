@@ -35,9 +35,9 @@ func confinementProbes(t *testing.T, rows []identities.Row) []string {
 	}
 	// Every row's patterns, for this identity's values and for others'.
 	for _, values := range []map[string]string{
-		{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderConsumer: confConsumer},
-		{identities.PlaceholderNode: confOtherNode, identities.PlaceholderRun: confOtherRun, identities.PlaceholderProducer: confOtherTenant, identities.PlaceholderConsumer: confOtherConsumer},
-		{identities.PlaceholderNode: confEnrolling, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderConsumer: confConsumer},
+		{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderConsumer: confConsumer, identities.PlaceholderInvite: confInvite},
+		{identities.PlaceholderNode: confOtherNode, identities.PlaceholderRun: confOtherRun, identities.PlaceholderProducer: confOtherTenant, identities.PlaceholderConsumer: confOtherConsumer, identities.PlaceholderInvite: confOtherInvite},
+		{identities.PlaceholderNode: confEnrolling, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderConsumer: confConsumer, identities.PlaceholderInvite: confOtherInvite},
 	} {
 		for _, r := range rows {
 			add(identities.Instantiate(r.Publish, values)...)

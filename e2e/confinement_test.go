@@ -34,6 +34,7 @@ const (
 	confTenant, confOtherTenant            = "acme", "other"
 	confSession                            = "s1"
 	confConsumer, confOtherConsumer        = "artifact_node-a_probe", "artifact_node-b_probe"
+	confInvite, confOtherInvite            = "00000000000000000000000000000000", "11111111111111111111111111111111"
 	probeToken                             = "probe"
 )
 
@@ -127,8 +128,9 @@ func (sf *secureFleet) confinementLogins() map[string]confinementLogin {
 
 	// An invitation never redeemed: the enrolling identity.
 	e := sf.invite(confEnrolling, 1, 15*time.Minute)
-	out["enrolling node"] = sf.confinementDial("enrolling node", map[string]string{identities.PlaceholderNode: confEnrolling},
-		bus.NodeCredentials(confEnrolling, e.EnrollmentToken).Options()...)
+	invite := strings.TrimPrefix(bus.EnrollingInboxPrefix(confEnrolling, e.EnrollmentToken), bus.EnrollInboxRoot(confEnrolling)+".")
+	out["enrolling node"] = sf.confinementDial("enrolling node", map[string]string{identities.PlaceholderNode: confEnrolling, identities.PlaceholderInvite: invite},
+		bus.AgentCredentials(confEnrolling, e.EnrollmentToken, e.EnrollmentToken).Options()...)
 
 	// A node enrolled by hand (no agent takes its commands or answers its
 	// requests): its session logs in as the node and as the log login.

@@ -133,7 +133,7 @@ func (sf *secureFleet) startContainerdAgent(id string, w world) *secureAgent {
 	boot := sf.invite(id, 1, time.Minute)
 	sf.plant("invitation of "+id, boot.EnrollmentToken)
 	dataDir := tempDir(sf.t)
-	creds := bus.NodeCredentials(id, boot.EnrollmentToken)
+	creds := bus.AgentCredentials(id, boot.EnrollmentToken, boot.EnrollmentToken)
 	log := sf.log.Named(id)
 	ctx, cancel := context.WithCancel(context.Background())
 	rt, err := containerd.New(ctx, w.runtimeOptions(dataDir, log))

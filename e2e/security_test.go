@@ -48,8 +48,10 @@ type secureFleet struct {
 
 	producerName, producerToken string
 	// runtime is the runtime of each agent started (by data dir); nil: a
-	// no-op runtime whose workloads exit at once.
-	runtime func(dataDir string, log *zap.Logger) noderuntime.Runtime
+	// no-op runtime whose workloads exit 0 after workloadTime (200ms when
+	// zero).
+	runtime      func(dataDir string, log *zap.Logger) noderuntime.Runtime
+	workloadTime time.Duration
 }
 
 const testImage = "localhost/busybox@sha256:293b61c04e6cc91c9c17343b579b3be84b0cfe4881ad4f9018ab3a023e69e263"
@@ -173,13 +175,17 @@ func (sf *secureFleet) startAgent(id string) *secureAgent {
 // --nats-auth` does: first with the bootstrap token.
 func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderuntime.SessionHost) *secureAgent {
 	sf.t.Helper()
-	creds := bus.NodeCredentials(id, token)
+	creds := bus.AgentCredentials(id, token, token)
 	log := sf.log.Named(id)
 	conn, err := bus.Connect(sf.url, "warmfleet-agent-"+id, log, append(append([]nats.Option{}, sf.tls...), creds.Options()...)...)
 	if err != nil {
 		sf.t.Fatal(err)
 	}
-	var rt noderuntime.Runtime = noopruntime.New(noopruntime.Options{ExitAfter: 200 * time.Millisecond})
+	exit := 200 * time.Millisecond
+	if sf.workloadTime > 0 {
+		exit = sf.workloadTime
+	}
+	var rt noderuntime.Runtime = noopruntime.New(noopruntime.Options{ExitAfter: exit})
 	if sf.runtime != nil {
 		rt = sf.runtime(dataDir, log)
 	}
@@ -434,7 +440,7 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	// An invitation logs in only as the node it names, and only to enroll.
 	d := sf.invite("node-d", 1, time.Minute)
 	sf.refusedLogin("node-d's invitation as node-a", bus.NodeCredentials(a.id, d.EnrollmentToken))
-	dnc, djs, derrs := sf.dial("node-d enrolling", bus.NodeCredentials("node-d", d.EnrollmentToken))
+	dnc, djs, derrs := sf.dial("node-d enrolling", bus.AgentCredentials("node-d", d.EnrollmentToken, d.EnrollmentToken))
 	jsPublishFails(t, djs, bus.NodeObs("node-d"), []byte(`{}`))
 	derrs.denied(t, "publish", bus.NodeObs("node-d"))
 	dnc.Close()

@@ -32,7 +32,8 @@ type DurableStore interface {
 	// CommitCheckpoint records a checkpoint, making the session resumable.
 	// An implementation refuses (ErrEpochSuperseded) a checkpoint under an
 	// epoch lower than the last one it committed, so a stale holder cannot
-	// overwrite its successor's.
+	// overwrite its successor's, and (ErrNotLeaseHolder) one from a host
+	// that does not hold the session's lease at exactly its epoch.
 	CommitCheckpoint(ctx context.Context, cp Checkpoint) error
 }
 

@@ -57,7 +57,26 @@ var (
 	ErrReleaseAborted = errors.New("residency: release aborted, session still resident")
 	// ErrClosed: the Manager is closed.
 	ErrClosed = errors.New("residency: manager closed")
+	// ErrNotLeaseHolder: a lease, route or checkpoint write whose caller
+	// does not hold the session's lease now: no lease, another holder, or
+	// an epoch or grant other than the stored lease's (a higher one
+	// included). It is also ErrEpochSuperseded and ErrLeaseLost, so a host
+	// that ever met it gives its grant up rather than write on.
+	ErrNotLeaseHolder error = notLeaseHolder{}
+	// ErrNotPlaced: a lease acquire for a session the control plane has not
+	// placed on the asking node (no attach of it to that node in flight).
+	ErrNotPlaced = errors.New("residency: session not placed on this node")
 )
+
+// notLeaseHolder is ErrNotLeaseHolder's type: one sentinel that matches the
+// two a host already gives a grant up for.
+type notLeaseHolder struct{}
+
+func (notLeaseHolder) Error() string { return "residency: caller does not hold the session's lease" }
+
+func (notLeaseHolder) Is(target error) bool {
+	return target == ErrEpochSuperseded || target == ErrLeaseLost
+}
 
 // Code classifies a refusal for a caller that answers on the wire: an
 // AttachError carries one, and a reply's schemas.SessionError carries one
@@ -89,6 +108,8 @@ const (
 	CodePublish          Code = "publish_failed"
 	CodeInbox            Code = "inbox_failed"
 	CodeClosed           Code = "closed"
+	CodeNotLeaseHolder   Code = "not_lease_holder"
+	CodeNotPlaced        Code = "not_placed_here"
 )
 
 // Codes a reply carries that stand for no sentinel error.
@@ -119,6 +140,8 @@ var sentinelCodes = []struct {
 	{ErrCapacity, CodeCapacity},
 	{ErrBusy, CodeBusy},
 	{ErrLeaseHeld, CodeLeaseHeld},
+	{ErrNotLeaseHolder, CodeNotLeaseHolder},
+	{ErrNotPlaced, CodeNotPlaced},
 	{ErrTombstoned, CodeTombstoned},
 	{ErrEpochSuperseded, CodeSuperseded},
 	{ErrLeaseLost, CodeLeaseLost},

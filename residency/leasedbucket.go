@@ -2,6 +2,7 @@ package residency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,4 +48,30 @@ func bindLeased(ctx context.Context, js jetstream.JetStream, bucket string, cloc
 		return leasedBucket{}, fmt.Errorf("residency: bind %s: %w", bus.BucketLeases, err)
 	}
 	return leasedBucket{kv: kv, leases: leases, clock: clock, log: log.Named(name)}, nil
+}
+
+// holds refuses a write to key by host under epoch unless host holds the
+// session's lease at exactly that epoch: a lease at a later epoch is
+// ErrEpochSuperseded (the writer was a holder once, and a successor took
+// over); no lease, a lower stored epoch or another holder is
+// ErrNotLeaseHolder, so no node writes under an epoch it was never granted.
+// It does not ask that the lease be live: a holder whose grant just ran out
+// may still tombstone its own route, and the epoch fence keeps it off its
+// successor's.
+func (b leasedBucket) holds(ctx context.Context, key Key, host string, epoch ResidencyEpoch) error {
+	var rec LeaseRecord
+	_, err := bus.GetJSON(ctx, b.leases, key.String(), &rec)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return fmt.Errorf("%w: %s has no lease; acquire it before writing", ErrNotLeaseHolder, key)
+	case err != nil:
+		return fmt.Errorf("residency: read lease %s: %w", key, err)
+	case rec.Epoch > epoch:
+		return fmt.Errorf("%w: %s lease is at epoch %d > %d", ErrEpochSuperseded, key, rec.Epoch, epoch)
+	case rec.Epoch < epoch:
+		return fmt.Errorf("%w: %s epoch %d was never granted (lease is at %d)", ErrNotLeaseHolder, key, epoch, rec.Epoch)
+	case rec.Holder != host:
+		return fmt.Errorf("%w: %s epoch %d is held by another node, not %s", ErrNotLeaseHolder, key, epoch, host)
+	}
+	return nil
 }

@@ -176,7 +176,10 @@ func (s *KVLeases) ReleaseSessionLease(ctx context.Context, g LeaseGrant) error 
 	return err
 }
 
-// writeOwn CAS-writes rec over the grant g. A conflict rereads the record:
+// writeOwn CAS-writes rec over the grant g, once the stored record shows
+// g is the lease as granted (heldBy): the grant's revision, epoch and
+// holder come from the caller and prove nothing; its token, known only to
+// the holder it was granted to, does. A conflict rereads the record:
 // a write of ours whose answer was lost (a renewal cancelled or timed out in
 // flight) moves the revision but not the grant, so the token — unique to one
 // grant — decides whether the record is still ours, and the write is retried
@@ -191,7 +194,14 @@ func (s *KVLeases) writeOwn(ctx context.Context, op string, g LeaseGrant, rec Le
 		s.log.Debug("lease write conflicted with a lost write of our own; retrying", zap.Stringer("key", key))
 		return true
 	}
-	rev, err := s.lease(key).WriteOwn(ctx, rec, g.Revision, now, own)
+	cur, crev, err := s.lease(key).Read(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("residency: %s lease %s: %w", op, key, err)
+	}
+	if err := heldBy(key, g, cur, crev, op == "renew", now); err != nil {
+		return 0, err
+	}
+	rev, err := s.lease(key).WriteOwn(ctx, rec, crev, now, own)
 	if errors.Is(err, bus.ErrLeaseLost) {
 		return 0, fmt.Errorf("%w: %s epoch %d: record moved on", ErrLeaseLost, key, g.Epoch)
 	}
@@ -199,6 +209,26 @@ func (s *KVLeases) writeOwn(ctx context.Context, op string, g LeaseGrant, rec Le
 		return 0, fmt.Errorf("residency: %s lease %s: %w", op, key, err)
 	}
 	return rev, nil
+}
+
+// heldBy refuses a renewal or release of g unless the record stored at rev
+// is g's grant (DESIGN's invariant 3 keeps epochs rising, so a stored epoch
+// above g's is a successor's: ErrLeaseLost). A renewal also needs the
+// stored record live: an expired grant is not revived.
+func heldBy(key Key, g LeaseGrant, cur LeaseRecord, rev uint64, renew bool, now time.Time) error {
+	switch {
+	case rev == 0:
+		return fmt.Errorf("%w: %s has no lease", ErrNotLeaseHolder, key)
+	case cur.Epoch > g.Epoch:
+		return fmt.Errorf("%w: %s epoch %d: a later epoch %d was granted", ErrLeaseLost, key, g.Epoch, cur.Epoch)
+	case cur.Epoch != g.Epoch || cur.Holder != g.Holder || cur.Token != g.Token:
+		return fmt.Errorf("%w: %s epoch %d is not the grant the lease holds", ErrNotLeaseHolder, key, g.Epoch)
+	case cur.Released:
+		return fmt.Errorf("%w: %s epoch %d was released", ErrLeaseLost, key, g.Epoch)
+	case renew && !cur.Live(now):
+		return fmt.Errorf("%w: %s epoch %d expired at %s", ErrLeaseLost, key, g.Epoch, cur.ExpiresAt.Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // maxCASAttempts bounds a read → write loop under contention.

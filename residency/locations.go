@@ -41,13 +41,15 @@ func (o Observation) Key() Key { return Key{Tenant: o.Tenant, Session: o.Session
 type Locations interface {
 	// PublishResidency writes the observation under its epoch. It refuses
 	// with ErrEpochSuperseded an epoch lower than the stored one (or than
-	// the session's current lease), and with ErrTombstoned a publish at the
-	// epoch of an existing tombstone.
+	// the session's current lease), with ErrNotLeaseHolder one whose host
+	// does not hold the session's lease at exactly its epoch, and with
+	// ErrTombstoned a publish at the epoch of an existing tombstone.
 	PublishResidency(ctx context.Context, obs Observation) error
 	// TombstoneResidency writes the `expired` tombstone at epoch, keeping
 	// the epoch high-water mark. It refuses with ErrEpochSuperseded when a
 	// later epoch is stored (a stale holder cannot tombstone its successor's
-	// route). It is idempotent.
+	// route), and with ErrNotLeaseHolder one from a host not holding the
+	// lease at exactly epoch. It is idempotent.
 	TombstoneResidency(ctx context.Context, key Key, host string, epoch ResidencyEpoch) error
 }
 
@@ -93,7 +95,7 @@ func (s *KVLocations) PublishResidency(ctx context.Context, obs Observation) err
 	if obs.State == StateExpired {
 		return fmt.Errorf("%w: publish an expired state with TombstoneResidency", ErrInvalidRequest)
 	}
-	return s.write(ctx, key, obs.Epoch, func(cur *Observation, exists bool) (Observation, error) {
+	return s.write(ctx, key, obs.Host, obs.Epoch, func(cur *Observation, exists bool) (Observation, error) {
 		if exists && cur.Epoch == obs.Epoch {
 			if cur.Host != obs.Host {
 				return Observation{}, fmt.Errorf("%w: epoch %d of %s belongs to %s, not %s", ErrEpochSuperseded, obs.Epoch, key, cur.Host, obs.Host)
@@ -111,7 +113,10 @@ func (s *KVLocations) TombstoneResidency(ctx context.Context, key Key, host stri
 	if err := key.Validate(); err != nil {
 		return err
 	}
-	return s.write(ctx, key, epoch, func(cur *Observation, exists bool) (Observation, error) {
+	if host == "" {
+		return fmt.Errorf("%w: a tombstone needs its host", ErrInvalidRequest)
+	}
+	return s.write(ctx, key, host, epoch, func(cur *Observation, exists bool) (Observation, error) {
 		if exists && cur.Epoch == epoch && cur.Host != host {
 			// One epoch, one holder: another host may not remove its route.
 			return Observation{}, fmt.Errorf("%w: epoch %d of %s belongs to %s, not %s", ErrEpochSuperseded, epoch, key, cur.Host, host)
@@ -127,11 +132,12 @@ func (s *KVLocations) TombstoneResidency(ctx context.Context, key Key, host stri
 	})
 }
 
-// write runs the fenced read → compare → write loop. next sees the stored
+// write runs the fenced read → compare → write loop, for host holding the
+// session's lease at epoch (leasedBucket.holds). next sees the stored
 // observation (if any) whose epoch is not above epoch.
-func (s *KVLocations) write(ctx context.Context, key Key, epoch ResidencyEpoch, next func(cur *Observation, exists bool) (Observation, error)) error {
+func (s *KVLocations) write(ctx context.Context, key Key, host string, epoch ResidencyEpoch, next func(cur *Observation, exists bool) (Observation, error)) error {
 	k := key.String()
-	if err := s.checkLease(ctx, key, epoch); err != nil {
+	if err := s.holds(ctx, key, host, epoch); err != nil {
 		return err
 	}
 	for range maxCASAttempts {
@@ -171,22 +177,4 @@ func (s *KVLocations) write(ctx context.Context, key Key, epoch ResidencyEpoch, 
 		return nil
 	}
 	return fmt.Errorf("residency: write residency %s: gave up after %d conflicts", key, maxCASAttempts)
-}
-
-// checkLease refuses a write under an epoch the session's lease has moved
-// past. A missing lease record refuses nothing: the residency fence alone
-// still holds.
-func (s *KVLocations) checkLease(ctx context.Context, key Key, epoch ResidencyEpoch) error {
-	var rec LeaseRecord
-	_, err := bus.GetJSON(ctx, s.leases, key.String(), &rec)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("residency: read lease %s: %w", key, err)
-	}
-	if rec.Epoch > epoch {
-		return fmt.Errorf("%w: %s lease is at epoch %d > %d", ErrEpochSuperseded, key, rec.Epoch, epoch)
-	}
-	return nil
 }

@@ -87,7 +87,8 @@ func (s *KVSessions) LoadSessionState(ctx context.Context, key Key) (SessionStat
 // CommitCheckpoint implements DurableStore: read → compare epochs →
 // Create or Update(rev), retried on a conflict. A checkpoint under an epoch
 // lower than the stored one is refused with ErrEpochSuperseded, as is one
-// whose epoch the session's lease has moved past.
+// whose epoch the session's lease has moved past; and one from a host that
+// does not hold the lease at exactly its epoch, ErrNotLeaseHolder.
 func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error {
 	key := KeyOf(cp.Key)
 	if err := key.Validate(); err != nil {
@@ -97,11 +98,8 @@ func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error 
 		return fmt.Errorf("%w: checkpoint needs an epoch, a namespace and a compatibility id", ErrInvalidRequest)
 	}
 	k := key.String()
-	var lr LeaseRecord
-	if _, err := bus.GetJSON(ctx, s.leases, k, &lr); err == nil && lr.Epoch > cp.Epoch {
-		return fmt.Errorf("%w: %s lease is at epoch %d > %d", ErrEpochSuperseded, key, lr.Epoch, cp.Epoch)
-	} else if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("residency: read lease %s: %w", key, err)
+	if err := s.holds(ctx, key, cp.Host, cp.Epoch); err != nil {
+		return err
 	}
 	rec := SessionRecord{
 		Tenant: key.Tenant, Session: key.Session, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,

@@ -122,8 +122,9 @@ func TestKVLeasesLostAnswer(t *testing.T) {
 }
 
 // TestKVLocationsFence: wf_residency refuses lower epochs, keeps the epoch
-// in the tombstone, refuses to resurrect a tombstoned epoch, and a stale
-// holder cannot tombstone its successor.
+// in the tombstone, refuses to resurrect a tombstoned epoch, a stale holder
+// cannot tombstone its successor, and only the lease's holder at exactly its
+// epoch writes at all.
 func TestKVLocationsFence(t *testing.T) {
 	env := newBus(t)
 	clock := newFakeClock()
@@ -133,17 +134,46 @@ func TestKVLocationsFence(t *testing.T) {
 	obs := func(host string, e ResidencyEpoch, s ObservedState) Observation {
 		return Observation{Tenant: key.Tenant, Session: key.Session, Host: host, Epoch: e, State: s, ObservedAt: clock.Now()}
 	}
+	// grant gives host the lease at the next epoch, the last one having expired.
+	grant := func(host string) LeaseGrant {
+		t.Helper()
+		clock.Advance(2 * time.Second)
+		g, err := cp.leases.AcquireSessionLease(ctx, key, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	if err := cp.locations.PublishResidency(ctx, obs("a", 1, StateResident)); !errors.Is(err, ErrNotLeaseHolder) {
+		t.Fatalf("publish with no lease: %v, want ErrNotLeaseHolder", err)
+	}
+	grant("z")
+	if g := grant("a"); g.Epoch != 2 {
+		t.Fatalf("epoch %d, want 2", g.Epoch)
+	}
 	if err := cp.locations.PublishResidency(ctx, obs("a", 2, StateResident)); err != nil {
 		t.Fatal(err)
 	}
-	if err := cp.locations.PublishResidency(ctx, obs("z", 1, StateResident)); !errors.Is(err, ErrEpochSuperseded) {
+	if err := cp.locations.PublishResidency(ctx, obs("z", 1, StateResident)); !errors.Is(err, ErrEpochSuperseded) || errors.Is(err, ErrNotLeaseHolder) {
 		t.Fatalf("lower epoch: %v", err)
 	}
 	if err := cp.locations.TombstoneResidency(ctx, key, "z", 1); !errors.Is(err, ErrEpochSuperseded) {
 		t.Fatalf("stale tombstone: %v", err)
 	}
-	if err := cp.locations.PublishResidency(ctx, obs("z", 2, StateResident)); !errors.Is(err, ErrEpochSuperseded) {
+	if err := cp.locations.PublishResidency(ctx, obs("z", 2, StateResident)); !errors.Is(err, ErrNotLeaseHolder) {
 		t.Fatalf("same epoch, other host: %v", err)
+	}
+	// A higher epoch than the lease's is no takeover.
+	for _, e := range []ResidencyEpoch{3, 1 << 62} {
+		if err := cp.locations.PublishResidency(ctx, obs("z", e, StateResident)); !errors.Is(err, ErrNotLeaseHolder) {
+			t.Fatalf("publish at epoch %d above the lease's: %v", e, err)
+		}
+		if err := cp.locations.TombstoneResidency(ctx, key, "z", e); !errors.Is(err, ErrNotLeaseHolder) {
+			t.Fatalf("tombstone at epoch %d above the lease's: %v", e, err)
+		}
+	}
+	if got, _, err := cp.locations.Get(ctx, key); err != nil || got.Host != "a" || got.Epoch != 2 || got.State != StateResident {
+		t.Fatalf("refused writes changed the route: %+v %v", got, err)
 	}
 	for range 2 { // idempotent
 		if err := cp.locations.TombstoneResidency(ctx, key, "a", 2); err != nil {
@@ -157,31 +187,99 @@ func TestKVLocationsFence(t *testing.T) {
 	if err := cp.locations.PublishResidency(ctx, obs("a", 2, StateResident)); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("publish over own tombstone: %v", err)
 	}
+	grant("b")
 	if err := cp.locations.PublishResidency(ctx, obs("b", 3, StateAttaching)); err != nil {
 		t.Fatal(err)
 	}
 	// The lease moving past an epoch fences it before the successor
 	// publishes anything.
-	g, err := cp.leases.AcquireSessionLease(ctx, key, "c")
+	for range 2 {
+		grant("c")
+	}
+	if g := grant("c"); g.Epoch != 6 {
+		t.Fatalf("epoch %d, want 6", g.Epoch)
+	}
+	if err := cp.locations.PublishResidency(ctx, obs("b", 3, StateResident)); !errors.Is(err, ErrEpochSuperseded) {
+		t.Fatalf("publish under an epoch the lease moved past: %v", err)
+	}
+}
+
+// TestKVSessionsCheckpointHolder: a checkpoint is committed only by the
+// lease's holder at exactly its epoch; an epoch above the lease's, another
+// host or no lease at all is refused and leaves the record as it was.
+func TestKVSessionsCheckpointHolder(t *testing.T) {
+	env := newBus(t)
+	clock := newFakeClock()
+	cp := newControlPlane(t, env, clock, time.Second, 0)
+	ctx := testCtx(t)
+	durable, err := NewKVSessions(ctx, KVSessionsOptions{JS: env.js, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Epoch != 1 {
-		t.Fatalf("epoch %d", g.Epoch)
+	key := Key{tenant, "cp-1"}
+	ckpt := func(host string, e ResidencyEpoch, seq uint64) Checkpoint {
+		return Checkpoint{Key: WireKey(key), Host: host, Epoch: e, Sequence: seq, Namespace: NamespaceFor(key), CompatibilityID: "c1"}
 	}
-	clock.Advance(2 * time.Second)
-	for range 4 {
-		g, err = cp.leases.AcquireSessionLease(ctx, key, "c")
-		if err != nil {
-			t.Fatal(err)
+	if err := durable.CommitCheckpoint(ctx, ckpt("a", 1, 1)); !errors.Is(err, ErrNotLeaseHolder) {
+		t.Fatalf("checkpoint with no lease: %v", err)
+	}
+	g, err := cp.leases.AcquireSessionLease(ctx, key, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := durable.CommitCheckpoint(ctx, ckpt("a", g.Epoch, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Checkpoint{ckpt("z", g.Epoch, 9), ckpt("z", 1<<62, 9), ckpt("a", g.Epoch+1, 9)} {
+		if err := durable.CommitCheckpoint(ctx, c); !errors.Is(err, ErrNotLeaseHolder) {
+			t.Fatalf("checkpoint by %s at epoch %d: %v, want ErrNotLeaseHolder", c.Host, c.Epoch, err)
 		}
-		clock.Advance(2 * time.Second)
 	}
-	if g.Epoch != 5 {
-		t.Fatalf("epoch %d, want 5", g.Epoch)
+	rec, _, err := durable.Get(ctx, key)
+	if err != nil || rec.Host != "a" || rec.Epoch != g.Epoch || rec.CheckpointSequence != 1 {
+		t.Fatalf("refused checkpoints changed the record: %+v %v", rec, err)
 	}
-	if err := cp.locations.PublishResidency(ctx, obs("b", 4, StateResident)); !errors.Is(err, ErrEpochSuperseded) {
-		t.Fatalf("publish under an epoch the lease moved past: %v", err)
+}
+
+// TestKVLeasesForgedGrant: a renewal or release is of the grant the lease
+// holds, token included; the revision, epoch and holder a caller sends prove
+// nothing, and a forged grant leaves the lease as it was.
+func TestKVLeasesForgedGrant(t *testing.T) {
+	env := newBus(t)
+	clock := newFakeClock()
+	cp := newControlPlane(t, env, clock, 10*time.Second, 0)
+	ctx := testCtx(t)
+	key := Key{tenant, "forge-1"}
+	g, err := cp.leases.AcquireSessionLease(ctx, key, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := []LeaseGrant{}
+	for _, mut := range []func(*LeaseGrant){
+		func(f *LeaseGrant) { f.Holder, f.Token = "z", "guess" },
+		func(f *LeaseGrant) { f.Holder, f.Epoch, f.Token = "z", 1<<62, "guess" },
+		func(f *LeaseGrant) { f.Token = "guess" },
+		func(f *LeaseGrant) { f.Holder = "z" },
+		func(f *LeaseGrant) { f.Epoch++ },
+	} {
+		f := g
+		mut(&f)
+		forged = append(forged, f)
+	}
+	for _, f := range forged {
+		if _, err := cp.leases.RenewSessionLease(ctx, f); !errors.Is(err, ErrNotLeaseHolder) {
+			t.Errorf("renew of %s epoch %d: %v, want ErrNotLeaseHolder", f.Holder, f.Epoch, err)
+		}
+		if err := cp.leases.ReleaseSessionLease(ctx, f); !errors.Is(err, ErrNotLeaseHolder) {
+			t.Errorf("release of %s epoch %d: %v, want ErrNotLeaseHolder", f.Holder, f.Epoch, err)
+		}
+	}
+	rec, rev, err := cp.leases.Get(ctx, key)
+	if err != nil || rec.Holder != "a" || rec.Epoch != g.Epoch || rec.Released || rev != g.Revision {
+		t.Fatalf("forged grants moved the lease: %+v rev %d (was %d), %v", rec, rev, g.Revision, err)
+	}
+	if _, err := cp.leases.RenewSessionLease(ctx, g); err != nil {
+		t.Fatalf("the holder's own renewal: %v", err)
 	}
 }
 

@@ -83,6 +83,9 @@ const (
 	CodeSessionExpired    Code = "session_expired"
 	CodeSuperseded        Code = "session_superseded"
 	CodeWrongNode         Code = "wrong_node"
+	// CodeNotBookedHere refuses a node's receipt or workload report about
+	// an attempt the control plane booked on another node.
+	CodeNotBookedHere Code = "attempt_not_booked_here"
 	// CodeNodeNotLive refuses an operator's request for a node that holds
 	// no live lease (or whose agent does not answer): nothing would act on it.
 	CodeNodeNotLive Code = "node_not_live"

@@ -97,6 +97,18 @@ func (r SessionLeaseRecord) Live(now time.Time) bool { return now.Before(r.Expir
 func (r SessionLeaseRecord) LeaseEpoch() uint64        { return uint64(r.Epoch) }
 func (r SessionLeaseRecord) LeaseExpiresAt() time.Time { return r.ExpiresAt }
 
+// SessionPlacement is the node an operator's attach placed a session on,
+// stored in wf_leases under `placements/<tenant>.<session>` while the
+// attach runs: only that node may acquire the session's lease, and only
+// until ExpiresAt (the attach's own deadline). Like a lease, its liveness
+// is its own expires_at; the next attach overwrites it.
+type SessionPlacement struct {
+	Tenant    string    `json:"tenant"`
+	Session   string    `json:"session"`
+	Node      string    `json:"node"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
 // ResidencyState is a residency's state as published in wf_residency
 // (residency.StateResident and the others; `expired` is the tombstone).
 type ResidencyState string

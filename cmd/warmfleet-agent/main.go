@@ -114,7 +114,8 @@ func newRoot() *cobra.Command {
 			if natsAuth {
 				// Logs in as the node with its saved session, else its bootstrap
 				// token; after enrolling the agent swaps in its new session token.
-				creds = bus.NodeCredentials(nodeID, agent.LoginSecret(agent.Config{NodeID: nodeID, Generation: generation, DataDir: dataDir, EnrollmentToken: token}))
+				// The inbox prefix is the bootstrap token's login's, when it has one.
+				creds = bus.AgentCredentials(nodeID, agent.LoginSecret(agent.Config{NodeID: nodeID, Generation: generation, DataDir: dataDir, EnrollmentToken: token}), token)
 				opts = append(opts, creds.Options()...)
 			}
 			conn, err := bus.Connect(natsURL, "warmfleet-agent-"+nodeID, log, opts...)

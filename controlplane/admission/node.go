@@ -44,7 +44,7 @@ func (a *Callout) authorizeNode(ctx context.Context, user, secret, h string) (gr
 	case !bus.SubjectToken(inv.NodeID):
 		return grant{}, &Refusal{User: user, Reason: "a node id used with NATS auth must not contain dots or wildcards; invite the node under another id"}
 	}
-	p := bus.PermsEnrolling(inv.NodeID)
+	p := bus.PermsEnrolling(inv.NodeID, bus.EnrollingInboxPrefix(inv.NodeID, secret))
 	return grant{kind: "enrolling", name: inv.NodeID, perms: &p, expires: inv.ExpiresAt}, nil
 }
 
@@ -54,7 +54,7 @@ func (a *Callout) authorizeNode(ctx context.Context, user, secret, h string) (gr
 // which the agent logs in with its new session.
 func (a *Callout) sessionGrant(ctx context.Context, user string, rec schemas.NodeRecord) (grant, error) {
 	if !a.now().Before(rec.SessionExpires) && bus.SubjectToken(user) && a.resumeUnderWay(ctx, rec) {
-		p := bus.PermsEnrolling(user)
+		p := bus.PermsEnrolling(user, bus.NodeInboxes(user)...)
 		return grant{kind: "enrolling", name: user, perms: &p, expires: a.now().Add(schemas.DefaultInviteTTL)}, nil
 	}
 	if err := a.sessionRefusal(user, user, rec); err != nil {

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +66,79 @@ func TestCallout_ResumedRentalSession(t *testing.T) {
 	if g, err := a.authorize(ctx, jwt.ConnectOptions{Username: "rt-2", Password: session}); err == nil {
 		t.Fatalf("another node with this session: %+v", g)
 	}
+}
+
+// TestCallout_EnrollingInbox: an invitation's login may read replies only
+// on its own token's inbox branch, never the node's, so a fresh invitation
+// for an enrolled node reads none of that node's credential replies; the
+// node's session covers the inbox its agent kept from its bootstrap.
+func TestCallout_EnrollingInbox(t *testing.T) {
+	conn := testenv.ProvisionedBus(t, "auth-inbox-test")
+	ctx := context.Background()
+	issuer, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := issuer.Seed()
+	a, err := New(ctx, conn, Config{IssuerSeed: seed}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, _ := conn.JS.KeyValue(ctx, bus.BucketNodes)
+	enroll, _ := conn.JS.KeyValue(ctx, bus.BucketEnroll)
+	session := newToken()
+	rec := schemas.NodeRecord{NodeID: "n1", Generation: 1, FencingToken: 1, SessionTokenHash: schemas.TokenHash(session),
+		SessionExpires: time.Now().Add(time.Hour), LeaseExpires: time.Now().Add(time.Hour), State: schemas.NodeReady}
+	if _, err := bus.CreateJSON(ctx, nodes, rec.NodeID, &rec); err != nil {
+		t.Fatal(err)
+	}
+	reinvite := newToken()
+	if _, err := bus.CreateJSON(ctx, enroll, schemas.InvitationKey(reinvite), schemas.Invitation{NodeID: "n1", Generation: 2, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.authorize(ctx, jwt.ConnectOptions{Username: "n1", Password: reinvite})
+	if err != nil || g.kind != "enrolling" {
+		t.Fatalf("the re-invitation's login: %+v %v", g, err)
+	}
+	own := bus.EnrollingInboxPrefix("n1", reinvite)
+	if len(g.perms.Subscribe) != 1 || g.perms.Subscribe[0] != own+".>" {
+		t.Fatalf("enrolling login may subscribe %v, want only %s.>", g.perms.Subscribe, own)
+	}
+	for _, theirs := range []string{bus.NodeInboxPrefix("n1") + ".x.1", bus.EnrollingInboxPrefix("n1", newToken()) + ".x.1"} {
+		for _, s := range g.perms.Subscribe {
+			if subjectMatches(s, theirs) {
+				t.Errorf("enrolling login's %s covers the node's inbox %s", s, theirs)
+			}
+		}
+	}
+	g, err = a.authorize(ctx, jwt.ConnectOptions{Username: "n1", Password: session})
+	if err != nil || g.kind != "node" {
+		t.Fatalf("the session's login: %+v %v", g, err)
+	}
+	for _, in := range []string{bus.NodeInboxPrefix("n1") + ".x.1", bus.EnrollingInboxPrefix("n1", newToken()) + ".x.1"} {
+		covered := false
+		for _, s := range g.perms.Subscribe {
+			covered = covered || subjectMatches(s, in)
+		}
+		if !covered {
+			t.Errorf("the node's session may not subscribe its own inbox %s: %v", in, g.perms.Subscribe)
+		}
+	}
+}
+
+// subjectMatches reports whether a subscription pattern (with * and a
+// trailing >) matches subject.
+func subjectMatches(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		switch {
+		case tok == ">":
+			return len(s) > i
+		case i >= len(s):
+			return false
+		case tok != "*" && tok != s[i]:
+			return false
+		}
+	}
+	return len(p) == len(s)
 }

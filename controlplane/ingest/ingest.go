@@ -7,6 +7,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +39,7 @@ type Prefetches interface {
 // Ingest applies node reports.
 type Ingest struct {
 	cache    *cache.Cache
+	nodesKV  jetstream.KeyValue
 	runs     *runs.Store
 	dispatch *dispatch.Dispatcher
 	facts    FactsRecorder
@@ -45,18 +47,22 @@ type Ingest struct {
 	now      func() time.Time
 	log      *zap.Logger
 
-	fenced, stale atomic.Int64
+	fenced, stale, refused atomic.Int64
 }
 
-// New returns an ingest that moves Runs through store.
-func New(c *cache.Cache, store *runs.Store, d *dispatch.Dispatcher, facts FactsRecorder, prefetch Prefetches, now func() time.Time, log *zap.Logger) *Ingest {
-	return &Ingest{cache: c, runs: store, dispatch: d, facts: facts, prefetch: prefetch, now: now, log: log}
+// New returns an ingest that moves Runs through store. nodesKV is
+// wf_nodes, read when the cache cannot vouch for a report's session.
+func New(c *cache.Cache, nodesKV jetstream.KeyValue, store *runs.Store, d *dispatch.Dispatcher, facts FactsRecorder, prefetch Prefetches, now func() time.Time, log *zap.Logger) *Ingest {
+	return &Ingest{cache: c, nodesKV: nodesKV, runs: store, dispatch: d, facts: facts, prefetch: prefetch, now: now, log: log}
 }
 
 // Fenced counts reports dropped for a superseded session or a wrong
-// subject; Stale counts workload reports older than their Run.
-func (g *Ingest) Fenced() int64 { return g.fenced.Load() }
-func (g *Ingest) Stale() int64  { return g.stale.Load() }
+// subject; Stale counts workload reports older than their Run; Refused
+// counts receipts and reports from a node's current session about an
+// attempt booked on another node (schemas.CodeNotBookedHere).
+func (g *Ingest) Fenced() int64  { return g.fenced.Load() }
+func (g *Ingest) Stale() int64   { return g.stale.Load() }
+func (g *Ingest) Refused() int64 { return g.refused.Load() }
 
 // Handle applies one node report. Reports from a superseded
 // session, or naming another node than the subject they came on, are
@@ -82,10 +88,13 @@ func (g *Ingest) Handle(ctx context.Context, m jetstream.Msg, redelivered bool) 
 }
 
 func (g *Ingest) observe(ctx context.Context, subject string, o schemas.Observation, redelivered bool) error {
-	node, ok := g.cache.Node(o.NodeID)
-	switch {
-	case bus.SubjectNode(subject) != o.NodeID:
+	if bus.SubjectNode(subject) != o.NodeID {
 		return g.drop(o, "node_id does not match the subject it was published on")
+	}
+	node, ok, err := g.currentNode(ctx, o)
+	switch {
+	case err != nil:
+		return err
 	case !ok:
 		return g.drop(o, "node is not enrolled")
 	case o.FencingToken != node.FencingToken:
@@ -108,6 +117,37 @@ func (g *Ingest) observe(ctx context.Context, subject string, o schemas.Observat
 	return nil
 }
 
+// currentNode is the record o's session is judged by: the cache's when it
+// holds the node at o's token or a newer one (tokens only rise), else the
+// current one in wf_nodes. This replica's watch may lag an enrollment
+// another replica wrote, and a report of the new session must not be
+// dropped for it; a read that fails is an error, so the report is
+// redelivered rather than acknowledged unjudged.
+func (g *Ingest) currentNode(ctx context.Context, o schemas.Observation) (schemas.NodeRecord, bool, error) {
+	if n, ok := g.cache.Node(o.NodeID); ok && o.FencingToken <= n.FencingToken {
+		return n, true, nil
+	}
+	var rec schemas.NodeRecord
+	rev, err := bus.GetJSON(ctx, g.nodesKV, o.NodeID, &rec)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return schemas.NodeRecord{}, false, nil
+	case err != nil:
+		return schemas.NodeRecord{}, false, fmt.Errorf("ingest: read node %s: %w", o.NodeID, err)
+	}
+	g.cache.NoteNode(rec, rev)
+	return rec, true, nil
+}
+
+// refuse counts and logs, with its code, a report from a node's current
+// session about an attempt booked on another node. Like a fenced one it is
+// acknowledged and never applied.
+func (g *Ingest) refuse(nodeID, runID, attemptID, kind string) {
+	g.refused.Add(1)
+	g.log.Warn("observation refused", zap.String("node_id", nodeID), zap.String("run_id", runID), zap.String("attempt_id", attemptID),
+		zap.String("kind", kind), zap.String("code", string(schemas.CodeNotBookedHere)), zap.String("reason", "the attempt is booked on another node"))
+}
+
 // drop counts and logs a fenced or misaddressed report. It is not an error:
 // the message is acked so it is never redelivered.
 func (g *Ingest) drop(o schemas.Observation, why string) error {
@@ -125,6 +165,13 @@ func (g *Ingest) applyWorkload(ctx context.Context, node schemas.NodeRecord, w s
 		g.log.Info("report for an unknown run", zap.String("run_id", w.RunID), zap.String("node_id", node.NodeID))
 		if w.Phase == schemas.WorkloadRunning || w.Phase == schemas.WorkloadStarting {
 			return g.dispatch.StopAttempt(ctx, node.NodeID, w.RunID, w.AttemptID, 0, "unknown to the control plane")
+		}
+		return nil
+	case errors.Is(err, lifecycle.ErrNotBookedHere):
+		g.refuse(node.NodeID, w.RunID, w.AttemptID, string(schemas.ObsWorkload))
+		if w.Phase == schemas.WorkloadRunning || w.Phase == schemas.WorkloadStarting {
+			// Whatever the node runs under that id is not the booked attempt.
+			return g.dispatch.StopAttempt(ctx, node.NodeID, w.RunID, w.AttemptID, 0, "attempt not booked on this node")
 		}
 		return nil
 	case errors.Is(err, lifecycle.ErrIllegalTransition):
@@ -189,7 +236,11 @@ func (g *Ingest) applyReceipt(ctx context.Context, node schemas.NodeRecord, rc s
 	if rc.Kind == schemas.CmdStopWorkload {
 		return nil
 	}
-	_, err := g.runs.Advance(ctx, rc.RunID, lifecycle.ReceiptFailure{Receipt: rc}, redelivered)
+	_, err := g.runs.Advance(ctx, rc.RunID, lifecycle.ReceiptFailure{NodeID: node.NodeID, Receipt: rc}, redelivered)
+	if errors.Is(err, lifecycle.ErrNotBookedHere) {
+		g.refuse(node.NodeID, rc.RunID, rc.AttemptID, string(schemas.ObsReceipt))
+		return nil
+	}
 	if err != nil && !errors.Is(err, lifecycle.ErrNoChange) && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}

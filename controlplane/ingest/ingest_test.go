@@ -82,6 +82,7 @@ type env struct {
 	facts    *facts
 	prefetch *prefetches
 	obs      jetstream.Consumer
+	nodesKV  jetstream.KeyValue
 }
 
 func newEnv(t *testing.T) *env {
@@ -102,11 +103,16 @@ func newEnv(t *testing.T) *env {
 		{NodeID: "n1", FencingToken: 3, Generation: 1, State: schemas.NodeReady},
 		{NodeID: "n2", FencingToken: 5, Generation: 1, State: schemas.NodeReady},
 	} {
-		c.NoteNode(n, 1)
+		c.NoteNode(n, 0) // below any wf_nodes revision: a record read from the bucket is newer
 	}
 	store := runs.NewStore(kv, conn.JS, c, runs.Config{DecisionCandidates: 8, MaxAttempts: 3, Poke: func() {}, Now: time.Now}, zap.NewNop())
 	e := &env{t: t, ctx: ctx, conn: conn, cache: c, store: store, facts: &facts{byNode: map[string][]uint64{}}, prefetch: &prefetches{}, obs: obs}
-	e.ingest = New(c, store, dispatch.New(conn.JS, c, time.Now, zap.NewNop()), e.facts, e.prefetch, time.Now, zap.NewNop())
+	nodesKV, err := conn.JS.KeyValue(ctx, bus.BucketNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.nodesKV = nodesKV
+	e.ingest = New(c, nodesKV, store, dispatch.New(conn.JS, c, time.Now, zap.NewNop()), e.facts, e.prefetch, time.Now, zap.NewNop())
 	return e
 }
 
@@ -258,8 +264,8 @@ func TestFencing(t *testing.T) {
 }
 
 // A node's current session reporting on an attempt booked on another node
-// is refused: the Run does not move, and the attempt, since that node runs
-// it, is stopped there.
+// is refused (counted under attempt_not_booked_here): the Run does not
+// move, and the attempt, since that node says it runs it, is stopped there.
 func TestReportForAnotherNodesAttempt(t *testing.T) {
 	e := newEnv(t)
 	r := e.booked("elsewhere")
@@ -271,18 +277,117 @@ func TestReportForAnotherNodesAttempt(t *testing.T) {
 	if e.ingest.Fenced() != fenced {
 		t.Errorf("a current session's report was counted as fenced")
 	}
+	if e.ingest.Refused() != 1 {
+		t.Errorf("refused %d reports, want 1", e.ingest.Refused())
+	}
 	stop := e.lastCommand("n2")
-	if stop == nil || stop.Kind != schemas.CmdStopWorkload || stop.FencingToken != 5 || stop.Stop.AttemptID != r.AttemptID || stop.Stop.Reason != "attempt superseded" {
+	if stop == nil || stop.Kind != schemas.CmdStopWorkload || stop.FencingToken != 5 || stop.Stop.AttemptID != r.AttemptID || stop.Stop.Reason != "attempt not booked on this node" {
 		t.Fatalf("n2 was not told to stop the attempt: %+v", stop)
 	}
 	if c := e.lastCommand("n1"); c != nil {
 		t.Errorf("n1, where the attempt is booked, got %s", c.Kind)
 	}
 	// A report that the attempt is over, from n2, needs no stop.
-	e.observe(bus.NodeObs("n2"), workload("n2", 5, r, schemas.WorkloadExited))
-	if got := e.stored(r.ID); got.Phase != schemas.PhasePlaced {
+	exited := workload("n2", 5, r, schemas.WorkloadExited)
+	one := 1
+	exited.Workload.ExitCode = &one
+	e.observe(bus.NodeObs("n2"), exited)
+	if got := e.stored(r.ID); got.Phase != schemas.PhasePlaced || got.ExitCode != nil {
 		t.Errorf("n2's exit report moved the Run: %s", got.Phase)
 	}
+	if e.ingest.Refused() != 2 {
+		t.Errorf("refused %d reports, want 2", e.ingest.Refused())
+	}
+}
+
+// A failed receipt from a node's current session about an attempt booked
+// on another node is refused: the Run stays as it is, and the same receipt
+// from the booked node fails it.
+func TestReceiptForAnotherNodesAttempt(t *testing.T) {
+	e := newEnv(t)
+	r := e.booked("receipt elsewhere")
+	rc := schemas.OperationReceipt{OperationID: dispatch.OpID(r.AttemptID, "launch"), Kind: schemas.CmdLaunchWorkload, RunID: r.ID, AttemptID: r.AttemptID,
+		AcceptedAt: time.Now(), Outcome: schemas.OutcomeFailed, Code: schemas.CodeLaunchFailed, Message: "forged"}
+	e.observe(bus.NodeObs("n2"), schemas.Observation{NodeID: "n2", FencingToken: 5, Generation: 1, Kind: schemas.ObsReceipt, Receipt: &rc})
+	if got := e.stored(r.ID); got.Phase != schemas.PhasePlaced || got.NodeID != "n1" || got.EventSeq != r.EventSeq {
+		t.Fatalf("n2's receipt moved a Run booked on n1: %s on %s, event %d", got.Phase, got.NodeID, got.EventSeq)
+	}
+	if e.ingest.Refused() != 1 {
+		t.Errorf("refused %d receipts, want 1", e.ingest.Refused())
+	}
+	e.observe(bus.NodeObs("n1"), schemas.Observation{NodeID: "n1", FencingToken: 3, Generation: 1, Kind: schemas.ObsReceipt, Receipt: &rc})
+	if got := e.stored(r.ID); got.Phase != schemas.PhaseFailed {
+		t.Errorf("the booked node's receipt: %s, want failed", got.Phase)
+	}
+}
+
+// A report under a newer session than this replica's cache holds (another
+// replica enrolled the node again, and this one's watch has not caught up)
+// is judged by the current record in wf_nodes: applied when the record says
+// it is the current session, never acknowledged and dropped. The cache
+// learns the record.
+func TestFencingReadsCurrentRecord(t *testing.T) {
+	e := newEnv(t)
+	r := e.booked("re-enrolled")
+	e.observe(bus.NodeObs("n1"), workload("n1", 3, r, schemas.WorkloadRunning))
+	// Another replica re-enrolled n1 under session 4; this cache still says 3.
+	if _, err := bus.CreateJSON(e.ctx, e.nodesKV, "n1", schemas.NodeRecord{NodeID: "n1", FencingToken: 4, Generation: 1, State: schemas.NodeReady}); err != nil {
+		t.Fatal(err)
+	}
+	fenced := e.ingest.Fenced()
+	exited := workload("n1", 4, r, schemas.WorkloadExited)
+	seven := 7
+	exited.Workload.ExitCode = &seven
+	e.observe(bus.NodeObs("n1"), exited)
+	got := e.stored(r.ID)
+	if got.Phase != schemas.PhaseFailed || got.ExitCode == nil || *got.ExitCode != 7 {
+		t.Fatalf("the new session's exit report: %s, exit %v; want failed with 7", got.Phase, got.ExitCode)
+	}
+	if e.ingest.Fenced() != fenced {
+		t.Errorf("the current session's report was counted as fenced")
+	}
+	if n, _ := e.cache.Node("n1"); n.FencingToken != 4 {
+		t.Errorf("cache still holds session %d", n.FencingToken)
+	}
+	// The old session is now fenced by the cache alone.
+	e.observe(bus.NodeObs("n1"), workload("n1", 3, r, schemas.WorkloadRunning))
+	if e.ingest.Fenced() != fenced+1 {
+		t.Errorf("the superseded session's report was not fenced")
+	}
+	// A token newer than the current record too is dropped.
+	e.observe(bus.NodeObs("n1"), workload("n1", 9, r, schemas.WorkloadRunning))
+	if e.ingest.Fenced() != fenced+2 {
+		t.Errorf("a token newer than the record was not fenced")
+	}
+	if info := e.settled(); info.NumAckPending != 0 || info.NumRedelivered != 0 {
+		t.Errorf("every report acknowledged once: %d waiting for an ack, %d redelivered", info.NumAckPending, info.NumRedelivered)
+	}
+}
+
+// A report the cache cannot vouch for, when wf_nodes cannot be read, is
+// left for redelivery, never acknowledged and dropped.
+func TestFencingStoreUnreadable(t *testing.T) {
+	e := newEnv(t)
+	r := e.booked("unreadable")
+	if err := e.conn.JS.DeleteKeyValue(e.ctx, bus.BucketNodes); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(bus.NodeObs("n1"), mustJSON(t, workload("n1", 4, r, schemas.WorkloadRunning)))
+	if n := e.handle(); n != 1 {
+		t.Fatalf("first delivery is %d", n)
+	}
+	if n := e.handle(); n != 2 {
+		t.Fatalf("the report was not redelivered: delivery %d", n)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := codec.Encode(codec.JSON, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // Reports move the Run forward; one naming a phase the Run has passed is

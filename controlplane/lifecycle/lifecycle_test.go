@@ -61,7 +61,7 @@ func edgeCases() []edgeCase {
 			edgeCase{"exit 0", from, nil, report(schemas.WorkloadExited, func(w *schemas.WorkloadObservation) { w.ExitCode = intp(0) }), schemas.PhaseSucceeded},
 			edgeCase{"exit 1", from, nil, report(schemas.WorkloadExited, func(w *schemas.WorkloadObservation) { w.ExitCode = intp(1) }), schemas.PhaseFailed},
 			edgeCase{"exit on cancel", from, cancel, report(schemas.WorkloadExited, nil), schemas.PhaseCancelled},
-			edgeCase{"receipt failed", from, nil, ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1)}}, schemas.PhaseFailed},
+			edgeCase{"receipt failed", from, nil, ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1)}}, schemas.PhaseFailed},
 			edgeCase{"lost, retry", from, nil, Loss{AttemptID: schemas.WorkloadID("r-1", 1), MaxAttempts: 3}, schemas.PhaseAccepted},
 			edgeCase{"lost, attempts spent", from, nil, Loss{AttemptID: schemas.WorkloadID("r-1", 1), MaxAttempts: 1}, schemas.PhaseLost},
 			edgeCase{"lost while cancelling", from, cancel, Loss{AttemptID: schemas.WorkloadID("r-1", 1), MaxAttempts: 3}, schemas.PhaseCancelled},
@@ -140,7 +140,7 @@ func TestIllegalMovesRefused(t *testing.T) {
 		for _, in := range []Transition{
 			Placement{NodeID: "n1"}, Wait{Summary: "s"}, Unsatisfiable{}, QueueStart{AttemptID: schemas.WorkloadID("r-1", 1)},
 			Restamp{AttemptID: schemas.WorkloadID("r-1", 1)}, report(schemas.WorkloadRunning, nil),
-			ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1)}},
+			ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1)}},
 			Loss{AttemptID: schemas.WorkloadID("r-1", 1), MaxAttempts: 3}, Cancellation{},
 		} {
 			got, evs, err := in.Apply(booked(p))
@@ -166,8 +166,8 @@ func TestReport(t *testing.T) {
 	}
 	elsewhere := report(schemas.WorkloadRunning, nil)
 	elsewhere.NodeID = "n2"
-	if _, _, err := elsewhere.Apply(booked(schemas.PhaseLaunching)); !errors.Is(err, ErrSuperseded) {
-		t.Errorf("same attempt id from another node: %v, want ErrSuperseded", err)
+	if _, _, err := elsewhere.Apply(booked(schemas.PhaseLaunching)); !errors.Is(err, ErrNotBookedHere) || !errors.Is(err, ErrNoChange) {
+		t.Errorf("same attempt id from another node: %v, want ErrNotBookedHere", err)
 	}
 
 	started, finished := time.Unix(100, 0), time.Unix(200, 0)
@@ -415,15 +415,15 @@ func TestRunFaultIsTerminal(t *testing.T) {
 		tr   Transition
 		want schemas.Code
 	}{
-		{"receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+		{"receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
 			Outcome: schemas.OutcomeFailed, Code: schemas.CodeRegistryAuthFailed, Message: "registry 127.0.0.1:5000 refused"}}, schemas.CodeRegistryAuthFailed},
 		{"report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) {
 			w.FailureCode, w.FailureReason = schemas.CodeRegistryAuthFailed, "registry 127.0.0.1:5000 refused"
 		}), schemas.CodeRegistryAuthFailed},
-		{"platform receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+		{"platform receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
 			Outcome: schemas.OutcomeFailed, Code: schemas.CodePlatformNotInImage, Message: "index has builds for linux/arm64"}}, schemas.CodePlatformNotInImage},
-		{"uncoded receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Outcome: schemas.OutcomeFailed}}, schemas.CodeLaunchFailed},
-		{"other receipt", ReceiptFailure{schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Code: schemas.CodeInvalidCache}}, schemas.CodeLaunchFailed},
+		{"uncoded receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Outcome: schemas.OutcomeFailed}}, schemas.CodeLaunchFailed},
+		{"other receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Code: schemas.CodeInvalidCache}}, schemas.CodeLaunchFailed},
 		{"other report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) { w.FailureCode = schemas.CodeOOMKilled }), schemas.CodeLaunchFailed},
 	}
 	for _, c := range cases {
@@ -439,5 +439,46 @@ func TestRunFaultIsTerminal(t *testing.T) {
 				t.Fatalf("%s from %s: events %+v, want one coded %q", c.name, from, evs, c.want)
 			}
 		}
+	}
+}
+
+// TestNotBookedHere: a receipt or a report naming the Run's current attempt
+// from another node than it is booked on changes nothing, in every phase the
+// attempt can be in, whatever it says; from the booked node it applies.
+func TestNotBookedHere(t *testing.T) {
+	fail := schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdLaunchWorkload, Outcome: schemas.OutcomeFailed, Code: schemas.CodeLaunchFailed}
+	exited := func(w *schemas.WorkloadObservation) { w.ExitCode = intp(3) }
+	for _, from := range []schemas.Phase{schemas.PhasePlaced, schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning} {
+		for _, in := range []Transition{
+			ReceiptFailure{NodeID: "n2", Receipt: fail},
+			ReceiptFailure{Receipt: fail},
+			Report{NodeID: "n2", Workload: report(schemas.WorkloadExited, exited).Workload},
+			Report{NodeID: "n2", Workload: report(schemas.WorkloadFailed, nil).Workload},
+			Report{NodeID: "n2", Workload: report(schemas.WorkloadRunning, nil).Workload},
+		} {
+			r := booked(from)
+			got, evs, err := in.Apply(r)
+			if !errors.Is(err, ErrNotBookedHere) || got.Phase != from || len(evs) != 0 || got.Reason != "" || got.ExitCode != nil {
+				t.Errorf("%#v on %s: phase %s, %d events, %v; want ErrNotBookedHere and no change", in, from, got.Phase, len(evs), err)
+			}
+		}
+		if got, _, err := (ReceiptFailure{NodeID: "n1", Receipt: fail}).Apply(booked(from)); err != nil || got.Phase != schemas.PhaseFailed {
+			t.Errorf("receipt from the booked node on %s: %s, %v; want failed", from, got.Phase, err)
+		}
+	}
+	// An attempt lost and booked nowhere: a late word from its node is not
+	// refused as an intrusion, and moves nothing; one that says it still
+	// runs is superseded (stopped there).
+	lost, _, err := Loss{AttemptID: schemas.WorkloadID("r-1", 1), MaxAttempts: 3}.Apply(booked(schemas.PhaseRunning))
+	if err != nil || lost.Phase != schemas.PhaseAccepted || lost.NodeID != "" {
+		t.Fatalf("loss: %+v %v", lost, err)
+	}
+	for _, in := range []Transition{ReceiptFailure{NodeID: "n1", Receipt: fail}, report(schemas.WorkloadExited, exited)} {
+		if got, evs, err := in.Apply(lost); !errors.Is(err, ErrNoChange) || errors.Is(err, ErrNotBookedHere) || got.Phase != schemas.PhaseAccepted || len(evs) != 0 {
+			t.Errorf("%#v on a lost attempt: %s, %v; want plain no change", in, got.Phase, err)
+		}
+	}
+	if _, _, err := report(schemas.WorkloadRunning, nil).Apply(lost); !errors.Is(err, ErrSuperseded) {
+		t.Errorf("a lost attempt still running: %v, want ErrSuperseded", err)
 	}
 }

@@ -40,6 +40,10 @@ var (
 	// from while that attempt still runs there; the node should stop it. It
 	// matches ErrNoChange.
 	ErrSuperseded = fmt.Errorf("%w: report is about a superseded attempt", ErrNoChange)
+	// ErrNotBookedHere: a receipt or report names the Run's current
+	// attempt but comes from another node than the one it is booked on
+	// (attempt ids are derivable, so the id alone proves nothing).
+	ErrNotBookedHere = fmt.Errorf("%w: attempt is booked on another node", ErrNoChange)
 )
 
 // Legal reports whether the table allows from → to.

@@ -168,10 +168,16 @@ type Report struct {
 }
 
 // Apply implements Transition. A report about another attempt or node
-// changes nothing; when that attempt still runs it is ErrSuperseded. A
-// report of a phase the Run has passed is ErrStaleReport.
+// changes nothing; when that attempt still runs it is ErrSuperseded. One
+// about the current attempt from another node than it is booked on is
+// ErrNotBookedHere (an attempt booked nowhere, lost and back to accepted, is
+// another's as well, but a late report of its own node's is no intrusion).
+// A report of a phase the Run has passed is ErrStaleReport.
 func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 	w := p.Workload
+	if r.AttemptID == w.AttemptID && r.NodeID != p.NodeID && r.NodeID != "" {
+		return r, nil, ErrNotBookedHere
+	}
 	if r.AttemptID != w.AttemptID || r.NodeID != p.NodeID {
 		if w.Phase == schemas.WorkloadRunning || w.Phase == schemas.WorkloadStarting {
 			return r, nil, ErrSuperseded
@@ -287,13 +293,21 @@ func failureCode(reported schemas.Code) schemas.Code {
 
 // ReceiptFailure ends an attempt whose node failed or refused one of its
 // commands (for a reason a resend will not mend): failed, or cancelled when
-// a cancel was pending.
-type ReceiptFailure struct{ Receipt schemas.OperationReceipt }
+// a cancel was pending. NodeID is the node the receipt came from.
+type ReceiptFailure struct {
+	NodeID  string
+	Receipt schemas.OperationReceipt
+}
 
-// Apply implements Transition.
+// Apply implements Transition. A receipt about the current attempt from
+// another node than it is booked on is ErrNotBookedHere; one about an
+// attempt booked nowhere (lost, back to accepted) changes nothing.
 func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 	rc := f.Receipt
-	if r.AttemptID != rc.AttemptID || r.Phase.Terminal() {
+	if r.AttemptID == rc.AttemptID && r.NodeID != f.NodeID && r.NodeID != "" && !r.Phase.Terminal() {
+		return r, nil, ErrNotBookedHere
+	}
+	if r.AttemptID != rc.AttemptID || r.NodeID != f.NodeID || r.Phase.Terminal() {
 		return r, nil, ErrNoChange
 	}
 	from, to, reason := r.Phase, schemas.PhaseFailed, failureCode(rc.Code)

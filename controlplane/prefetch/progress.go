@@ -61,6 +61,11 @@ func (s *Service) Receipt(ctx context.Context, nodeID string, rc schemas.Operati
 		if !ok || p.TimedOut(s.now()) || rc.Kind != kindOf(p) {
 			return nil
 		}
+		// Only an entry of this node's, under the operation it was sent,
+		// is sent again: a receipt cannot draw another node's prefetch.
+		if n := p.Node(nodeID); n == nil || n.OperationID != rc.OperationID || n.State.Finished() {
+			return nil
+		}
 		return s.sendOne(ctx, p, nodeID, rc.OperationID)
 	}
 	state, code, reason := schemas.PrefetchReady, schemas.Code(""), ""

@@ -94,6 +94,12 @@ func (s *Service) attach(ctx context.Context, st *stores, req schemas.SessionReq
 			s.log.Info("node cannot take session", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.Error(err))
 			continue
 		}
+		// Placed before asked: the node's lease acquire, on whichever
+		// replica it lands, checks it.
+		if err := st.placements.place(ctx, key, n.NodeID, s.now().Add(s.cfg.AttachTimeout)); err != nil {
+			release()
+			return schemas.SessionReply{Error: residency.ToWire(err)}
+		}
 		rep, err := s.askNode(ctx, n, schemas.SessionAttach, cmd, s.cfg.AttachTimeout)
 		release()
 		if err == nil && rep.Error == nil {

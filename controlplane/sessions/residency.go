@@ -19,7 +19,10 @@ import (
 // these operations, one request server each, on wf.node.<id>.residency.<op>.
 // The node id in the subject is the caller: an agent may publish only its
 // own wf.node.<id>.>, and a lease, route or checkpoint whose holder is
-// another node is refused.
+// another node is refused. Beyond that, the stores write only for the
+// lease's holder at exactly its epoch (residency.ErrNotLeaseHolder), and a
+// lease is granted only on a session an attach placed on the node
+// (placement.go, residency.ErrNotPlaced).
 
 // maxInFlight bounds the requests of one operation answered at once, over
 // every node, so a slow store write holds up neither the next request nor
@@ -69,7 +72,15 @@ func residencyServer[T, R any](op schemas.ResidencyOp, body string, answer func(
 // none is the answer of an operation that has no result: {"ok":{}}.
 type none = struct{}
 
+// acquireLease grants node the lease of a session an attach placed on it
+// (placements.check), and of no other.
 func (st *stores) acquireLease(ctx context.Context, node string, req schemas.ResidencyKeyRequest) (residency.LeaseGrant, error) {
+	if err := residency.KeyOf(req.Key).Validate(); err != nil {
+		return residency.LeaseGrant{}, err
+	}
+	if err := st.placements.check(ctx, residency.KeyOf(req.Key), node); err != nil {
+		return residency.LeaseGrant{}, err
+	}
 	if req.Token == "" {
 		return st.leases.AcquireSessionLease(ctx, residency.KeyOf(req.Key), node)
 	}

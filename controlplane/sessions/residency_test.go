@@ -29,6 +29,19 @@ func (f *fixture) agentConn(t *testing.T) *nats.Conn {
 	return testenv.Dial(t, f.conn.NC.ConnectedUrl(), "agent").NC
 }
 
+// place records, as an operator's attach does before it asks the node,
+// that key is placed on node for the next minute: node may acquire its lease.
+func (f *fixture) place(t *testing.T, key residency.Key, node string) {
+	t.Helper()
+	b, err := json.Marshal(schemas.SessionPlacement{Tenant: key.Tenant, Session: key.Session, Node: node, ExpiresAt: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv(t, f, bus.BucketLeases).Put(context.Background(), bus.SessionPlacementKey(key.Tenant, key.Session), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // remote is node's residency client on nc.
 func remote(nc *nats.Conn, node string) *residency.Remote {
 	return &residency.Remote{NC: nc, NodeID: node, Timeout: 5 * time.Second}
@@ -49,10 +62,15 @@ func TestRemote_TypedErrorsAndIdentity(t *testing.T) {
 	a, b := remote(nc, "host-a"), remote(nc, "host-b")
 	key := residency.Key{Tenant: tenant, Session: "wire-1"}
 
+	f.place(t, key, "host-a")
 	g, err := a.AcquireSessionLease(ctx, key, "host-a")
 	if err != nil || g.Epoch != 1 || g.Holder != "host-a" {
 		t.Fatalf("acquire: %+v, %v", g, err)
 	}
+	if _, err := b.AcquireSessionLease(ctx, key, "host-b"); !errors.Is(err, residency.ErrNotPlaced) {
+		t.Fatalf("a node the session is not placed on: %v, want ErrNotPlaced", err)
+	}
+	f.place(t, key, "host-b")
 	if _, err := b.AcquireSessionLease(ctx, key, "host-b"); !errors.Is(err, residency.ErrLeaseHeld) {
 		t.Fatalf("second holder: %v, want ErrLeaseHeld", err)
 	}
@@ -77,8 +95,8 @@ func TestRemote_TypedErrorsAndIdentity(t *testing.T) {
 	if err := a.PublishResidency(ctx, obs); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	if err := b.TombstoneResidency(ctx, key, "host-b", 1); !errors.Is(err, residency.ErrEpochSuperseded) {
-		t.Fatalf("host-b tombstoning host-a's epoch: %v, want ErrEpochSuperseded", err)
+	if err := b.TombstoneResidency(ctx, key, "host-b", 1); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		t.Fatalf("host-b tombstoning host-a's epoch: %v, want ErrNotLeaseHolder", err)
 	}
 	if err := a.ReleaseSessionLease(ctx, ng); err != nil {
 		t.Fatalf("release: %v", err)
@@ -118,6 +136,7 @@ func TestKVSessions_JournalStateAndFence(t *testing.T) {
 	if err != nil || st.Exists || st.RuntimeJournal != residency.JournalEmpty || st.Namespace != residency.NamespaceFor(key) {
 		t.Fatalf("fresh session: %+v, %v", st, err)
 	}
+	f.place(t, key, "host-a")
 	g, err := a.AcquireSessionLease(ctx, key, "host-a")
 	if err != nil {
 		t.Fatal(err)
@@ -196,15 +215,18 @@ func ask(t *testing.T, nc *nats.Conn, node string, op schemas.ResidencyOp, body 
 }
 
 // Every operation that names a holder refuses, with code forbidden, a body
-// whose holder is not the node in the subject, and the holder's lease,
-// route and checkpoint stay as they were; a tombstone is always the
-// subject's node's, so another node's epoch is refused as superseded.
+// whose holder is not the node in the subject; one naming the subject's node
+// is refused, with code not_lease_holder, unless that node holds the lease
+// at exactly the body's epoch (a higher epoch is no takeover); an acquire
+// of a session not placed on the node is refused not_placed_here. The
+// holder's lease, route and checkpoint stay as they were.
 func TestResidency_RefusesAnotherNodesHolding(t *testing.T) {
 	f := newFixture(t)
 	ctx := testCtx(t)
 	nc := f.agentConn(t)
 	a := remote(nc, "host-a")
 	key := residency.Key{Tenant: tenant, Session: "holder-1"}
+	f.place(t, key, "host-a")
 	g, err := a.AcquireSessionLease(ctx, key, "host-a")
 	if err != nil {
 		t.Fatal(err)
@@ -234,8 +256,41 @@ func TestResidency_RefusesAnotherNodesHolding(t *testing.T) {
 			t.Errorf("%s of host-a's holding as host-b: %v, want code %s", c.op, err, residency.CodeForbidden)
 		}
 	}
-	if _, err := ask(t, nc, "host-b", schemas.ResidencyRouteTombstone, schemas.ResidencyTombstoneRequest{Key: residency.WireKey(key), Epoch: g.Epoch}); !errors.Is(err, residency.ErrEpochSuperseded) {
-		t.Errorf("tombstone of host-a's epoch as host-b: %v, want ErrEpochSuperseded", err)
+	// Bodies naming host-b itself, at host-a's epoch or any higher one,
+	// are refused: host-b holds no lease on the session.
+	for _, e := range []residency.ResidencyEpoch{g.Epoch, g.Epoch + 1, 1 << 62} {
+		own := obs
+		own.Host, own.Epoch = "host-b", e
+		ownCP := later
+		ownCP.Host, ownCP.Epoch = "host-b", e
+		forged := g
+		forged.Holder, forged.Epoch = "host-b", e
+		for _, c := range []struct {
+			op   schemas.ResidencyOp
+			body any
+		}{
+			{schemas.ResidencyLeaseRenew, forged},
+			{schemas.ResidencyLeaseRelease, forged},
+			{schemas.ResidencyRoutePublish, schemas.ResidencyObservation(own)},
+			{schemas.ResidencyRouteTombstone, schemas.ResidencyTombstoneRequest{Key: residency.WireKey(key), Epoch: e}},
+			{schemas.ResidencyStateCheckpoint, ownCP},
+		} {
+			_, err := ask(t, nc, "host-b", c.op, c.body)
+			var we *residency.WireError
+			if !errors.Is(err, residency.ErrNotLeaseHolder) || !errors.As(err, &we) || we.Code != residency.CodeNotLeaseHolder {
+				t.Errorf("%s as host-b at epoch %d: %v, want code %s", c.op, e, err, residency.CodeNotLeaseHolder)
+			}
+		}
+	}
+	// Nor may host-b acquire the lease of a session not placed on it.
+	if _, err := ask(t, nc, "host-b", schemas.ResidencyLeaseAcquire, schemas.ResidencyKeyRequest{Key: residency.WireKey(key), Token: "t"}); !errors.Is(err, residency.ErrNotPlaced) {
+		t.Errorf("acquire as host-b: %v, want ErrNotPlaced", err)
+	}
+	// host-a itself, at an epoch above its grant, is refused too.
+	high := obs
+	high.Epoch = 1 << 62
+	if err := a.PublishResidency(ctx, high); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		t.Errorf("host-a at epoch 2^62: %v, want ErrNotLeaseHolder", err)
 	}
 	// Nothing of host-a's moved: its grant renews at its revision, its
 	// route and checkpoint are as it wrote them.
@@ -290,6 +345,7 @@ func TestResidency_ReplyEnvelope(t *testing.T) {
 	f := newFixture(t)
 	nc := f.agentConn(t)
 	key := schemas.SessionKey{Tenant: tenant, Session: "envelope-1"}
+	f.place(t, residency.KeyOf(key), "host-a")
 	b, _ := json.Marshal(schemas.ResidencyKeyRequest{Key: key, Token: "tok-1"})
 	raw := askRaw(t, nc, "host-a", schemas.ResidencyLeaseAcquire, b)
 	if !strings.HasPrefix(string(raw), `{"ok":{"key":{"tenant":"acme","session":"envelope-1"},"holder":"host-a","epoch":1,"revision":`) ||
@@ -313,5 +369,39 @@ func TestResidency_ReplyEnvelope(t *testing.T) {
 	// no responder.
 	if _, err := nc.Request(bus.NodeResidencyService("host-a", "lease_steal"), []byte(`{}`), time.Second); !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("unknown operation: %v, want no responders", err)
+	}
+}
+
+// An operator's attach places the session on each node before asking it:
+// the node asked may acquire the lease while it attaches (here n1 takes and
+// gives it back, then refuses for capacity; n2 keeps it), and once the
+// attach moved on, the node it left may not.
+func TestAttachPlacesBeforeAsking(t *testing.T) {
+	f := newFixture(t)
+	f.addNode(t, "n1", 11)
+	f.addNode(t, "n2", 22)
+	nc := f.agentConn(t)
+	key := residency.Key{Tenant: "t1", Session: "placed-1"}
+	ctx := testCtx(t)
+	var n1Err, n2Err error
+	f.host(t, "n1", schemas.SessionAttach, func(schemas.SessionCommand) schemas.SessionReply {
+		g, err := remote(nc, "n1").AcquireSessionLease(ctx, key, "n1")
+		if n1Err = err; err == nil {
+			n1Err = remote(nc, "n1").ReleaseSessionLease(ctx, g)
+		}
+		return refuse(residency.CodeCapacity)(schemas.SessionCommand{})
+	})
+	f.host(t, "n2", schemas.SessionAttach, func(cmd schemas.SessionCommand) schemas.SessionReply {
+		_, n2Err = remote(nc, "n2").AcquireSessionLease(ctx, key, "n2")
+		return accept(cmd)
+	})
+	if rep := f.ask(t, bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+		t.Fatalf("attach: %+v", rep.Error)
+	}
+	if n1Err != nil || n2Err != nil {
+		t.Fatalf("acquires while asked: n1 %v, n2 %v; want both granted", n1Err, n2Err)
+	}
+	if _, err := remote(nc, "n1").AcquireSessionLease(ctx, key, "n1"); !errors.Is(err, residency.ErrNotPlaced) {
+		t.Fatalf("n1 after the attach moved to n2: %v, want ErrNotPlaced", err)
 	}
 }

@@ -77,9 +77,10 @@ type Service struct {
 // stores are the residency stores: served to agents (residency.go), read
 // by the operator's requests and drains.
 type stores struct {
-	leases    *residency.KVLeases
-	locations *residency.KVLocations
-	durable   *residency.KVSessions
+	leases     *residency.KVLeases
+	locations  *residency.KVLocations
+	durable    *residency.KVSessions
+	placements placements
 }
 
 // New returns the session services. nodesKV is wf_nodes, read for the node
@@ -117,7 +118,11 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sessions: durable state: %w", err)
 	}
-	st := &stores{leases: leases, locations: locs, durable: durable}
+	leasesKV, err := s.conn.JS.KeyValue(ctx, bus.BucketLeases)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: placements: %w", err)
+	}
+	st := &stores{leases: leases, locations: locs, durable: durable, placements: placements{kv: leasesKV, now: s.now}}
 	ctx, cancel := context.WithCancel(ctx)
 	// wg owns every server's workers. An operator's attach may wait
 	// minutes on an image pull, so each of those requests gets a goroutine

@@ -15,7 +15,7 @@ func Full() bus.Permissions { return bus.Permissions{Publish: []string{">"}, Sub
 
 // Granted is what the code grants the table's identity, with the
 // placeholders for its values (bus's Perms* functions, called with
-// `<id>`, `<run>`, `<name>`, `<consumer>`), and whether it is Full. A row the code knows
+// `<id>`, `<run>`, `<name>`, `<consumer>`, `<invite>`), and whether it is Full. A row the code knows
 // nothing of is an error: each identity the table lists must be one the
 // callout can grant. When a Perms* function's parameters change, this is
 // the one place that calls it.
@@ -26,7 +26,7 @@ func Granted(identity string) (p bus.Permissions, full bool, err error) {
 	case "producer", "CLI as a producer":
 		return bus.PermsProducer(PlaceholderProducer), false, nil
 	case "enrolling node":
-		return bus.PermsEnrolling(PlaceholderNode), false, nil
+		return bus.PermsEnrolling(PlaceholderNode, bus.EnrollInboxRoot(PlaceholderNode)+"."+PlaceholderInvite), false, nil
 	case "node":
 		return bus.PermsNode(PlaceholderNode), false, nil
 	case "log login":

@@ -20,13 +20,15 @@ var placeholderForm = regexp.MustCompile(`<[a-z]+>`)
 
 // Placeholders a pattern in the table may hold for the values of one
 // login: its node, its Run (log logins), its producer name (also its
-// tenant), the consumer its artifact grant names. A pattern naming another
-// is an error.
+// tenant), the consumer its artifact grant names, its invitation's inbox
+// token (bus.EnrollingInboxPrefix's last). A pattern naming another is an
+// error.
 const (
 	PlaceholderNode     = "<id>"
 	PlaceholderRun      = "<run>"
 	PlaceholderProducer = "<name>"
 	PlaceholderConsumer = "<consumer>"
+	PlaceholderInvite   = "<invite>"
 )
 
 // Replies says whether an identity may answer the requests it receives.
@@ -185,7 +187,7 @@ func patternsOf(line int, who string, cell func(int) (string, error), col int) (
 	}
 	for _, p := range ps {
 		for _, ph := range placeholderForm.FindAllString(p, -1) {
-			if ph != PlaceholderNode && ph != PlaceholderRun && ph != PlaceholderProducer && ph != PlaceholderConsumer {
+			if ph != PlaceholderNode && ph != PlaceholderRun && ph != PlaceholderProducer && ph != PlaceholderConsumer && ph != PlaceholderInvite {
 				return nil, fmt.Errorf("security page line %d (%s): %q holds the unknown placeholder %s", line, who, p, ph)
 			}
 		}

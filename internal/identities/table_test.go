@@ -91,7 +91,7 @@ func TestDiffCatchesAnUnlistedPermission(t *testing.T) {
 		t.Errorf("full permissions in code, one answer in the table: %q", d)
 	}
 	enrolling := row(t, pageRows(t), "enrolling node")
-	answering := bus.PermsEnrolling(PlaceholderNode)
+	answering, _, _ := Granted("enrolling node")
 	answering.Responses = true
 	if d := Diff(enrolling, answering, false); len(d) != 1 {
 		t.Errorf("allow_responses in code only: %q", d)

@@ -22,6 +22,9 @@ type ControlPlane struct {
 	// Heartbeats counts heartbeats that extended a lease; EventsPublished
 	// counts Run event publishes (including repairs that dedupe dropped).
 	Heartbeats, EventsPublished int64
+	// RefusedObservations counts receipts and workload reports a node's
+	// current session sent about an attempt booked on another node.
+	RefusedObservations int64
 
 	// Phases counts the Runs in wf_runs by phase, as the replica's cache
 	// holds them. It means something only when PhasesSynced is true: the
@@ -67,6 +70,8 @@ func NewControlPlaneCollector(snapshot func() ControlPlane) *ControlPlaneCollect
 			i(func(m ControlPlane) int64 { return m.Transitions })},
 		{cpDesc("fenced_observations_total", "Reports, heartbeats and renewals dropped because they came from a superseded session or generation."),
 			i(func(m ControlPlane) int64 { return m.FencedObservations })},
+		{cpDesc("refused_observations_total", "Receipts and workload reports refused because they named an attempt booked on another node (attempt_not_booked_here)."),
+			i(func(m ControlPlane) int64 { return m.RefusedObservations })},
 		{cpDesc("rejected_requests_total", "Run requests refused with a coded rejected event."),
 			i(func(m ControlPlane) int64 { return m.Rejected })},
 		{cpDesc("stale_reports_total", "Workload reports that would have moved a Run backwards or changed nothing, and were ignored."),
