@@ -65,7 +65,7 @@ func attachRun(parent context.Context, js jetstream.JetStream, runID string, p *
 	ended := make(chan struct{})
 	logsDone := make(chan error, 1)
 	go func() {
-		err := runlog.Read(ctx, js, bus.RunLogs(runID), runlog.Options{Follow: true, Done: ended, Invalid: skipNotice(progress)}, p.line)
+		err := runlog.Read(ctx, js, bus.RunLogs(runID), runlog.Options{Follow: true, Done: ended, Invalid: skipNotice(progress), Gaps: gapNotice(progress, runID)}, p.line)
 		if err != nil {
 			cancel() // stop following events too
 		}
