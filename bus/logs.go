@@ -37,10 +37,16 @@ const (
 )
 
 // Defaults for Topology's WF_LOGS limits (warmfleet serve --logs-max-age,
-// --logs-max-bytes): the oldest chunks are dropped first.
+// --logs-max-bytes, --logs-max-chunks-per-run): the oldest chunks are
+// dropped first. The per-Run cap is JetStream's MaxMsgsPerSubject (the
+// server has no per-subject byte limit): a Run past it loses its own oldest
+// chunks, never another Run's, and holds at most that many times
+// MaxLogChunk bytes (1 GiB by default). Readers see the loss as a stream
+// starting past byte 0 (runlog.Gap).
 const (
-	DefaultLogsMaxAge   = 7 * 24 * time.Hour
-	DefaultLogsMaxBytes = 10 << 30
+	DefaultLogsMaxAge          = 7 * 24 * time.Hour
+	DefaultLogsMaxBytes        = 10 << 30
+	DefaultLogsMaxChunksPerRun = 16384
 )
 
 // RunLogs is the subject of one Run's output, every attempt's.
@@ -63,12 +69,15 @@ func LogEndMsgID(attempt, stream string) string { return attempt + "." + stream 
 // logsStreamConfig keeps output by age and size (limits retention): logs
 // outlive their Run and its node, and the oldest go first.
 func (t Topology) logsStreamConfig(r int) jetstream.StreamConfig {
-	age, size := t.LogsMaxAge, t.LogsMaxBytes
+	age, size, perRun := t.LogsMaxAge, t.LogsMaxBytes, t.LogsMaxChunksPerRun
 	if age == 0 {
 		age = DefaultLogsMaxAge
 	}
 	if size == 0 {
 		size = DefaultLogsMaxBytes
+	}
+	if perRun == 0 {
+		perRun = DefaultLogsMaxChunksPerRun
 	}
 	return jetstream.StreamConfig{
 		Name:        StreamLogs,
@@ -79,8 +88,12 @@ func (t Topology) logsStreamConfig(r int) jetstream.StreamConfig {
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      age,
 		MaxBytes:    size,
-		MaxMsgSize:  MaxLogChunk + 4<<10, // the body and its headers
-		Duplicates:  DedupeWindow,
-		Replicas:    r,
+		// One subject per Run (and per session): one Run's output cannot
+		// evict another's. Provision's CreateOrUpdateStream sets it on a
+		// stream made before the cap existed.
+		MaxMsgsPerSubject: perRun,
+		MaxMsgSize:        MaxLogChunk + 4<<10, // the body and its headers
+		Duplicates:        DedupeWindow,
+		Replicas:          r,
 	}
 }
