@@ -10,7 +10,10 @@ import (
 // Run and session output. A node ships each workload's stdout and stderr
 // to WF_LOGS in chunks of whole lines (at most MaxLogChunk bytes), one
 // message per chunk, the bytes as they were written (no encoding), so
-// `nats sub` and `nats stream view` show them as text. The headers say
+// `nats sub` and `nats stream view` show them as text. A chunk whose body
+// does not end in "\n" ends mid-line (a line longer than MaxLogChunk, one
+// still being written, or a last line without its newline): readers join
+// it to the next chunk of its stream and add no newline. The headers say
 // whose bytes they are and where they sit in their stream; Nats-Msg-Id is
 // LogMsgID, so a chunk sent again after an agent restart is stored once.
 // After a stream's last byte the node sends one empty message with

@@ -119,7 +119,7 @@ func TestReassemblerByteExact(t *testing.T) {
 	content := []byte("\x00\x01\xff\xfe binary\n\xc3\x28 not utf-8\n")
 	content = append(content, bytes.Repeat([]byte("y"), 2*maxLine+17)...)
 	content = append(content, "\nno final newline"...)
-	for _, size := range []int{7, bus.MaxLogChunk, maxLine + 3} {
+	for _, size := range []int{1031, bus.MaxLogChunk, maxLine + 3} {
 		var chunks []Chunk
 		for off := 0; off < len(content); off += size {
 			chunks = append(chunks, chunk("r-1-a1", bus.LogStdout, int64(off), 0, string(content[off:min(off+size, len(content))])))
@@ -206,6 +206,38 @@ func TestReassemblerProperty(t *testing.T) {
 		}
 		if !slices.Equal(got, want) {
 			t.Fatalf("got %q, want %q", got, want)
+		}
+	})
+}
+
+// FuzzReassemble: whatever the bytes and however they are cut into chunks
+// (some sent twice), the lines, each "\n"-ended unless Partial, are the
+// bytes.
+func FuzzReassemble(f *testing.F) {
+	f.Add([]byte("one\ntwo\n"), []byte{3})
+	f.Add([]byte("\x00\xff\xfe\n\xc3\x28 no newline"), []byte{1, 5, 2})
+	f.Add([]byte("\n\n\nabc"), []byte{0, 1})
+	f.Fuzz(func(t *testing.T, content, cuts []byte) {
+		if len(cuts) == 0 {
+			cuts = []byte{16}
+		}
+		var r Reassembler
+		var out []Line
+		add := func(l Line) error { out = append(out, l); return nil }
+		for off, i := 0, 0; off < len(content); i++ {
+			n := int(cuts[i%len(cuts)])
+			if n == 0 { // a resend of the chunk before, if any
+				n = 1 + i%7
+				_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(max(off-n, 0)), 0, string(content[max(off-n, 0):off])), add)
+				continue
+			}
+			end := min(off+n, len(content))
+			_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(off), 0, string(content[off:end])), add)
+			off = end
+		}
+		_ = r.Add(endOf("r-1-a1", bus.LogStdout, int64(len(content))), add)
+		if got := bytesOf(out); !bytes.Equal(got, content) {
+			t.Fatalf("%q cut by %v came back as %q", content, cuts, got)
 		}
 	})
 }
