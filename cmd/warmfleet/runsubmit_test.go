@@ -165,7 +165,7 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 	if code != 3 || note != "" {
 		t.Fatalf("exit %d with %q, want the Run's exit code 3 and nothing more", code, note)
 	}
-	if got, want := stdout.String(), "hello\nbye\nno newline\n"; got != want {
+	if got, want := stdout.String(), "hello\nbye\nno newline"; got != want {
 		t.Fatalf("stdout %q, want only the Run's %q", got, want)
 	}
 	want := "warmfleet: submitted wait-1 as run " + p.runID + "\n" +
