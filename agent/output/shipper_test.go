@@ -243,3 +243,42 @@ func TestShip_RemovedWhileRefusedStops(t *testing.T) {
 		t.Fatalf("stopped with %v, want errDropped", sh.err)
 	}
 }
+
+// A log connection that closes for good (nats.go stops reconnecting once a
+// login is refused) is dialed again, and the output ships on the new one.
+func TestShip_RedialsAClosedLogConnection(t *testing.T) {
+	s, ctx, conn := shipperOn(t, nil)
+	var mu sync.Mutex
+	dials := 0
+	s.cfg.Dialer = func(context.Context, string) (jetstream.JetStream, func(), error) {
+		mu.Lock()
+		defer mu.Unlock()
+		dials++
+		if dials == 1 {
+			c := testenv.Dial(t, conn.NC.ConnectedUrl(), "closed-log-conn")
+			c.Close()
+			return c.JS, func() {}, nil
+		}
+		return conn.JS, func() {}, nil
+	}
+	dir, _ := PrepareRun(s.cfg.DataDir, "r7", "r7-a1")
+	write(t, dir, "after a redial\n", "")
+	sh, err := s.Ship(ctx, "r7-a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.Finish()
+	select {
+	case <-sh.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("not shipped after the log connection closed")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sh.err != nil || dials != 2 {
+		t.Fatalf("shipment ended with %v after %d dials, want nil after 2", sh.err, dials)
+	}
+	if out, _ := read(t, ctx, conn, "r7"); out != "after a redial\n" {
+		t.Errorf("stored %q", out)
+	}
+}
