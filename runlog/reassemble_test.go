@@ -226,12 +226,11 @@ func FuzzReassemble(f *testing.F) {
 		add := func(l Line) error { out = append(out, l); return nil }
 		for off, i := 0, 0; off < len(content); i++ {
 			n := int(cuts[i%len(cuts)])
-			if n == 0 { // a resend of the chunk before, if any
-				n = 1 + i%7
-				_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(max(off-n, 0)), 0, string(content[max(off-n, 0):off])), add)
-				continue
+			if n%8 == 0 { // first, a resend of up to 7 bytes before
+				from := max(off-1-n/8%7, 0)
+				_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(from), 0, string(content[from:off])), add)
 			}
-			end := min(off+n, len(content))
+			end := min(off+1+n%64, len(content))
 			_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(off), 0, string(content[off:end])), add)
 			off = end
 		}
