@@ -222,6 +222,21 @@ func (p *logPrinter) line(l runlog.Line) error {
 	return err
 }
 
+// midLineTo says whether a stream printed to w ended its last line without
+// a newline, so that warmfleet's own next line on w starts a line.
+func (p *logPrinter) midLineTo(w io.Writer) bool {
+	for k, mid := range p.midLine {
+		to := p.out
+		if k[1] == bus.LogStderr {
+			to = p.errw
+		}
+		if mid && to == w {
+			return true
+		}
+	}
+	return false
+}
+
 // gapNotice tells, on w, of output of Run runID no longer stored.
 func gapNotice(w io.Writer, runID string) func(runlog.Gap) {
 	return func(g runlog.Gap) {

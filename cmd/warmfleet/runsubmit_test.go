@@ -159,6 +159,7 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 	b.chunk(p.runID, 1, bus.LogStderr, 0, now, "oops\n")
 	waitForText(t, &stderr, "oops\n")
 	b.chunk(p.runID, 1, bus.LogStdout, 6, now, "bye\nno newline")
+	b.chunk(p.runID, 1, bus.LogStderr, 5, now, "last words")
 	p.phase(schemas.PhaseFailed, schemas.CodeExitNonZero, "exited non-zero", new(3))
 
 	code, note := wait()
@@ -174,6 +175,7 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 		"warmfleet: preparing: artifact weights transfer 1.0 MiB of 4.0 MiB (25%)\n" +
 		"warmfleet: running: container running\n" +
 		"oops\n" +
+		"last words\n" + // the Run wrote no newline: warmfleet's line starts its own
 		"warmfleet: failed (exit_nonzero): exited non-zero (exit 3)\n"
 	if got := stderr.String(); got != want {
 		t.Fatalf("stderr\n%s\nwant\n%s", got, want)

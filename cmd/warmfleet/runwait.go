@@ -92,6 +92,9 @@ func attachRun(parent context.Context, js jetstream.JetStream, runID string, p *
 	outcome := runOutcome(runID, end)
 	var st *exitStatus
 	if !errors.As(outcome, &st) || st.err == nil {
+		if p.midLineTo(progress) {
+			fmt.Fprintln(progress) // the Run's last line had no newline
+		}
 		fmt.Fprintln(progress, "warmfleet: "+runProgressLine(end))
 	}
 	return outcome
