@@ -10,7 +10,10 @@ import (
 // Run and session output. A node ships each workload's stdout and stderr
 // to WF_LOGS in chunks of whole lines (at most MaxLogChunk bytes), one
 // message per chunk, the bytes as they were written (no encoding), so
-// `nats sub` and `nats stream view` show them as text. The headers say
+// `nats sub` and `nats stream view` show them as text. A chunk whose body
+// does not end in "\n" ends mid-line (a line longer than MaxLogChunk, one
+// still being written, or a last line without its newline): readers join
+// it to the next chunk of its stream and add no newline. The headers say
 // whose bytes they are and where they sit in their stream; Nats-Msg-Id is
 // LogMsgID, so a chunk sent again after an agent restart is stored once.
 // After a stream's last byte the node sends one empty message with
@@ -37,10 +40,16 @@ const (
 )
 
 // Defaults for Topology's WF_LOGS limits (warmfleet serve --logs-max-age,
-// --logs-max-bytes): the oldest chunks are dropped first.
+// --logs-max-bytes, --logs-max-chunks-per-run): the oldest chunks are
+// dropped first. The per-Run cap is JetStream's MaxMsgsPerSubject (the
+// server has no per-subject byte limit): a Run past it loses its own oldest
+// chunks, never another Run's, and holds at most that many times
+// MaxLogChunk bytes (1 GiB by default). Readers see the loss as a stream
+// starting past byte 0 (runlog.Gap).
 const (
-	DefaultLogsMaxAge   = 7 * 24 * time.Hour
-	DefaultLogsMaxBytes = 10 << 30
+	DefaultLogsMaxAge          = 7 * 24 * time.Hour
+	DefaultLogsMaxBytes        = 10 << 30
+	DefaultLogsMaxChunksPerRun = 16384
 )
 
 // RunLogs is the subject of one Run's output, every attempt's.
@@ -63,12 +72,15 @@ func LogEndMsgID(attempt, stream string) string { return attempt + "." + stream 
 // logsStreamConfig keeps output by age and size (limits retention): logs
 // outlive their Run and its node, and the oldest go first.
 func (t Topology) logsStreamConfig(r int) jetstream.StreamConfig {
-	age, size := t.LogsMaxAge, t.LogsMaxBytes
+	age, size, perRun := t.LogsMaxAge, t.LogsMaxBytes, t.LogsMaxChunksPerRun
 	if age == 0 {
 		age = DefaultLogsMaxAge
 	}
 	if size == 0 {
 		size = DefaultLogsMaxBytes
+	}
+	if perRun == 0 {
+		perRun = DefaultLogsMaxChunksPerRun
 	}
 	return jetstream.StreamConfig{
 		Name:        StreamLogs,
@@ -79,8 +91,12 @@ func (t Topology) logsStreamConfig(r int) jetstream.StreamConfig {
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      age,
 		MaxBytes:    size,
-		MaxMsgSize:  MaxLogChunk + 4<<10, // the body and its headers
-		Duplicates:  DedupeWindow,
-		Replicas:    r,
+		// One subject per Run (and per session): one Run's output cannot
+		// evict another's. Provision's CreateOrUpdateStream sets it on a
+		// stream made before the cap existed.
+		MaxMsgsPerSubject: perRun,
+		MaxMsgSize:        MaxLogChunk + 4<<10, // the body and its headers
+		Duplicates:        DedupeWindow,
+		Replicas:          r,
 	}
 }

@@ -69,6 +69,9 @@ type Topology struct {
 	// DefaultLogsMaxBytes.
 	LogsMaxAge   time.Duration
 	LogsMaxBytes int64
+	// LogsMaxChunksPerRun caps each Run's (and session's) subject in
+	// WF_LOGS; 0 is DefaultLogsMaxChunksPerRun.
+	LogsMaxChunksPerRun int64
 }
 
 // StreamConfigs returns the stream definitions.

@@ -217,30 +217,9 @@ func TestAcceptance_LogsSurviveAgentKill(t *testing.T) {
 	f := newFleet(t)
 	bin := testenv.BuildCommand(t, "github.com/warmfleet/warmfleet/cmd/warmfleet-agent")
 	dataDir := tempDir(t)
+	// The Run below uses host networking.
 	start := func(name string) *exec.Cmd {
-		out, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(bin, "--node-id", "node-k", "--nats-url", f.nats.URL(), "--data-dir", dataDir,
-			"--containerd-address", w.ctrd.Address, "--containerd-namespace", w.ctrd.Namespace, "--image-dir", w.imageDir,
-			"--network-bridge", w.bridge.Name, "--network-subnet", w.bridge.Subnet, "--network-ipam-dir", w.ipamDir, "--log-level", "debug",
-			"--allow-host-network") // the Run below uses host networking
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if cmd.ProcessState == nil {
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				_ = cmd.Wait()
-			}
-			if t.Failed() {
-				b, _ := os.ReadFile(out.Name())
-				t.Logf("%s:\n%s", name, b[max(0, len(b)-20000):])
-			}
-		})
-		return cmd
+		return f.startAgentProcess(bin, w, "node-k", dataDir, name, "--allow-host-network")
 	}
 	first := start("agent-1")
 	const n = 20_000
@@ -272,6 +251,37 @@ func TestAcceptance_LogsSurviveAgentKill(t *testing.T) {
 			t.Errorf("%s closed at %d (%v), holds %d bytes", stream, end, ok, len(got.bytes[key]))
 		}
 	}
+}
+
+// startAgentProcess starts the agent binary bin as node nodeID on w's
+// containerd, logging to a file shown when the test fails; the test's end
+// stops it unless the test killed it.
+func (f *fleet) startAgentProcess(bin string, w world, nodeID, dataDir, name string, extra ...string) *exec.Cmd {
+	t := f.t
+	t.Helper()
+	out, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--node-id", nodeID, "--nats-url", f.nats.URL(), "--data-dir", dataDir,
+		"--containerd-address", w.ctrd.Address, "--containerd-namespace", w.ctrd.Namespace, "--image-dir", w.imageDir,
+		"--network-bridge", w.bridge.Name, "--network-subnet", w.bridge.Subnet, "--network-ipam-dir", w.ipamDir, "--log-level", "debug"}, extra...)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("%s:\n%s", name, b[max(0, len(b)-20000):])
+		}
+	})
+	return cmd
 }
 
 // TestAcceptance_LogsAfterNodeLoss: a node prints part of a Run and is

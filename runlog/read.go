@@ -31,6 +31,11 @@ type Options struct {
 	// Invalid is told of each message that is not a chunk (a *ChunkError)
 	// and skipped; nil skips them silently.
 	Invalid func(seq uint64, err error)
+	// Gaps is told of each byte range of a stream no longer stored (its
+	// chunks dropped by WF_LOGS's limits), before the bytes after it; nil
+	// skips them silently. Without Since and Tail that includes a stream's
+	// missing first bytes; with Tail, no gap is told.
+	Gaps func(Gap)
 }
 
 func (o Options) validate() error {
@@ -66,6 +71,7 @@ func Read(ctx context.Context, js jetstream.JetStream, subject string, opts Opti
 		return fmt.Errorf("runlog: read %s: %w", subject, err)
 	}
 	rd := &reader{js: js, stream: s, subject: subject, opts: opts}
+	rd.re = rd.reassembler()
 	end, err := rd.lastSeq(ctx)
 	if err != nil {
 		return err
@@ -104,6 +110,15 @@ type reader struct {
 	last uint64 // the stream sequence of the last message read
 	// first is the store time of the first message the last scan read.
 	first time.Time
+}
+
+// reassembler is a Reassembler told of gaps as opts ask. A tail's
+// windows, read again and again, use a bare one.
+func (rd *reader) reassembler() Reassembler {
+	if rd.opts.Tail > 0 {
+		return Reassembler{}
+	}
+	return Reassembler{FromStart: rd.opts.Since.IsZero(), Gaps: rd.opts.Gaps}
 }
 
 // lastSeq is the sequence of subject's last message, 0 when there is none

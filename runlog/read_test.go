@@ -252,3 +252,49 @@ func TestReadFollow(t *testing.T) {
 		})
 	}
 }
+
+// The per-Run cap: a WF_LOGS made before the cap existed gets it when
+// provisioned again; a Run writing past it loses only its own oldest
+// chunks, and Read tells the missing bytes as a Gap.
+func TestReadPerRunCap(t *testing.T) {
+	n := testenv.StartNATS(t)
+	conn := testenv.Dial(t, n.URL(), "cap")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The stream as it was defined before the cap.
+	if _, err := conn.JS.CreateStream(ctx, jetstream.StreamConfig{Name: bus.StreamLogs, Subjects: []string{bus.SubjectLogsAll},
+		Storage: jetstream.FileStorage, Duplicates: bus.DedupeWindow}); err != nil {
+		t.Fatal(err)
+	}
+	const capChunks = 4
+	if err := bus.Provision(ctx, conn.JS, bus.Topology{LogsMaxChunksPerRun: capChunks}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := conn.JS.Stream(ctx, bus.StreamLogs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.MaxMsgsPerSubject; got != capChunks {
+		t.Fatalf("WF_LOGS's per-subject cap after provisioning an old stream is %d, want %d", got, capChunks)
+	}
+	small := pub{t, conn.JS, "r-small"}
+	small.chunk(1, bus.LogStdout, 0, t1, "small 1\n")
+	small.chunk(1, bus.LogStdout, 8, t1, "small 2\n")
+	big := pub{t, conn.JS, "r-big"}
+	for i := range 10 {
+		big.chunk(1, bus.LogStdout, int64(i*6), t1, fmt.Sprintf("big %d\n", i))
+	}
+	small.chunk(1, bus.LogStdout, 16, t1, "small 3\n")
+
+	if got, _ := read(t, conn.JS, "r-small", runlog.Options{}); !slices.Equal(got, []string{"a1 stdout small 1", "a1 stdout small 2", "a1 stdout small 3"}) {
+		t.Fatalf("another Run's output after one went past the cap: %q", got)
+	}
+	var gaps []runlog.Gap
+	got, _ := read(t, conn.JS, "r-big", runlog.Options{Gaps: func(g runlog.Gap) { gaps = append(gaps, g) }})
+	if !slices.Equal(got, []string{"a1 stdout big 6", "a1 stdout big 7", "a1 stdout big 8", "a1 stdout big 9"}) {
+		t.Fatalf("the Run past the cap keeps %q, want its last %d chunks", got, capChunks)
+	}
+	if want := []runlog.Gap{{Attempt: "r-big-a1", Stream: bus.LogStdout, From: 0, To: 36}}; !slices.Equal(gaps, want) {
+		t.Fatalf("gaps %v, want %v", gaps, want)
+	}
+}

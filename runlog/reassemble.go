@@ -14,6 +14,19 @@ type Line struct {
 	// byte.
 	Time time.Time `json:"time"`
 	Text string    `json:"text"` // without its "\n"
+	// Partial: Text does not end a line, so no "\n" follows it. The line
+	// was longer than maxLine and goes on in the stream's next Line, or
+	// these are the stream's last bytes, written without a final newline,
+	// or the bytes after them are no longer stored (Gap).
+	Partial bool `json:"partial,omitempty"`
+}
+
+// Gap is a byte range of one stream that WF_LOGS no longer holds: its
+// chunks were dropped by the stream's limits (age, size, the per-subject
+// cap; bus/logs.go) before they were read.
+type Gap struct {
+	Attempt, Stream string
+	From, To        int64 // the bytes [From, To)
 }
 
 // maxLine bounds a line the Reassembler holds back waiting for its "\n":
@@ -30,6 +43,13 @@ const maxLine = 1 << 20
 // a stream's trailing partial line at its end mark, or at Flush. The zero
 // value is ready to use; it is not safe for concurrent use.
 type Reassembler struct {
+	// FromStart says the chunks read are all those stored, from the
+	// first: a stream's first chunk starting past byte 0 is then a Gap
+	// too (its oldest chunks were dropped), not a reader starting late.
+	FromStart bool
+	// Gaps is told of each range of bytes no longer stored; nil: none.
+	Gaps func(Gap)
+
 	streams map[streamKey]*streamState
 	order   []streamKey // first seen first, for Flush
 }
@@ -57,6 +77,9 @@ func (r *Reassembler) Add(c Chunk, each func(Line) error) error {
 	data, off := c.Data, c.Offset
 	if !st.started {
 		st.started, st.next = true, off
+		if r.FromStart && off > 0 {
+			r.gap(Gap{Attempt: c.Attempt, Stream: c.Stream, From: 0, To: off})
+		}
 	}
 	end := off + int64(len(data))
 	if end <= st.next {
@@ -68,6 +91,7 @@ func (r *Reassembler) Add(c Chunk, each func(Line) error) error {
 		if err := st.flush(c, each); err != nil {
 			return err
 		}
+		r.gap(Gap{Attempt: c.Attempt, Stream: c.Stream, From: st.next, To: off})
 	}
 	st.next = end
 	for len(data) > 0 {
@@ -96,6 +120,12 @@ func (r *Reassembler) Add(c Chunk, each func(Line) error) error {
 	return nil
 }
 
+func (r *Reassembler) gap(g Gap) {
+	if r.Gaps != nil {
+		r.Gaps(g)
+	}
+}
+
 // Flush yields every stream's trailing partial line, streams in the order
 // they were first seen.
 func (r *Reassembler) Flush(each func(Line) error) error {
@@ -121,12 +151,13 @@ func (r *Reassembler) state(c Chunk) *streamState {
 	return st
 }
 
-// flush yields the partial line, if any, as a line of c's stream.
+// flush yields the partial line, if any, as a line of c's stream that no
+// "\n" ends.
 func (st *streamState) flush(c Chunk, each func(Line) error) error {
 	if len(st.partial) == 0 {
 		return nil
 	}
-	l := Line{Attempt: c.Attempt, Node: st.node, Stream: c.Stream, Time: st.ptime, Text: string(st.partial)}
+	l := Line{Attempt: c.Attempt, Node: st.node, Stream: c.Stream, Time: st.ptime, Text: string(st.partial), Partial: true}
 	st.clear()
 	return each(l)
 }

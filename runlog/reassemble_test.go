@@ -53,14 +53,14 @@ func TestReassembler(t *testing.T) {
 		chunk(a2, bus.LogStdout, 0, 6, "again\nno newline"), // flushed at the end
 	)
 	want := []Line{
-		{a1, "n1", bus.LogStdout, at(1), "one"},
-		{a1, "n1", bus.LogStdout, at(1), "two"},
-		{a1, "n1", bus.LogStderr, at(2), "oops"},
-		{a1, "n1", bus.LogStdout, at(3), "three"},
-		{a1, "n1", bus.LogStdout, at(3), "four"},
-		{a1, "n1", bus.LogStdout, at(4), "five"},
-		{a2, "n1", bus.LogStdout, at(6), "again"},
-		{a2, "n1", bus.LogStdout, at(6), "no newline"},
+		{a1, "n1", bus.LogStdout, at(1), "one", false},
+		{a1, "n1", bus.LogStdout, at(1), "two", false},
+		{a1, "n1", bus.LogStderr, at(2), "oops", false},
+		{a1, "n1", bus.LogStdout, at(3), "three", false},
+		{a1, "n1", bus.LogStdout, at(3), "four", false},
+		{a1, "n1", bus.LogStdout, at(4), "five", true},
+		{a2, "n1", bus.LogStdout, at(6), "again", false},
+		{a2, "n1", bus.LogStdout, at(6), "no newline", true},
 	}
 	if !slices.Equal(out, want) {
 		t.Fatalf("got\n%v\nwant\n%v", out, want)
@@ -93,6 +93,82 @@ func TestReassemblerLongLine(t *testing.T) {
 	out := collect(t, chunks...)
 	if len(out) != 2 || len(out[0].Text) != maxLine || len(out[1].Text) != bus.MaxLogChunk || !out[0].Time.Equal(at(0)) {
 		t.Fatalf("%d lines", len(out))
+	}
+	if !out[0].Partial || !out[1].Partial {
+		t.Fatalf("a line cut at maxLine and one without its newline are not partial: %v, %v", out[0].Partial, out[1].Partial)
+	}
+}
+
+// bytesOf puts lines back as a stream's bytes: each Text, and "\n" after
+// each that is not Partial.
+func bytesOf(lines []Line) []byte {
+	var b []byte
+	for _, l := range lines {
+		b = append(b, l.Text...)
+		if !l.Partial {
+			b = append(b, '\n')
+		}
+	}
+	return b
+}
+
+// Byte for byte: binary bytes, invalid UTF-8, a line over maxLine split
+// across chunks of any size, and a last line without its newline come back
+// as written, and the split says where it is.
+func TestReassemblerByteExact(t *testing.T) {
+	content := []byte("\x00\x01\xff\xfe binary\n\xc3\x28 not utf-8\n")
+	content = append(content, bytes.Repeat([]byte("y"), 2*maxLine+17)...)
+	content = append(content, "\nno final newline"...)
+	for _, size := range []int{1031, bus.MaxLogChunk, maxLine + 3} {
+		var chunks []Chunk
+		for off := 0; off < len(content); off += size {
+			chunks = append(chunks, chunk("r-1-a1", bus.LogStdout, int64(off), 0, string(content[off:min(off+size, len(content))])))
+		}
+		chunks = append(chunks, endOf("r-1-a1", bus.LogStdout, int64(len(content))))
+		out := collect(t, chunks...)
+		if got := bytesOf(out); !bytes.Equal(got, content) {
+			t.Fatalf("chunks of %d: %d bytes back, %d written (first difference at %d)", size, len(got), len(content), firstDiff(got, content))
+		}
+		var split int
+		for _, l := range out {
+			if l.Partial {
+				split++
+			}
+		}
+		if split < 2 || !out[len(out)-1].Partial || out[len(out)-1].Text != "no final newline" {
+			t.Fatalf("chunks of %d: %d partial lines, want the long line's cut(s) and the last line", size, split)
+		}
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// Gaps: a stream's missing first bytes (when reading from the start) and
+// a jump forward are told, once each.
+func TestReassemblerTellsGaps(t *testing.T) {
+	var gaps []Gap
+	r := Reassembler{FromStart: true, Gaps: func(g Gap) { gaps = append(gaps, g) }}
+	add := func(Line) error { return nil }
+	for _, c := range []Chunk{
+		chunk("r-1-a1", bus.LogStdout, 100, 1, "late\n"),
+		chunk("r-1-a1", bus.LogStdout, 105, 1, "next\n"),
+		chunk("r-1-a1", bus.LogStdout, 200, 2, "after a gap\n"),
+		chunk("r-1-a1", bus.LogStderr, 0, 2, "whole\n"),
+	} {
+		if err := r.Add(c, add); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []Gap{{"r-1-a1", bus.LogStdout, 0, 100}, {"r-1-a1", bus.LogStdout, 110, 200}}
+	if !slices.Equal(gaps, want) {
+		t.Fatalf("gaps %v, want %v", gaps, want)
 	}
 }
 
@@ -130,6 +206,37 @@ func TestReassemblerProperty(t *testing.T) {
 		}
 		if !slices.Equal(got, want) {
 			t.Fatalf("got %q, want %q", got, want)
+		}
+	})
+}
+
+// FuzzReassemble: whatever the bytes and however they are cut into chunks
+// (some sent twice), the lines, each "\n"-ended unless Partial, are the
+// bytes.
+func FuzzReassemble(f *testing.F) {
+	f.Add([]byte("one\ntwo\n"), []byte{3})
+	f.Add([]byte("\x00\xff\xfe\n\xc3\x28 no newline"), []byte{1, 5, 2})
+	f.Add([]byte("\n\n\nabc"), []byte{0, 1})
+	f.Fuzz(func(t *testing.T, content, cuts []byte) {
+		if len(cuts) == 0 {
+			cuts = []byte{16}
+		}
+		var r Reassembler
+		var out []Line
+		add := func(l Line) error { out = append(out, l); return nil }
+		for off, i := 0, 0; off < len(content); i++ {
+			n := int(cuts[i%len(cuts)])
+			if n%8 == 0 { // first, a resend of up to 7 bytes before
+				from := max(off-1-n/8%7, 0)
+				_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(from), 0, string(content[from:off])), add)
+			}
+			end := min(off+1+n%64, len(content))
+			_ = r.Add(chunk("r-1-a1", bus.LogStdout, int64(off), 0, string(content[off:end])), add)
+			off = end
+		}
+		_ = r.Add(endOf("r-1-a1", bus.LogStdout, int64(len(content))), add)
+		if got := bytesOf(out); !bytes.Equal(got, content) {
+			t.Fatalf("%q cut by %v came back as %q", content, cuts, got)
 		}
 	})
 }

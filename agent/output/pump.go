@@ -2,6 +2,7 @@ package output
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -16,9 +17,28 @@ import (
 // window is how many chunks of one attempt are in flight at once.
 const window = 16
 
+// errConnClosed: the log connection closed for good (nats.go gives up
+// reconnecting once the login is refused, as when the session it was
+// granted for ends); the shipment dials a new one.
+var errConnClosed = errors.New("log connection closed")
+
 // run ships until both streams are stored to their end, ctx ends, or the
-// log connection is refused for good.
+// directory is removed; a log connection that closes is dialed again.
 func (sh *Shipment) run(ctx context.Context) error {
+	for {
+		err := sh.ship(ctx)
+		if !errors.Is(err, errConnClosed) || sh.s.cfg.Dialer == nil || sh.meta.RunID == "" {
+			return err // the node's own connection closes only with the agent
+		}
+		sh.s.cfg.Log.Info("log connection closed; dialing again", zap.String("workload", sh.meta.AttemptID))
+		if !sleepCtx(ctx, 250*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// ship ships on one log connection.
+func (sh *Shipment) ship(ctx context.Context) error {
 	js, closeJS, err := sh.dial(ctx)
 	if err != nil {
 		return err
@@ -32,6 +52,9 @@ func (sh *Shipment) run(ctx context.Context) error {
 	defer sh.s.behind.forget(sh.meta.AttemptID)
 	backoff := 250 * time.Millisecond
 	for {
+		if nc := js.Conn(); nc != nil && nc.IsClosed() {
+			return errConnClosed
+		}
 		// Once the writer is done (or gone) the files are whole: a last
 		// line without its newline ships as it is, and streams close.
 		final := nodelog.Done(sh.dir) || sh.closed()

@@ -110,10 +110,9 @@ func (s *Shipper) Ship(ctx context.Context, attemptID string) (*Shipment, error)
 		switch {
 		case sh.err == nil:
 			sh.settle(func() { sh.stored = true })
-		case errors.Is(sh.err, errLogRefused):
-			// Kept, this output could never leave the node.
-			s.cfg.Log.Error("attempt output dropped: this node may not ship it", zap.String("workload", attemptID), zap.Error(sh.err))
-			sh.settle(func() { sh.stored = true })
+		case errors.Is(sh.err, errDropped):
+			// Never marked stored: nothing is left to remove.
+			s.cfg.Log.Warn("attempt output removed before it shipped; not shipping it", zap.String("workload", attemptID), zap.Error(sh.err))
 		case ctx.Err() == nil:
 			s.cfg.Log.Warn("attempt output not shipped; kept for the next start", zap.String("workload", attemptID), zap.Error(sh.err))
 		}
@@ -155,15 +154,25 @@ func (sh *Shipment) closed() bool {
 	}
 }
 
-// errLogRefused: NATS keeps refusing the Run's log login, so this node may
-// not ship its output (the Run's attempt is booked elsewhere now).
-var errLogRefused = errors.New("the Run's log login is refused")
+// errDropped: the output directory was removed while it waited to ship
+// (an operator dropping output no login will ever be granted for).
+var errDropped = errors.New("the output directory was removed before it shipped")
 
-// logLoginTries is how many refused log logins in a row mean "for good":
-// one refusal may be the control plane failing to check the login.
-const logLoginTries = 6
+// Refused log logins are retried for as long as the agent runs: nats-server
+// tells the agent only "authorization violation", whether the callout
+// failed to read a record (transient) or the Run is no longer booked here,
+// so no number of refusals proves the output unwanted. Waits grow to
+// refusedWait, then to refusedWaitLong after refusedLongAfter refusals in a
+// row, when the agent also logs, once, that the output is kept and how to
+// drop it.
+const (
+	refusedWait      = 10 * time.Second
+	refusedWaitLong  = 2 * time.Minute
+	refusedLongAfter = 20
+)
 
-// dial opens the log connection, retrying until it is granted or ctx ends.
+// dial opens the log connection, retrying until it is granted, ctx ends or
+// the directory is removed.
 func (sh *Shipment) dial(ctx context.Context) (jetstream.JetStream, func(), error) {
 	cfg := &sh.s.cfg
 	if cfg.Dialer == nil || sh.meta.RunID == "" {
@@ -173,19 +182,36 @@ func (sh *Shipment) dial(ctx context.Context) (jetstream.JetStream, func(), erro
 		return cfg.JS, func() {}, nil
 	}
 	refused := 0
-	for wait := 250 * time.Millisecond; ; wait = min(wait*2, 10*time.Second) {
+	for wait := 250 * time.Millisecond; ; {
 		js, closeJS, err := cfg.Dialer(ctx, sh.meta.RunID)
 		if err == nil {
+			if refused > 0 {
+				cfg.Log.Info("log login admitted after refusals; shipping", zap.String("run_id", sh.meta.RunID), zap.Int("refused", refused))
+			}
 			return js, closeJS, nil
 		}
+		maxWait := refusedWait
 		if bus.IsAuthError(err) {
-			if refused++; refused >= logLoginTries {
-				return nil, nil, fmt.Errorf("%w: %w", errLogRefused, err)
+			refused++
+			cfg.Log.Warn("log login refused; output kept, retrying", zap.String("run_id", sh.meta.RunID),
+				zap.String("workload", sh.meta.AttemptID), zap.Int("refused", refused), zap.Error(err))
+			if refused == refusedLongAfter {
+				cfg.Log.Error("log login refused again and again; the output stays on this node and is retried every "+refusedWaitLong.String()+
+					" (the Run may be gone from wf_runs or booked elsewhere); remove the directory to drop it",
+					zap.String("run_id", sh.meta.RunID), zap.String("dir", sh.dir), zap.Int("refused", refused))
 			}
+			if refused >= refusedLongAfter {
+				maxWait = refusedWaitLong
+			}
+		} else {
+			cfg.Log.Warn("log connection not open; retrying", zap.String("run_id", sh.meta.RunID), zap.Error(err))
 		}
-		cfg.Log.Warn("log connection not open; retrying", zap.String("run_id", sh.meta.RunID), zap.Error(err))
 		if !sleepCtx(ctx, wait) {
 			return nil, nil, ctx.Err()
+		}
+		wait = min(wait*2, maxWait)
+		if _, err := os.Stat(filepath.Join(sh.dir, metaFile)); errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("%w: %s", errDropped, sh.dir)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -155,5 +158,127 @@ func TestShipLeftovers(t *testing.T) {
 		if _, err := os.Stat(d); err != nil {
 			t.Errorf("%s: %v", d, err)
 		}
+	}
+}
+
+// authRefused is what a dial refused by the auth callout returns.
+var authRefused = fmt.Errorf("log connection for run r: %w", nats.ErrAuthorization)
+
+// Refused log logins never drop output: the shipment keeps the directory
+// through refusal after refusal (past what once meant "for good"), ships
+// every byte once a login is admitted, and only then removes it.
+func TestShip_RefusedLoginsKeepTheOutput(t *testing.T) {
+	s, ctx, conn := shipperOn(t, nil)
+	var mu sync.Mutex
+	refused, admitAfter := 0, 8
+	s.cfg.Dialer = func(context.Context, string) (jetstream.JetStream, func(), error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if refused < admitAfter {
+			refused++
+			return nil, nil, authRefused
+		}
+		return conn.JS, func() {}, nil
+	}
+	dir, _ := PrepareRun(s.cfg.DataDir, "r5", "r5-a1")
+	write(t, dir, "kept\nthrough refusals", "")
+	sh, err := s.Ship(ctx, "r5-a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.Finish()
+	sh.ReportedDone()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		mu.Lock()
+		n := refused
+		mu.Unlock()
+		if n >= logLoginTriesBefore {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d dials in 2 minutes", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the output went after %d refused logins: %v", logLoginTriesBefore, err)
+	}
+	select {
+	case <-sh.Done():
+	case <-time.After(2 * time.Minute):
+		t.Fatal("not shipped once the login was admitted")
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the directory is left after everything was stored: %v", err)
+	}
+	if out, _ := read(t, ctx, conn, "r5"); out != "kept\nthrough refusals\n" {
+		t.Errorf("stored %q", out)
+	}
+}
+
+// logLoginTriesBefore is how many refusals in a row once dropped output.
+const logLoginTriesBefore = 6
+
+// An operator drops output no login will be granted for by removing its
+// directory: the shipment stops without storing anything.
+func TestShip_RemovedWhileRefusedStops(t *testing.T) {
+	s, ctx, _ := shipperOn(t, nil)
+	s.cfg.Dialer = func(context.Context, string) (jetstream.JetStream, func(), error) { return nil, nil, authRefused }
+	dir, _ := PrepareRun(s.cfg.DataDir, "r6", "r6-a1")
+	write(t, dir, "never shipped\n", "")
+	sh, err := s.Ship(ctx, "r6-a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sh.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the shipment goes on after its directory was removed")
+	}
+	if !errors.Is(sh.err, errDropped) {
+		t.Fatalf("stopped with %v, want errDropped", sh.err)
+	}
+}
+
+// A log connection that closes for good (nats.go stops reconnecting once a
+// login is refused) is dialed again, and the output ships on the new one.
+func TestShip_RedialsAClosedLogConnection(t *testing.T) {
+	s, ctx, conn := shipperOn(t, nil)
+	var mu sync.Mutex
+	dials := 0
+	s.cfg.Dialer = func(context.Context, string) (jetstream.JetStream, func(), error) {
+		mu.Lock()
+		defer mu.Unlock()
+		dials++
+		if dials == 1 {
+			c := testenv.Dial(t, conn.NC.ConnectedUrl(), "closed-log-conn")
+			c.Close()
+			return c.JS, func() {}, nil
+		}
+		return conn.JS, func() {}, nil
+	}
+	dir, _ := PrepareRun(s.cfg.DataDir, "r7", "r7-a1")
+	write(t, dir, "after a redial\n", "")
+	sh, err := s.Ship(ctx, "r7-a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.Finish()
+	select {
+	case <-sh.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("not shipped after the log connection closed")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sh.err != nil || dials != 2 {
+		t.Fatalf("shipment ended with %v after %d dials, want nil after 2", sh.err, dials)
+	}
+	if out, _ := read(t, ctx, conn, "r7"); out != "after a redial\n" {
+		t.Errorf("stored %q", out)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -27,8 +28,13 @@ func newRunLogs(g *globals) *cobra.Command {
 each byte once and in order. Without --attempt, when the Run has had more
 than one attempt, each attempt's lines start with a line
 "==> attempt N on NODE <==" (on stdout; on stderr with --stream stderr), as
-do a retry's lines that -f sees start. With -o json each line is one JSON
-object on stdout.`,
+do a retry's lines that -f sees start. The bytes are the ones the Run wrote,
+binary included: no newline is added to a last line written without one.
+With -o json each line is one JSON object on stdout: "text" is the line
+without its newline, "data" its exact bytes (base64) when they are not
+UTF-8, and "partial": true when no newline ends it (a line longer than
+1 MiB is split into several records, each partial but the last). Output
+no longer stored (WF_LOGS's limits dropped it) is noted on stderr.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.check(cmd); err != nil {
@@ -58,6 +64,7 @@ object on stdout.`,
 				p.headerTo = p.out
 			}
 			opts.Invalid = skipNotice(cmd.ErrOrStderr())
+			opts.Gaps = gapNotice(cmd.ErrOrStderr(), r.ID)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			if f.follow {
@@ -164,11 +171,24 @@ type logPrinter struct {
 	timestamps, json    bool
 	headers             bool   // begin each attempt's lines with a header
 	last                string // the attempt of the line printed last
+	// midLine: the stream's last line printed was Partial.
+	midLine map[[2]string]bool
+}
+
+// jsonLine is a line as -o json prints it: Data holds the exact bytes
+// when Text, JSON's UTF-8, cannot.
+type jsonLine struct {
+	runlog.Line
+	Data []byte `json:"data,omitempty"`
 }
 
 func (p *logPrinter) line(l runlog.Line) error {
 	if p.json {
-		b, _ := json.Marshal(l)
+		jl := jsonLine{Line: l}
+		if !utf8.ValidString(l.Text) {
+			jl.Data = []byte(l.Text)
+		}
+		b, _ := json.Marshal(jl)
 		_, err := fmt.Fprintf(p.out, "%s\n", b)
 		return err
 	}
@@ -183,13 +203,46 @@ func (p *logPrinter) line(l runlog.Line) error {
 	if l.Stream == bus.LogStderr {
 		w = p.errw
 	}
-	var err error
-	if p.timestamps {
-		_, err = fmt.Fprintf(w, "%s %s\n", l.Time.UTC().Format(time.RFC3339Nano), l.Text)
-	} else {
-		_, err = fmt.Fprintf(w, "%s\n", l.Text)
+	// A line's continuation (after a Partial piece) gets no timestamp: it
+	// is the same line.
+	key := [2]string{l.Attempt, l.Stream}
+	if p.timestamps && !p.midLine[key] {
+		if _, err := fmt.Fprintf(w, "%s ", l.Time.UTC().Format(time.RFC3339Nano)); err != nil {
+			return err
+		}
 	}
+	if p.midLine == nil {
+		p.midLine = map[[2]string]bool{}
+	}
+	p.midLine[key] = l.Partial
+	if _, err := io.WriteString(w, l.Text); err != nil || l.Partial {
+		return err
+	}
+	_, err := io.WriteString(w, "\n")
 	return err
+}
+
+// midLineTo says whether a stream printed to w ended its last line without
+// a newline, so that warmfleet's own next line on w starts a line.
+func (p *logPrinter) midLineTo(w io.Writer) bool {
+	for k, mid := range p.midLine {
+		to := p.out
+		if k[1] == bus.LogStderr {
+			to = p.errw
+		}
+		if mid && to == w {
+			return true
+		}
+	}
+	return false
+}
+
+// gapNotice tells, on w, of output of Run runID no longer stored.
+func gapNotice(w io.Writer, runID string) func(runlog.Gap) {
+	return func(g runlog.Gap) {
+		fmt.Fprintf(w, "warmfleet: attempt %s %s: bytes %d to %d are no longer in %s (dropped by its limits: age, total size, or the cap on chunks per Run; `warmfleet serve --help` names them)\n",
+			strings.TrimPrefix(g.Attempt, runID+"-a"), g.Stream, g.From, g.To, bus.StreamLogs)
+	}
 }
 
 // lastLinesShown is how many lines `run get` shows of a failed or lost Run.

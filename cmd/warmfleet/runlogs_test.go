@@ -141,6 +141,42 @@ func TestRunLogs(t *testing.T) {
 		t.Errorf("-o json: %v %q", err, stdout)
 	}
 
+	// The bytes as written: binary, a line across chunks, no final newline;
+	// -o json marks the unended line and carries bytes JSON text cannot.
+	b.putRun("r-raw", schemas.PhaseSucceeded, 1)
+	b.chunk("r-raw", 1, bus.LogStdout, 0, sec(0), "a\x00\xff")
+	b.chunk("r-raw", 1, bus.LogStdout, 3, sec(1), "b\nend")
+	if stdout, stderr, err := logs(t, b.url, "r-raw"); err != nil || stdout != "a\x00\xffb\nend" || stderr != "" {
+		t.Errorf("run logs r-raw: %v, stdout %q, stderr %q", err, stdout, stderr)
+	}
+	stdout, _, err = logs(t, b.url, "-o", "json", "r-raw")
+	var recs []struct {
+		Text    string `json:"text"`
+		Data    []byte `json:"data"`
+		Partial bool   `json:"partial"`
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(stdout, "\n"), "\n") {
+		var r struct {
+			Text    string `json:"text"`
+			Data    []byte `json:"data"`
+			Partial bool   `json:"partial"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("-o json line %q: %v", line, err)
+		}
+		recs = append(recs, r)
+	}
+	if err != nil || len(recs) != 2 || string(recs[0].Data) != "a\x00\xffb" || recs[0].Partial || recs[1].Text != "end" || recs[1].Data != nil || !recs[1].Partial {
+		t.Errorf("-o json r-raw: %v %+v", err, recs)
+	}
+
+	// Output no longer stored is noted on stderr.
+	b.putRun("r-gap", schemas.PhaseSucceeded, 1)
+	b.chunk("r-gap", 1, bus.LogStdout, 100, sec(0), "kept\n")
+	if stdout, stderr, err := logs(t, b.url, "r-gap"); err != nil || stdout != "kept\n" || !strings.Contains(stderr, "attempt 1 stdout: bytes 0 to 100 are no longer in WF_LOGS") {
+		t.Errorf("run logs r-gap: %v, stdout %q, stderr %q", err, stdout, stderr)
+	}
+
 	for _, tc := range []struct{ args []string }{
 		{[]string{"r-1", "--attempt", "0"}},
 		{[]string{"r-1", "--attempt", "3"}},
@@ -244,7 +280,7 @@ func TestRunLogsFollow(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("run logs -f did not end with the Run")
 	}
-	if got, want := stdout.String(), "started\nlast words\nno newline\n"; got != want {
+	if got, want := stdout.String(), "started\nlast words\nno newline"; got != want {
 		t.Fatalf("stdout %q, want %q", got, want)
 	}
 	if got, want := stderr.String(), "step 1 of 2\n"; got != want {

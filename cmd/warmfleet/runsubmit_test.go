@@ -159,13 +159,14 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 	b.chunk(p.runID, 1, bus.LogStderr, 0, now, "oops\n")
 	waitForText(t, &stderr, "oops\n")
 	b.chunk(p.runID, 1, bus.LogStdout, 6, now, "bye\nno newline")
+	b.chunk(p.runID, 1, bus.LogStderr, 5, now, "last words")
 	p.phase(schemas.PhaseFailed, schemas.CodeExitNonZero, "exited non-zero", new(3))
 
 	code, note := wait()
 	if code != 3 || note != "" {
 		t.Fatalf("exit %d with %q, want the Run's exit code 3 and nothing more", code, note)
 	}
-	if got, want := stdout.String(), "hello\nbye\nno newline\n"; got != want {
+	if got, want := stdout.String(), "hello\nbye\nno newline"; got != want {
 		t.Fatalf("stdout %q, want only the Run's %q", got, want)
 	}
 	want := "warmfleet: submitted wait-1 as run " + p.runID + "\n" +
@@ -174,6 +175,7 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 		"warmfleet: preparing: artifact weights transfer 1.0 MiB of 4.0 MiB (25%)\n" +
 		"warmfleet: running: container running\n" +
 		"oops\n" +
+		"last words\n" + // the Run wrote no newline: warmfleet's line starts its own
 		"warmfleet: failed (exit_nonzero): exited non-zero (exit 3)\n"
 	if got := stderr.String(); got != want {
 		t.Fatalf("stderr\n%s\nwant\n%s", got, want)

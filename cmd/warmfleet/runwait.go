@@ -65,7 +65,7 @@ func attachRun(parent context.Context, js jetstream.JetStream, runID string, p *
 	ended := make(chan struct{})
 	logsDone := make(chan error, 1)
 	go func() {
-		err := runlog.Read(ctx, js, bus.RunLogs(runID), runlog.Options{Follow: true, Done: ended, Invalid: skipNotice(progress)}, p.line)
+		err := runlog.Read(ctx, js, bus.RunLogs(runID), runlog.Options{Follow: true, Done: ended, Invalid: skipNotice(progress), Gaps: gapNotice(progress, runID)}, p.line)
 		if err != nil {
 			cancel() // stop following events too
 		}
@@ -92,6 +92,9 @@ func attachRun(parent context.Context, js jetstream.JetStream, runID string, p *
 	outcome := runOutcome(runID, end)
 	var st *exitStatus
 	if !errors.As(outcome, &st) || st.err == nil {
+		if p.midLineTo(progress) {
+			fmt.Fprintln(progress) // the Run's last line had no newline
+		}
 		fmt.Fprintln(progress, "warmfleet: "+runProgressLine(end))
 	}
 	return outcome

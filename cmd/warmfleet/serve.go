@@ -20,6 +20,7 @@ func newServe(g *globals) *cobra.Command {
 	var port, replicas int
 	var logsMaxAge time.Duration
 	var logsMaxBytes int64
+	var logsMaxChunksPerRun int64
 	var openEnrollment, waitForCapacity bool
 	var sec serveSecurity
 	var capf serveCapacity
@@ -34,6 +35,9 @@ func newServe(g *globals) *cobra.Command {
 			}
 			if logsMaxBytes <= 0 {
 				return fmt.Errorf("--logs-max-bytes %d: pass a positive number of bytes", logsMaxBytes)
+			}
+			if logsMaxChunksPerRun <= 0 {
+				return fmt.Errorf("--logs-max-chunks-per-run %d: pass a positive number of chunks", logsMaxChunksPerRun)
 			}
 			log, err := logging.New(g.logLevel)
 			if err != nil {
@@ -93,7 +97,7 @@ func newServe(g *globals) *cobra.Command {
 			}
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
-				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM,
+				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 			}, log)
 			if err != nil {
@@ -128,6 +132,8 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas for every stream and bucket (3 on a JetStream cluster)")
 	cmd.Flags().DurationVar(&logsMaxAge, "logs-max-age", bus.DefaultLogsMaxAge, "how long WF_LOGS keeps Run and session output")
 	cmd.Flags().Int64Var(&logsMaxBytes, "logs-max-bytes", bus.DefaultLogsMaxBytes, "how many bytes of output WF_LOGS keeps; the oldest go first")
+	cmd.Flags().Int64Var(&logsMaxChunksPerRun, "logs-max-chunks-per-run", bus.DefaultLogsMaxChunksPerRun,
+		"how many chunks (each at most 64 KiB) WF_LOGS keeps per Run or session; past it that Run's oldest go, never another's")
 	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
 	sec.register(cmd)
