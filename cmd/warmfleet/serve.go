@@ -25,6 +25,7 @@ func newServe(g *globals) *cobra.Command {
 	var capf serveCapacity
 	var regAuth serveRegistryAuth
 	var artAuth serveArtifactSourceAuth
+	var credLimit serveCredentialLimit
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -46,6 +47,10 @@ func newServe(g *globals) *cobra.Command {
 				return err
 			}
 			artifactSourceAuth, err := artAuth.build(log)
+			if err != nil {
+				return err
+			}
+			credentialLimit, err := credLimit.build()
 			if err != nil {
 				return err
 			}
@@ -84,6 +89,7 @@ func newServe(g *globals) *cobra.Command {
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
+				CredentialLimit: credentialLimit,
 			}, log)
 			if err != nil {
 				return err
@@ -119,6 +125,7 @@ func newServe(g *globals) *cobra.Command {
 	capf.register(cmd)
 	regAuth.register(cmd)
 	artAuth.register(cmd)
+	credLimit.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

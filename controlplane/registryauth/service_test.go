@@ -16,6 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -97,7 +98,7 @@ func TestServiceAuthorization(t *testing.T) {
 		return nodeID == "node-b" && ref.String() == prefetched
 	}
 	svc := registryauth.NewService(conn, c, nodes, runsBucket, src,
-		[]registryauth.ImageWanted{registryauth.BookedImages(c), prefetch}, time.Now, log)
+		[]registryauth.ImageWanted{registryauth.BookedImages(c), prefetch}, nodecreds.Limit{}, time.Now, log)
 	stop, err := svc.Serve(ctx, &wg)
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +184,7 @@ func TestServiceAuthorization(t *testing.T) {
 	// A replica whose cache has seen none of it yet (never started here):
 	// the node is read from wf_nodes, and the booking from wf_runs when the
 	// request names its Run.
-	cold := registryauth.NewService(conn, cache.New(), nodes, runsBucket, src, []registryauth.ImageWanted{registryauth.BookedImages(cache.New())}, time.Now, log)
+	cold := registryauth.NewService(conn, cache.New(), nodes, runsBucket, src, []registryauth.ImageWanted{registryauth.BookedImages(cache.New())}, nodecreds.Limit{}, time.Now, log)
 	withRun := req("node-a", 5, private)
 	withRun.RunID = "run-1"
 	if rep := cold.Answer(ctx, bus.NodeRegistryCredentials("node-a"), withRun); rep.OK == nil || rep.OK.Secret != servicePassword {
