@@ -115,7 +115,7 @@ const (
 	// CodeRateLimited refuses a node's request beyond its per-node rate
 	// limit; the refusal's RetryAfterMillis says when to ask again.
 	CodeRateLimited Code = "rate_limited"
-	CodeInternal          Code = "internal"
+	CodeInternal    Code = "internal"
 )
 
 // Refusal is a coded, operator-readable refusal of one input. Field names the
