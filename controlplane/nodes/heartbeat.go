@@ -21,7 +21,7 @@ import (
 // sends a heartbeat to the store only when it cannot decide.
 func (s *Service) handleHeartbeat(ctx context.Context, m *nats.Msg) {
 	var hb schemas.Heartbeat
-	if _, err := codec.DecodeMsg(m, &hb); err != nil {
+	if err := decodeHeartbeat(m, &hb); err != nil {
 		s.log.Debug("malformed heartbeat dropped", zap.String("subject", m.Subject), zap.Error(err))
 		return
 	}
@@ -71,3 +71,15 @@ func (s *Service) fencedHeartbeat(hb schemas.Heartbeat) {
 }
 
 var errFenced = errors.New("superseded fencing token")
+
+// decodeHeartbeat decodes and checks one heartbeat: the size limit before
+// decoding, strictly, then its Validate.
+func decodeHeartbeat(m *nats.Msg, hb *schemas.Heartbeat) error {
+	if err := schemas.CheckNodeMessageSize(len(m.Data)); err != nil {
+		return err
+	}
+	if _, err := codec.DecodeMsg(m, hb); err != nil {
+		return err
+	}
+	return hb.Validate()
+}
