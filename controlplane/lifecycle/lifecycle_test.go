@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -439,5 +440,19 @@ func TestRunFaultIsTerminal(t *testing.T) {
 				t.Fatalf("%s from %s: events %+v, want one coded %q", c.name, from, evs, c.want)
 			}
 		}
+	}
+}
+
+// TestReceiptMessageBounded: a failed receipt's message enters the
+// attempt's event cut to schemas.MaxReceiptMessageBytes, marked.
+func TestReceiptMessageBounded(t *testing.T) {
+	msg := strings.Repeat("m", schemas.MaxStringBytes)
+	_, evs, err := ReceiptFailure{Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+		Outcome: schemas.OutcomeFailed, Message: msg}}.Apply(booked(schemas.PhasePreparing))
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("%v %+v", err, evs)
+	}
+	if m := evs[0].Message; len(m) > schemas.MaxReceiptMessageBytes+64 || !strings.Contains(m, " bytes cut]") {
+		t.Errorf("event message of %d bytes (%q…), want at most %d of the receipt's, marked", len(m), m[:40], schemas.MaxReceiptMessageBytes)
 	}
 }
