@@ -8,6 +8,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/schemas"
 	"go.uber.org/zap"
 )
@@ -82,4 +83,10 @@ func decodeHeartbeat(m *nats.Msg, hb *schemas.Heartbeat) error {
 		return err
 	}
 	return hb.Validate()
+}
+
+// renewalServer serves session renewals with answer: a body is decoded
+// strictly and bounded (SessionRenewal.Validate) before answer sees it.
+func renewalServer(answer func(context.Context, string, schemas.SessionRenewal) (schemas.SessionRenewal, error), log *zap.Logger) *requests.Server[schemas.SessionRenewal, schemas.Reply[schemas.SessionRenewal]] {
+	return requests.Coded(bus.SubjectRenewals, "body is not a SessionRenewal", (*schemas.SessionRenewal).Validate, answer, log)
 }
