@@ -75,3 +75,24 @@ func FuzzRenewalDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeHeartbeat_Bounded: a heartbeat past the message limit, with an
+// unknown field or a negative count is dropped; a plain one decodes.
+func TestDecodeHeartbeat_Bounded(t *testing.T) {
+	var hb schemas.Heartbeat
+	big := make([]byte, schemas.MaxNodeMessageBytes+1)
+	copy(big, `{"node_id":"node-a"}`)
+	for name, body := range map[string][]byte{
+		"oversized":      big,
+		"unknown field":  []byte(`{"node_id":"node-a","fencing_token":1,"extra":1}`),
+		"negative count": []byte(`{"node_id":"node-a","fencing_token":1,"running":-3}`),
+		"bad node id":    []byte(`{"node_id":"node.a","fencing_token":1}`),
+	} {
+		if err := decodeHeartbeat(&nats.Msg{Data: body}, &hb); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if err := decodeHeartbeat(&nats.Msg{Data: []byte(`{"node_id":"node-a","fencing_token":1,"running":2}`)}, &hb); err != nil || hb.Running != 2 {
+		t.Errorf("a plain heartbeat: %+v, %v", hb, err)
+	}
+}
