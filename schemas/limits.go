@@ -64,7 +64,6 @@ var nodeFieldLimits = map[string]int{
 	"gpus":        MaxGPUCount,
 	"devices":     1024,
 	"spec_dirs":   64,
-	"errors":      64,
 	// A session host's sessions.
 	"residencies": MaxKeepItems,
 	"released":    MaxKeepItems,

@@ -29,7 +29,7 @@ func TestCheckNodeSizes(t *testing.T) {
 			CodeTooManyItems, "workload.gpus"},
 		{"facts layer digest", &Observation{NodeID: "n", Kind: ObsFacts, Facts: &NodeFacts{Images: []ImageLocality{{}, {LayerDigests: []string{long(DefaultNodeStringBytes + 1)}}}}},
 			CodeValueTooLong, "facts.images[1].layer_digests[0]"},
-		{"facts cdi errors", &Observation{NodeID: "n", Kind: ObsFacts, Facts: &NodeFacts{Host: HostFacts{Accelerator: AcceleratorFacts{CDI: CDIFacts{Errors: make([]CDISpecError, 65)}}}}},
+		{"facts cdi errors", &Observation{NodeID: "n", Kind: ObsFacts, Facts: &NodeFacts{Host: HostFacts{Accelerator: AcceleratorFacts{CDI: CDIFacts{Errors: make([]CDISpecError, DefaultNodeItems+1)}}}}},
 			CodeTooManyItems, "facts.host.accelerator.cdi.errors"},
 		{"reconciliation applied ids", &Observation{NodeID: "n", Kind: ObsReconciliation, Reconciliation: &Reconciliation{AppliedOperationIDs: ids(2*4096 + 1)}},
 			CodeTooManyItems, "reconciliation.applied_operation_ids"},
