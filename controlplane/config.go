@@ -6,6 +6,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
+	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
@@ -69,6 +70,9 @@ type Config struct {
 	// ArtifactGrantTTL bounds a node's one-time login to read the artifact
 	// object store; artifactauth.DefaultGrantTTL when zero.
 	ArtifactGrantTTL time.Duration
+	// CredentialLimit bounds each node's registry and artifact credential
+	// requests, per service; nodecreds.DefaultLimit when zero.
+	CredentialLimit nodecreds.Limit
 	// Auth, when set, serves the NATS auth callout (controlplane/admission):
 	// the server asks it about every login but the control plane's own, so
 	// the control plane's connection must be the auth_callout's service

@@ -118,11 +118,11 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	// A node may have a credential for an image it has a live booking or
 	// an open prefetch for.
 	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}
-	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.Now, log)
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.CredentialLimit, cfg.Now, log)
 	// Likewise for an artifact: a Run booked on the node that mounts it,
 	// or an open prefetch of it there.
 	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
-		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Now: cfg.Now,
+		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
 			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
 	if cfg.Auth != nil {
 		if cp.callout, err = admission.New(ctx, conn, *cfg.Auth, log); err != nil {

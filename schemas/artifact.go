@@ -372,7 +372,10 @@ func (r *ArtifactCredentialRequest) Validate() error {
 			}
 		}
 	}
-	return ValidateSHA256("digest", r.Digest)
+	if err := ValidateSHA256("digest", r.Digest); err != nil {
+		return err
+	}
+	return CheckNodeSizes("", r)
 }
 
 // ArtifactCredential answers an ArtifactCredentialRequest. It travels only

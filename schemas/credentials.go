@@ -74,8 +74,10 @@ func (r *RegistryCredentialRequest) Validate() error {
 			return err
 		}
 	}
-	_, err := ParseImageRef("reference", r.Reference)
-	return err
+	if _, err := ParseImageRef("reference", r.Reference); err != nil {
+		return err
+	}
+	return CheckNodeSizes("", r)
 }
 
 // RegistryCredential is what the control plane answers a

@@ -65,7 +65,7 @@ func (r DiskKeepRequest) Validate() error {
 	if r.FencingToken == 0 {
 		return refuse(CodeStaleFencingToken, "fencing_token", "a node asks under the fencing token of its enrollment (≥ 1)")
 	}
-	return nil
+	return CheckNodeSizes("", &r)
 }
 
 // CacheItemID names a cache as a DiskItem does.
@@ -122,4 +122,12 @@ type PruneReport struct {
 	FreedBytes int64      `json:"freed_bytes"`
 	Before     DiskFacts  `json:"disk_before"`
 	After      DiskFacts  `json:"disk_after"`
+}
+
+// Validate checks a node's prune report: its node id and sizes.
+func (r *PruneReport) Validate() error {
+	if err := ValidateID("node_id", r.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	return CheckNodeSizes("", r)
 }

@@ -73,6 +73,9 @@ func (e *EnrollmentRequest) Validate() error {
 	if e.MaxWorkloads < 0 {
 		return refuse(CodeNegativeResource, "max_workloads", "must be zero (no cap) or positive")
 	}
+	if err := CheckNodeSizes("", e); err != nil {
+		return err
+	}
 	return e.Capacity.validate("capacity")
 }
 
@@ -160,12 +163,31 @@ type SessionRenewal struct {
 	FencingToken   uint64    `json:"fencing_token"`
 }
 
+// Validate checks a renewal request: the node's id and its bounded token.
+func (r *SessionRenewal) Validate() error {
+	if err := ValidateID("node_id", r.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	return CheckNodeSizes("", r)
+}
+
 // Heartbeat is a node's cheap liveness report on wf.node.<id>.heartbeat.
 type Heartbeat struct {
 	NodeID       string    `json:"node_id"`
 	FencingToken uint64    `json:"fencing_token"`
 	SentAt       time.Time `json:"sent_at"`
 	Running      int       `json:"running"`
+}
+
+// Validate checks a heartbeat's node id and counts.
+func (h *Heartbeat) Validate() error {
+	if err := ValidateID("node_id", h.NodeID, CodeMalformed); err != nil {
+		return err
+	}
+	if h.Running < 0 {
+		return refuse(CodeNegativeResource, "running", "a count of workloads is not negative")
+	}
+	return nil
 }
 
 // Reply wraps request/reply answers: either OK's payload or a Refusal.

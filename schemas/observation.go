@@ -155,6 +155,9 @@ func (o *Observation) Validate() error {
 	if err := ValidateID("node_id", o.NodeID, CodeMalformed); err != nil {
 		return err
 	}
+	if err := CheckNodeSizes("", o); err != nil {
+		return err
+	}
 	ok := false
 	switch o.Kind {
 	case ObsReceipt:

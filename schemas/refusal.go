@@ -3,6 +3,7 @@ package schemas
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/warmfleet/warmfleet/bus/codec"
 )
@@ -114,7 +115,10 @@ const (
 	// CodeArtifactNotWanted refuses a source credential for an artifact the
 	// node has no live booking or prefetch for.
 	CodeArtifactNotWanted Code = "artifact_not_wanted"
-	CodeInternal          Code = "internal"
+	// CodeRateLimited refuses a node's request beyond its per-node rate
+	// limit; the refusal's RetryAfterMillis says when to ask again.
+	CodeRateLimited Code = "rate_limited"
+	CodeInternal    Code = "internal"
 )
 
 // Startup refusals of an insecure setup (docs/security.md).
@@ -135,6 +139,15 @@ type Refusal struct {
 	Code   Code   `json:"code"`
 	Field  string `json:"field,omitempty"`
 	Reason string `json:"reason"`
+	// RetryAfterMillis, on a CodeRateLimited refusal, is how long the
+	// sender waits before it asks again.
+	RetryAfterMillis int64 `json:"retry_after_ms,omitempty"`
+}
+
+// RetryAfter is how long to wait before asking again; zero when the
+// refusal does not say.
+func (r *Refusal) RetryAfter() time.Duration {
+	return time.Duration(r.RetryAfterMillis) * time.Millisecond
 }
 
 func (r *Refusal) Error() string {

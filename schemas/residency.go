@@ -212,3 +212,19 @@ type SessionState struct {
 	HasCheckpoint      bool   `json:"HasCheckpoint"`
 	CheckpointSequence uint64 `json:"CheckpointSequence"`
 }
+
+// Validate bounds a lease acquire's or state load's body (CheckNodeSizes);
+// package residency checks what the key means.
+func (r *ResidencyKeyRequest) Validate() error { return CheckNodeSizes("", r) }
+
+// Validate bounds a route tombstone's body.
+func (r *ResidencyTombstoneRequest) Validate() error { return CheckNodeSizes("", r) }
+
+// Validate bounds a lease renew's or release's body.
+func (g *SessionLeaseGrant) Validate() error { return CheckNodeSizes("", g) }
+
+// Validate bounds a route publish's body.
+func (o *ResidencyObservation) Validate() error { return CheckNodeSizes("", o) }
+
+// Validate bounds a state checkpoint's body.
+func (c *SessionCheckpoint) Validate() error { return CheckNodeSizes("", c) }

@@ -156,3 +156,10 @@ type NodeDrainReply struct {
 	// serves no sessions.
 	Sessions *DrainView `json:"sessions,omitempty"`
 }
+
+// Validate bounds a session host's reply (CheckNodeSizes).
+func (r *SessionReply) Validate() error { return CheckNodeSizes("", r) }
+
+// Validate bounds a session command as its host receives it
+// (CheckNodeSizes); the host checks what its key means.
+func (c *SessionCommand) Validate() error { return CheckNodeSizes("", c) }

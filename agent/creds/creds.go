@@ -97,21 +97,38 @@ func (a *Asker) Artifact(ctx context.Context, digest, runID, prefetchID string, 
 
 // ask asks the control plane on subject and decodes its answer into rep,
 // asking again, tries times in all, while no answer comes (no replica
-// listening, a timeout). what names the ask in logs.
+// listening, a timeout), and after the delay a rate_limited refusal names
+// (up to maxLimitedWait in all). what names the ask in logs.
 func ask[R any](ctx context.Context, a *Asker, subject string, req any, rep *schemas.Reply[R], what string) error {
-	var err error
-	for try := 1; ; try++ {
-		err = a.Requester.Request(ctx, Timeout, subject, req, rep)
-		if try == tries || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+	var waited time.Duration
+	for try := 1; ; {
+		*rep = schemas.Reply[R]{}
+		err := a.Requester.Request(ctx, Timeout, subject, req, rep)
+		wait := time.Second
+		switch r := rep.Refusal; {
+		case err == nil && r != nil && r.Code == schemas.CodeRateLimited && waited < maxLimitedWait:
+			// The control plane said when: the use waits, it does not fail.
+			wait = min(max(r.RetryAfter(), 10*time.Millisecond), maxLimitedWait-waited)
+			waited += wait
+			a.Log.Info(what+" rate limited; asking again", zap.Duration("after", wait), zap.String("reason", r.Reason))
+		case try == tries || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)):
 			return err
+		default:
+			try++
+			a.Log.Info(what+" not answered; asking again", zap.Int("try", try-1), zap.Error(err))
 		}
-		a.Log.Info(what+" not answered; asking again", zap.Int("try", try), zap.Error(err))
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+			return ctx.Err()
+		case <-time.After(wait):
 		}
 	}
 }
+
+// maxLimitedWait bounds how long one use waits on rate_limited refusals
+// before it fails with the last one: longer than any default limit's
+// wait, shorter than an attempt's preparation is expected to take.
+const maxLimitedWait = 5 * time.Minute
 
 // ArtifactCredentialError is a fetch's credential that the control plane
 // refused (Refusal set) or that could not be asked for. The fetch fails

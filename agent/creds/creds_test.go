@@ -130,3 +130,39 @@ func TestArtifact_Errors(t *testing.T) {
 		t.Errorf("request %+v on %s", req, ans.subjects[0])
 	}
 }
+
+// A rate_limited refusal is not the use's failure: the asker waits the
+// delay the control plane named and asks again, and a context that ends
+// while it waits ends the ask.
+func TestArtifact_RateLimitedWaitsAndAsksAgain(t *testing.T) {
+	digest := "sha256:aa"
+	limited := func(rep any) error {
+		rep.(*schemas.Reply[schemas.ArtifactCredential]).Refusal = &schemas.Refusal{Code: schemas.CodeRateLimited, Field: "node_id",
+			Reason: "node n1 asked too often", RetryAfterMillis: 150}
+		return nil
+	}
+	ans := &answers{next: []func(any) error{limited, limited, func(rep any) error {
+		rep.(*schemas.Reply[schemas.ArtifactCredential]).OK = &schemas.ArtifactCredential{Digest: digest}
+		return nil
+	}}}
+	start := time.Now()
+	if _, err := asker(t, ans, nil).Artifact(context.Background(), digest, "r1", ""); err != nil {
+		t.Fatalf("rate limited twice, then answered: %v", err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond || len(ans.subjects) != 3 {
+		t.Errorf("asked %d times in %s, want 3 asks at least 300ms apart in all", len(ans.subjects), took)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	long := func(rep any) error {
+		rep.(*schemas.Reply[schemas.ArtifactCredential]).Refusal = &schemas.Refusal{Code: schemas.CodeRateLimited, RetryAfterMillis: 60_000}
+		return nil
+	}
+	ans = &answers{next: []func(any) error{long}}
+	start = time.Now()
+	_, err := asker(t, ans, nil).Artifact(ctx, digest, "r1", "")
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Errorf("context ended while waiting: %v after %s", err, time.Since(start))
+	}
+}

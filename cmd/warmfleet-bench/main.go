@@ -60,7 +60,8 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
   fleet   control-plane CPU and memory with N simulated agents vs a null control plane
   e2e     submit → container running on real containerd vs calling containerd directly
   logs    output shipped per second and CPU per MiB vs raw JetStream publish of the
-          same chunks; command round trip while a Run floods its output vs idle`,
+          same chunks; command round trip while a Run floods its output vs idle
+  jetsync acknowledged JetStream publishes with sync_interval: always vs the default`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -70,7 +71,7 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
 	pf.StringVar(&g.cpLogLevel, "cp-log-level", "info", "control-plane log level (logs go to a file in the bench dir, as warmfleet serve logs to stderr); none to disable")
 	pf.BoolVar(&g.keep, "keep", false, "keep the bench dir (NATS store, logs) instead of removing it")
 	pf.StringVar(&g.storeDir, "store-dir", "", "keep the embedded NATS server's JetStream store under this dir instead of the bench dir, e.g. on another filesystem than agents' journals, as when they are separate machines")
-	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newLogsCmd(g), newArtifactCmd(g), newCPServeCmd(), newFleetSimCmd(), newPlacementSimCmd(g))
+	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newLogsCmd(g), newArtifactCmd(g), newCPServeCmd(), newFleetSimCmd(), newPlacementSimCmd(g), newJetSyncCmd(g))
 	return root
 }
 

@@ -26,6 +26,7 @@ func newServe(g *globals) *cobra.Command {
 	var capf serveCapacity
 	var regAuth serveRegistryAuth
 	var artAuth serveArtifactSourceAuth
+	var credLimit serveCredentialLimit
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -50,6 +51,10 @@ func newServe(g *globals) *cobra.Command {
 				return err
 			}
 			artifactSourceAuth, err := artAuth.build(log)
+			if err != nil {
+				return err
+			}
+			credentialLimit, err := credLimit.build()
 			if err != nil {
 				return err
 			}
@@ -99,6 +104,7 @@ func newServe(g *globals) *cobra.Command {
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
+				CredentialLimit: credentialLimit,
 			}, log)
 			if err != nil {
 				return err
@@ -140,6 +146,7 @@ func newServe(g *globals) *cobra.Command {
 	capf.register(cmd)
 	regAuth.register(cmd)
 	artAuth.register(cmd)
+	credLimit.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
+	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 )
 
@@ -90,4 +91,23 @@ func (a *serveArtifactSourceAuth) build(log *zap.Logger) (*artifactauth.URLSourc
 	}
 	log.Info("artifact source credentials configured", zap.String("file", a.file), zap.Strings("url_prefixes", src.Prefixes()))
 	return src, nil
+}
+
+// serveCredentialLimit is `warmfleet serve`'s per-node limit on registry
+// and artifact credential requests (nodecreds.Limit): past it a node is
+// refused rate_limited and told when to ask again, which its agent does.
+type serveCredentialLimit struct{ limit nodecreds.Limit }
+
+func (c *serveCredentialLimit) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.Float64Var(&c.limit.PerSecond, "credential-rate", nodecreds.DefaultLimit.PerSecond, "registry and artifact credential requests each node may make per second, per kind, after its burst (each may run a credential helper or write an artifact grant)")
+	f.IntVar(&c.limit.Burst, "credential-burst", nodecreds.DefaultLimit.Burst, "credential requests of one kind a node may make at once before --credential-rate applies")
+}
+
+// build checks the limit.
+func (c *serveCredentialLimit) build() (nodecreds.Limit, error) {
+	if err := c.limit.Validate(); err != nil {
+		return nodecreds.Limit{}, fmt.Errorf("--credential-rate/--credential-burst: %w", err)
+	}
+	return c.limit, nil
 }

@@ -35,6 +35,8 @@ func TestServe_MalformedRegistryAuthStops(t *testing.T) {
 		{[]string{"--registry-credential-helper", "registry.example.com=../bin/sh"}, "not a helper name"},
 		{[]string{"--artifact-source-auth", sources}, sources + ": artifact source auth: line 2, column 29: a header name"},
 		{[]string{"--artifact-source-auth", filepath.Join(dir, "absent")}, "--artifact-source-auth"},
+		{[]string{"--credential-rate", "0"}, "--credential-rate/--credential-burst: a credential rate limit needs a positive rate"},
+		{[]string{"--credential-burst", "0"}, "--credential-rate/--credential-burst"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"serve", "--data-dir", dataDir, "--port", "-1"}, c.args...))

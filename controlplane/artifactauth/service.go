@@ -49,13 +49,17 @@ type Config struct {
 	Wanted []ArtifactWanted
 	// GrantTTL bounds an object-store login; DefaultGrantTTL when zero.
 	GrantTTL time.Duration
-	Now      func() time.Time
+	// Limit bounds each node's requests, and so the grants it holds;
+	// nodecreds.DefaultLimit when zero.
+	Limit nodecreds.Limit
+	Now   func() time.Time
 }
 
 // Service answers wf.node.<id>.credentials.artifact.
 type Service struct {
 	cfg    Config
 	gate   *nodecreds.Gate
+	limit  *nodecreds.Limiter
 	grants jetstream.KeyValue
 	js     jetstream.JetStream
 	server *requests.Server[schemas.ArtifactCredentialRequest, schemas.Reply[schemas.ArtifactCredential]]
@@ -74,7 +78,7 @@ func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV, grantsKV jetstr
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Service{cfg: cfg, gate: nodecreds.NewGate(c, nodesKV, runsKV, cfg.Now), grants: grantsKV, js: conn.JS, nc: conn.NC, log: log.Named("artifactauth")}
+	s := &Service{cfg: cfg, gate: nodecreds.NewGate(c, nodesKV, runsKV, cfg.Now), limit: nodecreds.NewLimiter(cfg.Limit, cfg.Now), grants: grantsKV, js: conn.JS, nc: conn.NC, log: log.Named("artifactauth")}
 	s.server = &requests.Server[schemas.ArtifactCredentialRequest, schemas.Reply[schemas.ArtifactCredential]]{
 		Subject: bus.SubjectArtifactCredentials, What: "artifact credential", Malformed: "body is not a artifact credential request",
 		Validate: (*schemas.ArtifactCredentialRequest).Validate, Answer: s.Answer, Refuse: requests.Refusal[schemas.ArtifactCredential],
@@ -109,6 +113,13 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Artifa
 	}
 	if r := s.gate.Session(ctx, subject, bus.NodeArtifactCredentials(req.NodeID), req.NodeID, req.FencingToken, "artifact credentials"); r != nil {
 		return refuse(r.Code, r.Field, "%s", r.Reason)
+	}
+	// Limited before the grant is written: each answer may write one.
+	if r := s.limit.Allow(req.NodeID, "artifact credentials"); r != nil {
+		s.refused.Add(1)
+		s.log.Info("artifact credential refused", zap.String("node_id", req.NodeID), zap.String("digest", req.Digest),
+			zap.String("code", string(r.Code)), zap.String("reason", r.Reason))
+		return schemas.Reply[schemas.ArtifactCredential]{Refusal: r}
 	}
 	src, ok := s.source(ctx, req)
 	if !ok {

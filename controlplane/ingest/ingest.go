@@ -70,7 +70,10 @@ func (g *Ingest) Refused() int64 { return g.refused.Load() }
 func (g *Ingest) Handle(ctx context.Context, m jetstream.Msg, redelivered bool) {
 	var o schemas.Observation
 	enc := codec.Detect(m.Headers(), m.Data())
-	err := codec.Decode(enc, m.Data(), &o)
+	err := schemas.CheckNodeMessageSize(len(m.Data()))
+	if err == nil {
+		err = codec.Decode(enc, m.Data(), &o)
+	}
 	if err == nil {
 		err = o.Validate()
 	}

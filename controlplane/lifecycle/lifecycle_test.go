@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -480,5 +481,19 @@ func TestNotBookedHere(t *testing.T) {
 	}
 	if _, _, err := report(schemas.WorkloadRunning, nil).Apply(lost); !errors.Is(err, ErrSuperseded) {
 		t.Errorf("a lost attempt still running: %v, want ErrSuperseded", err)
+	}
+}
+
+// TestReceiptMessageBounded: a failed receipt's message enters the
+// attempt's event cut to schemas.MaxReceiptMessageBytes, marked.
+func TestReceiptMessageBounded(t *testing.T) {
+	msg := strings.Repeat("m", schemas.MaxStringBytes)
+	_, evs, err := ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
+		Outcome: schemas.OutcomeFailed, Message: msg}}.Apply(booked(schemas.PhasePreparing))
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("%v %+v", err, evs)
+	}
+	if m := evs[0].Message; len(m) > schemas.MaxReceiptMessageBytes+64 || !strings.Contains(m, " bytes cut]") {
+		t.Errorf("event message of %d bytes (%q…), want at most %d of the receipt's, marked", len(m), m[:40], schemas.MaxReceiptMessageBytes)
 	}
 }

@@ -318,7 +318,7 @@ func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, e
 		return r, nil, err
 	}
 	r.Reason = string(reason)
-	return r, []schemas.RunEvent{phaseEvent(&r, from, reason, string(rc.Kind)+" "+rc.Outcome+": "+string(rc.Code)+": "+rc.Message)}, nil
+	return r, []schemas.RunEvent{phaseEvent(&r, from, reason, string(rc.Kind)+" "+rc.Outcome+": "+string(rc.Code)+": "+schemas.TruncateText(rc.Message, schemas.MaxReceiptMessageBytes))}, nil
 }
 
 // Loss ends an attempt whose node is gone or no longer holds it. The Run

@@ -2,8 +2,9 @@
 // (registry credentials, artifact source credentials): the asking node's
 // current, live session checked against wf_nodes, and whether an active
 // Run booked on the node wants the thing asked for, read from wf_runs when
-// this replica's cache has not seen the booking yet. The services answer
-// on the request server (controlplane/requests).
+// this replica's cache has not seen the booking yet; and the per-node rate
+// limit each service applies before it does work for a node (Limiter).
+// The services answer on the request server (controlplane/requests).
 package nodecreds
 
 import (

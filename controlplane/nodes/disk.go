@@ -134,12 +134,29 @@ func (s *Service) prune(ctx context.Context, _ string, req schemas.PruneRequest)
 		return refuse(schemas.CodeNodeNotLive, "node_id", reason)
 	}
 	var rep schemas.Reply[schemas.PruneReport]
-	if err := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, &rep); err != nil {
-		return refuse(schemas.CodeInternal, "", "node "+n.NodeID+" answered the prune with something unreadable")
+	if err := decodePruneReply(resp, &rep); err != nil {
+		return refuse(schemas.CodeInternal, "", "node "+n.NodeID+" answered the prune with something unreadable or oversized: "+err.Error())
 	}
 	if rep.OK != nil {
 		s.log.Info("node pruned", zap.String("node_id", n.NodeID), zap.Bool("dry_run", req.DryRun), zap.Int("removed", len(rep.OK.Removed)),
 			zap.Int64("freed_bytes", rep.OK.FreedBytes), zap.Int("kept", len(rep.OK.Kept)))
 	}
 	return rep
+}
+
+// decodePruneReply decodes a node's answer to a prune, within the limits
+// on what a node sends.
+func decodePruneReply(resp *nats.Msg, rep *schemas.Reply[schemas.PruneReport]) error {
+	if err := schemas.CheckNodeMessageSize(len(resp.Data)); err != nil {
+		return err
+	}
+	if err := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, rep); err != nil {
+		return err
+	}
+	if rep.OK != nil {
+		if err := rep.OK.Validate(); err != nil {
+			return err
+		}
+	}
+	return schemas.CheckNodeSizes("refusal", rep.Refusal)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/schemas"
 	"go.uber.org/zap"
 )
@@ -21,7 +22,7 @@ import (
 // sends a heartbeat to the store only when it cannot decide.
 func (s *Service) handleHeartbeat(ctx context.Context, m *nats.Msg) {
 	var hb schemas.Heartbeat
-	if _, err := codec.DecodeMsg(m, &hb); err != nil {
+	if err := decodeHeartbeat(m, &hb); err != nil {
 		s.log.Debug("malformed heartbeat dropped", zap.String("subject", m.Subject), zap.Error(err))
 		return
 	}
@@ -71,3 +72,21 @@ func (s *Service) fencedHeartbeat(hb schemas.Heartbeat) {
 }
 
 var errFenced = errors.New("superseded fencing token")
+
+// decodeHeartbeat decodes and checks one heartbeat: the size limit before
+// decoding, strictly, then its Validate.
+func decodeHeartbeat(m *nats.Msg, hb *schemas.Heartbeat) error {
+	if err := schemas.CheckNodeMessageSize(len(m.Data)); err != nil {
+		return err
+	}
+	if _, err := codec.DecodeMsg(m, hb); err != nil {
+		return err
+	}
+	return hb.Validate()
+}
+
+// renewalServer serves session renewals with answer: a body is decoded
+// strictly and bounded (SessionRenewal.Validate) before answer sees it.
+func renewalServer(answer func(context.Context, string, schemas.SessionRenewal) (schemas.SessionRenewal, error), log *zap.Logger) *requests.Server[schemas.SessionRenewal, schemas.Reply[schemas.SessionRenewal]] {
+	return requests.Coded(bus.SubjectRenewals, "body is not a SessionRenewal", (*schemas.SessionRenewal).Validate, answer, log)
+}

@@ -108,7 +108,7 @@ func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), e
 	enroll.Pool = keyed.PoolOptions{Workers: enrollWorkers, Queue: enrollWorkers * 4}
 	subs, err := requests.Serve(ctx, wg, s.conn.NC,
 		enroll,
-		requests.Coded(bus.SubjectRenewals, "body is not a SessionRenewal", nil, s.renew, s.log),
+		renewalServer(s.renew, s.log),
 		requests.Coded(bus.SubjectInvite, "body is not an InviteRequest", (*schemas.InviteRequest).Validate, s.answerInvite, s.log),
 		s.drainServer(),
 		s.leasesServer(),

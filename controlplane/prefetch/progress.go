@@ -70,7 +70,7 @@ func (s *Service) Receipt(ctx context.Context, nodeID string, rc schemas.Operati
 	}
 	state, code, reason := schemas.PrefetchReady, schemas.Code(""), ""
 	if rc.Outcome != schemas.OutcomeApplied {
-		state, code, reason = schemas.PrefetchFailed, rc.Code, strings.TrimSpace(rc.Outcome+": "+rc.Message)
+		state, code, reason = schemas.PrefetchFailed, rc.Code, strings.TrimSpace(rc.Outcome+": "+schemas.TruncateText(rc.Message, schemas.MaxReceiptMessageBytes))
 		if code == "" {
 			code = schemas.CodeLaunchFailed
 			if rc.Kind == schemas.CmdPrepareArtifact {

@@ -45,6 +45,7 @@ func pinnedTo(r *schemas.Run, ref schemas.ImageRef) bool {
 // Service answers wf.node.<id>.credentials.registry.
 type Service struct {
 	gate   *nodecreds.Gate
+	limit  *nodecreds.Limiter
 	server *requests.Server[schemas.RegistryCredentialRequest, schemas.Reply[schemas.RegistryCredential]]
 	nc     *nats.Conn
 	source *Source
@@ -56,9 +57,10 @@ type Service struct {
 
 // NewService returns the credential service. source may be nil (every
 // registry anonymous); wanted are the reasons a node may have to pull an
-// image (BookedImages, and prefetches).
-func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, source *Source, wanted []ImageWanted, now func() time.Time, log *zap.Logger) *Service {
-	s := &Service{gate: nodecreds.NewGate(c, nodesKV, runsKV, now), source: source, wanted: wanted, nc: conn.NC, log: log.Named("registryauth")}
+// image (BookedImages, and prefetches); limit bounds each node's requests
+// (nodecreds.DefaultLimit when zero).
+func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, source *Source, wanted []ImageWanted, limit nodecreds.Limit, now func() time.Time, log *zap.Logger) *Service {
+	s := &Service{gate: nodecreds.NewGate(c, nodesKV, runsKV, now), limit: nodecreds.NewLimiter(limit, now), source: source, wanted: wanted, nc: conn.NC, log: log.Named("registryauth")}
 	s.server = &requests.Server[schemas.RegistryCredentialRequest, schemas.Reply[schemas.RegistryCredential]]{
 		Subject: bus.SubjectRegistryCredentials, What: "registry credential", Malformed: "body is not a registry credential request",
 		Validate: (*schemas.RegistryCredentialRequest).Validate, Answer: s.Answer, Refuse: requests.Refusal[schemas.RegistryCredential],
@@ -94,6 +96,13 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Regist
 	}
 	if r := s.gate.Session(ctx, subject, bus.NodeRegistryCredentials(req.NodeID), req.NodeID, req.FencingToken, "registry credentials"); r != nil {
 		return refuse(r.Code, r.Field, "%s", r.Reason)
+	}
+	// Limited before the helper runs: each answer may run one.
+	if r := s.limit.Allow(req.NodeID, "registry credentials"); r != nil {
+		s.refused.Add(1)
+		s.log.Info("registry credential refused", zap.String("node_id", req.NodeID), zap.String("registry", registry),
+			zap.String("code", string(r.Code)), zap.String("reason", r.Reason))
+		return schemas.Reply[schemas.RegistryCredential]{Refusal: r}
 	}
 	if !s.wants(ctx, req, ref) {
 		return refuse(schemas.CodeImageNotWanted, "reference", "node %s has no live booking or prefetch for this image; credentials are given only for the Runs booked on a node", req.NodeID)

@@ -16,6 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -97,7 +98,7 @@ func TestServiceAuthorization(t *testing.T) {
 		return nodeID == "node-b" && ref.String() == prefetched
 	}
 	svc := registryauth.NewService(conn, c, nodes, runsBucket, src,
-		[]registryauth.ImageWanted{registryauth.BookedImages(c), prefetch}, time.Now, log)
+		[]registryauth.ImageWanted{registryauth.BookedImages(c), prefetch}, nodecreds.Limit{}, time.Now, log)
 	stop, err := svc.Serve(ctx, &wg)
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +184,7 @@ func TestServiceAuthorization(t *testing.T) {
 	// A replica whose cache has seen none of it yet (never started here):
 	// the node is read from wf_nodes, and the booking from wf_runs when the
 	// request names its Run.
-	cold := registryauth.NewService(conn, cache.New(), nodes, runsBucket, src, []registryauth.ImageWanted{registryauth.BookedImages(cache.New())}, time.Now, log)
+	cold := registryauth.NewService(conn, cache.New(), nodes, runsBucket, src, []registryauth.ImageWanted{registryauth.BookedImages(cache.New())}, nodecreds.Limit{}, time.Now, log)
 	withRun := req("node-a", 5, private)
 	withRun.RunID = "run-1"
 	if rep := cold.Answer(ctx, bus.NodeRegistryCredentials("node-a"), withRun); rep.OK == nil || rep.OK.Secret != servicePassword {
@@ -196,6 +197,25 @@ func TestServiceAuthorization(t *testing.T) {
 	otherRun.RunID = "run-1" // node-a's
 	if rep := cold.Answer(ctx, bus.NodeRegistryCredentials("node-b"), otherRun); rep.Refusal == nil || rep.Refusal.Code != schemas.CodeImageNotWanted {
 		t.Errorf("cold replica, another node's Run named: %+v %+v", rep.OK, rep.Refusal)
+	}
+	// Past its burst a node is refused rate_limited with the wait, before
+	// the credential helper runs again.
+	limited := registryauth.NewService(conn, c, nodes, runsBucket, src, []registryauth.ImageWanted{registryauth.BookedImages(c)},
+		nodecreds.Limit{PerSecond: 0.01, Burst: 1}, time.Now, log)
+	helperRuns := func() int { return logs.FilterMessage("registry credential source failed").Len() }
+	before := helperRuns()
+	if rep := limited.Answer(ctx, bus.NodeRegistryCredentials("node-b"), req("node-b", 2, broken)); rep.Refusal == nil || rep.Refusal.Code != schemas.CodeCredentialUnavailable {
+		t.Errorf("within the burst: %+v %+v, want the helper's failure", rep.OK, rep.Refusal)
+	}
+	past := limited.Answer(ctx, bus.NodeRegistryCredentials("node-b"), req("node-b", 2, broken))
+	if r := past.Refusal; r == nil || r.Code != schemas.CodeRateLimited || r.RetryAfter() <= 0 || !strings.Contains(r.Reason, "registry credentials") {
+		t.Errorf("past the burst: %+v %+v, want rate_limited with a wait", past.OK, past.Refusal)
+	}
+	if helperRuns() != before+1 {
+		t.Errorf("the helper ran %d times for two asks, one refused rate_limited; want 1", helperRuns()-before)
+	}
+	if rep := limited.Answer(ctx, bus.NodeRegistryCredentials("node-a"), req("node-a", 5, private)); rep.OK == nil {
+		t.Errorf("another node's bucket is its own: %+v", rep.Refusal)
 	}
 	for _, e := range logs.All() {
 		if strings.Contains(e.Message, servicePassword) || strings.Contains(fieldsText(e), servicePassword) {

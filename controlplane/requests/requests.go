@@ -118,6 +118,10 @@ func (s *Server[T, Rep]) decode(m *nats.Msg) (req T, enc codec.Encoding, err err
 	if s.Empty && len(m.Data) == 0 {
 		return req, codec.JSON, nil
 	}
+	// Bounded before decoding, whatever the server's max_payload.
+	if err := schemas.CheckNodeMessageSize(len(m.Data)); err != nil {
+		return req, codec.Detect(m.Header, m.Data), err
+	}
 	if enc, err = codec.DecodeMsg(m, &req); err == nil && s.Validate != nil {
 		err = s.Validate(&req)
 	}

@@ -3,13 +3,17 @@ package requests_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/requests"
@@ -216,5 +220,30 @@ func TestReply(t *testing.T) {
 	}
 	if r := requests.Reply(0, errors.New("boom")); r.OK != nil || r.Refusal == nil || r.Refusal.Code != schemas.CodeInternal || r.Refusal.Reason != "boom" {
 		t.Errorf("Reply(0, err) = %+v, want an internal refusal", r)
+	}
+}
+
+// A body past schemas.MaxNodeMessageBytes is refused payload_too_large
+// before it is decoded, whatever the server's max_payload allows.
+func TestServer_RefusesOversizedBody(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	answered := 0
+	srv := requests.Coded("t.greet.*", "body is not an ask", (*ask).Validate, func(ctx context.Context, s string, a ask) (greeting, error) {
+		answered++
+		return greet(ctx, s, a)
+	}, zap.New(core))
+	var refused atomic.Int64
+	srv.Refused = &refused
+	big := []byte(`{"name":"` + strings.Repeat("a", schemas.MaxNodeMessageBytes) + `"}`)
+	srv.Handle(context.Background(), &nats.Msg{Subject: "t.greet.a", Data: big})
+	if answered != 0 || refused.Load() != 1 {
+		t.Fatalf("answered %d, refused %d: want the oversized body refused", answered, refused.Load())
+	}
+	if e := logs.FilterField(zap.String("code", string(schemas.CodePayloadTooLarge))); e.Len() != 1 {
+		t.Errorf("refusals logged with payload_too_large: %d, want 1", e.Len())
+	}
+	srv.Handle(context.Background(), &nats.Msg{Subject: "t.greet.a", Data: []byte(`{"name":"ada"}`)})
+	if answered != 1 {
+		t.Errorf("a small body was not answered")
 	}
 }

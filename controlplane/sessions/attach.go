@@ -53,8 +53,8 @@ func (s *Service) askNode(ctx context.Context, n schemas.NodeRecord, op schemas.
 	if err != nil {
 		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": " + err.Error()}
 	}
-	var rep schemas.SessionReply
-	if err := json.Unmarshal(resp.Data, &rep); err != nil {
+	rep, err := decodeSessionReply(resp.Data)
+	if err != nil {
 		return schemas.SessionReply{}, &schemas.SessionError{Code: residency.CodeUnavailable, Message: "node " + n.NodeID + ": malformed reply: " + err.Error()}
 	}
 	return rep, nil
@@ -215,4 +215,20 @@ func (s *Service) release(ctx context.Context, st *stores, req schemas.SessionRe
 		s.log.Info("session released", zap.Stringer("session", key), zap.String("node_id", n.NodeID))
 	}
 	return rep
+}
+
+// decodeSessionReply decodes a session host's reply within the limits on
+// what a node sends: its size before decoding, strictly, then Validate.
+func decodeSessionReply(data []byte) (schemas.SessionReply, error) {
+	var rep schemas.SessionReply
+	if err := schemas.CheckNodeMessageSize(len(data)); err != nil {
+		return rep, err
+	}
+	if err := codec.Decode(codec.JSON, data, &rep); err != nil {
+		return schemas.SessionReply{}, err
+	}
+	if err := rep.Validate(); err != nil {
+		return schemas.SessionReply{}, err
+	}
+	return rep, nil
 }

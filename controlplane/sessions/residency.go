@@ -47,11 +47,12 @@ func (st *stores) residencyEndpoints(log *zap.Logger) []requests.Endpoint {
 // JSON, its error the session protocol's, whose code the agent's side
 // matches to the same sentinel (residency.ErrorFromWire). A body that does
 // not decode as a T is refused residency.ErrInvalidRequest.
-func residencyServer[T, R any](op schemas.ResidencyOp, body string, answer func(ctx context.Context, node string, req T) (R, error), log *zap.Logger) *requests.Server[T, schemas.ResidencyReply[R]] {
+func residencyServer[T, R any, PT validated[T]](op schemas.ResidencyOp, body string, answer func(ctx context.Context, node string, req T) (R, error), log *zap.Logger) *requests.Server[T, schemas.ResidencyReply[R]] {
 	malformed := "body is not a " + body
 	return &requests.Server[T, schemas.ResidencyReply[R]]{
 		Subject: bus.NodeResidencyService("*", string(op)), What: "residency request", Malformed: malformed, JSON: true, Log: log,
-		Pool: keyed.PoolOptions{Workers: maxInFlight, Queue: 4 * maxInFlight},
+		Validate: func(req *T) error { return PT(req).Validate() },
+		Pool:     keyed.PoolOptions{Workers: maxInFlight, Queue: 4 * maxInFlight},
 		Answer: func(ctx context.Context, subject string, req T) schemas.ResidencyReply[R] {
 			node := bus.ResidencyServiceNode(subject)
 			ctx, cancel := context.WithTimeout(ctx, residency.DefaultRequestTimeout)
@@ -67,6 +68,13 @@ func residencyServer[T, R any](op schemas.ResidencyOp, body string, answer func(
 			return schemas.ResidencyReply[R]{Error: residency.ToWire(fmt.Errorf("%w: %s: %v", residency.ErrInvalidRequest, malformed, err))}
 		},
 	}
+}
+
+// validated is a residency body that bounds itself (schemas.CheckNodeSizes):
+// every operation's body must be one.
+type validated[T any] interface {
+	*T
+	Validate() error
 }
 
 // none is the answer of an operation that has no result: {"ok":{}}.

@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -162,9 +163,8 @@ type server struct {
 // handle answers one command on wf.node.<id>.sessions.<op>.
 func (s *server) handle(ctx context.Context, m *nats.Msg) {
 	op := schemas.SessionOp(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
-	var cmd schemas.SessionCommand
 	rep := schemas.SessionReply{}
-	if err := json.Unmarshal(m.Data, &cmd); err != nil {
+	if cmd, err := DecodeCommand(m.Data); err != nil {
 		rep.Error = &schemas.SessionError{Code: residency.CodeInvalidRequest, Message: "body is not a SessionCommand: " + err.Error()}
 	} else if tok := s.env.FencingToken(); cmd.FencingToken == 0 || cmd.FencingToken != tok {
 		rep.Error = &schemas.SessionError{Code: residency.CodeStaleNode,
@@ -315,4 +315,21 @@ func removeLeftovers(ctx context.Context, env noderuntime.SessionHostEnv, grace 
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// DecodeCommand decodes one session command as the host receives it:
+// bounded before decoding, strictly (an unknown field is refused), and
+// its every field within the limits on node messages.
+func DecodeCommand(data []byte) (schemas.SessionCommand, error) {
+	var cmd schemas.SessionCommand
+	if err := schemas.CheckNodeMessageSize(len(data)); err != nil {
+		return cmd, err
+	}
+	if err := codec.Decode(codec.JSON, data, &cmd); err != nil {
+		return schemas.SessionCommand{}, err
+	}
+	if err := cmd.Validate(); err != nil {
+		return schemas.SessionCommand{}, err
+	}
+	return cmd, nil
 }
