@@ -203,7 +203,7 @@ func (sf *secureFleet) enrollByHand(nodeID string) schemas.Enrollment {
 	t := sf.t
 	t.Helper()
 	boot := sf.invite(nodeID, 1, time.Minute)
-	nc, err := nats.Connect(sf.url, append(append([]nats.Option{}, sf.tls...), bus.NodeCredentials(nodeID, boot.EnrollmentToken).Options()...)...)
+	nc, err := nats.Connect(sf.url, append(append([]nats.Option{}, sf.tls...), bus.AgentCredentials(nodeID, boot.EnrollmentToken, boot.EnrollmentToken).Options()...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,6 +297,14 @@ func (v *violations) settle(nc *nats.Conn) error {
 func (sf *secureFleet) confine(t *testing.T, i int, r identities.Row, l confinementLogin, probes []string) {
 	pub := identities.Instantiate(r.Publish, l.values)
 	sub := identities.Instantiate(r.Subscribe, l.values)
+	// Its own patterns are probes too: a value only this login knows (its
+	// invitation's inbox token) is in no shared probe.
+	probes = slices.Clone(probes)
+	for _, s := range append(slices.Clone(pub), sub...) {
+		probes = append(probes, s, concrete(s, probeToken))
+	}
+	slices.Sort(probes)
+	probes = slices.Compact(probes)
 	allowed := func(patterns []string, s string) bool {
 		return slices.ContainsFunc(patterns, func(p string) bool { return identities.Covers(p, s) })
 	}
