@@ -146,7 +146,7 @@ func TestArtifact_RateLimitedWaitsAndAsksAgain(t *testing.T) {
 		return nil
 	}}}
 	start := time.Now()
-	if _, err := asker(t, ans, nil).Artifact(context.Background(), digest, "r1", ""); err != nil {
+	if _, err := asker(t, ans, nil).Artifact(context.Background(), digest, "r1", "", 0); err != nil {
 		t.Fatalf("rate limited twice, then answered: %v", err)
 	}
 	if took := time.Since(start); took < 300*time.Millisecond || len(ans.subjects) != 3 {
@@ -161,7 +161,7 @@ func TestArtifact_RateLimitedWaitsAndAsksAgain(t *testing.T) {
 	}
 	ans = &answers{next: []func(any) error{long}}
 	start = time.Now()
-	_, err := asker(t, ans, nil).Artifact(ctx, digest, "r1", "")
+	_, err := asker(t, ans, nil).Artifact(ctx, digest, "r1", "", 0)
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Errorf("context ended while waiting: %v after %s", err, time.Since(start))
 	}
