@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/residency"
-	"github.com/warmfleet/warmfleet/residency/nodehost"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -36,17 +34,7 @@ func TestAcceptance_HostileNode(t *testing.T) {
 	sf.workloadTime = 20 * time.Second // B's Run runs through the attack
 
 	// Node B: a real agent hosting a session and running a Run.
-	l := newLedger(t)
-	dataDir := tempDir(t)
-	ws := filepath.Join(dataDir, "sessions")
-	host, err := nodehost.New(nodehost.Options{
-		Target:   residency.RuntimeTarget{Image: noopImage, ManifestDigest: noopDigest, CompatibilityID: sessCompat, StopGrace: 100 * time.Millisecond},
-		Capacity: 4, WorkspaceRoot: ws, Handler: l.handler("node-b", ws), Hooks: l.hooks("node-b"), RequestTimeout: 3 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sf.startAgentWith("node-b", sf.invite("node-b", 1, time.Minute).EnrollmentToken, dataDir, host)
+	l := sf.startSessionHostAgent("node-b")
 	key := residency.Key{Tenant: sf.producerName, Session: "victim-1"}
 	sf.eventually(20*time.Second, "B's session to attach on node-b", func() bool {
 		rep := sf.sessionAdmin(bus.SubjectSessionAttach, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Mode: residency.ModeCreate, Node: "node-b"})

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -88,21 +87,13 @@ func TestAcceptance_LogsByteExact(t *testing.T) {
 		t.Fatalf("%d duplicate and %d gapped chunks stored across the kill", got.duplicates, got.gaps)
 	}
 
-	wf := func(args ...string) *exec.Cmd {
-		return exec.Command(cli, append([]string{"--nats-url", f.nats.URL()}, args...)...)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd := wf("run", "logs", id)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("warmfleet run logs: %v\n%s", err, stderr.Bytes()[:min(stderr.Len(), 2000)])
-	}
+	stdout, stderr := f.runLogs(cli, id)
 	sameBytes(t, "run logs stdout", stdout.Bytes(), want[bus.LogStdout])
 	sameBytes(t, "run logs stderr", stderr.Bytes(), want[bus.LogStderr])
 
 	// -o json: the records, each "\n"-ended unless partial, are the bytes,
 	// and the long line is more than one record.
-	js := wf("run", "logs", id, "-o", "json")
+	js := f.cli(cli)("run", "logs", id, "-o", "json")
 	pipe, err := js.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

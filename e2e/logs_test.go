@@ -138,15 +138,8 @@ func TestAcceptance_RunLogs(t *testing.T) {
 	// What a user types: `warmfleet run logs` gives every line, once, in
 	// order, stdout to stdout and stderr to stderr.
 	cli := testenv.BuildCommand(t, "github.com/warmfleet/warmfleet/cmd/warmfleet")
-	wf := func(args ...string) *exec.Cmd {
-		return exec.Command(cli, append([]string{"--nats-url", f.nats.URL()}, args...)...)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd := wf("run", "logs", id)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("warmfleet run logs: %v\n%s", err, stderr.Bytes()[:min(stderr.Len(), 2000)])
-	}
+	wf := f.cli(cli)
+	stdout, stderr := f.runLogs(cli, id)
 	if err := numbered(stdout.Bytes(), "out", n); err != nil {
 		t.Errorf("run logs stdout: %v", err)
 	}
@@ -256,6 +249,23 @@ func TestAcceptance_LogsSurviveAgentKill(t *testing.T) {
 // startAgentProcess starts the agent binary bin as node nodeID on w's
 // containerd, logging to a file shown when the test fails; the test's end
 // stops it unless the test killed it.
+// cli returns a command of the warmfleet CLI binary bin against f's NATS.
+func (f *fleet) cli(bin string) func(args ...string) *exec.Cmd {
+	return func(args ...string) *exec.Cmd {
+		return exec.Command(bin, append([]string{"--nats-url", f.nats.URL()}, args...)...)
+	}
+}
+
+// runLogs is `warmfleet run logs <id>`'s stdout and stderr, raw.
+func (f *fleet) runLogs(bin, id string) (stdout, stderr bytes.Buffer) {
+	cmd := f.cli(bin)("run", "logs", id)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		f.t.Fatalf("warmfleet run logs: %v\n%s", err, stderr.Bytes()[:min(stderr.Len(), 2000)])
+	}
+	return stdout, stderr
+}
+
 func (f *fleet) startAgentProcess(bin string, w world, nodeID, dataDir, name string, extra ...string) *exec.Cmd {
 	t := f.t
 	t.Helper()

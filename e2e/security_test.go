@@ -687,23 +687,30 @@ func (n natsLogger) Tracef(format string, v ...any)  { n.l.Debug(fmt.Sprintf(for
 // plane's session commands, asks the residency service, reads the session's
 // inbox), and a producer feeds its own tenant's session inbox, not
 // another tenant's.
-func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
-	sf := newSecureFleet(t, func(c *controlplane.Config) {
-		c.Sessions = sessions.Config{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
-			AttachTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second}
-	})
+// startSessionHostAgent starts an agent enrolled as nodeID by a fresh
+// invitation, hosting sessions whose work the returned ledger records.
+func (sf *secureFleet) startSessionHostAgent(nodeID string) *ledger {
+	t := sf.t
 	l := newLedger(t)
 	dataDir := tempDir(t)
 	ws := filepath.Join(dataDir, "sessions")
 	host, err := nodehost.New(nodehost.Options{
 		Target:   residency.RuntimeTarget{Image: noopImage, ManifestDigest: noopDigest, CompatibilityID: sessCompat, StopGrace: 100 * time.Millisecond},
-		Capacity: 4, WorkspaceRoot: ws, Handler: l.handler("node-s", ws), Hooks: l.hooks("node-s"), RequestTimeout: 3 * time.Second,
+		Capacity: 4, WorkspaceRoot: ws, Handler: l.handler(nodeID, ws), Hooks: l.hooks(nodeID), RequestTimeout: 3 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	boot := sf.invite("node-s", 1, time.Minute)
-	sf.startAgentWith("node-s", boot.EnrollmentToken, dataDir, host)
+	sf.startAgentWith(nodeID, sf.invite(nodeID, 1, time.Minute).EnrollmentToken, dataDir, host)
+	return l
+}
+
+func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
+	sf := newSecureFleet(t, func(c *controlplane.Config) {
+		c.Sessions = sessions.Config{LeaseTTL: 3 * time.Second, InboxAckWait: 5 * time.Second,
+			AttachTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second}
+	})
+	l := sf.startSessionHostAgent("node-s")
 
 	key := residency.Key{Tenant: sf.producerName, Session: "chat-1"}
 	// The host starts serving just after the agent enrolls.
