@@ -1,0 +1,247 @@
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// An ended Run stays in wf_runs for its retention, counted from the time it
+// ended (PhaseSince), then the first replica to sweep purges it at the
+// revision it read: a write since wins, and the other replicas' purges of
+// it fail harmlessly. It is never purged before WF_EVENTS holds its
+// outbox's last event; one whose outbox is not there is marked for the
+// outbox repair and kept until a later sweep finds it published.
+//
+// The purge removes every revision of the key and leaves one marker whose
+// TTL (the bucket's LimitMarkerTTL) lets the server drop it too, so the
+// bucket keeps no tombstone per Run. Once purged, the Run's request id
+// names a new Run if submitted again: dedupe by request id lasts as long
+// as the retention.
+//
+// A sweep reads the bucket's current values oldest write first and stops
+// at the first written after the cutoff, so it reads only what may be due,
+// however many Runs the bucket holds.
+
+// RetentionConfig tunes the sweeps.
+type RetentionConfig struct {
+	// Keep is how long an ended Run stays in wf_runs; it must be positive.
+	Keep time.Duration
+	// Interval is the time between sweeps; Keep/4, at most a minute, when 0.
+	Interval time.Duration
+	// Batch bounds the Runs one sweep purges; DefaultRetentionBatch when 0.
+	// A full batch is followed by another sweep at once.
+	Batch int
+	// MarkerTTL is how long a purge's marker stays (bus.Topology's
+	// RunsMarkerTTL).
+	MarkerTTL time.Duration
+}
+
+// DefaultRetentionBatch is how many Runs one sweep purges at most.
+const DefaultRetentionBatch = 1000
+
+// retentionWorkers is how many purges a sweep has in flight at once.
+const retentionWorkers = 8
+
+// Retention purges ended Runs from wf_runs once past their retention.
+type Retention struct {
+	store   *Store
+	cfg     RetentionConfig
+	removed atomic.Int64
+}
+
+// NewRetention returns the retention of s's Runs.
+func NewRetention(s *Store, cfg RetentionConfig) (*Retention, error) {
+	if cfg.Keep <= 0 {
+		return nil, fmt.Errorf("runs: retention %s: an ended Run must be kept a positive time", cfg.Keep)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = min(cfg.Keep/4, time.Minute)
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = DefaultRetentionBatch
+	}
+	if cfg.MarkerTTL <= 0 {
+		cfg.MarkerTTL = bus.RunPurgeMarkerTTL
+	}
+	return &Retention{store: s, cfg: cfg}, nil
+}
+
+// Removed counts the Runs this replica purged.
+func (r *Retention) Removed() int64 { return r.removed.Load() }
+
+// Run sweeps every Interval until ctx ends, and again at once after a
+// sweep that filled its batch.
+func (r *Retention) Run(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for ctx.Err() == nil {
+			n, err := r.Sweep(ctx)
+			if err != nil && ctx.Err() == nil {
+				r.store.log.Warn("run retention sweep", zap.Error(err))
+			}
+			if n > 0 {
+				r.store.log.Info("removed ended runs past their retention", zap.Int("runs", n), zap.Duration("retention", r.cfg.Keep))
+			}
+			if err != nil || n < r.cfg.Batch {
+				break
+			}
+		}
+	}
+}
+
+// expiredRun is an ended Run due for removal, as read at rev.
+type expiredRun struct {
+	id  string
+	rev uint64
+	// seq is the Run's last event: WF_EVENTS must hold it.
+	seq  uint64
+	gaps bool
+}
+
+// Sweep purges up to Batch ended Runs past their retention and returns how
+// many it purged.
+func (r *Retention) Sweep(ctx context.Context) (int, error) {
+	due, err := r.expired(ctx, r.store.cfg.Now().Add(-r.cfg.Keep))
+	if err != nil {
+		return 0, err
+	}
+	events, err := r.store.js.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		return 0, fmt.Errorf("run retention: open %s: %w", bus.StreamEvents, err)
+	}
+	work := make(chan expiredRun)
+	var purged atomic.Int64
+	var wg sync.WaitGroup
+	for range min(retentionWorkers, len(due)) {
+		wg.Go(func() {
+			for e := range work {
+				if r.remove(ctx, events, e) {
+					purged.Add(1)
+				}
+			}
+		})
+	}
+	for _, e := range due {
+		work <- e
+	}
+	close(work)
+	wg.Wait()
+	n := int(purged.Load())
+	r.removed.Add(int64(n))
+	return n, nil
+}
+
+// expired reads wf_runs' current values oldest write first, up to the first
+// written after cutoff, and returns up to Batch ended Runs that ended at or
+// before cutoff.
+func (r *Retention) expired(ctx context.Context, cutoff time.Time) ([]expiredRun, error) {
+	prefix := "$KV." + bus.BucketRuns + "."
+	c, err := r.store.js.OrderedConsumer(ctx, "KV_"+bus.BucketRuns, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	if err != nil {
+		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
+	}
+	var due []expiredRun
+	for pending := info.NumPending; pending > 0 && len(due) < r.cfg.Batch; {
+		batch, err := c.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return due, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
+		}
+		got, done := 0, false
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil || done {
+				continue
+			}
+			if meta.Timestamp.After(cutoff) || len(due) == r.cfg.Batch {
+				done = true // every later value was written later
+				continue
+			}
+			if e, ok := expiredOf(m, strings.TrimPrefix(m.Subject(), prefix), meta.Sequence.Stream, cutoff); ok {
+				due = append(due, e)
+			}
+			done = meta.NumPending == 0
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return due, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
+		}
+		if done || got == 0 {
+			break
+		}
+		pending -= min(uint64(got), pending)
+	}
+	return due, nil
+}
+
+// expiredOf reads one current value of wf_runs: an ended Run that ended at
+// or before cutoff is due. A marker, or a value that does not decode, is
+// not.
+func expiredOf(m jetstream.Msg, id string, rev uint64, cutoff time.Time) (expiredRun, bool) {
+	if op := m.Headers().Get("KV-Operation"); op != "" {
+		return expiredRun{}, false // a delete or purge marker
+	}
+	var run struct {
+		Phase      schemas.Phase     `json:"phase"`
+		PhaseSince time.Time         `json:"phase_since"`
+		EventSeq   uint64            `json:"event_seq"`
+		Outbox     []json.RawMessage `json:"outbox"`
+	}
+	if json.Unmarshal(m.Data(), &run) != nil || !run.Phase.Terminal() || run.PhaseSince.After(cutoff) {
+		return expiredRun{}, false
+	}
+	return expiredRun{id: id, rev: rev, seq: run.EventSeq, gaps: len(run.Outbox) > 1}, true
+}
+
+// remove purges one due Run at the revision read, once WF_EVENTS holds its
+// last event, and reports whether it did.
+func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expiredRun) bool {
+	last := uint64(0)
+	m, err := events.GetLastMsgForSubject(ctx, bus.RunEvents(e.id))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		r.store.log.Warn("run retention: read events", zap.String("run_id", e.id), zap.Error(err))
+		return false
+	default:
+		last = eventSeqOf(m.Header.Get(jetstream.MsgIDHeader), e.id)
+	}
+	if last < e.seq {
+		// Its outbox is not all in WF_EVENTS: the repair publishes it, a
+		// later sweep removes the Run.
+		r.store.repair.mark(e.id, e.gaps)
+		return false
+	}
+	err = r.store.kv.Purge(ctx, e.id, jetstream.LastRevision(e.rev), jetstream.PurgeTTL(r.cfg.MarkerTTL))
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		return false // written since, or purged by another replica
+	default:
+		r.store.log.Warn("run retention: purge", zap.String("run_id", e.id), zap.Error(err))
+		return false
+	}
+}
