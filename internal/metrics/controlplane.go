@@ -22,9 +22,12 @@ type ControlPlane struct {
 	// Heartbeats counts heartbeats that extended a lease; EventsPublished
 	// counts Run event publishes (including repairs that dedupe dropped).
 	Heartbeats, EventsPublished int64
+	// RunsRemoved counts ended Runs this replica purged from wf_runs once
+	// past their retention.
+	RunsRemoved int64
 
-	// Phases counts the Runs in wf_runs by phase, as the replica's cache
-	// holds them. It means something only when PhasesSynced is true: the
+	// Phases counts the active Runs in wf_runs by phase, as the replica's
+	// cache holds them (it holds no ended Run). It means something only when PhasesSynced is true: the
 	// cache has taken in every Run wf_runs held when its watch started, and
 	// follows the bucket from there. Until then the Runs gauge is left out
 	// rather than reported low.
@@ -79,6 +82,8 @@ func NewControlPlaneCollector(snapshot func() ControlPlane) *ControlPlaneCollect
 			i(func(m ControlPlane) int64 { return m.PlacementMisses })},
 		{cpDesc("placement_decisions_total", "Placement decisions taken."),
 			i(func(m ControlPlane) int64 { return m.Decisions })},
+		{cpDesc("runs_removed_total", "Ended Runs purged from wf_runs once past their retention, by this replica."),
+			i(func(m ControlPlane) int64 { return m.RunsRemoved })},
 		{cpDesc("placement_decision_seconds_total", "Seconds spent taking placement decisions, in total; divide its rate by the rate of placement_decisions_total for the mean."),
 			func(m ControlPlane) float64 { return float64(m.DecisionNanos) / 1e9 }},
 	}}
@@ -111,7 +116,7 @@ var Phases = []schemas.Phase{
 }
 
 var runsDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "runs"),
-	"Runs in wf_runs, by phase. It counts the whole bucket, so every control-plane replica reports the same numbers: aggregate with max, not sum.", []string{"phase"}, nil)
+	"Active Runs in wf_runs, by phase; ended Runs are not held in memory, so their phases read 0 (count them with runs_removed_total and WF_EVENTS). Every control-plane replica reports the same numbers: aggregate with max, not sum.", []string{"phase"}, nil)
 
 // collectPhases sends the Runs-by-phase gauge: one series for every phase
 // in Phases, zero when no Run is in it, and one for any other phase counts
