@@ -111,7 +111,11 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			MaxAge:      cmp.Or(t.EventsMaxAge, DefaultEventsMaxAge),
-			Duplicates:  2 * time.Minute,
+			// The server refuses a dedupe window longer than the max age.
+			Duplicates: min(2*time.Minute, cmp.Or(t.EventsMaxAge, DefaultEventsMaxAge)),
+			// A Run's last event is read for each outbox repair and each
+			// Run the retention removes: direct gets spare the JS API.
+			AllowDirect: true,
 			Replicas:    r,
 		},
 		{

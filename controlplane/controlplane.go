@@ -307,7 +307,7 @@ func (cp *ControlPlane) Metrics() Metrics {
 		Transitions: cp.runs.Transitions(), FencedObservations: cp.ingest.Fenced() + cp.nodes.Fenced(), Rejected: cp.intake.Rejected(),
 		StaleReports: cp.ingest.Stale(), LeaseLapses: cp.nodes.LeaseLapses(), CommandsSent: cp.dispatch.Sent(),
 		PlacementMisses: st.PlacementMisses.Load(), Decisions: st.Decisions.Load(), DecisionNanos: st.DecisionNanos.Load(),
-		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), RunsRemoved: cp.retention.Removed(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
+		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), RunsRemoved: cp.retention.Removed(), CachedRuns: cp.cache.RunCount(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
 	}
 	select {
 	case <-cp.ready:

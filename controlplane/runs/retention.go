@@ -51,6 +51,10 @@ type RetentionConfig struct {
 // DefaultRetentionBatch is how many Runs one sweep purges at most.
 const DefaultRetentionBatch = 1000
 
+// sweepConsumerIdle is when the server drops a sweep's consumer that its
+// sweep could not delete.
+const sweepConsumerIdle = 30 * time.Second
+
 // retentionWorkers is how many purges a sweep has in flight at once.
 const retentionWorkers = 8
 
@@ -154,11 +158,22 @@ func (r *Retention) Sweep(ctx context.Context) (int, error) {
 // before cutoff.
 func (r *Retention) expired(ctx context.Context, cutoff time.Time) ([]expiredRun, error) {
 	prefix := "$KV." + bus.BucketRuns + "."
-	c, err := r.store.js.OrderedConsumer(ctx, "KV_"+bus.BucketRuns, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	stream := "KV_" + bus.BucketRuns
+	c, err := r.store.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: sweepConsumerIdle})
 	if err != nil {
 		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
 	}
+	// A sweep's consumer goes with it, not when idle: sweeps follow each
+	// other faster than that.
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if ci := c.CachedInfo(); ci != nil {
+			_ = r.store.js.DeleteConsumer(dctx, stream, ci.Name)
+		}
+	}()
 	info, err := c.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)

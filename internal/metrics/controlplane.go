@@ -25,6 +25,9 @@ type ControlPlane struct {
 	// RunsRemoved counts ended Runs this replica purged from wf_runs once
 	// past their retention.
 	RunsRemoved int64
+	// CachedRuns is how many Runs the replica holds in memory: the active
+	// ones, and ended ones for the moment until their watch update is read.
+	CachedRuns int
 
 	// Phases counts the active Runs in wf_runs by phase, as the replica's
 	// cache holds them (it holds no ended Run). It means something only when PhasesSynced is true: the
@@ -95,7 +98,10 @@ func (c *ControlPlaneCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- k.desc
 	}
 	ch <- runsDesc
+	ch <- cachedRunsDesc
 }
+
+var cachedRunsDesc = cpDesc("cached_runs", "Runs this replica holds in memory: the active ones (ended Runs leave it).")
 
 // Collect implements prometheus.Collector.
 func (c *ControlPlaneCollector) Collect(ch chan<- prometheus.Metric) {
@@ -103,6 +109,7 @@ func (c *ControlPlaneCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range c.counters {
 		ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, k.value(m))
 	}
+	ch <- prometheus.MustNewConstMetric(cachedRunsDesc, prometheus.GaugeValue, float64(m.CachedRuns))
 	if m.PhasesSynced {
 		collectPhases(ch, m.Phases)
 	}
