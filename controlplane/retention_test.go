@@ -35,7 +35,7 @@ import (
 // retention. Running 20,000 containers would test the agents, not this.
 func TestAcceptance_RetentionBounded(t *testing.T) {
 	const total = 20_000
-	const retention, eventsMaxAge = 2 * time.Second, 5 * time.Second
+	const retention, eventsMaxAge = 2 * time.Second, 8 * time.Second
 	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, RunRetention: retention, RetentionInterval: 500 * time.Millisecond,
 		Topology: bus.Topology{EventsMaxAge: eventsMaxAge, RunsPurgeMarkerTTL: time.Second}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
@@ -21,8 +22,9 @@ import (
 // ended (PhaseSince), then the first replica to sweep purges it at the
 // revision it read: a write since wins, and the other replicas' purges of
 // it fail harmlessly. It is never purged before WF_EVENTS holds its
-// outbox's last event; one whose outbox is not there is marked for the
-// outbox repair and kept until a later sweep finds it published.
+// outbox: the sweep publishes what WF_EVENTS lacks first (as the outbox
+// repair does), and a Run whose publish fails is kept, and marked for the
+// repair, until a later sweep finds it published.
 //
 // The purge removes every revision of the key and leaves one marker whose
 // TTL (the bucket's LimitMarkerTTL) lets the server drop it too, so the
@@ -30,9 +32,12 @@ import (
 // names a new Run if submitted again: dedupe by request id lasts as long
 // as the retention.
 //
-// A sweep reads the bucket's current values oldest write first and stops
-// at the first written after the cutoff, so it reads only what may be due,
-// however many Runs the bucket holds.
+// A sweep reads the bucket's stream from its oldest message and stops at
+// the first written after the cutoff, so it reads only what may be due,
+// however many Runs the bucket holds. An ended Run's last write is its
+// end, so its message there is its current value; an older revision of a
+// Run the stream still holds is never an ended one (an end is final), and
+// a Run purged leaves none.
 
 // RetentionConfig tunes the sweeps.
 type RetentionConfig struct {
@@ -56,7 +61,7 @@ const DefaultRetentionBatch = 1000
 const sweepConsumerIdle = 30 * time.Second
 
 // retentionWorkers is how many purges a sweep has in flight at once.
-const retentionWorkers = 8
+const retentionWorkers = 16
 
 // Retention purges ended Runs from wf_runs once past their retention.
 type Retention struct {
@@ -118,6 +123,8 @@ type expiredRun struct {
 	// seq is the Run's last event: WF_EVENTS must hold it.
 	seq  uint64
 	gaps bool
+	// raw is the Run as stored, to publish its outbox from.
+	raw []byte
 }
 
 // Sweep purges up to Batch ended Runs past their retention and returns how
@@ -153,14 +160,14 @@ func (r *Retention) Sweep(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// expired reads wf_runs' current values oldest write first, up to the first
-// written after cutoff, and returns up to Batch ended Runs that ended at or
-// before cutoff.
+// expired reads wf_runs' stream oldest write first, up to the first written
+// after cutoff, and returns up to Batch ended Runs that ended at or before
+// cutoff.
 func (r *Retention) expired(ctx context.Context, cutoff time.Time) ([]expiredRun, error) {
 	prefix := "$KV." + bus.BucketRuns + "."
 	stream := "KV_" + bus.BucketRuns
 	c, err := r.store.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverAllPolicy,
 		InactiveThreshold: sweepConsumerIdle})
 	if err != nil {
 		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
@@ -178,35 +185,38 @@ func (r *Retention) expired(ctx context.Context, cutoff time.Time) ([]expiredRun
 	if err != nil {
 		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
 	}
+	if info.NumPending == 0 {
+		return nil, nil
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
+	}
+	defer it.Stop()
 	var due []expiredRun
-	for pending := info.NumPending; pending > 0 && len(due) < r.cfg.Batch; {
-		batch, err := c.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+	for len(due) < r.cfg.Batch {
+		// A value purged or expired since the count was taken is not
+		// coming: the wait ends the sweep instead of stalling it.
+		m, err := it.Next(jetstream.NextMaxWait(2 * time.Second))
+		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
 		if err != nil {
 			return due, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
 		}
-		got, done := 0, false
-		for m := range batch.Messages() {
-			got++
-			meta, err := m.Metadata()
-			if err != nil || done {
-				continue
-			}
-			if meta.Timestamp.After(cutoff) || len(due) == r.cfg.Batch {
-				done = true // every later value was written later
-				continue
-			}
-			if e, ok := expiredOf(m, strings.TrimPrefix(m.Subject(), prefix), meta.Sequence.Stream, cutoff); ok {
-				due = append(due, e)
-			}
-			done = meta.NumPending == 0
+		meta, err := m.Metadata()
+		if err != nil {
+			continue
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return due, fmt.Errorf("run retention: read %s: %w", bus.BucketRuns, err)
+		if meta.Timestamp.After(cutoff) {
+			break // every later value was written later
 		}
-		if done || got == 0 {
+		if e, ok := expiredOf(m, strings.TrimPrefix(m.Subject(), prefix), meta.Sequence.Stream, cutoff); ok {
+			due = append(due, e)
+		}
+		if meta.NumPending == 0 {
 			break
 		}
-		pending -= min(uint64(got), pending)
 	}
 	return due, nil
 }
@@ -227,11 +237,11 @@ func expiredOf(m jetstream.Msg, id string, rev uint64, cutoff time.Time) (expire
 	if json.Unmarshal(m.Data(), &run) != nil || !run.Phase.Terminal() || run.PhaseSince.After(cutoff) {
 		return expiredRun{}, false
 	}
-	return expiredRun{id: id, rev: rev, seq: run.EventSeq, gaps: len(run.Outbox) > 1}, true
+	return expiredRun{id: id, rev: rev, seq: run.EventSeq, gaps: len(run.Outbox) > 1, raw: m.Data()}, true
 }
 
 // remove purges one due Run at the revision read, once WF_EVENTS holds its
-// last event, and reports whether it did.
+// outbox (published here if need be), and reports whether it did.
 func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expiredRun) bool {
 	last := uint64(0)
 	m, err := events.GetLastMsgForSubject(ctx, bus.RunEvents(e.id))
@@ -244,10 +254,15 @@ func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expir
 		last = eventSeqOf(m.Header.Get(jetstream.MsgIDHeader), e.id)
 	}
 	if last < e.seq {
-		// Its outbox is not all in WF_EVENTS: the repair publishes it, a
-		// later sweep removes the Run.
-		r.store.repair.mark(e.id, e.gaps)
-		return false
+		var run schemas.Run
+		if err := json.Unmarshal(e.raw, &run); err != nil {
+			return false
+		}
+		if _, err := r.store.repairOutbox(ctx, events, run, e.gaps); err != nil {
+			r.store.log.Warn("run retention: publish outbox", zap.String("run_id", e.id), zap.Error(err))
+			r.store.repair.mark(e.id, e.gaps)
+			return false
+		}
 	}
 	err = r.store.kv.Purge(ctx, e.id, jetstream.LastRevision(e.rev), jetstream.PurgeTTL(r.cfg.MarkerTTL))
 	switch {

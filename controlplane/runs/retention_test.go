@@ -115,9 +115,10 @@ func TestRetentionLeavesARunChangedSince(t *testing.T) {
 	}
 }
 
-// A Run whose outbox WF_EVENTS does not hold is kept and marked for the
-// repair; once the repair published it, the next sweep removes the Run.
-func TestRetentionKeepsAnUnpublishedOutbox(t *testing.T) {
+// A Run whose outbox WF_EVENTS does not hold is not removed while its
+// publish fails (it is marked for the repair); a sweep that can publish it
+// publishes it first, then removes the Run.
+func TestRetentionPublishesAnOutboxFirst(t *testing.T) {
 	e, ret := newRetentionEnv(t, time.Minute)
 	r := e.create(t, "unpublished")
 	e.withoutEvents(t, func() {
@@ -128,17 +129,24 @@ func TestRetentionKeepsAnUnpublishedOutbox(t *testing.T) {
 	// Forget the writer's mark: the sweep must find the gap on its own.
 	e.store.repair.take()
 	e.now = e.now.Add(2 * time.Minute)
-	if n, err := ret.Sweep(e.ctx); err != nil || n != 0 {
-		t.Fatalf("sweep removed %d, %v; want the Run kept", n, err)
-	}
+	e.withoutEvents(t, func() {
+		if n, err := ret.Sweep(e.ctx); err != nil || n != 0 {
+			t.Fatalf("sweep removed %d, %v; want the Run kept", n, err)
+		}
+	})
 	if !e.stored(t, r.ID) {
-		t.Fatal("a Run whose outbox was not published was removed")
+		t.Fatal("a Run whose outbox could not be published was removed")
 	}
-	e.store.RepairOutboxes(e.ctx, nil)
-	if evs := e.events(t, r.ID); len(evs) == 0 || !evs[len(evs)-1].Phase.Terminal() {
-		t.Fatalf("after the repair WF_EVENTS holds %v, want the Run's end", seqs(evs))
+	if marked, _ := e.store.repair.take(); len(marked) != 1 {
+		t.Fatalf("marked for repair: %v, want the Run", marked)
+	}
+	if evs := e.events(t, r.ID); len(evs) != 1 {
+		t.Fatalf("WF_EVENTS holds %v before the sweep can publish, want the accepted event alone", seqs(evs))
 	}
 	if n, err := ret.Sweep(e.ctx); err != nil || n != 1 {
-		t.Fatalf("sweep after the repair removed %d, %v; want the Run", n, err)
+		t.Fatalf("sweep removed %d, %v; want the Run", n, err)
+	}
+	if evs := e.events(t, r.ID); len(evs) == 0 || !evs[len(evs)-1].Phase.Terminal() {
+		t.Fatalf("WF_EVENTS holds %v after the Run was removed, want its end", seqs(evs))
 	}
 }
