@@ -22,21 +22,22 @@ import (
 )
 
 // TestAcceptance_RetentionBounded: with a 2s retention, 20,000 ended Runs
-// leave wf_runs (their purge markers expire too) and the control plane's
-// memory, WF_EVENTS drops their events at its max age, and the process's
-// heap after GC returns to what it was before the Runs were written.
+// leave the control plane's memory while wf_runs still holds them, then
+// leave wf_runs (their purge markers expire too); WF_EVENTS drops their
+// events at its max age, and the process's heap after GC returns to what
+// it was before the Runs were written.
 //
 // The Runs are written by a second replica's runs.Store, the path intake
 // takes (Create, with the decision intake takes when no node can ever run
 // a request: each Run ends failed in one write, its accepted and failed
-// events published).
-// The control plane under test sees them only through its wf_runs watch, as
-// it sees Runs written by any replica, and removes them with its own
-// retention. Running 20,000 containers would test the agents, not this.
+// events published). The control plane under test sees them only through
+// its wf_runs watch, as it sees Runs written by any replica, and removes
+// them with its own retention. Running 20,000 containers would test the
+// agents, not this.
 func TestAcceptance_RetentionBounded(t *testing.T) {
 	const total = 20_000
 	const retention, eventsMaxAge = 2 * time.Second, 8 * time.Second
-	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, RunRetention: retention, RetentionInterval: 500 * time.Millisecond,
+	pl := startTestPlane(t, controlplane.Config{WaitForCapacity: true, ReconcileInterval: 200 * time.Millisecond, RunRetention: retention, RetentionInterval: 500 * time.Millisecond,
 		Topology: bus.Topology{EventsMaxAge: eventsMaxAge, RunsPurgeMarkerTTL: time.Second}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -61,6 +62,21 @@ func TestAcceptance_RetentionBounded(t *testing.T) {
 		}
 		return info.State.Msgs
 	}
+	// While wf_runs still holds ended Runs (the last 2s of them at least,
+	// one of the last written among them), the control plane holds none:
+	// they left its memory when they ended.
+	runsKV, err := pl.conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := schemas.RunIDFor(fmt.Sprintf("retained-%d", total))
+	eventually(t, 10*time.Second, "the control plane to hold none of the ended Runs wf_runs holds", func() bool {
+		cached := pl.cp.Metrics().CachedRuns
+		if _, err := runsKV.Get(ctx, last); err != nil {
+			t.Fatalf("the Runs left wf_runs (a read of one written last: %v) before the control plane was seen holding none of them (%d now)", err, cached)
+		}
+		return cached == 0
+	})
 	eventually(t, 60*time.Second, "every ended Run and its purge marker gone from wf_runs", func() bool {
 		return msgs(runsStream) == 0
 	})

@@ -243,12 +243,17 @@ func expiredOf(m jetstream.Msg, id string, rev uint64, cutoff time.Time) (expire
 // remove purges one due Run at the revision read, once WF_EVENTS holds its
 // outbox (published here if need be), and reports whether it did.
 func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expiredRun) bool {
+	if ctx.Err() != nil {
+		return false // stopping: the next replica to sweep takes it
+	}
 	last := uint64(0)
 	m, err := events.GetLastMsgForSubject(ctx, bus.RunEvents(e.id))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:
-		r.store.log.Warn("run retention: read events", zap.String("run_id", e.id), zap.Error(err))
+		if ctx.Err() == nil {
+			r.store.log.Warn("run retention: read events", zap.String("run_id", e.id), zap.Error(err))
+		}
 		return false
 	default:
 		last = eventSeqOf(m.Header.Get(jetstream.MsgIDHeader), e.id)
@@ -259,7 +264,9 @@ func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expir
 			return false
 		}
 		if _, err := r.store.repairOutbox(ctx, events, run, e.gaps); err != nil {
-			r.store.log.Warn("run retention: publish outbox", zap.String("run_id", e.id), zap.Error(err))
+			if ctx.Err() == nil {
+				r.store.log.Warn("run retention: publish outbox", zap.String("run_id", e.id), zap.Error(err))
+			}
 			r.store.repair.mark(e.id, e.gaps)
 			return false
 		}
@@ -271,7 +278,9 @@ func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expir
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 		return false // written since, or purged by another replica
 	default:
-		r.store.log.Warn("run retention: purge", zap.String("run_id", e.id), zap.Error(err))
+		if ctx.Err() == nil {
+			r.store.log.Warn("run retention: purge", zap.String("run_id", e.id), zap.Error(err))
+		}
 		return false
 	}
 }
