@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -39,6 +40,15 @@ const (
 // used; each grant's own expires_at, checked at login, is shorter.
 const ArtifactGrantsMaxAge = time.Hour
 
+// RunPurgeMarkerTTL is how long the marker left by purging an ended Run
+// from wf_runs stays: long enough for every replica's watch to see it.
+const RunPurgeMarkerTTL = time.Hour
+
+// DefaultEventsMaxAge is how long WF_EVENTS keeps a Run event: twice the
+// default Run retention, so a Run's history outlives its record and the
+// retention finds its outbox's events still stored when it removes it.
+const DefaultEventsMaxAge = 14 * 24 * time.Hour
+
 // PrefetchMaxAge is how long a prefetch record outlives its last change.
 const PrefetchMaxAge = 7 * 24 * time.Hour
 
@@ -63,7 +73,8 @@ type Topology struct {
 	// Replicas for every stream and bucket: 1 on a single server, 3 on a
 	// JetStream cluster.
 	Replicas int
-	// EventsMaxAge bounds the audit log; 0 keeps it forever.
+	// EventsMaxAge bounds the audit log; DefaultEventsMaxAge when 0.
+	// Provision applies it to an existing stream too.
 	EventsMaxAge time.Duration
 	// LogsMaxAge and LogsMaxBytes bound WF_LOGS; 0 is DefaultLogsMaxAge,
 	// DefaultLogsMaxBytes.
@@ -72,6 +83,15 @@ type Topology struct {
 	// LogsMaxChunksPerRun caps each Run's (and session's) subject in
 	// WF_LOGS; 0 is DefaultLogsMaxChunksPerRun.
 	LogsMaxChunksPerRun int64
+	// RunsPurgeMarkerTTL is how long the marker of a Run purged from
+	// wf_runs stays; RunPurgeMarkerTTL when 0. The bucket's LimitMarkerTTL
+	// is set to it: the server raises any shorter marker TTL to that.
+	RunsPurgeMarkerTTL time.Duration
+}
+
+// RunsMarkerTTL is RunsPurgeMarkerTTL or its default.
+func (t Topology) RunsMarkerTTL() time.Duration {
+	return cmp.Or(t.RunsPurgeMarkerTTL, RunPurgeMarkerTTL)
 }
 
 // StreamConfigs returns the stream definitions.
@@ -93,8 +113,12 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 			Subjects:    []string{SubjectEventsAll},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
-			MaxAge:      t.EventsMaxAge,
-			Duplicates:  2 * time.Minute,
+			MaxAge:      cmp.Or(t.EventsMaxAge, DefaultEventsMaxAge),
+			// The server refuses a dedupe window longer than the max age.
+			Duplicates: min(2*time.Minute, cmp.Or(t.EventsMaxAge, DefaultEventsMaxAge)),
+			// A Run's last event is read for each outbox repair and each
+			// Run the retention removes: direct gets spare the JS API.
+			AllowDirect: true,
 			Replicas:    r,
 		},
 		{
@@ -129,7 +153,12 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 	r := max(t.Replicas, 1)
 	return []jetstream.KeyValueConfig{
 		{Bucket: BucketNodes, Description: "fenced node registry", History: 5, Storage: jetstream.FileStorage, Replicas: r},
-		{Bucket: BucketRuns, Description: "Runs by id; every phase change is a CAS update", History: 5, Storage: jetstream.FileStorage, Replicas: r},
+		// An ended Run is purged once past its retention, with a purge
+		// marker that carries a TTL (RunPurgeMarkerTTL) so the bucket does
+		// not keep a tombstone per Run forever; LimitMarkerTTL enables
+		// per-message TTLs on the bucket.
+		{Bucket: BucketRuns, Description: "Runs by id; every phase change is a CAS update; ended Runs are purged after their retention", History: 5,
+			Storage: jetstream.FileStorage, Replicas: r, LimitMarkerTTL: t.RunsMarkerTTL()},
 		{Bucket: BucketRentals, Description: "rented machines by rental id; every change is a CAS update", History: 5, Storage: jetstream.FileStorage, Replicas: r},
 		// Invitations carry their own expires_at, checked on redemption; the
 		// bucket's TTL only sweeps ones never redeemed.

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -78,8 +79,40 @@ type Config struct {
 	// the control plane's connection must be the auth_callout's service
 	// user. Nil: the server admits logins itself.
 	Auth *admission.Config
+	// RunRetention is how long an ended Run stays in wf_runs after it
+	// ended (runs.Retention); DefaultRunRetention when 0, and refused when
+	// negative. WF_EVENTS keeps events twice as long unless
+	// Topology.EventsMaxAge says otherwise, which must then be longer.
+	RunRetention time.Duration
+	// RetentionInterval is the time between retention sweeps; a quarter of
+	// RunRetention, at most a minute, when 0.
+	RetentionInterval time.Duration
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
+}
+
+// DefaultRunRetention is how long an ended Run stays in wf_runs.
+const DefaultRunRetention = 7 * 24 * time.Hour
+
+// checkRetention refuses a retention that would keep nothing, or Run
+// events kept no longer than the Runs: the retention removes a Run only
+// once WF_EVENTS holds its last events, and a Run's history should outlive
+// its record.
+func (c *Config) checkRetention() error {
+	if c.RunRetention < 0 {
+		return fmt.Errorf("controlplane: run retention %s: pass a positive duration such as 168h", c.RunRetention)
+	}
+	if c.RunRetention == 0 {
+		c.RunRetention = DefaultRunRetention
+	}
+	if c.Topology.EventsMaxAge == 0 {
+		c.Topology.EventsMaxAge = 2 * c.RunRetention
+	}
+	if c.Topology.EventsMaxAge <= c.RunRetention {
+		return fmt.Errorf("controlplane: events max age %s is not longer than the run retention %s: WF_EVENTS must keep a Run's events past its removal; raise the events max age or lower the retention",
+			c.Topology.EventsMaxAge, c.RunRetention)
+	}
+	return nil
 }
 
 func (c *Config) defaults() {

@@ -41,6 +41,7 @@ type ControlPlane struct {
 	runsKV, nodesKV, residencyKV jetstream.KeyValue
 
 	runs      *runs.Store
+	retention *runs.Retention
 	dispatch  *dispatch.Dispatcher
 	scheduler *scheduler.Scheduler
 	intake    *intake.Intake
@@ -68,6 +69,9 @@ type ControlPlane struct {
 // control plane ready to Run.
 func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*ControlPlane, error) {
 	cfg.defaults()
+	if err := cfg.checkRetention(); err != nil {
+		return nil, err
+	}
 	if cfg.Capacity != nil && (cfg.Capacity.Provider == nil || cfg.Capacity.OwnershipToken == "") {
 		return nil, errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
 	}
@@ -87,6 +91,12 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	// The scheduler is made last but poked by the parts made before it.
 	poke := func() { cp.scheduler.Poke() }
 	cp.runs = runs.NewStore(cp.runsKV, conn.JS, cp.cache, runs.Config{DecisionCandidates: cfg.DecisionCandidates, MaxAttempts: cfg.MaxAttempts, Poke: poke, Now: cfg.Now}, log)
+	var err error
+	cp.retention, err = runs.NewRetention(cp.runs, runs.RetentionConfig{Keep: cfg.RunRetention, Interval: cfg.RetentionInterval,
+		MarkerTTL: cfg.Topology.RunsMarkerTTL()})
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
 	cp.dispatch = dispatch.New(conn.JS, cp.cache, cfg.Now, log)
 	cp.sessions = sessions.New(cfg.Sessions, conn, cp.cache, cp.nodesKV, func(now time.Time) *placement.Fleet { return cp.scheduler.Fleet(now) }, cfg.Now, log)
 	cp.nodes = nodes.New(nodes.Config{
@@ -180,6 +190,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	defer stopStreams()
 	cp.dispatch.AskReconciliation(ctx)
 	wg.Go(func() { cp.scheduler.Run(ctx) })
+	wg.Go(func() { cp.retention.Run(ctx) })
 	if cp.rentals != nil {
 		wg.Go(func() { cp.rentals.Run(ctx) })
 	}
@@ -297,7 +308,7 @@ func (cp *ControlPlane) Metrics() Metrics {
 		Transitions: cp.runs.Transitions(), FencedObservations: cp.ingest.Fenced() + cp.nodes.Fenced(), Rejected: cp.intake.Rejected(),
 		StaleReports: cp.ingest.Stale(), LeaseLapses: cp.nodes.LeaseLapses(), CommandsSent: cp.dispatch.Sent(),
 		PlacementMisses: st.PlacementMisses.Load(), Decisions: st.Decisions.Load(), DecisionNanos: st.DecisionNanos.Load(),
-		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
+		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), RunsRemoved: cp.retention.Removed(), CachedRuns: cp.cache.RunCount(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
 		RefusedObservations: cp.ingest.Refused(),
 	}
 	select {

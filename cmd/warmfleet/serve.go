@@ -18,7 +18,7 @@ import (
 func newServe(g *globals) *cobra.Command {
 	var dataDir, listen, metricsAddr string
 	var port, replicas int
-	var logsMaxAge time.Duration
+	var logsMaxAge, runRetention, eventsMaxAge time.Duration
 	var logsMaxBytes int64
 	var logsMaxChunksPerRun int64
 	var openEnrollment, waitForCapacity bool
@@ -39,6 +39,9 @@ func newServe(g *globals) *cobra.Command {
 			}
 			if logsMaxChunksPerRun <= 0 {
 				return fmt.Errorf("--logs-max-chunks-per-run %d: pass a positive number of chunks", logsMaxChunksPerRun)
+			}
+			if err := checkRetentionFlags(runRetention, eventsMaxAge); err != nil {
+				return err
 			}
 			log, err := logging.New(g.logLevel)
 			if err != nil {
@@ -102,7 +105,7 @@ func newServe(g *globals) *cobra.Command {
 			}
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
-				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM,
+				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun, EventsMaxAge: eventsMaxAge}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM, RunRetention: runRetention,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 				CredentialLimit: credentialLimit,
 			}, log)
@@ -140,6 +143,8 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().Int64Var(&logsMaxBytes, "logs-max-bytes", bus.DefaultLogsMaxBytes, "how many bytes of output WF_LOGS keeps; the oldest go first")
 	cmd.Flags().Int64Var(&logsMaxChunksPerRun, "logs-max-chunks-per-run", bus.DefaultLogsMaxChunksPerRun,
 		"how many chunks (each at most 64 KiB) WF_LOGS keeps per Run or session; past it that Run's oldest go, never another's")
+	cmd.Flags().DurationVar(&runRetention, "run-retention", controlplane.DefaultRunRetention, "how long an ended Run stays in wf_runs (run get, run list, request-id dedupe) before it is removed")
+	cmd.Flags().DurationVar(&eventsMaxAge, "events-max-age", 0, "how long WF_EVENTS keeps Run events; longer than --run-retention (default: twice --run-retention)")
 	cmd.Flags().BoolVar(&openEnrollment, "open-enrollment", false, "admit agents without an enrollment token (development only)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz and /readyz on this host:port, e.g. 127.0.0.1:9090 (default: off)")
 	sec.register(cmd)
@@ -185,4 +190,16 @@ func serveCPMetrics(ctx context.Context, cancel context.CancelFunc, cmd *cobra.C
 	log.Info("metrics listening", zap.String("addr", ln.Addr().String()))
 	fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: metrics at http://%s/metrics (also /healthz, /readyz)\n", ln.Addr())
 	return done, nil
+}
+
+// checkRetentionFlags refuses a retention that keeps nothing, and events
+// kept no longer than the Runs they describe.
+func checkRetentionFlags(runRetention, eventsMaxAge time.Duration) error {
+	if runRetention <= 0 {
+		return fmt.Errorf("--run-retention %s: pass a positive duration such as 168h", runRetention)
+	}
+	if eventsMaxAge < 0 || eventsMaxAge > 0 && eventsMaxAge <= runRetention {
+		return fmt.Errorf("--events-max-age %s: pass a duration longer than --run-retention (%s), or leave it out for twice that", eventsMaxAge, runRetention)
+	}
+	return nil
 }

@@ -1,5 +1,7 @@
-// Package cache is one replica's read-only copy of wf_runs and wf_nodes,
-// fed by KV watches, and the node leases its heartbeats earned in memory.
+// Package cache is one replica's read-only copy of the active Runs in
+// wf_runs and of wf_nodes, fed by KV watches, and the node leases its
+// heartbeats earned in memory. Ended Runs are not held: they stay in
+// wf_runs for the retention period, and whoever needs one reads it there.
 package cache
 
 import (
@@ -28,12 +30,21 @@ import (
 // in-memory lease its current session (fencing token) earned; Node and
 // Nodes return records with that effective lease.
 type Cache struct {
-	mu   sync.RWMutex
+	mu sync.RWMutex
+	// runs holds the active Runs, and for a moment the raw JSON of an
+	// ended one the watch delivered, until it is decoded and dropped.
 	runs map[string]cachedRun
 	// undecoded names the runs entries held only as raw JSON.
 	undecoded map[string]struct{}
-	nodes     map[string]cachedNode
-	leases    map[string]memLease
+	// watched is the highest wf_runs revision the watch delivered: every
+	// write up to it is reflected in runs.
+	watched uint64
+	// ended holds, by Run id, the revision at which this replica wrote a
+	// Run's end, until the watch delivers that revision: an older write
+	// it delivers meanwhile must not bring the Run back.
+	ended  map[string]uint64
+	nodes  map[string]cachedNode
+	leases map[string]memLease
 	// residencies are wf_residency's observations, by session key: what
 	// resident sessions hold on their hosts.
 	residencies map[string]cachedResidency
@@ -56,8 +67,8 @@ type cachedRun struct {
 	// activeRuns can hand out the pointer instead of a copy.
 	run *schemas.Run
 	rev uint64
-	// raw is the stored JSON of an active Run, to seed its next CAS
-	// without a read; terminal Runs drop it, as they are rarely written.
+	// raw is the stored JSON of the Run, to seed its next CAS without a
+	// read.
 	raw []byte
 	// undecoded: only raw is held yet. The watch does not decode what it
 	// delivers, because this replica's own write is usually noted a moment
@@ -77,7 +88,7 @@ type cachedResidency struct {
 
 // New returns an empty cache; Start fills it.
 func New() *Cache {
-	return &Cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{},
+	return &Cache{runs: map[string]cachedRun{}, undecoded: map[string]struct{}{}, ended: map[string]uint64{}, nodes: map[string]cachedNode{}, leases: map[string]memLease{},
 		residencies: map[string]cachedResidency{}, pending: map[string]residency.Observation{}}
 }
 
@@ -101,10 +112,21 @@ func (c *Cache) Start(ctx context.Context, wg *sync.WaitGroup, runsKV, nodesKV, 
 func (c *Cache) applyRun(e jetstream.KeyValueEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.watched = max(c.watched, e.Revision())
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(c.runs, e.Key())
 		delete(c.undecoded, e.Key())
+		delete(c.ended, e.Key())
 		return
+	}
+	if rev, ok := c.ended[e.Key()]; ok {
+		if rev > e.Revision() {
+			return // older than the end this replica wrote
+		}
+		delete(c.ended, e.Key())
+		if rev == e.Revision() {
+			return
+		}
 	}
 	if old, ok := c.runs[e.Key()]; ok && old.rev >= e.Revision() {
 		return
@@ -115,7 +137,7 @@ func (c *Cache) applyRun(e jetstream.KeyValueEntry) {
 
 // decodeRuns decodes the Runs held only as raw JSON, outside the lock. A
 // value that does not decode is dropped: no decision is made on a Run that
-// cannot be read.
+// cannot be read. An ended Run is dropped too: scheduling never needs it.
 func (c *Cache) decodeRuns(only string) {
 	type pending struct {
 		key string
@@ -148,19 +170,21 @@ func (c *Cache) decodeRuns(only string) {
 			continue // replaced meanwhile
 		}
 		delete(c.undecoded, p.key)
-		if !ok[i] {
+		if !ok[i] || runs[i].Phase.Terminal() {
 			delete(c.runs, p.key)
 			continue
 		}
-		c.runs[p.key] = newCachedRun(runs[i], p.cr.rev, p.cr.raw)
+		r := runs[i] // a copy: a pointer into runs would keep them all
+		c.runs[p.key] = cachedRun{run: &r, rev: p.cr.rev, raw: p.cr.raw}
 	}
-}
-
-func newCachedRun(r schemas.Run, rev uint64, raw []byte) cachedRun {
-	if r.Phase.Terminal() {
-		raw = nil
+	if only == "" {
+		// An end the watch skipped past (it restarted) is settled too.
+		for k, rev := range c.ended {
+			if rev <= c.watched {
+				delete(c.ended, k)
+			}
+		}
 	}
-	return cachedRun{run: &r, rev: rev, raw: raw}
 }
 
 // applyNode takes a wf_nodes update from the watch. A revision this replica
@@ -269,18 +293,30 @@ func (c *Cache) nodeRev(id string) uint64 {
 }
 
 // NoteRun records a Run this replica just wrote (raw is the JSON stored),
-// ahead of its watch.
+// ahead of its watch. A Run that ended leaves the cache.
 func (c *Cache) NoteRun(r schemas.Run, rev uint64, raw []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old, ok := c.runs[r.ID]; ok && (old.rev > rev || old.rev == rev && !old.undecoded) {
+	old, ok := c.runs[r.ID]
+	switch {
+	case ok && (old.rev > rev || old.rev == rev && !old.undecoded):
+		return
+	case !ok && (rev <= c.watched || c.ended[r.ID] >= rev):
+		return // the watch, or this replica, already has it at rev or later
+	}
+	delete(c.undecoded, r.ID)
+	if r.Phase.Terminal() {
+		delete(c.runs, r.ID)
+		if rev > c.watched {
+			c.ended[r.ID] = rev
+		}
 		return
 	}
-	c.runs[r.ID] = newCachedRun(r, rev, raw)
-	delete(c.undecoded, r.ID)
+	c.runs[r.ID] = cachedRun{run: &r, rev: rev, raw: raw}
 }
 
-// RunSeed is the stored form of an active Run, to start a CAS from.
+// RunSeed is the stored form of an active Run, to start a CAS from; an
+// ended Run has none, so its write starts with a read.
 func (c *Cache) RunSeed(id string) bus.Seed {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -288,7 +324,7 @@ func (c *Cache) RunSeed(id string) bus.Seed {
 	return bus.Seed{JSON: cr.raw, Revision: cr.rev}
 }
 
-// Run returns one cached Run.
+// Run returns one active Run; an ended one is not held (read wf_runs).
 func (c *Cache) Run(id string) (schemas.Run, bool) {
 	c.decodeRuns(id)
 	c.mu.RLock()
@@ -300,7 +336,7 @@ func (c *Cache) Run(id string) (schemas.Run, bool) {
 	return *cr.run, true
 }
 
-// RunPhases counts the cached Runs by phase. Runs held only as raw JSON are
+// RunPhases counts the active Runs by phase. Runs held only as raw JSON are
 // decoded first, outside the lock (as ActiveRuns does, and kept); one that
 // arrives meanwhile is counted from its phase alone. A value that does not
 // decode, or has no phase, is not counted. The counts follow wf_runs only
@@ -319,13 +355,15 @@ func (c *Cache) RunPhases() map[schemas.Phase]int {
 		} else if json.Unmarshal(cr.raw, &r) != nil {
 			continue
 		}
-		if r.Phase != "" {
+		if r.Phase != "" && !r.Phase.Terminal() {
 			counts[r.Phase]++
 		}
 	}
 	return counts
 }
 
+// RunCount is how many Runs the cache holds: the active ones, and ended
+// ones whose watch update is not yet decoded (and dropped).
 func (c *Cache) RunCount() int  { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.runs) }
 func (c *Cache) NodeCount() int { c.mu.RLock(); defer c.mu.RUnlock(); return len(c.nodes) }
 

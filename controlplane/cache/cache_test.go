@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -83,5 +85,81 @@ func TestCacheDecodesWatchedRunsLazily(t *testing.T) {
 	}
 	if len(c.undecoded) != 0 {
 		t.Fatalf("%d Runs left undecoded after activeRuns", len(c.undecoded))
+	}
+	if n := c.RunCount(); n != 2 {
+		t.Fatalf("cache holds %d Runs after activeRuns, want the 2 active ones (an ended Run leaves)", n)
+	}
+}
+
+// TestCacheDropsEndedRuns: a Run that ends leaves the cache whether this
+// replica wrote the end or its watch delivered it; an older write the
+// watch delivers late, or a late note of one, does not bring it back; the
+// phase counts hold active Runs only.
+func TestCacheDropsEndedRuns(t *testing.T) {
+	conn := testenv.ProvisionedBus(t, "cache-ended")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New()
+	put := func(r schemas.Run) (jetstream.KeyValueEntry, []byte) {
+		t.Helper()
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, r.ID, b); err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(ctx, r.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, b
+	}
+
+	// This replica writes the end; its watch delivers the Run's earlier
+	// write, then the end.
+	running := schemas.Run{ID: "r-mine", Phase: schemas.PhaseRunning}
+	eRunning, rawRunning := put(running)
+	c.NoteRun(running, eRunning.Revision(), rawRunning)
+	done := running
+	done.Phase = schemas.PhaseSucceeded
+	eDone, rawDone := put(done)
+	c.NoteRun(done, eDone.Revision(), rawDone)
+	if _, ok := c.Run(done.ID); ok || c.RunCount() != 0 {
+		t.Fatalf("the ended Run is still cached (%d Runs)", c.RunCount())
+	}
+	c.applyRun(eRunning)
+	if n := len(c.ActiveRuns()); n != 0 {
+		t.Fatalf("the watch's late delivery of the running write brought the Run back: %d active", n)
+	}
+	c.applyRun(eDone)
+	if len(c.ended) != 0 || c.RunCount() != 0 {
+		t.Fatalf("after the watch delivered the end: %d ends remembered, %d Runs cached; want none", len(c.ended), c.RunCount())
+	}
+	// A late note of the earlier write (its writer was slow) is ignored too.
+	c.NoteRun(running, eRunning.Revision(), rawRunning)
+	if c.RunCount() != 0 {
+		t.Fatal("a late note of an older write brought an ended Run back")
+	}
+
+	// Another replica writes the end: the watch delivers it.
+	other := schemas.Run{ID: "r-other", Phase: schemas.PhaseAccepted}
+	eOther, _ := put(other)
+	c.applyRun(eOther)
+	waiting := schemas.Run{ID: "r-waiting", Phase: schemas.PhaseAccepted}
+	eWaiting, _ := put(waiting)
+	c.applyRun(eWaiting)
+	other.Phase = schemas.PhaseFailed
+	eOtherDone, _ := put(other)
+	c.applyRun(eOtherDone)
+	if got := c.RunPhases(); len(got) != 1 || got[schemas.PhaseAccepted] != 1 {
+		t.Fatalf("phases = %v, want accepted: 1 (ended Runs are not counted)", got)
+	}
+	if n := c.RunCount(); n != 1 {
+		t.Fatalf("cache holds %d Runs, want the waiting one", n)
 	}
 }

@@ -94,8 +94,15 @@ func (s *Store) RepairOutboxes(ctx context.Context, active []*schemas.Run) {
 		repaired += s.repairRun(ctx, stream, *r, gaps)
 	}
 	// Marked Runs that ended since: their last events are their outbox.
+	// The cache holds no ended Run, so each is read from wf_runs; one no
+	// longer there has nothing left to publish.
 	for id, gaps := range marked {
-		if r, ok := s.cache.Run(id); ok {
+		r, found, err := s.Stored(ctx, id)
+		switch {
+		case err != nil:
+			s.log.Warn("outbox repair", zap.String("run_id", id), zap.Error(err))
+			s.repair.mark(id, gaps)
+		case found:
 			repaired += s.repairRun(ctx, stream, r, gaps)
 		}
 	}

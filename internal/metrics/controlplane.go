@@ -25,9 +25,15 @@ type ControlPlane struct {
 	// RefusedObservations counts receipts and workload reports a node's
 	// current session sent about an attempt booked on another node.
 	RefusedObservations int64
+	// RunsRemoved counts ended Runs this replica purged from wf_runs once
+	// past their retention.
+	RunsRemoved int64
+	// CachedRuns is how many Runs the replica holds in memory: the active
+	// ones, and ended ones for the moment until their watch update is read.
+	CachedRuns int
 
-	// Phases counts the Runs in wf_runs by phase, as the replica's cache
-	// holds them. It means something only when PhasesSynced is true: the
+	// Phases counts the active Runs in wf_runs by phase, as the replica's
+	// cache holds them (it holds no ended Run). It means something only when PhasesSynced is true: the
 	// cache has taken in every Run wf_runs held when its watch started, and
 	// follows the bucket from there. Until then the Runs gauge is left out
 	// rather than reported low.
@@ -84,6 +90,8 @@ func NewControlPlaneCollector(snapshot func() ControlPlane) *ControlPlaneCollect
 			i(func(m ControlPlane) int64 { return m.PlacementMisses })},
 		{cpDesc("placement_decisions_total", "Placement decisions taken."),
 			i(func(m ControlPlane) int64 { return m.Decisions })},
+		{cpDesc("runs_removed_total", "Ended Runs purged from wf_runs once past their retention, by this replica."),
+			i(func(m ControlPlane) int64 { return m.RunsRemoved })},
 		{cpDesc("placement_decision_seconds_total", "Seconds spent taking placement decisions, in total; divide its rate by the rate of placement_decisions_total for the mean."),
 			func(m ControlPlane) float64 { return float64(m.DecisionNanos) / 1e9 }},
 	}}
@@ -95,7 +103,10 @@ func (c *ControlPlaneCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- k.desc
 	}
 	ch <- runsDesc
+	ch <- cachedRunsDesc
 }
+
+var cachedRunsDesc = cpDesc("cached_runs", "Runs this replica holds in memory: the active ones (ended Runs leave it).")
 
 // Collect implements prometheus.Collector.
 func (c *ControlPlaneCollector) Collect(ch chan<- prometheus.Metric) {
@@ -103,6 +114,7 @@ func (c *ControlPlaneCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range c.counters {
 		ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, k.value(m))
 	}
+	ch <- prometheus.MustNewConstMetric(cachedRunsDesc, prometheus.GaugeValue, float64(m.CachedRuns))
 	if m.PhasesSynced {
 		collectPhases(ch, m.Phases)
 	}
@@ -116,7 +128,7 @@ var Phases = []schemas.Phase{
 }
 
 var runsDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "runs"),
-	"Runs in wf_runs, by phase. It counts the whole bucket, so every control-plane replica reports the same numbers: aggregate with max, not sum.", []string{"phase"}, nil)
+	"Active Runs in wf_runs, by phase; ended Runs are not held in memory, so their phases read 0 (count them with runs_removed_total and WF_EVENTS). Every control-plane replica reports the same numbers: aggregate with max, not sum.", []string{"phase"}, nil)
 
 // collectPhases sends the Runs-by-phase gauge: one series for every phase
 // in Phases, zero when no Run is in it, and one for any other phase counts
