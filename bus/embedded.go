@@ -23,6 +23,10 @@ type EmbeddedOptions struct {
 	Auth *EmbeddedAuth
 	// TLS, when it names files, makes every client connection TLS.
 	TLS TLSFiles
+	// SyncAlways fsyncs every JetStream write before acknowledging it;
+	// false keeps nats-server's default, a flush every two minutes, which
+	// loses acknowledged writes on power loss (docs/benchmarks.md, 9).
+	SyncAlways bool
 }
 
 // EmbeddedAuth turns on auth callout in the embedded server.
@@ -61,6 +65,7 @@ func StartEmbedded(o EmbeddedOptions) (*Embedded, error) {
 		MaxPayload: o.MaxPayload,
 		NoSigs:     true,
 		NoLog:      true,
+		SyncAlways: o.SyncAlways,
 	}
 	if a := o.Auth; a != nil {
 		if a.ServiceUser == "" || a.ServicePassword == "" || a.Issuer == "" {

@@ -70,9 +70,9 @@ func (t TLSFiles) ClientConfig() (*tls.Config, error) {
 		}
 		cfg.RootCAs = pool
 	} else if t.CAPEM != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(t.CAPEM)) {
-			return nil, fmt.Errorf("%w: the bootstrap's control_plane_ca holds no PEM certificate", ErrTLSConfig)
+		pool, err := poolFromPEM([]byte(t.CAPEM), "the bootstrap's control_plane_ca")
+		if err != nil {
+			return nil, err
 		}
 		cfg.RootCAs = pool
 	}
@@ -107,9 +107,14 @@ func loadPool(caFile string) (*x509.CertPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: read CA file: %w", ErrTLSConfig, err)
 	}
+	return poolFromPEM(pem, caFile)
+}
+
+// poolFromPEM is a pool of the certificates in pem, which what names.
+func poolFromPEM(pem []byte, what string) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%w: %s holds no PEM certificate", ErrTLSConfig, caFile)
+		return nil, fmt.Errorf("%w: %s holds no PEM certificate", ErrTLSConfig, what)
 	}
 	return pool, nil
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/warmfleet/warmfleet/bus/codec"
 )
 
 // The limits on what a node sends: a whole message before it is decoded
@@ -92,6 +94,19 @@ func CheckNodeMessageSize(n int) error {
 		return refuse(CodePayloadTooLarge, "", "a message from a node is at most %d bytes; this one is %d", MaxNodeMessageBytes, n)
 	}
 	return nil
+}
+
+// DecodeNodeMessage decodes data, a message from a node, into v within the
+// limits on what a node sends: its size before decoding, strictly (an
+// unknown field is refused), then v's Validate.
+func DecodeNodeMessage(enc codec.Encoding, data []byte, v interface{ Validate() error }) error {
+	if err := CheckNodeMessageSize(len(data)); err != nil {
+		return err
+	}
+	if err := codec.Decode(enc, data, v); err != nil {
+		return err
+	}
+	return v.Validate()
 }
 
 // CheckNodeSizes refuses the first string, slice or map in v (a struct or

@@ -75,9 +75,7 @@ func (o ownObjectReads) Open(ctx context.Context, offset int64) (io.ReadCloser, 
 	if err != nil {
 		return nil, err
 	}
-	read := schemas.ArtifactObjectRead{Consumer: r.Consumer, Digest: r.Digest, Size: r.Size, Chunks: r.Chunks,
-		StartChunk: r.StartChunk, StartByte: r.StartByte}
-	return NewObjectSource(o.js, o.bucket, read, o.digest).Open(ctx, offset)
+	return NewObjectSource(o.js, o.bucket, schemas.ArtifactObjectRead(r), o.digest).Open(ctx, offset)
 }
 
 // Open reads the consumer from its first chunk (read.StartChunk, at byte

@@ -36,8 +36,7 @@ func (g grantedReads) Open(ctx context.Context, offset int64) (io.ReadCloser, er
 	if err != nil {
 		return nil, err
 	}
-	read := schemas.ArtifactObjectRead{Consumer: r.Consumer, Digest: r.Digest, Size: r.Size, Chunks: r.Chunks, StartChunk: r.StartChunk, StartByte: r.StartByte}
-	return NewObjectSource(g.reader, bus.ObjectBucketArtifacts, read, g.digest).Open(ctx, offset)
+	return NewObjectSource(g.reader, bus.ObjectBucketArtifacts, schemas.ArtifactObjectRead(r), g.digest).Open(ctx, offset)
 }
 
 // TestObjectSourceNeedsOnlyReaderPermissions fetches and resumes over a

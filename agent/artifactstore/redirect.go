@@ -15,8 +15,9 @@ const maxRedirects = 10
 
 // credentialHeaders are dropped on a redirect to another origin whatever
 // the configured headers are: net/http drops Authorization and Cookie only
-// when the domain changes, and keeps them from a host to its subdomain.
-var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "Cookie2"}
+// when the domain changes, and keeps them from a host to its subdomain; it
+// sets Referer to the previous URL, whose query may be a presigned secret.
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "Cookie2", "Referer"}
 
 // keepCredentials is a CheckRedirect that keeps an artifact source's
 // credential with the host it was configured for. A redirect from https

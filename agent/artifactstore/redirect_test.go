@@ -106,6 +106,9 @@ func TestURLSourceRedirectsKeepCredentials(t *testing.T) {
 		if got := configured(hits[0]); len(got) != 0 {
 			t.Errorf("%s saw the configured headers %v", c.target, got)
 		}
+		if ref := hits[0].Get("Referer"); ref != "" {
+			t.Errorf("%s saw the previous URL as Referer %q", c.target, ref)
+		}
 	}
 
 	// https to plain http: refused, permanent, and the target sees nothing.

@@ -27,7 +27,7 @@ var errConnClosed = errors.New("log connection closed")
 func (sh *Shipment) run(ctx context.Context) error {
 	for {
 		err := sh.ship(ctx)
-		if !errors.Is(err, errConnClosed) || sh.s.cfg.Dialer == nil || sh.meta.RunID == "" {
+		if !errors.Is(err, errConnClosed) || sh.ownConn() {
 			return err // the node's own connection closes only with the agent
 		}
 		sh.s.cfg.Log.Info("log connection closed; dialing again", zap.String("workload", sh.meta.AttemptID))

@@ -171,11 +171,15 @@ const (
 	refusedLongAfter = 20
 )
 
+// ownConn reports whether the shipment goes on the node's own connection:
+// no Dialer (no auth), or a session's output, not a Run's.
+func (sh *Shipment) ownConn() bool { return sh.s.cfg.Dialer == nil || sh.meta.RunID == "" }
+
 // dial opens the log connection, retrying until it is granted, ctx ends or
 // the directory is removed.
 func (sh *Shipment) dial(ctx context.Context) (jetstream.JetStream, func(), error) {
 	cfg := &sh.s.cfg
-	if cfg.Dialer == nil || sh.meta.RunID == "" {
+	if sh.ownConn() {
 		// A session's output goes on the node's own login, which may
 		// publish every session's log subject, as it reads every
 		// session's inbox (bus.PermsNode).

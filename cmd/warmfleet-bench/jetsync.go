@@ -8,10 +8,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
 )
 
 // jetSyncOpts are the jetsync subcommand's flags.
@@ -100,18 +101,12 @@ func runJetSync(ctx context.Context, g *globals, o *jetSyncOpts) (*Report, error
 // shapes and stops it.
 func jetSyncRound(ctx context.Context, storeDir string, always bool, o *jetSyncOpts) (jetSyncSample, error) {
 	s := jetSyncSample{Always: always}
-	opts := &server.Options{ServerName: "jetsync", Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: storeDir,
-		NoSigs: true, NoLog: true, SyncAlways: always}
-	srv, err := server.NewServer(opts)
+	srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: storeDir, Port: -1, SyncAlways: always})
 	if err != nil {
 		return s, err
 	}
-	go srv.Start()
 	defer srv.Shutdown()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		return s, fmt.Errorf("the embedded server did not become ready in 10s")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		return s, err
 	}

@@ -199,10 +199,7 @@ func (p *logPrinter) line(l runlog.Line) error {
 		}
 	}
 	p.last = l.Attempt
-	w := p.out
-	if l.Stream == bus.LogStderr {
-		w = p.errw
-	}
+	w := p.writer(l.Stream)
 	// A line's continuation (after a Partial piece) gets no timestamp: it
 	// is the same line.
 	key := [2]string{l.Attempt, l.Stream}
@@ -226,15 +223,19 @@ func (p *logPrinter) line(l runlog.Line) error {
 // a newline, so that warmfleet's own next line on w starts a line.
 func (p *logPrinter) midLineTo(w io.Writer) bool {
 	for k, mid := range p.midLine {
-		to := p.out
-		if k[1] == bus.LogStderr {
-			to = p.errw
-		}
-		if mid && to == w {
+		if mid && p.writer(k[1]) == w {
 			return true
 		}
 	}
 	return false
+}
+
+// writer is where a stream's output is printed.
+func (p *logPrinter) writer(stream string) io.Writer {
+	if stream == bus.LogStderr {
+		return p.errw
+	}
+	return p.out
 }
 
 // gapNotice tells, on w, of output of Run runID no longer stored.

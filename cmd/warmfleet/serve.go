@@ -21,7 +21,7 @@ func newServe(g *globals) *cobra.Command {
 	var logsMaxAge, runRetention, eventsMaxAge time.Duration
 	var logsMaxBytes int64
 	var logsMaxChunksPerRun int64
-	var openEnrollment, waitForCapacity bool
+	var openEnrollment, waitForCapacity, syncAlways bool
 	var sec serveSecurity
 	var capf serveCapacity
 	var regAuth serveRegistryAuth
@@ -75,7 +75,7 @@ func newServe(g *globals) *cobra.Command {
 			}
 			if embedded {
 				srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(dataDir, "jetstream"), Host: listen, Port: port,
-					Auth: sec.embeddedAuth(), TLS: sec.serverTLS})
+					Auth: sec.embeddedAuth(), TLS: sec.serverTLS, SyncAlways: syncAlways})
 				if err != nil {
 					return err
 				}
@@ -138,6 +138,7 @@ func newServe(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./.warmfleet", "directory for the embedded NATS file store")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1", "address the embedded NATS listens on")
 	cmd.Flags().IntVar(&port, "port", 4222, "port the embedded NATS listens on (-1 for a random one)")
+	cmd.Flags().BoolVar(&syncAlways, "nats-sync-always", true, "embedded NATS: fsync every JetStream write before acknowledging it; false acknowledges at once and flushes every two minutes, losing acknowledged Runs on power loss for a higher write rate (docs/benchmarks.md, 9)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas for every stream and bucket (3 on a JetStream cluster)")
 	cmd.Flags().DurationVar(&logsMaxAge, "logs-max-age", bus.DefaultLogsMaxAge, "how long WF_LOGS keeps Run and session output")
 	cmd.Flags().Int64Var(&logsMaxBytes, "logs-max-bytes", bus.DefaultLogsMaxBytes, "how many bytes of output WF_LOGS keeps; the oldest go first")

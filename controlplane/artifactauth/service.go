@@ -193,8 +193,7 @@ func (s *Service) grant(ctx context.Context, req schemas.ArtifactCredentialReque
 	if err != nil {
 		return schemas.ArtifactLogin{}, schemas.ArtifactObjectRead{}, err
 	}
-	read := schemas.ArtifactObjectRead{Consumer: r.Consumer, Digest: r.Digest, Size: r.Size, Chunks: r.Chunks,
-		StartChunk: r.StartChunk, StartByte: r.StartByte}
+	read := schemas.ArtifactObjectRead(r) // the same fields: a drift fails to compile
 	token := randid.Token(32)
 	expires := s.cfg.Now().Add(s.cfg.GrantTTL).Truncate(time.Second)
 	g := schemas.ArtifactGrant{NodeID: req.NodeID, FencingToken: req.FencingToken, Digest: req.Digest, Object: object,

@@ -76,13 +76,7 @@ var errFenced = errors.New("superseded fencing token")
 // decodeHeartbeat decodes and checks one heartbeat: the size limit before
 // decoding, strictly, then its Validate.
 func decodeHeartbeat(m *nats.Msg, hb *schemas.Heartbeat) error {
-	if err := schemas.CheckNodeMessageSize(len(m.Data)); err != nil {
-		return err
-	}
-	if _, err := codec.DecodeMsg(m, hb); err != nil {
-		return err
-	}
-	return hb.Validate()
+	return schemas.DecodeNodeMessage(codec.Detect(m.Header, m.Data), m.Data, hb)
 }
 
 // renewalServer serves session renewals with answer: a body is decoded

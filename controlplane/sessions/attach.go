@@ -221,13 +221,7 @@ func (s *Service) release(ctx context.Context, st *stores, req schemas.SessionRe
 // what a node sends: its size before decoding, strictly, then Validate.
 func decodeSessionReply(data []byte) (schemas.SessionReply, error) {
 	var rep schemas.SessionReply
-	if err := schemas.CheckNodeMessageSize(len(data)); err != nil {
-		return rep, err
-	}
-	if err := codec.Decode(codec.JSON, data, &rep); err != nil {
-		return schemas.SessionReply{}, err
-	}
-	if err := rep.Validate(); err != nil {
+	if err := schemas.DecodeNodeMessage(codec.JSON, data, &rep); err != nil {
 		return schemas.SessionReply{}, err
 	}
 	return rep, nil

@@ -2,8 +2,10 @@ package sessions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -122,8 +124,21 @@ func (st *stores) tombstoneRoute(ctx context.Context, node string, req schemas.R
 	return none{}, st.locations.TombstoneResidency(ctx, residency.KeyOf(req.Key), node, req.Epoch)
 }
 
-func (st *stores) loadState(ctx context.Context, _ string, req schemas.ResidencyKeyRequest) (residency.SessionState, error) {
-	return st.durable.LoadSessionState(ctx, residency.KeyOf(req.Key))
+// loadState answers the session's lease holder only: an attach loads after
+// it acquired the lease, and a session's state is no other node's to read.
+func (st *stores) loadState(ctx context.Context, node string, req schemas.ResidencyKeyRequest) (residency.SessionState, error) {
+	key := residency.KeyOf(req.Key)
+	if err := key.Validate(); err != nil {
+		return residency.SessionState{}, err
+	}
+	rec, _, err := st.leases.Get(ctx, key)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return residency.SessionState{}, err
+	}
+	if err != nil || rec.Holder != node || rec.Released {
+		return residency.SessionState{}, fmt.Errorf("%w: node %s holds no lease on %s: load its state after acquiring the lease", residency.ErrNotLeaseHolder, node, key)
+	}
+	return st.durable.LoadSessionState(ctx, key)
 }
 
 func (st *stores) commitCheckpoint(ctx context.Context, node string, cp residency.Checkpoint) (none, error) {

@@ -132,17 +132,17 @@ func TestKVSessions_JournalStateAndFence(t *testing.T) {
 	a := remote(f.agentConn(t), "host-a")
 	key := residency.Key{Tenant: tenant, Session: "durable-1"}
 
-	st, err := a.LoadSessionState(ctx, key)
-	if err != nil || st.Exists || st.RuntimeJournal != residency.JournalEmpty || st.Namespace != residency.NamespaceFor(key) {
-		t.Fatalf("fresh session: %+v, %v", st, err)
+	if _, err := a.LoadSessionState(ctx, key); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		t.Fatalf("load before holding the lease: %v, want ErrNotLeaseHolder", err)
 	}
 	f.place(t, key, "host-a")
 	g, err := a.AcquireSessionLease(ctx, key, "host-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := a.LoadSessionState(ctx, key); st.RuntimeJournal != residency.JournalEmpty {
-		t.Fatalf("under the first grant: %+v, want journal empty", st)
+	st, err := a.LoadSessionState(ctx, key)
+	if err != nil || st.Exists || st.RuntimeJournal != residency.JournalEmpty || st.Namespace != residency.NamespaceFor(key) {
+		t.Fatalf("fresh session under the first grant: %+v, %v", st, err)
 	}
 	if err := a.ReleaseSessionLease(ctx, g); err != nil {
 		t.Fatal(err)
@@ -282,7 +282,14 @@ func TestResidency_RefusesAnotherNodesHolding(t *testing.T) {
 			}
 		}
 	}
-	// Nor may host-b acquire the lease of a session not placed on it.
+	// Nor may host-b read the session's state, or acquire the lease of a
+	// session not placed on it.
+	if _, err := ask(t, nc, "host-b", schemas.ResidencyStateLoad, schemas.ResidencyKeyRequest{Key: residency.WireKey(key)}); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		t.Errorf("load as host-b: %v, want ErrNotLeaseHolder", err)
+	}
+	if _, err := a.LoadSessionState(ctx, key); err != nil {
+		t.Errorf("load as host-a, the holder: %v", err)
+	}
 	if _, err := ask(t, nc, "host-b", schemas.ResidencyLeaseAcquire, schemas.ResidencyKeyRequest{Key: residency.WireKey(key), Token: "t"}); !errors.Is(err, residency.ErrNotPlaced) {
 		t.Errorf("acquire as host-b: %v, want ErrNotPlaced", err)
 	}

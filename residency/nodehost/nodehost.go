@@ -322,13 +322,7 @@ func removeLeftovers(ctx context.Context, env noderuntime.SessionHostEnv, grace 
 // its every field within the limits on node messages.
 func DecodeCommand(data []byte) (schemas.SessionCommand, error) {
 	var cmd schemas.SessionCommand
-	if err := schemas.CheckNodeMessageSize(len(data)); err != nil {
-		return cmd, err
-	}
-	if err := codec.Decode(codec.JSON, data, &cmd); err != nil {
-		return schemas.SessionCommand{}, err
-	}
-	if err := cmd.Validate(); err != nil {
+	if err := schemas.DecodeNodeMessage(codec.JSON, data, &cmd); err != nil {
 		return schemas.SessionCommand{}, err
 	}
 	return cmd, nil
