@@ -86,8 +86,9 @@ func TestDecodeHeartbeat_Bounded(t *testing.T) {
 		"oversized":      big,
 		"unknown field":  []byte(`{"node_id":"node-a","fencing_token":1,"extra":1}`),
 		"negative count": []byte(`{"node_id":"node-a","fencing_token":1,"running":-3}`),
-		"bad node id":    []byte(`{"node_id":"node.a","fencing_token":1}`),
+		"bad node id":    []byte(`{"node_id":"node/a","fencing_token":1}`),
 	} {
+		var hb schemas.Heartbeat // fresh: a field left by an earlier case must not decide this one
 		if err := decodeHeartbeat(&nats.Msg{Data: body}, &hb); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
