@@ -145,6 +145,9 @@ type agentSpec struct {
 	// logRate and logBurst set the per-Run output limit (agent defaults
 	// when zero).
 	logRate, logBurst int64
+	// networkModes are the modes the agent offers (the agent's default,
+	// host excluded, when nil).
+	networkModes []string
 }
 
 // node is one running agent process.
@@ -184,7 +187,7 @@ func (f *fleet) startAgent(spec agentSpec) *node {
 	}
 	a, err := agent.New(agent.Config{NodeID: spec.id, Generation: spec.generation, EnrollmentToken: spec.token, DataDir: spec.dataDir,
 		StopGrace: 2 * time.Second, Faults: spec.faults, ProgressInterval: spec.progressInterval, Accelerator: spec.accelerator,
-		LogRate: spec.logRate, LogBurst: spec.logBurst},
+		LogRate: spec.logRate, LogBurst: spec.logBurst, NetworkModes: spec.networkModes},
 		conn, &countingRuntime{Runtime: rt, c: spec.counts}, f.log.Named(spec.id))
 	if err != nil {
 		f.t.Fatal(err)

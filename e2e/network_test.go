@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -45,7 +46,11 @@ func TestAcceptance_RunHasNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFleet(t)
-	f.startAgent(agentSpec{id: "node-net", world: w})
+	all := []string{}
+	for _, m := range noderuntime.AllNetworkModes() {
+		all = append(all, string(m))
+	}
+	f.startAgent(agentSpec{id: "node-net", world: w, networkModes: all}) // as --allow-host-network: the "host" Run below needs it
 	url := "http://" + web.addr + "/"
 	run := func(id, network, script string) string {
 		return f.submit(schemas.RunRequest{RequestID: id, Image: w.image.Reference, Network: network, Command: []string{"sh", "-c", script},
