@@ -13,19 +13,26 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
+// runsFixture is a provisioned wf_runs on its own server, a context for the
+// test and an empty cache.
+func runsFixture(t *testing.T, name string) (context.Context, jetstream.KeyValue, *Cache) {
+	t.Helper()
+	conn := testenv.ProvisionedBus(t, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, kv, New()
+}
+
 // TestCacheDecodesWatchedRunsLazily: a watched Run is held as raw JSON until
 // read; this replica's own note of the same revision replaces it without a
 // decode; a value that does not decode is dropped, never acted on; a
 // terminal Run keeps no seed.
 func TestCacheDecodesWatchedRunsLazily(t *testing.T) {
-	conn := testenv.ProvisionedBus(t, "cache-test")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := New()
+	ctx, kv, c := runsFixture(t, "cache-test")
 	watch := func(key string, v []byte) uint64 {
 		t.Helper()
 		if _, err := kv.Put(ctx, key, v); err != nil {
@@ -96,14 +103,7 @@ func TestCacheDecodesWatchedRunsLazily(t *testing.T) {
 // watch delivers late, or a late note of one, does not bring it back; the
 // phase counts hold active Runs only.
 func TestCacheDropsEndedRuns(t *testing.T) {
-	conn := testenv.ProvisionedBus(t, "cache-ended")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := New()
+	ctx, kv, c := runsFixture(t, "cache-ended")
 	put := func(r schemas.Run) (jetstream.KeyValueEntry, []byte) {
 		t.Helper()
 		b, err := json.Marshal(r)
