@@ -69,15 +69,7 @@ func (g *Ingest) Refused() int64 { return g.refused.Load() }
 // dropped with a counted, logged reason; malformed ones are terminated.
 func (g *Ingest) Handle(ctx context.Context, m jetstream.Msg, redelivered bool) {
 	var o schemas.Observation
-	enc := codec.Detect(m.Headers(), m.Data())
-	err := schemas.CheckNodeMessageSize(len(m.Data()))
-	if err == nil {
-		err = codec.Decode(enc, m.Data(), &o)
-	}
-	if err == nil {
-		err = o.Validate()
-	}
-	if err != nil {
+	if err := schemas.DecodeNodeMessage(codec.Detect(m.Headers(), m.Data()), m.Data(), &o); err != nil {
 		g.log.Warn("malformed observation dropped", zap.String("subject", m.Subject()), zap.Error(err))
 		_ = m.Term()
 		return
