@@ -33,7 +33,13 @@ func (p Phase) Terminal() bool {
 // Run is the control plane's record of one accepted RunRequest, stored in
 // wf_runs under its id. Every change is a CAS update.
 type Run struct {
-	ID        string     `json:"id"`
+	ID string `json:"id"`
+	// Tenant owns the Run: its producers alone submit, cancel and read it.
+	// Empty in a record stored before tenants is DefaultTenant (TenantOf).
+	Tenant string `json:"tenant,omitempty"`
+	// SubmittedBy is the identity that submitted it: a producer's name, or
+	// "operator".
+	SubmittedBy string `json:"submitted_by,omitempty"`
 	Request   RunRequest `json:"request"`
 	Phase     Phase      `json:"phase"`
 	Attempt   int        `json:"attempt"`
@@ -133,4 +139,13 @@ func (c *CancelRun) Validate() error {
 		return refuse(CodeValueTooLong, "reason", "at most 512 bytes")
 	}
 	return nil
+}
+
+// TenantOf is the Run's tenant, DefaultTenant for a record stored before
+// Runs recorded one.
+func (r Run) TenantOf() string {
+	if r.Tenant == "" {
+		return DefaultTenant
+	}
+	return r.Tenant
 }
