@@ -39,12 +39,12 @@ type Run struct {
 	Tenant string `json:"tenant,omitempty"`
 	// SubmittedBy is the identity that submitted it: a producer's name, or
 	// "operator".
-	SubmittedBy string `json:"submitted_by,omitempty"`
-	Request   RunRequest `json:"request"`
-	Phase     Phase      `json:"phase"`
-	Attempt   int        `json:"attempt"`
-	NodeID    string     `json:"node_id,omitempty"`
-	AttemptID string     `json:"attempt_id,omitempty"`
+	SubmittedBy string     `json:"submitted_by,omitempty"`
+	Request     RunRequest `json:"request"`
+	Phase       Phase      `json:"phase"`
+	Attempt     int        `json:"attempt"`
+	NodeID      string     `json:"node_id,omitempty"`
+	AttemptID   string     `json:"attempt_id,omitempty"`
 	// FencingToken is the node's token when this attempt was booked; commands
 	// for the attempt carry it.
 	FencingToken uint64 `json:"fencing_token,omitempty"`
