@@ -12,6 +12,9 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 func main() {
@@ -46,6 +49,9 @@ type globals struct {
 	// urlSet: --nats-url or WARMFLEET_NATS_URL named the server, which
 	// then wins over a discovered operator login's URL.
 	urlSet func() bool
+	// tenant is the tenant per-tenant commands act in (--tenant,
+	// WARMFLEET_TENANT); a producer's login must name its own.
+	tenant string
 	// loginDirs are searched in order for serve's operator login when the
 	// environment names none.
 	loginDirs []string
@@ -64,6 +70,7 @@ func newRoot() *cobra.Command {
 		return root.PersistentFlags().Changed("nats-url") || os.Getenv("WARMFLEET_NATS_URL") != ""
 	}
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr("WARMFLEET_TENANT", schemas.DefaultTenant), "tenant to act in (a producer's login acts in its own only)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newDevCmd())
 	return root
@@ -74,4 +81,11 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// identity is the name this CLI logs in as: the producer named by
+// WARMFLEET_NATS_PRODUCER, else the operator. Submit and cancel subjects
+// carry it (bus.SubmitSubject).
+func (g *globals) identity() string {
+	return envOr(bus.EnvNATSInboxName, bus.OperatorUser)
 }
