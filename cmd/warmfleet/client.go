@@ -110,12 +110,14 @@ func (g *globals) render(w io.Writer, v any, table func(*tabwriter.Writer)) erro
 	}
 }
 
-// readEvents calls each with a Run's events in order. With until nil it
-// returns once it has read what is stored; otherwise it keeps reading, as
-// they arrive, until an event for which until is true, or ctx ends.
-func readEvents(ctx context.Context, js jetstream.JetStream, runID string, until func(schemas.RunEvent) bool, each func(schemas.RunEvent)) error {
+// readEvents calls each with the events of tenant's Run in order (tenant
+// "*": whichever tenant's, for an operator; Run ids differ across
+// tenants). With until nil it returns once it has read what is stored;
+// otherwise it keeps reading, as they arrive, until an event for which
+// until is true, or ctx ends.
+func readEvents(ctx context.Context, js jetstream.JetStream, tenant, runID string, until func(schemas.RunEvent) bool, each func(schemas.RunEvent)) error {
 	follow := until != nil
-	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEvents(runID)}})
+	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEventsSubject(tenant, runID)}})
 	if err != nil {
 		return fmt.Errorf("read events of %s: %w", runID, err)
 	}

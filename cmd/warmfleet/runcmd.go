@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
@@ -87,7 +88,7 @@ func newRunGet(g *globals) *cobra.Command {
 					exit = fmt.Sprint(*r.ExitCode)
 				}
 				for _, row := range [][2]string{
-					{"ID", r.ID}, {"Request", r.Request.RequestID}, {"Image", r.Request.Image}, {"Phase", string(r.Phase)},
+					{"ID", r.ID}, {"Tenant", r.TenantOf()}, {"Submitted by", or(r.SubmittedBy, "-")}, {"Request", r.Request.RequestID}, {"Image", r.Request.Image}, {"Phase", string(r.Phase)},
 					{"Reason", or(r.Reason, "-")}, {"Node", or(r.NodeID, "-")}, {"Attempt", fmt.Sprint(r.Attempt)},
 					{"Exit code", exit}, {"OOM killed", fmt.Sprint(r.OOMKilled)}, {"Started", fmtTime(r.StartedAt)},
 					{"Finished", fmtTime(r.FinishedAt)}, {"Created", fmtTime(&r.CreatedAt)}, {"Waiting", or(r.Waiting, "-")},
@@ -125,13 +126,13 @@ func newRunList(g *globals) *cobra.Command {
 				runs = slices.DeleteFunc(runs, func(r schemas.Run) bool { return string(r.Phase) != phase })
 			}
 			return g.render(cmd.OutOrStdout(), runs, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "RUN\tREQUEST\tPHASE\tNODE\tEXIT\tREASON\tCREATED")
+				fmt.Fprintln(tw, "RUN\tTENANT\tREQUEST\tPHASE\tNODE\tEXIT\tREASON\tCREATED")
 				for _, r := range runs {
 					exit := "-"
 					if r.ExitCode != nil {
 						exit = fmt.Sprint(*r.ExitCode)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Request.RequestID, r.Phase, or(r.NodeID, "-"), exit, or(r.Reason, "-"), fmtTime(&r.CreatedAt))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.TenantOf(), r.Request.RequestID, r.Phase, or(r.NodeID, "-"), exit, or(r.Reason, "-"), fmtTime(&r.CreatedAt))
 				}
 			})
 		},
@@ -169,7 +170,7 @@ func newRunEvents(g *globals) *cobra.Command {
 			if follow {
 				until = terminal
 			}
-			return readEvents(cmd.Context(), conn.JS, args[0], until, func(ev schemas.RunEvent) { printEvent(cmd.OutOrStdout(), g, ev) })
+			return readEvents(cmd.Context(), conn.JS, "*", args[0], until, func(ev schemas.RunEvent) { printEvent(cmd.OutOrStdout(), g, ev) })
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading until the Run ends")
@@ -183,7 +184,10 @@ func newRunCancel(g *globals) *cobra.Command {
 		Use: "cancel RUN_ID", Short: "Stop a Run: SIGTERM, grace period, SIGKILL", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := schemas.CancelRun{RunID: args[0], GraceSeconds: grace, Reason: reason}
-			if err := c.Validate(); err != nil {
+			if err := c.Validate(g.tenant); err != nil {
+				return err
+			}
+			if err := schemas.ValidateTenant("--tenant", g.tenant); err != nil {
 				return err
 			}
 			conn, err := g.connect(cmd.Context())
@@ -192,7 +196,8 @@ func newRunCancel(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			b, _ := json.Marshal(c)
-			if _, err := conn.JS.Publish(cmd.Context(), bus.SubjectCancel, b); err != nil {
+			m := &nats.Msg{Subject: bus.CancelSubject(g.tenant, g.identity()), Data: b}
+			if err := publishIntake(cmd.Context(), g, conn, m, ""); err != nil {
 				return fmt.Errorf("cancel: %w", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "cancel of %s requested\n", c.RunID)
@@ -214,7 +219,7 @@ func newRunDecision(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			var ds []schemas.BookingDecision
-			if err := readEvents(cmd.Context(), conn.JS, args[0], nil, func(ev schemas.RunEvent) {
+			if err := readEvents(cmd.Context(), conn.JS, "*", args[0], nil, func(ev schemas.RunEvent) {
 				if ev.Decision != nil {
 					ds = append(ds, *ev.Decision)
 				}

@@ -72,7 +72,7 @@ no longer stored (WF_LOGS's limits dropped it) is noted on stderr.`,
 					return err
 				}
 			}
-			return runlog.Read(ctx, conn.JS, bus.RunLogs(r.ID), opts, p.line)
+			return runlog.Read(ctx, conn.JS, bus.RunLogsSubject(r.TenantOf(), r.ID), opts, p.line)
 		},
 	}
 	fl := cmd.Flags()
@@ -261,7 +261,7 @@ func lastLines(ctx context.Context, js jetstream.JetStream, r schemas.Run) ([]ru
 	defer cancel()
 	var lines []runlog.Line
 	for _, stream := range []string{bus.LogStdout, bus.LogStderr} {
-		err := runlog.Read(ctx, js, bus.RunLogs(r.ID), runlog.Options{Attempt: schemas.WorkloadID(r.ID, r.Attempt), Stream: stream, Tail: lastLinesShown},
+		err := runlog.Read(ctx, js, bus.RunLogsSubject(r.TenantOf(), r.ID), runlog.Options{Attempt: schemas.WorkloadID(r.ID, r.Attempt), Stream: stream, Tail: lastLinesShown},
 			func(l runlog.Line) error {
 				lines = append(lines, l)
 				return nil
