@@ -64,7 +64,6 @@ func refuse(code Code, field, format string, args ...any) *ChunkError {
 	return &ChunkError{Code: code, Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-
 // maxAttemptID bounds an attempt id from a session subject.
 const maxAttemptID = 256
 

@@ -76,7 +76,7 @@ type Callout struct {
 	runsKV    jetstream.KeyValue
 	grantsKV  jetstream.KeyValue
 	producers map[string]producerLogin // name -> token hash, tenant
-	operator  string            // token hash
+	operator  string                   // token hash
 	now       func() time.Time
 }
 
