@@ -62,8 +62,8 @@ type Config struct {
 	// Sessions tunes session residency (controlplane/sessions).
 	Sessions sessions.Config
 	// Tenants are the tenants this control plane serves, sorted, always
-	// with schemas.DefaultTenant (TenantsOrDefault); each has its own
-	// intake stream (bus.RunsStream).
+	// with schemas.DefaultTenant (New sees to both: checkTenants); each
+	// has its own intake stream (bus.RunsStream).
 	Tenants []string
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
