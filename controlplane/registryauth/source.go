@@ -97,6 +97,21 @@ func (s *Source) Tenants() []string {
 	return out
 }
 
+// CheckTenants refuses credentials given for a tenant that is not among
+// configured (none: DefaultTenant only), which no Run could ever use.
+func (s *Source) CheckTenants(configured []string) error {
+	if len(configured) == 0 {
+		configured = []string{schemas.DefaultTenant}
+	}
+	for _, t := range s.Tenants() {
+		if !slices.Contains(configured, t) {
+			return &schemas.Refusal{Code: schemas.CodeTenantUnknown, Field: "tenant",
+				Reason: fmt.Sprintf("registry credentials are given for tenant %q, which is not configured (%v): add it to the producer tokens file, or drop its --tenant-registry-auth", t, configured)}
+		}
+	}
+	return nil
+}
+
 // Helpers lists the helper names the source may run, for a check at start.
 func (s *Source) Helpers() []string {
 	if s == nil {
