@@ -241,7 +241,11 @@ func showArtifact(g *globals, w io.Writer, r schemas.ArtifactRecord, reused bool
 	} else {
 		how = "object " + r.Source.Object + ", " + how
 	}
-	fmt.Fprintf(w, "registered %s:%s %s (%s; %s)\n", r.Name, r.Version, r.Digest, schemas.FormatBytes(r.SizeBytes), how)
+	owner := "tenant " + r.TenantOf()
+	if r.Shared {
+		owner += ", shared with every tenant"
+	}
+	fmt.Fprintf(w, "registered %s:%s %s (%s; %s; %s)\n", r.Name, r.Version, r.Digest, schemas.FormatBytes(r.SizeBytes), how, owner)
 	return nil
 }
 
