@@ -101,6 +101,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	cp.dispatch = dispatch.New(conn.JS, cp.cache, cfg.Now, log)
+	if len(cfg.Sessions.Tenants) == 0 {
+		cfg.Sessions.Tenants = cfg.Tenants
+	}
 	cp.sessions = sessions.New(cfg.Sessions, conn, cp.cache, cp.nodesKV, func(now time.Time) *placement.Fleet { return cp.scheduler.Fleet(now) }, cfg.Now, log)
 	cp.nodes = nodes.New(nodes.Config{
 		HeartbeatInterval: cfg.HeartbeatInterval, LeaseMultiplier: cfg.LeaseMultiplier, SessionTTL: cfg.SessionTTL,
