@@ -33,7 +33,7 @@ func (s *Service) operatorServer(subject string, answer func(context.Context, st
 			}
 			return s.checkTenant(r.Tenant)
 		},
-		Answer:   answer,
+		Answer: answer,
 		Refuse: func(_ *schemas.Refusal, err error) schemas.SessionReply {
 			if errors.Is(err, codec.ErrMalformed) {
 				err = fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
