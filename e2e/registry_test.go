@@ -327,3 +327,54 @@ func tenantAuthFile(t *testing.T, creds map[string][2]string) string {
 	}
 	return path
 }
+
+// TestAcceptance_TenantPrefetchCredentials: a prefetch pulls with its
+// tenant's registry credentials. Only team-a holds a credential for the
+// registry: team-a's prefetch of an image there ends ready, the default
+// tenant's prefetch of another image there is never given team-a's and
+// ends failed.
+func TestAcceptance_TenantPrefetchCredentials(t *testing.T) {
+	w := newWorld(t)
+	reg := testenv.StartRegistry(t)
+	src := registryAuthFile(t, nil, nil)
+	file, err := registryauth.LoadConfig(tenantAuthFile(t, map[string][2]string{reg.Host: {reg.User, reg.Password}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.AddTenant("team-a", file); err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, func(c *controlplane.Config) {
+		c.RegistryAuth = src
+		c.Tenants = []string{schemas.DefaultTenant, "team-a"}
+	})
+	f.startAgent(agentSpec{id: "node-a", world: w})
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketPrefetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(req schemas.PrefetchRequest) schemas.PrefetchNode {
+		t.Helper()
+		rep := askJSON[schemas.Reply[schemas.Prefetch]](t, f.conn.NC, bus.SubjectPrefetch, req)
+		if rep.OK == nil {
+			t.Fatalf("prefetch %s: %+v", req.RequestID, rep.Refusal)
+		}
+		p := *rep.OK
+		var n schemas.PrefetchNode
+		f.eventually(90*time.Second, "prefetch "+req.RequestID+" to finish on node-a", func() bool {
+			var q schemas.Prefetch
+			if _, err := bus.GetJSON(context.Background(), kv, p.ID, &q); err != nil || q.Node("node-a") == nil {
+				return false
+			}
+			n = *q.Node("node-a")
+			return n.State.Finished()
+		})
+		return n
+	}
+	if n := entry(schemas.PrefetchRequest{RequestID: "warm-team-a", Image: pushPrivate(t, reg, "team-a"), Nodes: "node-a", Tenant: "team-a"}); n.State != schemas.PrefetchReady {
+		t.Fatalf("team-a's prefetch with its own credential ended %s: %s %s", n.State, n.Code, n.Reason)
+	}
+	if n := entry(schemas.PrefetchRequest{RequestID: "warm-default", Image: pushPrivate(t, reg, "other"), Nodes: "node-a"}); n.State != schemas.PrefetchFailed {
+		t.Fatalf("the default tenant's prefetch from team-a's registry ended %s: %s %s, want failed", n.State, n.Code, n.Reason)
+	}
+}
