@@ -180,7 +180,9 @@ type SecretEnvValue struct {
 }
 
 // String names the variable, never its value.
-func (e SecretEnvValue) String() string { return fmt.Sprintf("secret env %s (%d bytes)", e.Name, len(e.Value)) }
+func (e SecretEnvValue) String() string {
+	return fmt.Sprintf("secret env %s (%d bytes)", e.Name, len(e.Value))
+}
 
 // GoString keeps %#v from printing the value.
 func (e SecretEnvValue) GoString() string { return "schemas.SecretEnvValue{" + e.String() + "}" }
