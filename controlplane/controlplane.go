@@ -118,7 +118,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	cp.artifacts, cp.artifactsService = cat, artifacts.NewService(cat, conn.NC, log.Named("artifacts"))
-	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cfg.Now, log)
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, nil, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
 		prefetch.WithArtifacts(cp.artifacts))
 	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)

@@ -131,7 +131,7 @@ func request(id string, uses ...schemas.ArtifactUse) schemas.RunRequest {
 func TestArtifactsResolvedAtIntake(t *testing.T) {
 	p, n := newPlane(t)
 	ctx := context.Background()
-	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, time.Now, zap.NewNop())
+	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, time.Now, zap.NewNop())
 
 	content := []byte("model weights")
 	sum := sha256.Sum256(content)
@@ -195,7 +195,7 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 		t.Fatal(err)
 	}
 	down.Close()
-	flaky := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), gone, time.Now, zap.NewNop())
+	flaky := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), gone, nil, time.Now, zap.NewNop())
 	p.submit(t, flaky, request("later-1", schemas.ArtifactUse{Name: "llama", Path: "/m"}))
 	if ev, ok := p.lastEvent(t, schemas.RunIDFor("later-1")); ok {
 		t.Fatalf("a transient catalog failure published %+v", ev)
