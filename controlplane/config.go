@@ -11,6 +11,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
+	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/metrics"
 )
@@ -76,8 +77,12 @@ type Config struct {
 	// object store; artifactauth.DefaultGrantTTL when zero.
 	ArtifactGrantTTL time.Duration
 	// CredentialLimit bounds each node's registry and artifact credential
-	// requests, per service; nodecreds.DefaultLimit when zero.
+	// and secret requests, per service; nodecreds.DefaultLimit when zero.
 	CredentialLimit nodecreds.Limit
+	// SecretKeys are the keys tenants' secrets are sealed with (the key
+	// file serve loads, controlplane/secrets); nil: this control plane
+	// holds no secrets, and a Run that references one is refused.
+	SecretKeys secrets.Keys
 	// Auth, when set, serves the NATS auth callout (controlplane/admission):
 	// the server asks it about every login but the control plane's own, so
 	// the control plane's connection must be the auth_callout's service

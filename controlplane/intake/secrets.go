@@ -2,14 +2,16 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // SecretChecker is what intake asks of the secret store: whether tenant
-// holds a secret of that name. An error is transient (the submit is
-// redelivered); a missing secret is (false, nil).
+// holds a secret of that name. A missing secret is (false, nil); a
+// *schemas.Refusal refuses the Run; any other error is transient (the
+// submit is redelivered).
 type SecretChecker interface {
 	Exists(ctx context.Context, tenant, name string) (bool, error)
 }
@@ -40,6 +42,12 @@ func (in *Intake) checkSecrets(ctx context.Context, tenant string, req schemas.R
 			continue
 		}
 		ok, err := in.secrets.Exists(ctx, tenant, r.name)
+		var refused *schemas.Refusal
+		if errors.As(err, &refused) {
+			// The store refuses the question itself (a tenant it does not
+			// serve): a refusal of the Run, naming the reference.
+			return &schemas.Refusal{Code: refused.Code, Field: r.field, Reason: refused.Reason}
+		}
 		if err != nil {
 			return err
 		}
