@@ -31,8 +31,9 @@ import (
 // any stream message (stored, or published while the test ran), any file
 // under the agent's data dir or its runtime's state, any event, or any log
 // line of the control plane, the agent or nats-server, all at debug level;
-// the secret files' tmpfs is gone. Bad references are refused at intake,
-// each with its code naming the field.
+// the secret files' tmpfs is gone. A Run whose secret is removed before
+// its launch fails secret_unavailable. Bad references are refused at
+// intake, each with its code naming the field.
 func TestAcceptance_SecretsNeverStored(t *testing.T) {
 	w := newWorld(t)
 	keyPath := filepath.Join(t.TempDir(), "secrets.key")
@@ -62,7 +63,21 @@ func TestAcceptance_SecretsNeverStored(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A Run whose secret is removed after intake, before any node could
+	// launch it: its launch is refused the value and fails coded.
+	if _, err := store.Set(ctx, schemas.DefaultTenant, "ephemeral", []byte(envValue)); err != nil {
+		t.Fatal(err)
+	}
+	goneID := sf.submit(schemas.RunRequest{RequestID: "secrets-gone", Image: w.image.Reference, Command: []string{"true"},
+		SecretEnv: []schemas.SecretEnvRef{{Name: "GONE", Secret: "ephemeral"}}})
+	sf.eventually(30*time.Second, "the Run accepted", func() bool { _, ok := sf.run(goneID); return ok })
+	if _, err := store.Remove(ctx, schemas.DefaultTenant, "ephemeral"); err != nil {
+		t.Fatal(err)
+	}
 	a := sf.startContainerdAgent("node-a", w)
+	if gone := sf.waitPhase(goneID, schemas.PhaseFailed, 90*time.Second); gone.Reason != string(schemas.CodeSecretUnavailable) {
+		t.Fatalf("a Run whose secret went before its launch failed %q, want %s", gone.Reason, schemas.CodeSecretUnavailable)
+	}
 
 	hash := func(s string) string { sum := sha256.Sum256([]byte(s)); return hex.EncodeToString(sum[:]) }
 	script := fmt.Sprintf(`e=$(printf %%s "$API_TOKEN" | sha256sum | cut -d' ' -f1); f=$(sha256sum < /run/secrets/tls.key | cut -d' ' -f1); `+
