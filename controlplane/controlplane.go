@@ -26,6 +26,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
+	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 )
@@ -58,6 +59,10 @@ type ControlPlane struct {
 	artifactsService *artifacts.Service
 	// artifactAuth gives nodes artifact source credentials per fetch.
 	artifactAuth *artifactauth.Service
+	// secrets is the sealed secret store and its services; nil without
+	// Config.SecretsKeyFile.
+	secrets        *secrets.Store
+	secretsService *secrets.Service
 	// callout is the NATS auth callout; nil without Config.Auth.
 	callout *admission.Callout
 
@@ -134,6 +139,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
 		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
 			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
+	if err := cp.openSecrets(ctx); err != nil {
+		return nil, err
+	}
 	if cfg.Auth != nil {
 		if cp.callout, err = admission.New(ctx, conn, *cfg.Auth, log); err != nil {
 			return nil, fmt.Errorf("controlplane: %w", err)
@@ -218,6 +226,9 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
+	}
+	if cp.secretsService != nil {
+		out = append(out, withWG(cp.secretsService.Serve))
 	}
 	return out
 }
