@@ -11,7 +11,6 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
-	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/metrics"
 )
@@ -66,6 +65,11 @@ type Config struct {
 	// with schemas.DefaultTenant (TenantsOrDefault); each has its own
 	// intake stream (bus.RunsStream).
 	Tenants []string
+	// SecretsKeyFile is the key file tenants' secrets are sealed with
+	// (controlplane/secrets; serve's --secrets-key-file); it must exist.
+	// Empty serves no secrets: no secret service answers and Secrets is
+	// nil.
+	SecretsKeyFile string
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
 	RegistryAuth *registryauth.Source
@@ -79,10 +83,6 @@ type Config struct {
 	// CredentialLimit bounds each node's registry and artifact credential
 	// and secret requests, per service; nodecreds.DefaultLimit when zero.
 	CredentialLimit nodecreds.Limit
-	// SecretKeys are the keys tenants' secrets are sealed with (the key
-	// file serve loads, controlplane/secrets); nil: this control plane
-	// holds no secrets, and a Run that references one is refused.
-	SecretKeys secrets.Keys
 	// Auth, when set, serves the NATS auth callout (controlplane/admission):
 	// the server asks it about every login but the control plane's own, so
 	// the control plane's connection must be the auth_callout's service

@@ -60,8 +60,12 @@ type ControlPlane struct {
 	artifactsService *artifacts.Service
 	// artifactAuth gives nodes artifact source credentials per fetch.
 	artifactAuth *artifactauth.Service
+	// secrets is the sealed secret store and its services; nil without
+	// Config.SecretsKeyFile.
+	secrets        *secrets.Store
+	secretsService *secrets.Service
 	// secretAuth hands booked attempts their secrets; nil without
-	// Config.SecretKeys.
+	// Config.SecretsKeyFile.
 	secretAuth *secretauth.Service
 	// callout is the NATS auth callout; nil without Config.Auth.
 	callout *admission.Callout
@@ -123,11 +127,10 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	cp.artifacts, cp.artifactsService = cat, artifacts.NewService(cat, conn.NC, log.Named("artifacts"))
-	secretChecker, err := cp.openSecrets(ctx)
-	if err != nil {
+	if err := cp.openSecrets(ctx); err != nil {
 		return nil, err
 	}
-	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, secretChecker, cfg.Now, log)
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cp.secretDelivery(), cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
 		prefetch.WithArtifacts(cp.artifacts))
 	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
@@ -149,23 +152,6 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		}
 	}
 	return cp, nil
-}
-
-// openSecrets opens the secret store when the control plane has keys, and
-// the service that hands booked attempts their values. Without keys no
-// secret is held: the checker is nil, and intake refuses a Run naming one.
-func (cp *ControlPlane) openSecrets(ctx context.Context) (intake.SecretChecker, error) {
-	cfg := cp.cfg
-	if cfg.SecretKeys == nil {
-		return nil, nil
-	}
-	store, err := secrets.OpenStore(ctx, cp.conn.JS, cfg.SecretKeys, cfg.Tenants, cfg.Now, cp.log.Named("secrets"))
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: %w", err)
-	}
-	cp.secretAuth = secretauth.NewService(cp.conn, cp.cache, cp.nodesKV, cp.runsKV, store,
-		func(err error) bool { return errors.Is(err, secrets.ErrSecretNotFound) }, cfg.CredentialLimit, cfg.Now, cp.log)
-	return store, nil
 }
 
 // Prefetches is the prefetch service: its Wants says whether a node has a
@@ -244,6 +230,9 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
+	}
+	if cp.secretsService != nil {
+		out = append(out, withWG(cp.secretsService.Serve))
 	}
 	if cp.secretAuth != nil {
 		out = append(out, withWG(cp.secretAuth.Serve))

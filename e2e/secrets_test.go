@@ -40,11 +40,7 @@ func TestAcceptance_SecretsNeverStored(t *testing.T) {
 	if _, err := secrets.EnsureKeyFile(keyPath); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := secrets.LoadKeyFile(keyPath, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sf := newSecureFleet(t, func(c *controlplane.Config) { c.SecretKeys = keys })
+	sf := newSecureFleet(t, func(c *controlplane.Config) { c.SecretsKeyFile = keyPath })
 	envValue, fileValue := "env-"+randomSecret(t), "file-"+randomSecret(t)+"\nsecond line\n"
 	for name, v := range map[string]string{"secret env value": envValue, "secret file value": strings.TrimSuffix(fileValue, "\n")} {
 		sf.plant(name, v)
@@ -54,10 +50,7 @@ func TestAcceptance_SecretsNeverStored(t *testing.T) {
 	sf.plant("secret file value (base64 of the file)", base64.StdEncoding.EncodeToString([]byte(fileValue)))
 	tap := sf.tapStreams()
 	ctx := context.Background()
-	store, err := secrets.OpenStore(ctx, sf.conn.JS, keys, nil, time.Now, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := sf.plane.Secrets()
 	for name, v := range map[string]string{"api-token": envValue, "tls-key": fileValue} {
 		if _, err := store.Set(ctx, schemas.DefaultTenant, name, []byte(v)); err != nil {
 			t.Fatal(err)

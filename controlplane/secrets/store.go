@@ -182,7 +182,9 @@ func (s *Store) seal(r *schemas.SealedSecret, value []byte) error {
 	return nil
 }
 
-// room refuses a new secret of a tenant that holds the most it may.
+// room refuses a new secret of a tenant that holds the most it may. Two
+// creates racing past it may both land: the limit bounds a tenant's
+// growth, not its count to the secret.
 func (s *Store) room(ctx context.Context, tenant string) error {
 	keys, err := s.keysOf(ctx, tenant)
 	if err != nil {
