@@ -89,6 +89,9 @@ func (l *launch) run(ctx context.Context) error {
 	}
 	l.outputDir = dir
 	l.spec.Output = noderuntime.Output{Dir: dir, BytesPerSecond: max(l.a.cfg.LogRate, 0), Burst: l.a.cfg.LogBurst}
+	if err := l.secrets(ctx); err != nil {
+		return err
+	}
 	return l.start(ctx)
 }
 

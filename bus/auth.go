@@ -163,7 +163,8 @@ func NodeInboxes(nodeID string) []string {
 // PermsNode is what an enrolled agent may do: publish its own
 // observations, heartbeats and renewals, ask for registry credentials
 // at pull time (wf.node.<id>.credentials.registry) and artifact source
-// credentials per fetch (wf.node.<id>.credentials.artifact), resume its session (wf.enroll),
+// credentials per fetch (wf.node.<id>.credentials.artifact), a booked
+// Run's secrets at launch (wf.node.<id>.credentials.secret), resume its session (wf.enroll),
 // and read and ack its own command consumer. As a session host
 // (residency/nodehost) it also takes the control plane's requests on
 // wf.node.<id>.sessions.* (and answers them: Responses), asks the
@@ -185,6 +186,7 @@ func PermsNode(nodeID string) Permissions {
 			NodeRenew(nodeID),
 			NodeRegistryCredentials(nodeID),
 			NodeArtifactCredentials(nodeID),
+			NodeSecretCredentials(nodeID),
 			"$JS.API.CONSUMER.INFO." + StreamCmds + "." + cons,
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamCmds + "." + cons,
 			"$JS.ACK." + StreamCmds + "." + cons + ".>",

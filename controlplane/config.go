@@ -65,6 +65,11 @@ type Config struct {
 	// with schemas.DefaultTenant (New sees to both: checkTenants); each
 	// has its own intake stream (bus.RunsStream).
 	Tenants []string
+	// SecretsKeyFile is the key file tenants' secrets are sealed with
+	// (controlplane/secrets; serve's --secrets-key-file); it must exist.
+	// Empty serves no secrets: no secret service answers and Secrets is
+	// nil.
+	SecretsKeyFile string
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
 	RegistryAuth *registryauth.Source
@@ -76,7 +81,7 @@ type Config struct {
 	// object store; artifactauth.DefaultGrantTTL when zero.
 	ArtifactGrantTTL time.Duration
 	// CredentialLimit bounds each node's registry and artifact credential
-	// requests, per service; nodecreds.DefaultLimit when zero.
+	// and secret requests, per service; nodecreds.DefaultLimit when zero.
 	CredentialLimit nodecreds.Limit
 	// Auth, when set, serves the NATS auth callout (controlplane/admission):
 	// the server asks it about every login but the control plane's own, so

@@ -26,6 +26,8 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
+	"github.com/warmfleet/warmfleet/controlplane/secretauth"
+	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 )
@@ -58,6 +60,13 @@ type ControlPlane struct {
 	artifactsService *artifacts.Service
 	// artifactAuth gives nodes artifact source credentials per fetch.
 	artifactAuth *artifactauth.Service
+	// secrets is the sealed secret store and its services; nil without
+	// Config.SecretsKeyFile.
+	secrets        *secrets.Store
+	secretsService *secrets.Service
+	// secretAuth hands booked attempts their secrets; nil without
+	// Config.SecretsKeyFile.
+	secretAuth *secretauth.Service
 	// callout is the NATS auth callout; nil without Config.Auth.
 	callout *admission.Callout
 
@@ -127,7 +136,10 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	cp.artifacts, cp.artifactsService = cat, artifacts.NewService(cat, conn.NC, log.Named("artifacts"), cfg.Tenants...)
-	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cfg.Now, log)
+	if err := cp.openSecrets(ctx); err != nil {
+		return nil, err
+	}
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cp.secretDelivery(), cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
 		prefetch.WithArtifacts(cp.artifacts), prefetch.WithTenants(cfg.Tenants))
 	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
@@ -227,6 +239,12 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
+	}
+	if cp.secretsService != nil {
+		out = append(out, withWG(cp.secretsService.Serve))
+	}
+	if cp.secretAuth != nil {
+		out = append(out, withWG(cp.secretAuth.Serve))
 	}
 	return out
 }

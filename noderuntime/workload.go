@@ -41,6 +41,18 @@ type WorkloadSpec struct {
 	// Output says where the workload's stdout and stderr are kept on the
 	// node and how fast (package nodelog's layout).
 	Output Output
+	// SecretEnv are environment variables whose values are the Run's
+	// secrets, set in the process's environment after Env; SecretFiles
+	// are files of secret contents the container sees read-only at their
+	// paths with their modes, owned by its process's user. A runtime
+	// must never persist them beyond the container's life nor put them in
+	// its logs or errors: secret files live in memory (a tmpfs) that goes
+	// when the workload is finished, removed or its launch undone, and a
+	// restarted runtime removes any left over; secret env lives only in
+	// the container's own spec, which goes with the container. Their
+	// String names no value.
+	SecretEnv   []schemas.SecretEnvValue
+	SecretFiles []schemas.SecretFileValue
 }
 
 // Output is where a workload's output goes. The runtime's log writer keeps

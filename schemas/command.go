@@ -79,6 +79,10 @@ type LaunchWorkload struct {
 	// Artifacts are mounted read-only from verified replicas; a launch
 	// fetches any its prepare did not.
 	Artifacts []ArtifactMount `json:"artifacts,omitempty"`
+	// SecretEnv and SecretFiles are the Run's secret references, never
+	// values: the node asks for the values at launch (SecretRequest).
+	SecretEnv   []SecretEnvRef  `json:"secret_env,omitempty"`
+	SecretFiles []SecretFileRef `json:"secret_files,omitempty"`
 }
 
 // TenantOf is the launch's tenant, DefaultTenant when unset.
@@ -173,6 +177,11 @@ func (c *Command) Validate() error {
 			if err := l.Artifacts[i].Validate("launch.artifacts[" + strconv.Itoa(i) + "]"); err != nil {
 				return err
 			}
+		}
+		// The references a node acts on are checked as the Run's were.
+		refs := RunRequest{SecretEnv: l.SecretEnv, SecretFiles: l.SecretFiles}
+		if err := refs.validateSecretRefs(map[string]bool{}); err != nil {
+			return err
 		}
 		if int64(len(l.GPUs)) != l.Resources.GPUCount || len(l.Devices) != len(l.GPUs) {
 			return refuse(CodeMalformed, "launch.devices", "a launch needs one booked GPU and one CDI device per card of resources.gpu_count")

@@ -55,6 +55,9 @@ var runRequestCodes = map[schemas.Code]bool{
 	schemas.CodeInvalidNetwork:     true,
 	schemas.CodeInvalidShm:         true,
 	schemas.CodeInvalidUlimit:      true,
+	schemas.CodeInvalidSecretName:  true,
+	schemas.CodeInvalidSecretPath:  true,
+	schemas.CodeInvalidSecretMode:  true,
 }
 
 func fuzzHeader(contentType string) nats.Header {

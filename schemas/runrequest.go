@@ -63,6 +63,11 @@ type RunRequest struct {
 	// Artifacts are catalog artifacts mounted read-only (artifact.go); a
 	// node that already holds one is warmer by its size.
 	Artifacts []ArtifactUse `json:"artifacts,omitempty"`
+	// SecretEnv and SecretFiles reference the tenant's secrets by name
+	// (secretref.go): their values are fetched by the node at launch and
+	// never stored with the Run.
+	SecretEnv   []SecretEnvRef  `json:"secret_env,omitempty"`
+	SecretFiles []SecretFileRef `json:"secret_files,omitempty"`
 }
 
 // GPURequirement constrains the cards a Run gets.
@@ -256,7 +261,10 @@ func (r *RunRequest) validatePlacement() error {
 		}
 		seen[c.Path] = true
 	}
-	return r.validateArtifacts(seen)
+	if err := r.validateArtifacts(seen); err != nil {
+		return err
+	}
+	return r.validateSecretRefs(seen)
 }
 
 func (r Resources) validate(field string) error {

@@ -68,8 +68,10 @@ type launching struct {
 	// straySnapshot is set when container creation failed after making
 	// the container's snapshot, which then belongs to no container.
 	straySnapshot bool
-	container     ctrd.Container
-	task          ctrd.Task
+	// secretsWritten: the workload's secret files' tmpfs may exist.
+	secretsWritten bool
+	container      ctrd.Container
+	task           ctrd.Task
 }
 
 // run takes the launch's steps in order and stops at the first that
@@ -94,6 +96,15 @@ func (l *launching) run(ctx context.Context) (noderuntime.WorkloadStatus, error)
 		return noderuntime.WorkloadStatus{}, err
 	}
 	l.steps.mark("network_ns")
+	l.secretsWritten = len(l.spec.SecretFiles) > 0 // undo releases even a half-made tmpfs
+	secretOpts, err := l.w.secrets.write(l.spec)
+	if err != nil {
+		return noderuntime.WorkloadStatus{}, err
+	}
+	if secretOpts != nil {
+		opts = append(opts, secretOpts)
+	}
+	l.steps.mark("secrets")
 	if err := l.createContainer(ctx, opts); err != nil {
 		return noderuntime.WorkloadStatus{}, err
 	}
@@ -219,6 +230,11 @@ func (l *launching) undo(ctx context.Context) {
 			log.Warn("undo launch: remove snapshot", zap.Error(err))
 		}
 	}
+	if l.secretsWritten {
+		if err := l.w.secrets.release(l.spec.ID); err != nil {
+			log.Warn("undo launch: release secret files", zap.Error(err))
+		}
+	}
 	if l.attached != nil {
 		_ = l.attached.wait() // a failed setup is run's to report; the release is the same
 		if err := l.w.net.detach(ctx, l.spec.ID); err != nil {
@@ -244,7 +260,7 @@ func launchLabels(spec noderuntime.WorkloadSpec, imageDigest string) map[string]
 }
 
 // imageOpts start the OCI spec: the image's config, then the workload's
-// command and env over it.
+// command, env and secret env over it.
 func imageOpts(img ctrd.Image, spec noderuntime.WorkloadSpec) []oci.SpecOpts {
 	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
 	if len(spec.Command) > 0 {
@@ -252,6 +268,9 @@ func imageOpts(img ctrd.Image, spec noderuntime.WorkloadSpec) []oci.SpecOpts {
 	}
 	if len(spec.Env) > 0 {
 		opts = append(opts, oci.WithEnv(spec.Env))
+	}
+	if len(spec.SecretEnv) > 0 {
+		opts = append(opts, oci.WithEnv(secretEnv(spec)))
 	}
 	return opts
 }

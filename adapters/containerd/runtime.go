@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -83,12 +84,17 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		devices:     devices{cdi: cdispec.New(opts.CDISpecDirs, log)},
 		limits:      lim,
 		output:      outputs{dir: opts.LogDir, writer: opts.LogWriter, log: log},
+		secrets:     secretFiles{dir: filepath.Join(opts.StateDir, "secrets"), log: log},
 		log:         log,
 	}
 	// What a crashed predecessor attached to workloads that are gone is
 	// released before anything new is attached.
 	if err := netw.reconcile(nsctx, r.workloads.exists); err != nil {
 		log.Warn("network reconcile left some state behind; it is retried at the next start", zap.Error(err))
+	}
+	// Secret files outlive no workload: a predecessor's leftovers go.
+	if err := r.workloads.secrets.sweep(nsctx, r.workloads.hasTask); err != nil {
+		log.Warn("secret files sweep left some behind; it is retried at the next start", zap.Error(err))
 	}
 	r.oom = watchOOM(nsctx, r.client, opts.Namespace, log)
 	return r, nil

@@ -54,6 +54,7 @@ func TestRuntime(t *testing.T) {
 	t.Run("Limits", f.testLimits)
 	t.Run("Devices", f.testDevices)
 	t.Run("Confinement", f.testConfinement)
+	t.Run("Secrets", f.testSecrets)
 }
 
 // newRuntime connects a fresh Runtime, closed when t ends; a second one

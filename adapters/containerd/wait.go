@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -142,6 +143,19 @@ func (w *workloads) stop(ctx context.Context, id string, grace time.Duration) er
 // shim then waits for the log writer to read them to their end and exit.
 // The container stays for Inspect, Wait and Remove.
 func (w *workloads) finish(ctx context.Context, id string) error {
+	err := w.finishTask(ctx, id)
+	if err != nil && !errors.Is(err, noderuntime.ErrWorkloadNotFound) {
+		return err
+	}
+	// No process of the workload is left to read its secret files.
+	if rerr := w.secrets.release(id); rerr != nil {
+		return fmt.Errorf("finish %s: %w", id, rerr)
+	}
+	return err
+}
+
+// finishTask is finish's deletion of the exited task.
+func (w *workloads) finishTask(ctx context.Context, id string) error {
 	container, err := w.load(ctx, id)
 	if err != nil {
 		return err

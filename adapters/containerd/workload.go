@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -28,6 +29,7 @@ type workloads struct {
 	devices     devices
 	limits      limits
 	output      outputs
+	secrets     secretFiles
 	log         *zap.Logger
 }
 
@@ -70,7 +72,7 @@ func (w *workloads) remove(ctx context.Context, id string) error {
 	defer unlock()
 	container, err := w.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		if err := w.net.detach(ctx, id); err != nil {
+		if err := errors.Join(w.secrets.release(id), w.net.detach(ctx, id)); err != nil {
 			return fmt.Errorf("remove %s: %w", id, err)
 		}
 		return nil
@@ -97,6 +99,9 @@ func (w *workloads) remove(ctx context.Context, id string) error {
 	}
 	if ownOutput {
 		w.output.remove(id)
+	}
+	if err := w.secrets.release(id); err != nil {
+		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	if err := w.net.detach(ctx, id); err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)
@@ -230,4 +235,25 @@ func (w *workloads) exists(ctx context.Context, id string) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("look up container %s: %w", id, err)
+}
+
+// hasTask reports whether container id exists with a task: a process of
+// it may still read its secret files (finish releases them once the task
+// is gone).
+func (w *workloads) hasTask(ctx context.Context, id string) (bool, error) {
+	container, err := w.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up container %s: %w", id, err)
+	}
+	_, err = container.Task(ctx, nil)
+	switch {
+	case err == nil:
+		return true, nil
+	case errdefs.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("look up task of %s: %w", id, err)
 }

@@ -1,8 +1,9 @@
 // Package creds asks the control plane, under the node's current session,
 // for the credentials a node needs at the moment it needs them: a
-// registry's for an image pull, an artifact source's for one fetch. An
-// answer is held in memory by the caller for that use only: never
-// journaled, never logged (a credential's String names its kind).
+// registry's for an image pull, an artifact source's for one fetch, a
+// Run's secret values for its launch. An answer is held in memory by the
+// caller for that use only: never journaled, never logged (a credential's
+// String names its kind, SecretValues' counts them).
 package creds
 
 import (
@@ -92,6 +93,29 @@ func (a *Asker) Artifact(ctx context.Context, digest, runID, prefetchID string, 
 		return schemas.ArtifactCredential{}, &ArtifactCredentialError{Digest: digest, Err: errors.New("the control plane's answer is empty or for another artifact")}
 	}
 	a.Log.Debug("artifact credential received", zap.String("digest", digest), zap.String("run_id", runID), zap.Stringer("credential", rep.OK))
+	return *rep.OK, nil
+}
+
+// Secrets asks for the values of the secrets runID's attempt attemptID
+// references, at its launch. The answer is the caller's to hold in memory
+// for the workload's life; an error names no value (a refusal's reason
+// names secrets by name only).
+func (a *Asker) Secrets(ctx context.Context, runID, attemptID string) (schemas.SecretValues, error) {
+	req := schemas.SecretRequest{NodeID: a.NodeID, FencingToken: a.FencingToken(), RunID: runID, AttemptID: attemptID}
+	var rep schemas.Reply[schemas.SecretValues]
+	err := ask(ctx, a, bus.NodeSecretCredentials(a.NodeID), req, &rep, "secrets of "+attemptID)
+	switch {
+	case err != nil:
+		return schemas.SecretValues{}, fmt.Errorf("ask the control plane for the secrets of %s: %w", attemptID, err)
+	case rep.Refusal != nil:
+		return schemas.SecretValues{}, fmt.Errorf("the control plane gave no secrets for %s: %w", attemptID, rep.Refusal)
+	case rep.OK == nil:
+		return schemas.SecretValues{}, errors.New("the control plane's secrets answer is empty")
+	}
+	if err := rep.OK.Validate(); err != nil {
+		return schemas.SecretValues{}, fmt.Errorf("the control plane's secrets for %s are out of bounds: %w", attemptID, err)
+	}
+	a.Log.Debug("secrets received", zap.String("run_id", runID), zap.String("attempt_id", attemptID), zap.Stringer("values", rep.OK))
 	return *rep.OK, nil
 }
 

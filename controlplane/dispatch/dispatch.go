@@ -73,7 +73,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 		GPUs: run.GPUs, Devices: devices,
 		Network: run.Request.Network, ShmBytes: run.Request.ShmBytes, Ulimits: run.Request.Ulimits,
-		Artifacts: run.Artifacts,
+		Artifacts: run.Artifacts, SecretEnv: run.Request.SecretEnv, SecretFiles: run.Request.SecretFiles,
 	}
 	for _, c := range d.prepare(node, ref, run) {
 		if err := d.Send(ctx, c); err != nil {

@@ -47,15 +47,17 @@ type Intake struct {
 	sched     Scheduler
 	dispatch  *dispatch.Dispatcher
 	artifacts ArtifactResolver
+	secrets   SecretChecker
 	now       func() time.Time
 	log       *zap.Logger
 	rejected  atomic.Int64
 }
 
 // New returns an intake writing Runs to store, resolving their artifacts
-// through artifacts.
-func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, artifacts ArtifactResolver, now func() time.Time, log *zap.Logger) *Intake {
-	return &Intake{runs: store, sched: sched, dispatch: d, artifacts: artifacts, now: now, log: log}
+// through artifacts and checking the secrets they reference in secrets
+// (nil: none held, and a Run referencing one is refused).
+func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, artifacts ArtifactResolver, secrets SecretChecker, now func() time.Time, log *zap.Logger) *Intake {
+	return &Intake{runs: store, sched: sched, dispatch: d, artifacts: artifacts, secrets: secrets, now: now, log: log}
 }
 
 // Rejected counts refused intake messages.
@@ -161,12 +163,16 @@ func (in *Intake) Handle(ctx context.Context, job Job) {
 // submit turns one valid RunRequest of tenant, sent by identity, into a
 // stored Run, or a rejection.
 func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity string, req schemas.RunRequest) error {
-	mounts, err := in.resolve(ctx, tenant, req)
+	err := in.checkSecrets(ctx, tenant, req)
+	var mounts []schemas.ArtifactMount
+	if err == nil {
+		mounts, err = in.resolve(ctx, tenant, req)
+	}
 	var ref *schemas.Refusal
 	if errors.As(err, &ref) {
-		// A submit delivered again may name an artifact removed since
-		// its Run was accepted: the Run stands, and is handled as a
-		// duplicate below.
+		// A submit delivered again may name an artifact or a secret
+		// removed since its Run was accepted: the Run stands, and is
+		// handled as a duplicate below.
 		stored, found, gerr := in.runs.Stored(ctx, schemas.RunIDFor(tenant, req.RequestID))
 		if gerr != nil {
 			return gerr
@@ -238,6 +244,17 @@ func normalise(r schemas.RunRequest) schemas.RunRequest {
 	}
 	if len(r.Artifacts) == 0 {
 		r.Artifacts = nil
+	}
+	if len(r.SecretEnv) == 0 {
+		r.SecretEnv = nil
+	}
+	if len(r.SecretFiles) > 0 {
+		r.SecretFiles = append([]schemas.SecretFileRef(nil), r.SecretFiles...)
+		for i := range r.SecretFiles {
+			r.SecretFiles[i].Mode = r.SecretFiles[i].FileMode() // 0 and 0400 ask for the same file
+		}
+	} else {
+		r.SecretFiles = nil
 	}
 	r.Network = schemas.NetworkModeOf(r.Network)
 	r.Version = 0

@@ -423,6 +423,8 @@ func TestRunFaultIsTerminal(t *testing.T) {
 		}), schemas.CodeRegistryAuthFailed},
 		{"platform receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdPrepareImage,
 			Outcome: schemas.OutcomeFailed, Code: schemas.CodePlatformNotInImage, Message: "index has builds for linux/arm64"}}, schemas.CodePlatformNotInImage},
+		{"secret receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Kind: schemas.CmdLaunchWorkload,
+			Outcome: schemas.OutcomeFailed, Code: schemas.CodeSecretUnavailable, Message: "the control plane gave no secrets"}}, schemas.CodeSecretUnavailable},
 		{"uncoded receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Outcome: schemas.OutcomeFailed}}, schemas.CodeLaunchFailed},
 		{"other receipt", ReceiptFailure{NodeID: "n1", Receipt: schemas.OperationReceipt{AttemptID: schemas.WorkloadID("r-1", 1), Code: schemas.CodeInvalidCache}}, schemas.CodeLaunchFailed},
 		{"other report", report(schemas.WorkloadFailed, func(w *schemas.WorkloadObservation) { w.FailureCode = schemas.CodeOOMKilled }), schemas.CodeLaunchFailed},

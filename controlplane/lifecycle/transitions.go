@@ -271,7 +271,8 @@ func preparedFor(r schemas.Run) string {
 // workload's report) that say what the Run itself must change, so the Run
 // fails with them rather than launch_failed: its image lacks the platform,
 // the image's registry refused the pull, or an artifact's source served
-// wrong bytes, refused its credential or could not be read. Terminal like every launch
+// wrong bytes, refused its credential or could not be read, or its
+// secrets could not be had at launch. Terminal like every launch
 // failure, and not retried on another node: every node would be refused
 // alike (each presents the same credential from the control plane).
 var runFault = map[schemas.Code]bool{
@@ -280,6 +281,7 @@ var runFault = map[schemas.Code]bool{
 	schemas.CodeArtifactDigestMismatch:   true,
 	schemas.CodeArtifactSourceAuthFailed: true,
 	schemas.CodeArtifactFetchFailed:      true,
+	schemas.CodeSecretUnavailable:        true,
 }
 
 // failureCode is the reason a Run fails with when its node could not
