@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -196,3 +197,21 @@ type Metrics = metrics.ControlPlane
 // (a full decision over 10,000 nodes is about 2 MB, past NATS's 1 MB
 // message limit, so the Run could not be written).
 const DefaultDecisionCandidates = 64
+
+// check refuses a Config the control plane cannot run with; defaults
+// have been applied.
+func (c *Config) check() error {
+	if err := c.checkRetention(); err != nil {
+		return err
+	}
+	if err := c.checkTenants(); err != nil {
+		return err
+	}
+	if c.Capacity != nil && (c.Capacity.Provider == nil || c.Capacity.OwnershipToken == "") {
+		return errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
+	}
+	if err := c.RegistryAuth.CheckTenants(c.Tenants); err != nil {
+		return fmt.Errorf("controlplane: tenant registry credentials: %w", err)
+	}
+	return nil
+}

@@ -78,17 +78,8 @@ type ControlPlane struct {
 // control plane ready to Run.
 func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*ControlPlane, error) {
 	cfg.defaults()
-	if err := cfg.checkRetention(); err != nil {
+	if err := cfg.check(); err != nil {
 		return nil, err
-	}
-	if err := cfg.checkTenants(); err != nil {
-		return nil, err
-	}
-	if cfg.Capacity != nil && (cfg.Capacity.Provider == nil || cfg.Capacity.OwnershipToken == "") {
-		return nil, errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
-	}
-	if err := cfg.RegistryAuth.CheckTenants(cfg.Tenants); err != nil {
-		return nil, fmt.Errorf("controlplane: tenant registry credentials: %w", err)
 	}
 	if err := bus.Provision(ctx, conn.JS, cfg.Topology); err != nil {
 		return nil, err
