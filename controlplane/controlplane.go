@@ -27,6 +27,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
+	"github.com/warmfleet/warmfleet/controlplane/tenantread"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
@@ -58,6 +59,9 @@ type ControlPlane struct {
 	artifactsService *artifacts.Service
 	// artifactAuth gives nodes artifact source credentials per fetch.
 	artifactAuth *artifactauth.Service
+	// tenantRead answers producers' reads of their own tenant's Runs,
+	// events and output.
+	tenantRead *tenantread.Service
 	// callout is the NATS auth callout; nil without Config.Auth.
 	callout *admission.Callout
 
@@ -134,6 +138,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
 		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
 			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
+	cp.tenantRead = tenantread.New(conn, cp.runsKV, cfg.Tenants, log.Named("tenantread"))
 	if cfg.Auth != nil {
 		if cp.callout, err = admission.New(ctx, conn, *cfg.Auth, log); err != nil {
 			return nil, fmt.Errorf("controlplane: %w", err)
@@ -215,7 +220,7 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		out = append(out, cp.callout.Serve)
 	}
 	out = append(out, withWG(cp.nodes.Serve), cp.sessions.Serve, withWG(cp.prefetch.Serve), withWG(cp.registryAuth.Serve),
-		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
+		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve), withWG(cp.tenantRead.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
 	}
