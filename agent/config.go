@@ -189,6 +189,6 @@ func (cfg Config) withDefaults() (Config, error) {
 // (output.PrepareRun). An agent starting on dataDir ships every such
 // directory its runtime holds no workload for (the benchmark uses this to
 // feed it output).
-func PrepareOutput(dataDir, runID, attemptID string) (string, error) {
-	return output.PrepareRun(dataDir, runID, attemptID)
+func PrepareOutput(dataDir, tenant, runID, attemptID string) (string, error) {
+	return output.PrepareRun(dataDir, tenant, runID, attemptID)
 }

@@ -83,7 +83,7 @@ func (l *launch) run(ctx context.Context) error {
 			return err
 		}
 	}
-	dir, err := output.PrepareRun(l.a.cfg.DataDir, l.cmd.RunID, l.cmd.AttemptID)
+	dir, err := output.PrepareRun(l.a.cfg.DataDir, l.cmd.TenantOf(), l.cmd.RunID, l.cmd.AttemptID)
 	if err != nil {
 		return failure(schemas.CodeLaunchFailed, err)
 	}

@@ -192,7 +192,7 @@ func PermsNode(nodeID string) Permissions {
 			"$JS.API.CONSUMER.INFO." + StreamInbox + ".*",
 			"$JS.API.CONSUMER.MSG.NEXT." + StreamInbox + ".*",
 			"$JS.ACK." + StreamInbox + ".>",
-			subjectSessionLogs + ">",
+			SessionLogsSubject("*", ">"),
 			NodeDiskKeep(nodeID),
 		},
 		Subscribe: []string{NodeInboxPrefix(nodeID) + ".>", EnrollInboxRoot(nodeID) + ".>", NodeSessions(nodeID, "*"), NodeDiskPrune(nodeID)},
@@ -201,12 +201,12 @@ func PermsNode(nodeID string) Permissions {
 }
 
 // PermsNodeLogs is what an agent's log connection for one Run may do:
-// publish that Run's output to WF_LOGS (RunLogs) and read the stream's
-// acks on its own inbox. Nothing else: no other Run's subject, no node
-// subject, no JetStream API.
-func PermsNodeLogs(nodeID, runID string) Permissions {
+// publish that Run's output to WF_LOGS (RunLogsSubject, under the Run's
+// tenant) and read the stream's acks on its own inbox. Nothing else: no
+// other Run's subject, no node subject, no JetStream API.
+func PermsNodeLogs(nodeID, tenant, runID string) Permissions {
 	return Permissions{
-		Publish:   []string{RunLogs(runID)},
+		Publish:   []string{RunLogsSubject(tenant, runID)},
 		Subscribe: []string{NodeLogInboxPrefix(nodeID, runID) + ".>"},
 	}
 }
@@ -229,26 +229,29 @@ func PermsArtifactReader(nodeID, consumer string) Permissions {
 	}
 }
 
-// PermsProducer is what a producer may do: submit and cancel Runs, publish
-// work to its own tenant's session inboxes, follow events, and read (never write) Runs and the event log by direct or
-// message get (`nats kv get wf_runs <id>`). It may not create consumers: a
-// push consumer's deliver subject is published by the server, past the
-// creator's own publish permissions. It reads no output (WF_LOGS) yet.
-func PermsProducer(name string) Permissions {
-	// A producer's name is its tenant for resident sessions: it may feed
-	// the inboxes of its own tenant's sessions only.
-	pub := []string{SubjectSubmit, SubjectCancel, "$JS.API.INFO", SessionInbox(name, "*")}
-	for _, s := range []string{StreamEvents, "KV_" + BucketRuns} {
-		pub = append(pub,
-			"$JS.API.STREAM.INFO."+s,
-			"$JS.API.STREAM.MSG.GET."+s,
-			"$JS.API.DIRECT.GET."+s,
-			"$JS.API.DIRECT.GET."+s+".>",
-		)
-	}
+// PermsProducer is what producer name, of tenant, may do: submit and
+// cancel Runs under its own name in its tenant (SubmitSubject,
+// CancelSubject; JetStream's acks come back on its inbox), call its
+// tenant's services (wf.tenant.<t>.>: Run records, stored events and
+// output, secrets), feed its tenant's session inboxes, and follow its
+// tenant's events and output live. Nothing of $JS.API or $KV: a direct or
+// message get of WF_EVENTS, WF_LOGS or KV_wf_runs reads every tenant's
+// messages, and a push consumer's deliver subject is published by the
+// server past the creator's own permissions, so history is read through
+// the tenant services instead.
+func PermsProducer(name, tenant string) Permissions {
 	return Permissions{
-		Publish:   pub,
-		Subscribe: []string{"wf.events.>", ProducerInboxPrefix(name) + ".>"},
+		Publish: []string{
+			SubmitSubject(tenant, name),
+			CancelSubject(tenant, name),
+			TenantSubject(tenant, ">"),
+			SessionInbox(tenant, "*"),
+		},
+		Subscribe: []string{
+			"wf.events." + tenant + ".>",
+			"wf.logs." + tenant + ".>",
+			ProducerInboxPrefix(name) + ".>",
+		},
 	}
 }
 

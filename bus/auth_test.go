@@ -40,8 +40,8 @@ func FuzzParseNodeLogUser(f *testing.F) {
 }
 
 func TestPermsNodeLogs(t *testing.T) {
-	p := bus.PermsNodeLogs("n1", "r1")
-	if len(p.Publish) != 1 || p.Publish[0] != "wf.logs.run.r1" || p.Responses {
+	p := bus.PermsNodeLogs("n1", "acme", "r1")
+	if len(p.Publish) != 1 || p.Publish[0] != "wf.logs.acme.run.r1" || p.Responses {
 		t.Fatalf("publish %v, responses %v", p.Publish, p.Responses)
 	}
 	inbox := bus.NodeLogInboxPrefix("n1", "r1")
@@ -50,14 +50,51 @@ func TestPermsNodeLogs(t *testing.T) {
 	}
 }
 
-// TestPermsProducerReadsNoLogs: producers read no output today
-// (docs/security.md).
-func TestPermsProducerReadsNoLogs(t *testing.T) {
-	p := bus.PermsProducer("acme")
-	for _, s := range append(p.Publish, p.Subscribe...) {
-		if strings.Contains(s, bus.StreamLogs) || strings.HasPrefix(s, "wf.logs.") || s == ">" {
+// TestPermsProducerStaysInItsTenant: every subject a producer of tenant a
+// may publish or subscribe names tenant a (or its own inbox), none reaches
+// tenant b or any other producer's name, and none is JetStream or KV API.
+func TestPermsProducerStaysInItsTenant(t *testing.T) {
+	p := bus.PermsProducer("acme", "a")
+	want := bus.Permissions{
+		Publish:   []string{"wf.runs.a.acme.submit", "wf.runs.a.acme.cancel", "wf.tenant.a.>", "wf.residency.a.*.inbox"},
+		Subscribe: []string{"wf.events.a.>", "wf.logs.a.>", "_WF_INBOX.producer.acme.>"},
+	}
+	if !slices.Equal(p.Publish, want.Publish) || !slices.Equal(p.Subscribe, want.Subscribe) || p.Responses {
+		t.Fatalf("PermsProducer(acme, a) = %+v, want %+v", p, want)
+	}
+	for _, s := range append(slices.Clone(p.Publish), p.Subscribe...) {
+		toks := strings.Split(s, ".")
+		if strings.HasPrefix(s, "$") || strings.Contains(s, "KV") || s == ">" {
 			t.Errorf("producer may use %q", s)
 		}
+		if slices.Contains(toks, "b") || (toks[0] == "wf" && (len(toks) < 3 || toks[2] != "a")) {
+			t.Errorf("producer of tenant a may use %q, which is not tenant a's", s)
+		}
+	}
+	other := bus.PermsProducer("beta", "b")
+	for _, s := range append(slices.Clone(other.Publish), other.Subscribe...) {
+		if slices.Contains(p.Publish, s) || slices.Contains(p.Subscribe, s) {
+			t.Errorf("producers of tenants a and b share %q", s)
+		}
+	}
+}
+
+// TestIntakeSubject: the intake subjects carry tenant and identity back out;
+// any other form is refused.
+func TestIntakeSubject(t *testing.T) {
+	if tn, id, verb, ok := bus.ParseIntakeSubject(bus.SubmitSubject("a", "acme")); !ok || tn != "a" || id != "acme" || verb != "submit" {
+		t.Fatalf("submit subject parsed as %q %q %q %v", tn, id, verb, ok)
+	}
+	if tn, id, verb, ok := bus.ParseIntakeSubject(bus.CancelSubject("a", "operator")); !ok || tn != "a" || id != "operator" || verb != "cancel" {
+		t.Fatalf("cancel subject parsed as %q %q %q %v", tn, id, verb, ok)
+	}
+	for _, bad := range []string{"wf.runs.submit", "wf.runs.a.submit", "wf.runs.a.b.c.submit", "wf.runs.a.b.list", "wf.events.a.b.submit", "wf.runs..b.submit"} {
+		if _, _, _, ok := bus.ParseIntakeSubject(bad); ok {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	if tn, id, ok := bus.ParseRunEventsSubject(bus.RunEventsSubject("a", "r-1")); !ok || tn != "a" || id != "r-1" {
+		t.Fatalf("events subject parsed as %q %q %v", tn, id, ok)
 	}
 }
 

@@ -20,7 +20,7 @@ const logDrainTimeout = 10 * time.Second
 // (TLS), user
 // bus.NodeLogUser(node, run), the node's session token as read from creds
 // at dial time. The callout admits it only while the Run's current attempt
-// is booked on this node, and only to publish bus.RunLogs(run). A refused
+// is booked on this node, and only to publish bus.RunLogsSubject(its tenant, run). A refused
 // login fails the dial at once (no retrying); the returned func drains and
 // closes the connection. Without a login (creds nil) it is nil: the
 // agent ships on its own connection.

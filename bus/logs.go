@@ -21,9 +21,7 @@ import (
 const (
 	StreamLogs = "WF_LOGS"
 	// SubjectLogsAll is WF_LOGS's subjects.
-	SubjectLogsAll     = "wf.logs.>"
-	subjectRunLogs     = "wf.logs.run."
-	subjectSessionLogs = "wf.logs.session."
+	SubjectLogsAll = "wf.logs.>"
 
 	// MaxLogChunk bounds one chunk's body; a longer line is split.
 	MaxLogChunk = 64 << 10
@@ -51,14 +49,6 @@ const (
 	DefaultLogsMaxBytes        = 10 << 30
 	DefaultLogsMaxChunksPerRun = 16384
 )
-
-// RunLogs is the subject of one Run's output, every attempt's.
-func RunLogs(runID string) string { return subjectRunLogs + runID }
-
-// SessionLogs is the subject of one resident session's output.
-func SessionLogs(tenant, session string) string {
-	return subjectSessionLogs + tenant + "." + session
-}
 
 // LogMsgID is the Nats-Msg-Id of the chunk of attempt's stream that starts
 // at offset: the same bytes sent again are the same message.

@@ -18,7 +18,7 @@ func TestProvisionBoundsExistingRunsAndEvents(t *testing.T) {
 	conn := testenv.Dial(t, testenv.StartNATS(t).URL(), "test")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := conn.JS.CreateStream(ctx, jetstream.StreamConfig{Name: bus.StreamEvents, Subjects: []string{bus.SubjectEventsAll}}); err != nil {
+	if _, err := conn.JS.CreateStream(ctx, jetstream.StreamConfig{Name: bus.StreamEvents, Subjects: []string{"wf.events.run.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := conn.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bus.BucketRuns, History: 5})

@@ -7,16 +7,13 @@ import (
 
 // Subjects. Operators publish and subscribe to these with the nats CLI.
 const (
-	SubjectSubmit      = "wf.runs.submit"
-	SubjectCancel      = "wf.runs.cancel"
-	SubjectEnroll      = "wf.enroll"
-	SubjectEventsAll   = "wf.events.run.>"
-	subjectEventPrefix = "wf.events.run."
-	subjectNodePrefix  = "wf.node."
-	SubjectNodeCmdAll  = "wf.node.*.cmd"
-	SubjectNodeObsAll  = "wf.node.*.obs"
-	SubjectHeartbeats  = "wf.node.*.heartbeat"
-	SubjectRenewals    = "wf.node.*.renew"
+	SubjectEnroll     = "wf.enroll"
+	SubjectEvents     = "wf.events.>" // WF_EVENTS: every tenant's Run events (RunEventsSubject)
+	subjectNodePrefix = "wf.node."
+	SubjectNodeCmdAll = "wf.node.*.cmd"
+	SubjectNodeObsAll = "wf.node.*.obs"
+	SubjectHeartbeats = "wf.node.*.heartbeat"
+	SubjectRenewals   = "wf.node.*.renew"
 	// SubjectRegistryCredentials is where agents ask for a registry
 	// credential at pull time (core request/reply: a credential is never
 	// at rest).
@@ -49,9 +46,6 @@ const (
 	// what their disk collection must keep (NodeDiskKeep).
 	SubjectDiskKeepAll = "wf.node.*.disk.keep"
 )
-
-// RunEvents is the subject of one Run's audit log.
-func RunEvents(runID string) string { return subjectEventPrefix + runID }
 
 // NodeCmd is where the control plane sends commands for one node.
 func NodeCmd(nodeID string) string { return subjectNodePrefix + nodeID + ".cmd" }

@@ -1,5 +1,11 @@
 package bus
 
+import (
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
 // Tenancy. Every subject a producer may touch names its tenant right after
 // its domain word, so the auth callout confines a producer to its tenant by
 // subject alone (PermsProducer):
@@ -73,4 +79,41 @@ const SubjectSecretCredentials = "wf.node.*.credentials.secret"
 // NodeSecretCredentials is where one node asks for a booked Run's secrets.
 func NodeSecretCredentials(nodeID string) string {
 	return subjectNodePrefix + nodeID + ".credentials.secret"
+}
+
+// ParseIntakeSubject splits wf.runs.<tenant>.<identity>.<verb>; ok is false
+// for any other form (verb is "submit" or "cancel").
+func ParseIntakeSubject(subject string) (tenant, identity, verb string, ok bool) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 5 || parts[0] != "wf" || parts[1] != "runs" || parts[2] == "" || parts[3] == "" {
+		return "", "", "", false
+	}
+	if parts[4] != "submit" && parts[4] != "cancel" {
+		return "", "", "", false
+	}
+	return parts[2], parts[3], parts[4], true
+}
+
+// ParseRunEventsSubject splits wf.events.<tenant>.run.<run_id>; ok is false
+// for any other form.
+func ParseRunEventsSubject(subject string) (tenant, runID string, ok bool) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 5 || parts[0] != "wf" || parts[1] != "events" || parts[3] != "run" || parts[2] == "" || parts[4] == "" {
+		return "", "", false
+	}
+	return parts[2], parts[4], true
+}
+
+// runsStreamConfig is tenant's intake stream: a work queue of its submits
+// and cancels, deduped by Nats-Msg-Id within the tenant only.
+func runsStreamConfig(tenant string, replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        RunsStream(tenant),
+		Description: "Run submissions and cancellations from tenant " + tenant + "'s producers",
+		Subjects:    []string{SubmitSubject(tenant, "*"), CancelSubject(tenant, "*")},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Duplicates:  DedupeWindow,
+		Replicas:    replicas,
+	}
 }

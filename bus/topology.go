@@ -11,7 +11,6 @@ import (
 
 // Stream names.
 const (
-	StreamRuns   = "WF_RUNS"
 	StreamEvents = "WF_EVENTS"
 	StreamCmds   = "WF_CMDS"
 	StreamObs    = "WF_OBS"
@@ -87,7 +86,21 @@ type Topology struct {
 	// wf_runs stays; RunPurgeMarkerTTL when 0. The bucket's LimitMarkerTTL
 	// is set to it: the server raises any shorter marker TTL to that.
 	RunsPurgeMarkerTTL time.Duration
+	// Tenants each get an intake stream (RunsStream); none is
+	// schemas.DefaultTenant's alone.
+	Tenants []string
 }
+
+// IntakeTenants is Tenants, or the default tenant alone when none is set.
+func (t Topology) IntakeTenants() []string {
+	if len(t.Tenants) == 0 {
+		return []string{defaultTenant}
+	}
+	return t.Tenants
+}
+
+// defaultTenant is schemas.DefaultTenant, which bus cannot import.
+const defaultTenant = "default"
 
 // RunsMarkerTTL is RunsPurgeMarkerTTL or its default.
 func (t Topology) RunsMarkerTTL() time.Duration {
@@ -97,20 +110,15 @@ func (t Topology) RunsMarkerTTL() time.Duration {
 // StreamConfigs returns the stream definitions.
 func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 	r := max(t.Replicas, 1)
-	return []jetstream.StreamConfig{
-		{
-			Name:        StreamRuns,
-			Description: "Run submissions and cancellations from producers",
-			Subjects:    []string{SubjectSubmit, SubjectCancel},
-			Retention:   jetstream.WorkQueuePolicy,
-			Storage:     jetstream.FileStorage,
-			Duplicates:  DedupeWindow,
-			Replicas:    r,
-		},
+	cfgs := make([]jetstream.StreamConfig, 0, 8)
+	for _, tenant := range t.IntakeTenants() {
+		cfgs = append(cfgs, runsStreamConfig(tenant, r))
+	}
+	return append(cfgs, []jetstream.StreamConfig{
 		{
 			Name:        StreamEvents,
 			Description: "Run events: the audit log of every decision and phase change",
-			Subjects:    []string{SubjectEventsAll},
+			Subjects:    []string{SubjectEvents},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			MaxAge:      cmp.Or(t.EventsMaxAge, DefaultEventsMaxAge),
@@ -145,7 +153,7 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 		},
 		inboxStreamConfig(r),
 		t.logsStreamConfig(r),
-	}
+	}...)
 }
 
 // KVConfigs returns the bucket definitions.
@@ -204,7 +212,8 @@ func (t Topology) ObjectStoreConfigs() []jetstream.ObjectStoreConfig {
 	}
 }
 
-// IntakeConsumerConfig is the control plane's shared consumer on WF_RUNS.
+// IntakeConsumerConfig is the control plane's shared consumer on each
+// tenant's intake stream (RunsStream).
 // Refused input is acked (Term), so redelivery only retries transient
 // failures (KV or stream unavailable); BackOff spaces those out, and
 // MaxDeliver is unlimited because a submit is never to be dropped.

@@ -16,9 +16,22 @@ func TestProvisionIsIdempotent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn := testenv.Dial(t, n.URL(), "test")
-	topo := bus.Topology{}
+	topo := bus.Topology{Tenants: []string{"a", "default"}}
 	if err := bus.Provision(ctx, conn.JS, topo); err != nil {
 		t.Fatal(err)
+	}
+	// Each tenant's submits land in its own intake stream only.
+	if _, err := conn.JS.Publish(ctx, bus.SubmitSubject("a", "acme"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	for tenant, want := range map[string]uint64{"a": 1, "default": 0} {
+		s, err := conn.JS.Stream(ctx, bus.RunsStream(tenant))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := s.Info(ctx); err != nil || info.State.Msgs != want {
+			t.Fatalf("%s holds %+v (%v), want %d messages", bus.RunsStream(tenant), info.State, err, want)
+		}
 	}
 	kv, err := conn.JS.KeyValue(ctx, bus.BucketRuns)
 	if err != nil {
@@ -27,7 +40,7 @@ func TestProvisionIsIdempotent(t *testing.T) {
 	if _, err := kv.Put(ctx, "r-keep", []byte(`{"id":"r-keep"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.JS.Publish(ctx, bus.RunEvents("r-keep"), []byte(`{}`)); err != nil {
+	if _, err := conn.JS.Publish(ctx, bus.RunEventsSubject("default", "r-keep"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	check := func(when string) {

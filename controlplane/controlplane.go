@@ -76,6 +76,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err := cfg.checkRetention(); err != nil {
 		return nil, err
 	}
+	if err := cfg.checkTenants(); err != nil {
+		return nil, err
+	}
 	if cfg.Capacity != nil && (cfg.Capacity.Provider == nil || cfg.Capacity.OwnershipToken == "") {
 		return nil, errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
 	}
@@ -253,12 +256,24 @@ func (cp *ControlPlane) consumeStreams(ctx context.Context, wg *sync.WaitGroup) 
 	// A Run's submit and cancel go to the same intake worker, by Run id,
 	// and keep their stream order.
 	intakePool := keyed.NewPool(ctx, wg, keyed.PoolOptions{Workers: IntakeWorkers, Queue: IntakeWorkers * 8}, cp.intake.Handle)
-	stopIntake, err := cp.consume(ctx, bus.StreamRuns, bus.IntakeConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
-		job := intake.Parse(m, redelivered)
-		intakePool.Submit(job.Key, job) // false only when ctx ended: m stays unacked and is redelivered
-	})
-	if err != nil {
-		return nil, err
+	// Each tenant's intake stream has its own cp-intake durable; all feed
+	// the one pool.
+	var intakeStops []func()
+	stopIntake := func() {
+		for _, stop := range intakeStops {
+			stop()
+		}
+	}
+	for _, tenant := range cp.cfg.Tenants {
+		stop, err := cp.consume(ctx, bus.RunsStream(tenant), bus.IntakeConsumerConfig(), func(m jetstream.Msg, redelivered bool) {
+			job := intake.Parse(m, redelivered)
+			intakePool.Submit(job.Key, job) // false only when ctx ended: m stays unacked and is redelivered
+		})
+		if err != nil {
+			stopIntake()
+			return nil, err
+		}
+		intakeStops = append(intakeStops, stop)
 	}
 	// Observations are handled by node: one node's reports (receipts,
 	// workload phases, facts) keep their order, different nodes' run

@@ -115,7 +115,7 @@ func BenchmarkIntake(b *testing.B) {
 			}
 			var accepted atomic.Int64
 			all := make(chan struct{})
-			sub, err := pl.conn.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+			sub, err := pl.conn.NC.Subscribe(bus.SubjectEvents, func(m *nats.Msg) {
 				if bytes.Contains(m.Data, []byte(`"seq":1,"type":"accepted"`)) && accepted.Add(1) == int64(b.N) {
 					close(all)
 				}
@@ -136,7 +136,7 @@ func BenchmarkIntake(b *testing.B) {
 			})
 			start := time.Now()
 			publishAll(b, pl.conn.JS, p, b.N, func(i int) *nats.Msg {
-				m := &nats.Msg{Subject: bus.SubjectSubmit, Data: body(i), Header: nats.Header{}}
+				m := &nats.Msg{Subject: bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), Data: body(i), Header: nats.Header{}}
 				m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
 				m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("b-%s-%08d", nonce, i))
 				return m

@@ -110,11 +110,11 @@ func (pl *testPlane) storedEvents(t *testing.T, runID string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEvents(runID)))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEventsSubject(schemas.DefaultTenant, runID)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return info.State.Subjects[bus.RunEvents(runID)]
+	return info.State.Subjects[bus.RunEventsSubject(schemas.DefaultTenant, runID)]
 }
 
 func (pl *testPlane) publish(t *testing.T, subject, msgID string, v any) {
@@ -203,8 +203,8 @@ func TestIntakeConcurrentKeepsRunOrder(t *testing.T) {
 		wg.Go(func() {
 			for i := range perProducer {
 				rid := fmt.Sprintf("order-%d-%d", p, i)
-				pl.publish(t, bus.SubjectSubmit, rid, testRequest(rid))
-				pl.publish(t, bus.SubjectCancel, "cancel-"+rid, schemas.CancelRun{RunID: schemas.RunIDFor(rid), Reason: "test"})
+				pl.publish(t, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), rid, testRequest(rid))
+				pl.publish(t, bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), "cancel-"+rid, schemas.CancelRun{RunID: schemas.RunIDFor(schemas.DefaultTenant, rid), Reason: "test"})
 			}
 		})
 	}
@@ -212,7 +212,7 @@ func TestIntakeConcurrentKeepsRunOrder(t *testing.T) {
 	eventually(t, 60*time.Second, "every Run cancelled", func() bool {
 		for p := range producers {
 			for i := range perProducer {
-				r, ok := pl.run(t, schemas.RunIDFor(fmt.Sprintf("order-%d-%d", p, i)))
+				r, ok := pl.run(t, schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("order-%d-%d", p, i)))
 				if !ok || r.Phase != schemas.PhaseCancelled {
 					return false
 				}
@@ -327,11 +327,11 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 	const runs = 20
 	for i := range runs {
 		rid := fmt.Sprintf("idle-%d", i)
-		pl.publish(t, bus.SubjectSubmit, rid, testRequest(rid))
+		pl.publish(t, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), rid, testRequest(rid))
 	}
 	eventually(t, 30*time.Second, "every Run decided", func() bool {
 		for i := range runs {
-			r, ok := pl.run(t, schemas.RunIDFor(fmt.Sprintf("idle-%d", i)))
+			r, ok := pl.run(t, schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("idle-%d", i)))
 			if !ok || r.Waiting == "" {
 				return false
 			}
@@ -341,7 +341,7 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 	// Each decision's event is published after the write that stored it.
 	eventually(t, 30*time.Second, "every Run's events in WF_EVENTS", func() bool {
 		for i := range runs {
-			id := schemas.RunIDFor(fmt.Sprintf("idle-%d", i))
+			id := schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("idle-%d", i))
 			if r, _ := pl.run(t, id); pl.storedEvents(t, id) < r.EventSeq {
 				return false
 			}
@@ -370,7 +370,7 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 	pl.enroll(t, "n1")
 	eventually(t, 30*time.Second, "every waiting Run placed once a node enrolled", func() bool {
 		for i := range runs {
-			if r, _ := pl.run(t, schemas.RunIDFor(fmt.Sprintf("idle-%d", i))); r.NodeID != "n1" {
+			if r, _ := pl.run(t, schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("idle-%d", i))); r.NodeID != "n1" {
 				return false
 			}
 		}
@@ -401,7 +401,7 @@ func TestEventsSeenOnce(t *testing.T) {
 		mu   sync.Mutex
 		seen []schemas.RunEvent
 	)
-	sub, err := pl.conn.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+	sub, err := pl.conn.NC.Subscribe(bus.SubjectEvents, func(m *nats.Msg) {
 		var ev schemas.RunEvent
 		if json.Unmarshal(m.Data, &ev) == nil {
 			mu.Lock()
@@ -415,8 +415,8 @@ func TestEventsSeenOnce(t *testing.T) {
 	defer func() { _ = sub.Unsubscribe() }()
 	_ = pl.conn.NC.Flush()
 
-	pl.publish(t, bus.SubjectSubmit, "once", testRequest("once"))
-	runID := schemas.RunIDFor("once")
+	pl.publish(t, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), "once", testRequest("once"))
+	runID := schemas.RunIDFor(schemas.DefaultTenant, "once")
 	eventually(t, 30*time.Second, "Run succeeded", func() bool {
 		r, ok := pl.run(t, runID)
 		return ok && r.Phase == schemas.PhaseSucceeded
@@ -474,7 +474,7 @@ func TestIntakeRecordsFirstDecision(t *testing.T) {
 		mu     sync.Mutex
 		events = map[string][]schemas.RunEvent{}
 	)
-	sub, err := pl.conn.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+	sub, err := pl.conn.NC.Subscribe(bus.SubjectEvents, func(m *nats.Msg) {
 		var ev schemas.RunEvent
 		if json.Unmarshal(m.Data, &ev) == nil {
 			mu.Lock()
@@ -495,10 +495,10 @@ func TestIntakeRecordsFirstDecision(t *testing.T) {
 	const runs = 10
 	for i := range runs {
 		rid := fmt.Sprintf("early-%d", i)
-		pl.publish(t, bus.SubjectSubmit, rid, testRequest(rid))
+		pl.publish(t, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), rid, testRequest(rid))
 	}
 	for i := range runs {
-		id := schemas.RunIDFor(fmt.Sprintf("early-%d", i))
+		id := schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("early-%d", i))
 		// The events follow the Create that stores them both.
 		var evs []schemas.RunEvent
 		eventually(t, 10*time.Second, id+" decided and its events seen", func() bool {
@@ -518,8 +518,8 @@ func TestIntakeRecordsFirstDecision(t *testing.T) {
 	}
 
 	pl.enroll(t, "n1")
-	pl.publish(t, bus.SubjectSubmit, "fits", testRequest("fits"))
-	id := schemas.RunIDFor("fits")
+	pl.publish(t, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), "fits", testRequest("fits"))
+	id := schemas.RunIDFor(schemas.DefaultTenant, "fits")
 	eventually(t, 10*time.Second, "Run booked on n1", func() bool {
 		r, ok := pl.run(t, id)
 		return ok && r.NodeID == "n1"
@@ -543,8 +543,8 @@ func TestStoredDecisionIsCompacted(t *testing.T) {
 	for i := range nodes {
 		pl.enroll(t, fmt.Sprintf("n%d", i))
 	}
-	pl.publish(t, bus.SubjectSubmit, "big", testRequest("big"))
-	id := schemas.RunIDFor("big")
+	pl.publish(t, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), "big", testRequest("big"))
+	id := schemas.RunIDFor(schemas.DefaultTenant, "big")
 	var d *schemas.BookingDecision
 	eventually(t, 10*time.Second, "decision stored", func() bool {
 		r, ok := pl.run(t, id)

@@ -69,7 +69,7 @@ func TestAcceptance_RetentionBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := schemas.RunIDFor(fmt.Sprintf("retained-%d", total))
+	last := schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("retained-%d", total))
 	eventually(t, 10*time.Second, "the control plane to hold none of the ended Runs wf_runs holds", func() bool {
 		cached := pl.cp.Metrics().CachedRuns
 		if _, err := runsKV.Get(ctx, last); err != nil {
@@ -144,7 +144,7 @@ func writeEndedRuns(t *testing.T, ctx context.Context, pl *testPlane, n int) tim
 	for range 16 {
 		writers.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				r, dup, err := store.Create(wctx, testRequest(fmt.Sprintf("retained-%d", i)), nil, failAtIntake)
+				r, dup, err := store.Create(wctx, schemas.DefaultTenant, bus.OperatorUser, testRequest(fmt.Sprintf("retained-%d", i)), nil, failAtIntake)
 				if err != nil || dup || r.Phase != schemas.PhaseFailed {
 					failed.CompareAndSwap(nil, fmt.Sprintf("run %d: %s, duplicate %v, %v", i, r.Phase, dup, err))
 					return

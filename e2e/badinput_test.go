@@ -64,7 +64,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 	}
 	before := f.rejectedCount()
 	for _, c := range cases {
-		f.publish(bus.SubjectSubmit, c.body, "")
+		f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), c.body, "")
 	}
 	// Every one refused, in order, each with its code and field.
 	var rejected []schemas.RunEvent
@@ -83,7 +83,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		if ev.Message == "" {
 			t.Errorf("%s: refusal says nothing about what to do", c.name)
 		}
-		if c.requestID != "" && ev.RunID != schemas.RunIDFor(c.requestID) {
+		if c.requestID != "" && ev.RunID != schemas.RunIDFor(schemas.DefaultTenant, c.requestID) {
 			t.Errorf("%s: rejection on %s, want the subject of the Run its request id names", c.name, ev.RunID)
 		}
 	}
@@ -98,7 +98,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		}
 	}
 	f.eventually(30*time.Second, "WF_RUNS to drain", func() bool {
-		s, err := f.conn.JS.Stream(context.Background(), bus.StreamRuns)
+		s, err := f.conn.JS.Stream(context.Background(), bus.RunsStream(schemas.DefaultTenant))
 		if err != nil {
 			return false
 		}
@@ -110,7 +110,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 	good := f.submit(schemas.RunRequest{RequestID: "good-after-bad", Image: img})
 	f.waitPhase(good, schemas.PhaseAccepted, 30*time.Second)
 	// And a request id reused with a different body is refused, not merged.
-	f.publish(bus.SubjectSubmit, []byte(`{"request_id":"good-after-bad","image":"`+img+`","command":["other"]}`), "")
+	f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"request_id":"good-after-bad","image":"`+img+`","command":["other"]}`), "")
 	f.eventually(30*time.Second, "conflict rejection", func() bool {
 		for _, ev := range f.events(good) {
 			if ev.Type == schemas.EventRejected && ev.Code == schemas.CodeRequestIDConflict {
@@ -123,8 +123,8 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		t.Fatalf("conflicting resubmit changed the stored request: %v", r.Request.Command)
 	}
 	// Bad cancels are refused too.
-	f.publish(bus.SubjectCancel, []byte(`{"run_id":"r-doesnotexist"}`), "")
-	f.publish(bus.SubjectCancel, []byte(`{"nope":1}`), "")
+	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"r-doesnotexist"}`), "")
+	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"nope":1}`), "")
 	f.eventually(30*time.Second, "cancel rejections", func() bool {
 		evs := f.rejections(before)
 		var codes []string

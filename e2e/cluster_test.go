@@ -177,11 +177,11 @@ func TestAcceptance_ClusterFailover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, schemas.RunIDFor(req.RequestID))
+		ids = append(ids, schemas.RunIDFor(schemas.DefaultTenant, req.RequestID))
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := prod.JS.PublishMsg(pctx, &nats.Msg{Subject: bus.SubjectSubmit, Data: b}, jetstream.WithMsgID(req.RequestID))
+			_, err := prod.JS.PublishMsg(pctx, &nats.Msg{Subject: bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), Data: b}, jetstream.WithMsgID(req.RequestID))
 			pcancel()
 			if err == nil {
 				return

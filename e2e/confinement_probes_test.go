@@ -54,10 +54,10 @@ func confinementProbes(t *testing.T, rows []identities.Row) []string {
 		}
 	}
 	for _, run := range []string{confRun, confOtherRun} {
-		add(bus.RunEvents(run), bus.RunLogs(run))
+		add(bus.RunEventsSubject("default", run), bus.RunLogsSubject("default", run))
 	}
 	for _, tenant := range []string{confTenant, confOtherTenant} {
-		add(bus.SessionInbox(tenant, confSession), bus.SessionLogs(tenant, confSession), bus.ProducerInboxPrefix(tenant)+"."+probeToken)
+		add(bus.SessionInbox(tenant, confSession), bus.SessionLogsSubject(tenant, confSession), bus.ProducerInboxPrefix(tenant)+"."+probeToken)
 	}
 	add("_INBOX."+probeToken, bus.AuthCalloutSubject, ">", "*", "*.>", "wf.>", "$JS.>", "$JS.API.>", "$KV.>", "$O.>", "$SYS.>", "_INBOX.>", "_WF_INBOX.>",
 		serverDenied+"."+probeToken, serverDenied+".>")
@@ -77,7 +77,7 @@ func confinementProbes(t *testing.T, rows []identities.Row) []string {
 func jetStreamProbes() []string {
 	// The consumers the control plane creates, on their streams; and one
 	// it does not create, on every stream.
-	consumers := map[string][]string{bus.StreamRuns: {bus.IntakeConsumerConfig().Durable}, bus.StreamObs: {bus.ObsConsumerConfig().Durable}}
+	consumers := map[string][]string{bus.RunsStream("default"): {bus.IntakeConsumerConfig().Durable}, bus.StreamObs: {bus.ObsConsumerConfig().Durable}}
 	for _, n := range []string{confNode, confOtherNode, confEnrolling} {
 		consumers[bus.StreamCmds] = append(consumers[bus.StreamCmds], bus.NodeConsumerConfig(n, 0).Durable)
 	}

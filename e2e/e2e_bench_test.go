@@ -89,7 +89,7 @@ func startBenchPlane(b *testing.B, rt noderuntime.Runtime, cfg agent.Config) *be
 			b.Fatal("agent did not enroll")
 		}
 	}
-	sub, err := pl.conn.NC.Subscribe(bus.SubjectEventsAll, func(m *nats.Msg) {
+	sub, err := pl.conn.NC.Subscribe(bus.SubjectEvents, func(m *nats.Msg) {
 		var ev schemas.RunEvent
 		if json.Unmarshal(m.Data, &ev) == nil && ev.Type == schemas.EventPhase {
 			pl.events <- ev
@@ -111,13 +111,13 @@ func (pl *benchPlane) runOnce(b *testing.B, rid, image string, command []string)
 	if err != nil {
 		b.Fatal(err)
 	}
-	m := &nats.Msg{Subject: bus.SubjectSubmit, Data: body, Header: nats.Header{}}
+	m := &nats.Msg{Subject: bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), Data: body, Header: nats.Header{}}
 	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
 	t0 := time.Now()
 	if _, err := pl.conn.JS.PublishMsg(context.Background(), m, jetstream.WithMsgID(rid)); err != nil {
 		b.Fatal(err)
 	}
-	runID := schemas.RunIDFor(rid)
+	runID := schemas.RunIDFor(schemas.DefaultTenant, rid)
 	var running time.Duration
 	timeout := time.After(60 * time.Second)
 	for {

@@ -249,8 +249,8 @@ func (f *fleet) submit(req schemas.RunRequest) string {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.publish(bus.SubjectSubmit, b, req.RequestID)
-	return schemas.RunIDFor(req.RequestID)
+	f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), b, req.RequestID)
+	return schemas.RunIDFor(schemas.DefaultTenant, req.RequestID)
 }
 
 func (f *fleet) run(id string) (schemas.Run, bool) {
@@ -331,16 +331,16 @@ func (f *fleet) storedEvents(runID string) []schemas.RunEvent {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEvents(runID)))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEventsSubject(schemas.DefaultTenant, runID)))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	want := int(info.State.Subjects[bus.RunEvents(runID)])
+	want := int(info.State.Subjects[bus.RunEventsSubject(schemas.DefaultTenant, runID)])
 	var out []schemas.RunEvent
 	if want == 0 {
 		return out
 	}
-	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEvents(runID)}})
+	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEventsSubject(schemas.DefaultTenant, runID)}})
 	if err != nil {
 		f.t.Fatal(err)
 	}

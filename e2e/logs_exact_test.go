@@ -178,7 +178,7 @@ func TestAcceptance_LogsSurviveRefusals(t *testing.T) {
 	a.part.stop(t)
 	content := append([]byte("\x00\xff binary\n"), bytes.Repeat([]byte("0123456789abcdef"), 20<<10)...)
 	content = append(content, "\nno final newline"...)
-	dir, err := agent.PrepareOutput(a.dataDir, id, r.AttemptID)
+	dir, err := agent.PrepareOutput(a.dataDir, r.TenantOf(), id, r.AttemptID)
 	if err != nil {
 		t.Fatal(err)
 	}

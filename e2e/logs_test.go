@@ -40,7 +40,7 @@ type storedOutput struct {
 // readers would skip it.
 func (f *fleet) stored(runID string) storedOutput {
 	f.t.Helper()
-	return f.storedOn(bus.RunLogs(runID))
+	return f.storedOn(bus.RunLogsSubject(schemas.DefaultTenant, runID))
 }
 
 // storedOn reads every chunk WF_LOGS holds on subject.

@@ -163,7 +163,7 @@ const natsCLIRequestID = "hello-1"
 // natsCLISteps returns the README's nats commands (the arguments after
 // `nats`) for an image, and the Run id the example's request names.
 func natsCLISteps(image string) (map[string][]string, string) {
-	runID := schemas.RunIDFor(natsCLIRequestID)
+	runID := schemas.RunIDFor(schemas.DefaultTenant, natsCLIRequestID)
 	body := fmt.Sprintf(`{"request_id":%q,"image":%q,"command":["sh","-c","echo hi"]}`, natsCLIRequestID, image)
 	return map[string][]string{
 		"sub":   {"sub", "wf.events.run.>"},

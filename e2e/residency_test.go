@@ -237,7 +237,7 @@ func TestAcceptance_WarmReleaseAndResume(t *testing.T) {
 	// Each epoch's runtime printed its line; the session's output, on its
 	// own subject, holds both, each stream closed once its workload went.
 	f.eventually(15*time.Second, "both epochs' output stored and closed", func() bool {
-		got := f.storedOn(bus.SessionLogs(key.Tenant, key.Session))
+		got := f.storedOn(bus.SessionLogsSubject(key.Tenant, key.Session))
 		for epoch := 1; epoch <= 2; epoch++ {
 			k := [2]string{residency.WorkloadID(key, residency.ResidencyEpoch(epoch)), bus.LogStdout}
 			if string(got.bytes[k]) != fmt.Sprintf("session %s up at epoch %d\n", key.Session, epoch) {

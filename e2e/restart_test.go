@@ -96,7 +96,7 @@ func TestAcceptance_DuplicateCommandsOneEffect(t *testing.T) {
 		return pd >= 2 && ld >= 3 // launch: two resends plus the redelivery after the crash
 	})
 
-	f.publish(bus.SubjectCancel, []byte(`{"run_id":"`+id+`","grace_seconds":1}`), "")
+	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+id+`","grace_seconds":1}`), "")
 	f.waitPhase(id, schemas.PhaseCancelled, 30*time.Second)
 	stop := cmd(r.AttemptID+".stop", schemas.CmdStopWorkload)
 	stop.Stop = &schemas.StopWorkload{RunID: id, AttemptID: r.AttemptID, GraceSeconds: 1}

@@ -22,8 +22,8 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 
 	// Published as raw JSON, exactly what `nats pub wf.runs.submit '<json>'` sends.
 	okBody := fmt.Sprintf(`{"request_id":"exit-0","image":%q,"command":["sh","-c","echo hello; test \"$GREETING\" = hi"],"env":{"GREETING":"hi"},"resources":{"cpu_millis":100,"memory_bytes":67108864}}`, w.image.Reference)
-	f.publish(bus.SubjectSubmit, []byte(okBody), "exit-0")
-	okID := schemas.RunIDFor("exit-0")
+	f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(okBody), "exit-0")
+	okID := schemas.RunIDFor(schemas.DefaultTenant, "exit-0")
 	failID := f.submit(schemas.RunRequest{RequestID: "exit-3", Image: w.image.Reference, Command: []string{"sh", "-c", "exit 3"}})
 
 	ok := f.waitPhase(okID, schemas.PhaseSucceeded, 60*time.Second)
@@ -39,7 +39,7 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 	// (busybox sh ignores nothing, so TERM ends it).
 	sleepID := f.submit(schemas.RunRequest{RequestID: "sleeper", Image: w.image.Reference, Command: []string{"sleep", "300"}})
 	f.waitPhase(sleepID, schemas.PhaseRunning, 60*time.Second)
-	f.publish(bus.SubjectCancel, []byte(`{"run_id":"`+sleepID+`","grace_seconds":1,"reason":"operator asked"}`), "")
+	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+sleepID+`","grace_seconds":1,"reason":"operator asked"}`), "")
 	cancelled := f.waitPhase(sleepID, schemas.PhaseCancelled, 30*time.Second)
 	if cancelled.Reason != string(schemas.CodeCancelled) {
 		t.Fatalf("cancelled run reason %q", cancelled.Reason)
@@ -86,8 +86,8 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 	}
 	// Duplicate submit of a finished request: still one Run, no new events.
 	before := len(f.events(okID))
-	f.publish(bus.SubjectSubmit, []byte(okBody), "")
-	f.waitHandled(bus.StreamRuns, bus.SubjectSubmit, 30*time.Second) // the duplicate handled
+	f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(okBody), "")
+	f.waitHandled(bus.RunsStream(schemas.DefaultTenant), bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), 30*time.Second) // the duplicate handled
 	if r, _ := f.run(okID); r.Phase != schemas.PhaseSucceeded || len(f.events(okID)) != before {
 		t.Fatalf("a duplicate submit changed the run: phase %s, events %d → %d", r.Phase, before, len(f.events(okID)))
 	}

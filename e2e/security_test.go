@@ -110,7 +110,9 @@ func newSecureFleet(t *testing.T, tune ...func(*controlplane.Config)) *secureFle
 	}
 	cfg := cpConfig()
 	cfg.OpenEnrollment = false
-	cfg.Auth = &admission.Config{IssuerSeed: seed, Producers: map[string]string{sf.producerName: producerToken}, OperatorToken: operatorToken}
+	// The producer acts for its own tenant, named as it is.
+	cfg.Auth = &admission.Config{IssuerSeed: seed, Producers: map[string]admission.Producer{sf.producerName: {Token: producerToken, Tenant: sf.producerName}}, OperatorToken: operatorToken}
+	cfg.Tenants = []string{sf.producerName}
 	for _, fn := range tune {
 		fn(&cfg)
 	}
@@ -287,15 +289,15 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	// logged in with its session, so commands and observations flow under
 	// the agents' permissions.
 	pnc, pjs, perrs := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
-	events, err := pnc.SubscribeSync(bus.SubjectEventsAll)
+	events, err := pnc.SubscribeSync(bus.SubjectEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := json.Marshal(schemas.RunRequest{RequestID: "perm-1", Image: testImage, Command: []string{"true"}})
-	if _, err := pjs.Publish(context.Background(), bus.SubjectSubmit, body, jetstream.WithMsgID("perm-1")); err != nil {
+	if _, err := pjs.Publish(context.Background(), bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body, jetstream.WithMsgID("perm-1")); err != nil {
 		t.Fatalf("producer submit: %v", err)
 	}
-	runID := schemas.RunIDFor("perm-1")
+	runID := schemas.RunIDFor(schemas.DefaultTenant, "perm-1")
 	if r := sf.waitPhase(runID, schemas.PhaseSucceeded, 30*time.Second); r.NodeID == "" {
 		t.Fatalf("run has no node: %+v", r)
 	}
@@ -333,8 +335,8 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 
 	// node-a's own credentials (its session token), on a second connection.
 	anc, ajs, aerrs := sf.dial("as node-a", bus.NodeCredentials(a.id, a.agent.Enrollment().SessionToken))
-	jsPublishFails(t, ajs, bus.RunLogs(runID), []byte("forged line\n"))
-	aerrs.denied(t, "publish", bus.RunLogs(runID))
+	jsPublishFails(t, ajs, bus.RunLogsSubject(schemas.DefaultTenant, runID), []byte("forged line\n"))
+	aerrs.denied(t, "publish", bus.RunLogsSubject(schemas.DefaultTenant, runID))
 	// Its own subjects work.
 	if _, err := ajs.Consumer(context.Background(), bus.StreamCmds, bus.NodeConsumer(a.id)); err != nil {
 		t.Fatalf("node-a reads its own consumer: %v", err)
@@ -493,10 +495,10 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	for i := range 2 {
 		id := fmt.Sprintf("secret-run-%d", i)
 		body, _ := json.Marshal(schemas.RunRequest{RequestID: id, Image: testImage, Command: []string{"true"}, Env: map[string]string{"MODE": "test"}})
-		if _, err := pjs.Publish(ctx, bus.SubjectSubmit, body, jetstream.WithMsgID(id)); err != nil {
+		if _, err := pjs.Publish(ctx, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body, jetstream.WithMsgID(id)); err != nil {
 			t.Fatal(err)
 		}
-		sf.waitPhase(schemas.RunIDFor(id), schemas.PhaseSucceeded, 30*time.Second)
+		sf.waitPhase(schemas.RunIDFor(schemas.DefaultTenant, id), schemas.PhaseSucceeded, 30*time.Second)
 	}
 	// The session renews (TTL 4s: at ~2.7s) and the agent's NATS user,
 	// which expires with the session it was issued for, logs in again.
@@ -548,10 +550,10 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 func submitAs(t *testing.T, js jetstream.JetStream, id string) string {
 	t.Helper()
 	body, _ := json.Marshal(schemas.RunRequest{RequestID: id, Image: testImage, Command: []string{"true"}})
-	if _, err := js.Publish(context.Background(), bus.SubjectSubmit, body, jetstream.WithMsgID(id)); err != nil {
+	if _, err := js.Publish(context.Background(), bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body, jetstream.WithMsgID(id)); err != nil {
 		t.Fatal(err)
 	}
-	return schemas.RunIDFor(id)
+	return schemas.RunIDFor(schemas.DefaultTenant, id)
 }
 
 // streamTap holds every message published to a subject some stream stores,
@@ -748,7 +750,7 @@ func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
 func getLogEnd(js jetstream.JetStream, runID, stream string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := js.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunLogs(runID)}})
+	c, err := js.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunLogsSubject(schemas.DefaultTenant, runID)}})
 	if err != nil {
 		return false, err
 	}

@@ -71,7 +71,7 @@ func TestAcceptance_SubmitWaitShowsOutput(t *testing.T) {
 	script := "echo out 1; echo err 1 >&2; sleep 1; echo out 2; echo err 2 >&2; exit 3"
 
 	stdout, stderr, code := cli.run(2*time.Minute, "run", "submit", "--image", w.image.Reference, "--request-id", "wait-output", "--wait", "--", "sh", "-c", script)
-	runID := schemas.RunIDFor("wait-output")
+	runID := schemas.RunIDFor(schemas.DefaultTenant, "wait-output")
 	if code != 3 || stdout != "out 1\nout 2\n" || runOutput(stderr) != "err 1\nerr 2\n" {
 		t.Fatalf("exit %d, want 3\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -111,7 +111,7 @@ func TestAcceptance_SubmitArtifactFlag(t *testing.T) {
 		t.Errorf("no preparing line naming the artifact:\n%s", stderr)
 	}
 	sawArtifact := false
-	for _, ev := range f.events(schemas.RunIDFor("flag-artifact")) {
+	for _, ev := range f.events(schemas.RunIDFor(schemas.DefaultTenant, "flag-artifact")) {
 		if ev.Type != schemas.EventProgress || ev.Progress == nil || ev.Progress.Artifact == "" {
 			continue
 		}

@@ -64,9 +64,6 @@ func refuse(code Code, field, format string, args ...any) *ChunkError {
 	return &ChunkError{Code: code, Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// sessionLogsPrefix is bus.SessionLogs's prefix (chunk_test.go checks).
-const sessionLogsPrefix = "wf.logs.session."
-
 // maxAttemptID bounds an attempt id from a session subject.
 const maxAttemptID = 256
 
@@ -138,19 +135,19 @@ func ParseChunk(subject string, h nats.Header, data []byte, meta *jetstream.MsgM
 	return c, nil
 }
 
-// subjectRun returns the Run id of a Run's output subject, "" for a
-// session's.
+// subjectRun returns the Run id of a Run's output subject
+// (bus.RunLogsSubject), "" for a session's (bus.SessionLogsSubject).
 func subjectRun(subject string) (string, error) {
-	if id, ok := strings.CutPrefix(subject, bus.RunLogs("")); ok && bus.SubjectToken(id) {
-		return id, nil
-	}
-	if key, ok := strings.CutPrefix(subject, sessionLogsPrefix); ok {
-		tenant, session, ok := strings.Cut(key, ".")
-		if ok && bus.SubjectToken(tenant) && bus.SubjectToken(session) {
+	parts := strings.Split(subject, ".")
+	if len(parts) == 5 && parts[0]+"."+parts[1] == "wf.logs" && bus.SubjectToken(parts[2]) && bus.SubjectToken(parts[4]) {
+		switch parts[3] {
+		case "run":
+			return parts[4], nil
+		case "session":
 			return "", nil
 		}
 	}
-	return "", refuse(CodeWrongSubject, "subject", "%s is neither %s nor %s", quote(subject), bus.RunLogs("<run>"), bus.SessionLogs("<tenant>", "<session>"))
+	return "", refuse(CodeWrongSubject, "subject", "%s is neither %s nor %s", quote(subject), bus.RunLogsSubject("<tenant>", "<run>"), bus.SessionLogsSubject("<tenant>", "<session>"))
 }
 
 // checkAttempt: on a Run's subject the attempt is <run>-a<n>, n ≥ 1.

@@ -19,7 +19,7 @@ import (
 //	go test -run='^$' -fuzz='^FuzzParseChunk$' -fuzztime=20s ./runlog/
 
 const (
-	runSubject = "wf.logs.run.r-1"
+	runSubject = "wf.logs.default.run.r-1"
 	t0         = "2026-12-02T19:05:04.810224162Z"
 )
 
@@ -36,9 +36,19 @@ func dataHeader(attempt, stream string, off int64) nats.Header {
 		bus.HeaderLogTime, t0, bus.HeaderLogNode, "n1")
 }
 
-func TestSessionLogsPrefix(t *testing.T) {
-	if got := bus.SessionLogs("t", "s"); got != sessionLogsPrefix+"t.s" {
-		t.Fatalf("bus.SessionLogs = %q; sessionLogsPrefix is out of date", got)
+// TestSubjectRun: a Run's and a session's output subjects, as bus names
+// them, are the only ones a chunk may come on.
+func TestSubjectRun(t *testing.T) {
+	if id, err := subjectRun(bus.RunLogsSubject("acme", "r-1")); err != nil || id != "r-1" {
+		t.Fatalf("run subject: %q, %v", id, err)
+	}
+	if id, err := subjectRun(bus.SessionLogsSubject("acme", "s1")); err != nil || id != "" {
+		t.Fatalf("session subject: %q, %v", id, err)
+	}
+	for _, bad := range []string{"wf.logs.run.r-1", "wf.logs.acme.job.r-1", "wf.events.acme.run.r-1", "wf.logs.acme.run.r-1.x"} {
+		if _, err := subjectRun(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }
 
@@ -58,7 +68,7 @@ func TestParseChunk(t *testing.T) {
 	if err != nil || !end.End || end.Length != 130 || end.Offset != 130 || !end.Time.IsZero() {
 		t.Fatalf("end mark: %+v %v", end, err)
 	}
-	if c, err := ParseChunk(bus.SessionLogs("acme", "s1"), dataHeader("acme.s1:w-7", bus.LogStdout, 0), []byte("hi\n"), nil); err != nil || c.Attempt != "acme.s1:w-7" {
+	if c, err := ParseChunk(bus.SessionLogsSubject("acme", "s1"), dataHeader("acme.s1:w-7", bus.LogStdout, 0), []byte("hi\n"), nil); err != nil || c.Attempt != "acme.s1:w-7" {
 		t.Fatalf("session chunk: %+v %v", c, err)
 	}
 }
@@ -84,9 +94,9 @@ func TestParseChunkRefusals(t *testing.T) {
 		code    Code
 		field   string
 	}{
-		{"events subject", "wf.events.run.r-1", ok(), "x\n", CodeWrongSubject, "subject"},
-		{"run subject with two tokens", "wf.logs.run.r-1.x", ok(), "x\n", CodeWrongSubject, "subject"},
-		{"session subject with one token", "wf.logs.session.acme", ok(), "x\n", CodeWrongSubject, "subject"},
+		{"events subject", "wf.events.default.run.r-1", ok(), "x\n", CodeWrongSubject, "subject"},
+		{"run subject with two tokens", "wf.logs.default.run.r-1.x", ok(), "x\n", CodeWrongSubject, "subject"},
+		{"session subject with one token", "wf.logs.acme.session", ok(), "x\n", CodeWrongSubject, "subject"},
 		{"no attempt", runSubject, with(bus.HeaderLogAttempt, ""), "x\n", CodeMissingHeader, bus.HeaderLogAttempt},
 		{"another run's attempt", runSubject, with(bus.HeaderLogAttempt, "r-2-a1"), "x\n", CodeInvalidHeader, bus.HeaderLogAttempt},
 		{"attempt 0", runSubject, with(bus.HeaderLogAttempt, "r-1-a0"), "x\n", CodeInvalidHeader, bus.HeaderLogAttempt},
@@ -124,7 +134,7 @@ func FuzzParseChunk(f *testing.F) {
 	f.Add(runSubject, "r-1-a1", "stdout", "0", t0, "n1", "", []byte("hello\nworld\n"))
 	f.Add(runSubject, "r-1-a2", "stderr", "65536", "2026-12-02T19:05:04Z", "", "", []byte("split"))
 	f.Add(runSubject, "r-1-a1", "stdout", "", "", "", "12", []byte(nil))
-	f.Add("wf.logs.session.acme.s1", "w-1", "stdout", "3", t0, "n2", "", []byte("x"))
+	f.Add("wf.logs.acme.session.s1", "w-1", "stdout", "3", t0, "n2", "", []byte("x"))
 	f.Add(runSubject, "r-1-a1", "stdout", "9223372036854775807", t0, "n1", "", []byte("x"))
 	f.Fuzz(func(t *testing.T, subject, attempt, stream, offset, ts, node, end string, data []byte) {
 		h := nats.Header{}

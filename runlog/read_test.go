@@ -47,7 +47,7 @@ func (p pub) msg(msgID string, h nats.Header, data string) {
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))
 	}
-	if _, err := p.js.PublishMsg(context.Background(), &nats.Msg{Subject: bus.RunLogs(p.runID), Header: h, Data: []byte(data)}, opts...); err != nil {
+	if _, err := p.js.PublishMsg(context.Background(), &nats.Msg{Subject: bus.RunLogsSubject("default", p.runID), Header: h, Data: []byte(data)}, opts...); err != nil {
 		p.t.Fatal(err)
 	}
 }
@@ -63,7 +63,7 @@ func read(t *testing.T, js jetstream.JetStream, runID string, o runlog.Options) 
 	o.Invalid = func(seq uint64, err error) { bad = append(bad, err) }
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := runlog.Read(ctx, js, bus.RunLogs(runID), o, func(l runlog.Line) error {
+	if err := runlog.Read(ctx, js, bus.RunLogsSubject("default", runID), o, func(l runlog.Line) error {
 		out = append(out, l.Attempt[len(runID)+1:]+" "+l.Stream+" "+l.Text)
 		return nil
 	}); err != nil {
@@ -133,7 +133,7 @@ func TestReadStored(t *testing.T) {
 	if got, _ := read(t, conn.JS, "r-none", runlog.Options{}); len(got) != 0 {
 		t.Fatalf("a Run without output: %q", got)
 	}
-	err := runlog.Read(context.Background(), conn.JS, bus.RunLogs("r-1"), runlog.Options{Stream: "stdin"}, nil)
+	err := runlog.Read(context.Background(), conn.JS, bus.RunLogsSubject("default", "r-1"), runlog.Options{Stream: "stdin"}, nil)
 	if err == nil {
 		t.Fatal("stream stdin accepted")
 	}
@@ -191,7 +191,7 @@ func TestReadFollow(t *testing.T) {
 			done := make(chan struct{})
 			res := make(chan error, 1)
 			go func() {
-				res <- runlog.Read(context.Background(), conn.JS, bus.RunLogs("r-1"), runlog.Options{Follow: true, Done: done, Tail: tail},
+				res <- runlog.Read(context.Background(), conn.JS, bus.RunLogsSubject("default", "r-1"), runlog.Options{Follow: true, Done: done, Tail: tail},
 					func(l runlog.Line) error {
 						mu.Lock()
 						got = append(got, l.Text)

@@ -52,7 +52,11 @@ type PrepareImage struct {
 
 // LaunchWorkload asks a node to start one attempt of a Run.
 type LaunchWorkload struct {
-	RunID          string `json:"run_id"`
+	RunID string `json:"run_id"`
+	// Tenant is the Run's: its output goes on the tenant's log subject
+	// (bus.RunLogsSubject). Empty, from a control plane before tenants, is
+	// DefaultTenant (TenantOf).
+	Tenant         string `json:"tenant,omitempty"`
 	AttemptID      string `json:"attempt_id"`
 	Reference      string `json:"reference"`
 	ManifestDigest string `json:"manifest_digest"`
@@ -75,6 +79,14 @@ type LaunchWorkload struct {
 	// Artifacts are mounted read-only from verified replicas; a launch
 	// fetches any its prepare did not.
 	Artifacts []ArtifactMount `json:"artifacts,omitempty"`
+}
+
+// TenantOf is the launch's tenant, DefaultTenant when unset.
+func (l LaunchWorkload) TenantOf() string {
+	if l.Tenant == "" {
+		return DefaultTenant
+	}
+	return l.Tenant
 }
 
 // EnvVar is one environment binding.
@@ -140,6 +152,12 @@ func (c *Command) Validate() error {
 			return err
 		}
 		l := c.Launch
+		// The tenant becomes a token of the output's subject.
+		if l.Tenant != "" {
+			if err := ValidateTenant("launch.tenant", l.Tenant); err != nil {
+				return err
+			}
+		}
 		if err := l.Platform.validate("launch.platform"); err != nil {
 			return err
 		}

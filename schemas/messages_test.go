@@ -33,7 +33,7 @@ func wantRefusal(t *testing.T, err error, code schemas.Code, field string) {
 
 func TestCancelRunValidate(t *testing.T) {
 	reqID := "req-1"
-	runID := schemas.RunIDFor(reqID)
+	runID := schemas.RunIDFor(schemas.DefaultTenant, reqID)
 	for _, tc := range []struct {
 		name      string
 		in        schemas.CancelRun
@@ -49,7 +49,7 @@ func TestCancelRunValidate(t *testing.T) {
 		{name: "version 1", in: schemas.CancelRun{Version: 1, RunID: runID}, wantRunID: runID},
 		{name: "reason at limit", in: schemas.CancelRun{RunID: runID, Reason: strings.Repeat("r", 512)}, wantRunID: runID},
 
-		{name: "both conflicting", in: schemas.CancelRun{RunID: schemas.RunIDFor("other"), RequestID: reqID}, code: schemas.CodeInvalidRunID, field: "run_id"},
+		{name: "both conflicting", in: schemas.CancelRun{RunID: schemas.RunIDFor(schemas.DefaultTenant, "other"), RequestID: reqID}, code: schemas.CodeInvalidRunID, field: "run_id"},
 		{name: "request id given as run id", in: schemas.CancelRun{RunID: reqID, RequestID: reqID}, code: schemas.CodeInvalidRunID, field: "run_id"},
 		{name: "neither", in: schemas.CancelRun{Reason: "stop"}, code: schemas.CodeMissingField, field: "run_id"},
 		{name: "bad run id", in: schemas.CancelRun{RunID: "r/1"}, code: schemas.CodeInvalidRunID, field: "run_id"},
@@ -63,7 +63,7 @@ func TestCancelRunValidate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.in
-			err := c.Validate()
+			err := c.Validate(schemas.DefaultTenant)
 			wantRefusal(t, err, tc.code, tc.field)
 			if tc.code == "" && c.RunID != tc.wantRunID {
 				t.Errorf("RunID = %q, want %q", c.RunID, tc.wantRunID)
@@ -71,12 +71,19 @@ func TestCancelRunValidate(t *testing.T) {
 			if tc.code == "" {
 				// Validating again is stable.
 				again := c
-				if err := again.Validate(); err != nil || again != c {
+				if err := again.Validate(schemas.DefaultTenant); err != nil || again != c {
 					t.Errorf("second Validate = %v, %+v", err, again)
 				}
 			}
 		})
 	}
+	// A request id names a Run of the canceller's tenant.
+	c := schemas.CancelRun{RequestID: reqID}
+	if err := c.Validate("acme"); err != nil || c.RunID != schemas.RunIDFor("acme", reqID) || c.RunID == runID {
+		t.Fatalf("cancel by request id in tenant acme: %+v, %v", c, err)
+	}
+	c = schemas.CancelRun{RunID: runID, RequestID: reqID}
+	wantRefusal(t, c.Validate("acme"), schemas.CodeInvalidRunID, "run_id")
 }
 
 func validCommand(kind schemas.CommandKind) schemas.Command {
@@ -311,7 +318,7 @@ func TestPhaseTerminal(t *testing.T) {
 	if got := schemas.WorkloadID("r-abc", 3); got != "r-abc-a3" {
 		t.Errorf("WorkloadID = %q", got)
 	}
-	if err := schemas.ValidateID("id", schemas.WorkloadID(schemas.RunIDFor("x"), 12), schemas.CodeMalformed); err != nil {
+	if err := schemas.ValidateID("id", schemas.WorkloadID(schemas.RunIDFor(schemas.DefaultTenant, "x"), 12), schemas.CodeMalformed); err != nil {
 		t.Errorf("WorkloadID is not a valid id: %v", err)
 	}
 }

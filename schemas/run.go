@@ -109,8 +109,9 @@ type CancelRun struct {
 	GraceSeconds int64  `json:"grace_seconds,omitempty"`
 }
 
-// Validate checks a CancelRun and resolves RunID from RequestID.
-func (c *CancelRun) Validate() error {
+// Validate checks a CancelRun sent under tenant and resolves RunID from
+// RequestID (request ids are per tenant).
+func (c *CancelRun) Validate(tenant string) error {
 	if c.Version < 0 || c.Version > SchemaVersion {
 		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported; this control plane speaks %d", c.Version, SchemaVersion)
 	}
@@ -127,8 +128,8 @@ func (c *CancelRun) Validate() error {
 			return err
 		}
 		if c.RunID == "" {
-			c.RunID = RunIDFor(c.RequestID)
-		} else if c.RunID != RunIDFor(c.RequestID) {
+			c.RunID = RunIDFor(tenant, c.RequestID)
+		} else if c.RunID != RunIDFor(tenant, c.RequestID) {
 			return refuse(CodeInvalidRunID, "run_id", "run_id and request_id name different Runs; send one of them")
 		}
 	}

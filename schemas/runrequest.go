@@ -304,10 +304,16 @@ func ValidateID(field, id string, code Code) error {
 	return nil
 }
 
-// RunIDFor derives the Run id from a request id, so redelivery and
-// resubmission of one request always name the same Run.
-func RunIDFor(requestID string) string {
-	sum := sha256.Sum256([]byte(requestID))
+// RunIDFor derives the Run id from a tenant's request id, so redelivery
+// and resubmission of one request always name the same Run, and the same
+// request id in two tenants names two Runs. The default tenant's ids are
+// the hash of the request id alone, as before tenants.
+func RunIDFor(tenant, requestID string) string {
+	in := requestID
+	if tenant != DefaultTenant {
+		in = tenant + "\x00" + requestID
+	}
+	sum := sha256.Sum256([]byte(in))
 	return "r-" + hex.EncodeToString(sum[:12])
 }
 

@@ -586,14 +586,20 @@ func TestRunIDFor(t *testing.T) {
 		"":      "r-e3b0c44298fc1c149afbf4c8",
 	}
 	for in, want := range golden {
-		if got := schemas.RunIDFor(in); got != want {
-			t.Errorf("RunIDFor(%q) = %q, want %q", in, got, want)
+		if got := schemas.RunIDFor(schemas.DefaultTenant, in); got != want {
+			t.Errorf("RunIDFor(default, %q) = %q, want %q", in, got, want)
 		}
 	}
+	// Another tenant's ids hash the tenant too: the same request id in two
+	// tenants names two Runs.
+	if got, want := schemas.RunIDFor("acme", "req-1"), "r-a634b5907553fbb5286c1d7b"; got != want {
+		t.Errorf("RunIDFor(acme, req-1) = %q, want %q", got, want)
+	}
 	seen := map[string]string{}
-	for i := range 2000 {
-		id := fmt.Sprintf("req-%d", i)
-		a, b := schemas.RunIDFor(id), schemas.RunIDFor(id)
+	for i := range 3 * 2000 {
+		id := fmt.Sprintf("req-%d", i/3)
+		tenant := []string{schemas.DefaultTenant, "acme", "beta"}[i%3]
+		a, b := schemas.RunIDFor(tenant, id), schemas.RunIDFor(tenant, id)
 		if a != b {
 			t.Fatalf("RunIDFor(%q) not deterministic: %q vs %q", id, a, b)
 		}
@@ -604,9 +610,9 @@ func TestRunIDFor(t *testing.T) {
 			t.Fatalf("RunIDFor(%q) = %q is not a valid id: %v", id, a, err)
 		}
 		if prev, dup := seen[a]; dup {
-			t.Fatalf("RunIDFor(%q) = RunIDFor(%q) = %q", id, prev, a)
+			t.Fatalf("RunIDFor(%s/%s) = RunIDFor(%s) = %q", tenant, id, prev, a)
 		}
-		seen[a] = id
+		seen[a] = tenant + "/" + id
 	}
 }
 

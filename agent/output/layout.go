@@ -34,15 +34,15 @@ func Root(dataDir string) string { return filepath.Join(dataDir, "output") }
 
 // PrepareRun creates the output directory of a Run's attempt under an
 // agent's data dir, with what it needs to be shipped to the Run's log
-// subject, and returns it.
-func PrepareRun(dataDir, runID, attemptID string) (string, error) {
-	return prepare(dataDir, meta{RunID: runID, AttemptID: attemptID, Subject: bus.RunLogs(runID)})
+// subject (under the Run's tenant), and returns it.
+func PrepareRun(dataDir, tenant, runID, attemptID string) (string, error) {
+	return prepare(dataDir, meta{RunID: runID, AttemptID: attemptID, Subject: bus.RunLogsSubject(tenant, runID)})
 }
 
 // PrepareSession creates the output directory of a resident session's
 // workload, shipped to its session's log subject, and returns it.
 func PrepareSession(dataDir, workloadID, tenant, session string) (string, error) {
-	return prepare(dataDir, meta{AttemptID: workloadID, Subject: bus.SessionLogs(tenant, session)})
+	return prepare(dataDir, meta{AttemptID: workloadID, Subject: bus.SessionLogsSubject(tenant, session)})
 }
 
 func prepare(dataDir string, m meta) (string, error) {

@@ -74,7 +74,7 @@ func write(t *testing.T, dir, stdout, stderr string) {
 func read(t *testing.T, ctx context.Context, conn *bus.Conn, runID string) (stdout, stderr string) {
 	t.Helper()
 	var out, errs bytes.Buffer
-	err := runlog.Read(ctx, conn.JS, bus.RunLogs(runID), runlog.Options{}, func(l runlog.Line) error {
+	err := runlog.Read(ctx, conn.JS, bus.RunLogsSubject("default", runID), runlog.Options{}, func(l runlog.Line) error {
 		if l.Node != "node-out" {
 			t.Errorf("line from node %q", l.Node)
 		}
@@ -96,7 +96,7 @@ func read(t *testing.T, ctx context.Context, conn *bus.Conn, runID string) (stdo
 func TestShip_StoresBothStreamsThenRemovesTheDir(t *testing.T) {
 	m := &figures{}
 	s, ctx, conn := shipperOn(t, m)
-	dir, err := PrepareRun(s.cfg.DataDir, "r1", "r1-a1")
+	dir, err := PrepareRun(s.cfg.DataDir, "default", "r1", "r1-a1")
 	if err != nil || dir != s.Dir("r1-a1") {
 		t.Fatalf("dir %q, %v", dir, err)
 	}
@@ -136,9 +136,9 @@ func TestShip_StoresBothStreamsThenRemovesTheDir(t *testing.T) {
 // its meta is left in place.
 func TestShipLeftovers(t *testing.T) {
 	s, ctx, conn := shipperOn(t, nil)
-	gone, _ := PrepareRun(s.cfg.DataDir, "r2", "r2-a1")
+	gone, _ := PrepareRun(s.cfg.DataDir, "default", "r2", "r2-a1")
 	write(t, gone, "left over\n", "")
-	held, _ := PrepareRun(s.cfg.DataDir, "r3", "r3-a1")
+	held, _ := PrepareRun(s.cfg.DataDir, "default", "r3", "r3-a1")
 	stray := filepath.Join(Root(s.cfg.DataDir), "stray")
 	if err := os.MkdirAll(stray, 0o755); err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestShip_RefusedLoginsKeepTheOutput(t *testing.T) {
 		}
 		return conn.JS, func() {}, nil
 	}
-	dir, _ := PrepareRun(s.cfg.DataDir, "r5", "r5-a1")
+	dir, _ := PrepareRun(s.cfg.DataDir, "default", "r5", "r5-a1")
 	write(t, dir, "kept\nthrough refusals", "")
 	sh, err := s.Ship(ctx, "r5-a1")
 	if err != nil {
@@ -225,7 +225,7 @@ const logLoginTriesBefore = 6
 func TestShip_RemovedWhileRefusedStops(t *testing.T) {
 	s, ctx, _ := shipperOn(t, nil)
 	s.cfg.Dialer = func(context.Context, string) (jetstream.JetStream, func(), error) { return nil, nil, authRefused }
-	dir, _ := PrepareRun(s.cfg.DataDir, "r6", "r6-a1")
+	dir, _ := PrepareRun(s.cfg.DataDir, "default", "r6", "r6-a1")
 	write(t, dir, "never shipped\n", "")
 	sh, err := s.Ship(ctx, "r6-a1")
 	if err != nil {
@@ -261,7 +261,7 @@ func TestShip_RedialsAClosedLogConnection(t *testing.T) {
 		}
 		return conn.JS, func() {}, nil
 	}
-	dir, _ := PrepareRun(s.cfg.DataDir, "r7", "r7-a1")
+	dir, _ := PrepareRun(s.cfg.DataDir, "default", "r7", "r7-a1")
 	write(t, dir, "after a redial\n", "")
 	sh, err := s.Ship(ctx, "r7-a1")
 	if err != nil {

@@ -116,12 +116,12 @@ func TestLogDialer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial r-mine: %v", err)
 	}
-	if ack, err := js.Publish(ctx, bus.RunLogs("r-mine"), []byte("hello\n")); err != nil || ack.Stream != bus.StreamLogs {
+	if ack, err := js.Publish(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r-mine"), []byte("hello\n")); err != nil || ack.Stream != bus.StreamLogs {
 		t.Fatalf("publish: %+v %v", ack, err)
 	}
 	closeConn()
 	closeConn()
-	if _, err := js.Publish(ctx, bus.RunLogs("r-mine"), []byte("late\n")); err == nil {
+	if _, err := js.Publish(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r-mine"), []byte("late\n")); err == nil {
 		t.Fatal("publish after close succeeded")
 	}
 	if _, _, err := dial(ctx, "r-theirs"); !bus.IsAuthError(err) {

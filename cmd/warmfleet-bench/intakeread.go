@@ -86,7 +86,7 @@ func readEvents(ctx context.Context, js jetstream.JetStream, from uint64) ([]sto
 			return out, fmt.Errorf("event %d: %w", meta.Sequence.Stream, err)
 		}
 		decided := ev.Type == string(schemas.EventDecided) || (ev.Type == string(schemas.EventAccepted) && len(ev.Decision) > 0 && string(ev.Decision) != "null")
-		out = append(out, storedEvent{runID: strings.TrimPrefix(m.Subject(), bus.RunEvents("")), typ: ev.Type, decided: decided, at: meta.Timestamp})
+		out = append(out, storedEvent{runID: strings.TrimPrefix(m.Subject(), bus.RunEventsSubject(schemas.DefaultTenant, "")), typ: ev.Type, decided: decided, at: meta.Timestamp})
 		if meta.Sequence.Stream >= last {
 			return out, nil
 		}

@@ -78,7 +78,7 @@ func TestReadEventsReturnsEachEventWithItsStoreTime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := conn.JS.PublishMsg(ctx, &nats.Msg{Subject: bus.RunEvents(ev.RunID), Data: b}, jetstream.WithMsgID(fmt.Sprintf("%s:%d", ev.RunID, ev.Seq))); err != nil {
+		if _, err := conn.JS.PublishMsg(ctx, &nats.Msg{Subject: bus.RunEventsSubject(schemas.DefaultTenant, ev.RunID), Data: b}, jetstream.WithMsgID(fmt.Sprintf("%s:%d", ev.RunID, ev.Seq))); err != nil {
 			t.Fatal(err)
 		}
 	}

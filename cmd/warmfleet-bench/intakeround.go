@@ -143,7 +143,7 @@ func (in *intakeBench) submit(ctx context.Context, producers int, o intakeOpts, 
 	sub.start = time.Now()
 	sub.n, sub.elapsed, err = publishFor(ctx, producers, o.duration, func(p, i int) *nats.Msg {
 		rid := benchRID(in.nonce, p, i)
-		m := in.msg(bus.SubjectSubmit, tmpl.body(rid), rid)
+		m := in.msg(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), tmpl.body(rid), rid)
 		sub.sentAt[p] = append(sub.sentAt[p], time.Now())
 		return m
 	}, in.prod.JS)
@@ -221,7 +221,7 @@ func (in *intakeBench) record(ctx context.Context, res *intakeRound, sub submitt
 	lat := make([]time.Duration, 0, len(rec.accepted))
 	for p, times := range sub.sentAt {
 		for i, t := range times {
-			if at, ok := rec.accepted[schemas.RunIDFor(benchRID(in.nonce, p, i))]; ok {
+			if at, ok := rec.accepted[schemas.RunIDFor(schemas.DefaultTenant, benchRID(in.nonce, p, i))]; ok {
 				lat = append(lat, at.Sub(t))
 			}
 		}

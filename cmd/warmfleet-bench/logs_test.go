@@ -53,7 +53,7 @@ func TestRawPublishStoresTheDirectorysChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := genContent(7, 3<<20, 120)
-	dir, err := agent.PrepareOutput(t.TempDir(), "r-src", "r-src-a1")
+	dir, err := agent.PrepareOutput(t.TempDir(), schemas.DefaultTenant, "r-src", "r-src-a1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestRawPublishStoresTheDirectorysChunks(t *testing.T) {
 			if m.Header.Get(bus.HeaderLogStream) == bus.LogStderr {
 				s = nodelog.Stderr
 			}
-			if m.Subject != bus.RunLogs(runID) || m.Header.Get(bus.HeaderLogAttempt) != schemas.WorkloadID(runID, 1) {
+			if m.Subject != bus.RunLogsSubject(schemas.DefaultTenant, runID) || m.Header.Get(bus.HeaderLogAttempt) != schemas.WorkloadID(runID, 1) {
 				t.Fatalf("message %d on %s for %q", seq, m.Subject, m.Header.Get(bus.HeaderLogAttempt))
 			}
 			if end := m.Header.Get(bus.HeaderLogEnd); end != "" {

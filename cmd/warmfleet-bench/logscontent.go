@@ -85,7 +85,7 @@ func readChunks(dir string) (rawAttempt, error) {
 // (batch) filled and then drained whole, as agent/output's pump does.
 // Then each stream's end.
 func (ra rawAttempt) publish(ctx context.Context, js jetstream.JetStream, runID, node string, batch bool) error {
-	subject, attempt := bus.RunLogs(runID), schemas.WorkloadID(runID, 1)
+	subject, attempt := bus.RunLogsSubject(schemas.DefaultTenant, runID), schemas.WorkloadID(runID, 1)
 	var queue []jetstream.PubAckFuture
 	ackHead := func() error {
 		select {

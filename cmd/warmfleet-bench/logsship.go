@@ -139,8 +139,8 @@ func (s *shipBench) outputs(r int) (*shipOutputs, error) {
 	out := &shipOutputs{round: r, nodeID: fmt.Sprintf("bench-logs-%d", r+1)}
 	out.dataDir = filepath.Join(s.e.dir, "agent-"+out.nodeID)
 	for i, c := range s.contents {
-		runID := schemas.RunIDFor(fmt.Sprintf("logs-%s-%d-%d", s.nonce, r, i))
-		dir, err := agent.PrepareOutput(out.dataDir, runID, schemas.WorkloadID(runID, 1))
+		runID := schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("logs-%s-%d-%d", s.nonce, r, i))
+		dir, err := agent.PrepareOutput(out.dataDir, schemas.DefaultTenant, runID, schemas.WorkloadID(runID, 1))
 		if err != nil {
 			return nil, err
 		}
@@ -226,7 +226,7 @@ func (s *shipBench) rawPhase(ctx context.Context, out *shipOutputs, kind string)
 		errs := make([]error, len(out.raws))
 		var wg sync.WaitGroup
 		for i, ra := range out.raws {
-			runID := schemas.RunIDFor(fmt.Sprintf("logs-%s-%s-%d-%d", kind, s.nonce, out.round, i))
+			runID := schemas.RunIDFor(schemas.DefaultTenant, fmt.Sprintf("logs-%s-%s-%d-%d", kind, s.nonce, out.round, i))
 			wg.Go(func() { errs[i] = ra.publish(ctx, s.pub.JS, runID, node, batch) })
 		}
 		wg.Wait()

@@ -49,7 +49,7 @@ func submitMsg(req schemas.RunRequest, enc codec.Encoding) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &nats.Msg{Subject: bus.SubjectSubmit, Data: b, Header: nats.Header{}}
+	m := &nats.Msg{Subject: bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), Data: b, Header: nats.Header{}}
 	m.Header.Set(codec.ContentTypeHeader, enc.ContentType())
 	return m, nil
 }

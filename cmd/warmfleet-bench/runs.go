@@ -29,7 +29,7 @@ func submitRun(ctx context.Context, js jetstream.JetStream, req schemas.RunReque
 	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(req.RequestID)); err != nil {
 		return t0, "", err
 	}
-	return t0, schemas.RunIDFor(req.RequestID), nil
+	return t0, schemas.RunIDFor(schemas.DefaultTenant, req.RequestID), nil
 }
 
 // runEnd is one Run followed to its end: its phases' event times, when
@@ -61,7 +61,7 @@ type runWatch struct {
 func watchRuns(nc *nats.Conn) (*runWatch, error) {
 	w := &runWatch{phases: map[string]map[schemas.Phase]time.Time{}, seen: map[string]map[schemas.Phase]time.Time{},
 		accAt: map[string]time.Time{}, cond: make(chan struct{}, 1)}
-	sub, err := nc.Subscribe(bus.SubjectEventsAll, w.record)
+	sub, err := nc.Subscribe(bus.SubjectEvents, w.record)
 	if err != nil {
 		return nil, err
 	}

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/bus/codec"
@@ -69,8 +72,8 @@ func askTenant[T any](ctx context.Context, h history, op string, req any) (T, er
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
 	rep, err := admin[T](ctx, h.conn, bus.TenantSubject(h.tenant, op), req)
-	if err != nil && ctx.Err() != nil && bus.IsAuthError(h.conn.NC.LastError()) {
-		return rep, fmt.Errorf("this login may not ask tenant %s's services (%v): set --tenant or WARMFLEET_TENANT to your login's tenant", h.tenant, h.conn.NC.LastError())
+	if last := h.conn.NC.LastError(); err != nil && errors.Is(last, nats.ErrPermissionViolation) {
+		return rep, fmt.Errorf("this login may not ask tenant %q's services: set --tenant (or %s) to the tenant of the login's producer: %w", h.tenant, envTenant, last)
 	}
 	return rep, err
 }

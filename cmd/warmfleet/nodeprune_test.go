@@ -72,7 +72,7 @@ func TestNodePrune(t *testing.T) {
 	req := schemas.RunRequest{RequestID: "prune-run", Image: "example.com/app@" + used, Command: []string{"sleep"},
 		Caches: []schemas.CacheMount{{Name: "c-run", Path: "/cache"}}}
 	b, _ := json.Marshal(req)
-	if _, err := cpConn.JS.Publish(ctx, bus.SubjectSubmit, b); err != nil {
+	if _, err := cpConn.JS.Publish(ctx, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), b); err != nil {
 		t.Fatal(err)
 	}
 	runsKV, err := cpConn.JS.KeyValue(ctx, bus.BucketRuns)
@@ -81,7 +81,7 @@ func TestNodePrune(t *testing.T) {
 	}
 	waitFor(t, 20*time.Second, "the Run running", func() bool {
 		var r schemas.Run
-		_, err := bus.GetJSON(ctx, runsKV, schemas.RunIDFor(req.RequestID), &r)
+		_, err := bus.GetJSON(ctx, runsKV, schemas.RunIDFor(schemas.DefaultTenant, req.RequestID), &r)
 		return err == nil && r.Phase == schemas.PhaseRunning
 	})
 

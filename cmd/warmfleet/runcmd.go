@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
@@ -88,7 +89,7 @@ func newRunGet(g *globals) *cobra.Command {
 					exit = fmt.Sprint(*r.ExitCode)
 				}
 				for _, row := range [][2]string{
-					{"ID", r.ID}, {"Request", r.Request.RequestID}, {"Image", r.Request.Image}, {"Phase", string(r.Phase)},
+					{"ID", r.ID}, {"Tenant", r.TenantOf()}, {"Submitted by", or(r.SubmittedBy, "-")}, {"Request", r.Request.RequestID}, {"Image", r.Request.Image}, {"Phase", string(r.Phase)},
 					{"Reason", or(r.Reason, "-")}, {"Node", or(r.NodeID, "-")}, {"Attempt", fmt.Sprint(r.Attempt)},
 					{"Exit code", exit}, {"OOM killed", fmt.Sprint(r.OOMKilled)}, {"Started", fmtTime(r.StartedAt)},
 					{"Finished", fmtTime(r.FinishedAt)}, {"Created", fmtTime(&r.CreatedAt)}, {"Waiting", or(r.Waiting, "-")},
@@ -126,13 +127,13 @@ func newRunList(g *globals) *cobra.Command {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: %d more Runs left off (the newest %d shown)\n", leftOff, len(runs))
 			}
 			return g.render(cmd.OutOrStdout(), runs, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "RUN\tREQUEST\tPHASE\tNODE\tEXIT\tREASON\tCREATED")
+				fmt.Fprintln(tw, "RUN\tTENANT\tREQUEST\tPHASE\tNODE\tEXIT\tREASON\tCREATED")
 				for _, r := range runs {
 					exit := "-"
 					if r.ExitCode != nil {
 						exit = fmt.Sprint(*r.ExitCode)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Request.RequestID, r.Phase, or(r.NodeID, "-"), exit, or(r.Reason, "-"), fmtTime(&r.CreatedAt))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.TenantOf(), r.Request.RequestID, r.Phase, or(r.NodeID, "-"), exit, or(r.Reason, "-"), fmtTime(&r.CreatedAt))
 				}
 			})
 		},
@@ -184,7 +185,10 @@ func newRunCancel(g *globals) *cobra.Command {
 		Use: "cancel RUN_ID", Short: "Stop a Run: SIGTERM, grace period, SIGKILL", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := schemas.CancelRun{RunID: args[0], GraceSeconds: grace, Reason: reason}
-			if err := c.Validate(); err != nil {
+			if err := c.Validate(g.tenant); err != nil {
+				return err
+			}
+			if err := schemas.ValidateTenant("--tenant", g.tenant); err != nil {
 				return err
 			}
 			conn, err := g.connect(cmd.Context())
@@ -193,7 +197,8 @@ func newRunCancel(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			b, _ := json.Marshal(c)
-			if _, err := conn.JS.Publish(cmd.Context(), bus.SubjectCancel, b); err != nil {
+			m := &nats.Msg{Subject: bus.CancelSubject(g.tenant, g.identity()), Data: b}
+			if err := publishIntake(cmd.Context(), g, conn, m, ""); err != nil {
 				return fmt.Errorf("cancel: %w", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "cancel of %s requested\n", c.RunID)

@@ -91,7 +91,7 @@ func (b logBus) putRun(id string, phase schemas.Phase, attempts int) {
 func (b logBus) chunk(runID string, attempt int, stream string, off int64, at time.Time, data string) {
 	b.t.Helper()
 	id := schemas.WorkloadID(runID, attempt)
-	m := &nats.Msg{Subject: bus.RunLogs(runID), Data: []byte(data), Header: nats.Header{bus.HeaderLogAttempt: {id}, bus.HeaderLogStream: {stream},
+	m := &nats.Msg{Subject: bus.RunLogsSubject(schemas.DefaultTenant, runID), Data: []byte(data), Header: nats.Header{bus.HeaderLogAttempt: {id}, bus.HeaderLogStream: {stream},
 		bus.HeaderLogOffset: {strconv.FormatInt(off, 10)}, bus.HeaderLogTime: {at.Format(time.RFC3339Nano)}, bus.HeaderLogNode: {"n1"}}}
 	if _, err := b.js.PublishMsg(context.Background(), m, jetstream.WithMsgID(bus.LogMsgID(id, stream, off))); err != nil {
 		b.t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -92,18 +91,21 @@ func submit(cmd *cobra.Command, g *globals, f submitFlags, args []string) error 
 	if err != nil {
 		return err
 	}
+	if err := schemas.ValidateTenant("--tenant", g.tenant); err != nil {
+		return err
+	}
 	conn, err := g.connect(cmd.Context())
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	b, _ := json.Marshal(req)
-	m := &nats.Msg{Subject: bus.SubjectSubmit, Data: b, Header: nats.Header{}}
+	m := &nats.Msg{Subject: bus.SubmitSubject(g.tenant, g.identity()), Data: b, Header: nats.Header{}}
 	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
-	if _, err := conn.JS.PublishMsg(cmd.Context(), m, jetstream.WithMsgID(req.RequestID)); err != nil {
+	if err := publishIntake(cmd.Context(), g, conn, m, req.RequestID); err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
-	runID := schemas.RunIDFor(req.RequestID)
+	runID := schemas.RunIDFor(g.tenant, req.RequestID)
 	submitted := fmt.Sprintf("submitted %s as run %s", req.RequestID, runID)
 	switch {
 	case !f.wait:

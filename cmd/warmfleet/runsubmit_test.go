@@ -91,7 +91,7 @@ func (p *runPlay) event(ev schemas.RunEvent) {
 	p.seq++
 	ev.RunID, ev.Seq, ev.At = p.runID, p.seq, time.Now()
 	body, _ := json.Marshal(ev)
-	if _, err := p.b.js.Publish(context.Background(), bus.RunEvents(p.runID), body); err != nil {
+	if _, err := p.b.js.Publish(context.Background(), bus.RunEventsSubject(schemas.DefaultTenant, p.runID), body); err != nil {
 		p.b.t.Fatal(err)
 	}
 }
@@ -140,7 +140,7 @@ func waitForText(t *testing.T, w *syncBuffer, want string) {
 // Run's exit code.
 func TestRunSubmitWaitShowsOutput(t *testing.T) {
 	b := newLogBus(t)
-	p := &runPlay{b: b, runID: schemas.RunIDFor("wait-1")}
+	p := &runPlay{b: b, runID: schemas.RunIDFor(schemas.DefaultTenant, "wait-1")}
 	p.event(schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted})
 	p.phase(schemas.PhasePlaced, "", "booked on n1", nil)
 	p.phase(schemas.PhasePreparing, "", "node is preparing the image and artifact weights", nil)
@@ -185,7 +185,7 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 // --quiet keeps the events-only view and the same exit status.
 func TestRunSubmitWaitQuiet(t *testing.T) {
 	b := newLogBus(t)
-	p := &runPlay{b: b, runID: schemas.RunIDFor("quiet-1")}
+	p := &runPlay{b: b, runID: schemas.RunIDFor(schemas.DefaultTenant, "quiet-1")}
 	p.phase(schemas.PhaseRunning, "", "container running", nil)
 	b.chunk(p.runID, 1, bus.LogStdout, 0, time.Now(), "not shown\n")
 	p.phase(schemas.PhaseFailed, schemas.CodeExitNonZero, "exited non-zero", new(3))
@@ -215,7 +215,7 @@ func TestRunSubmitWaitWithoutExitCode(t *testing.T) {
 		{"zero-1", schemas.RunEvent{Type: schemas.EventPhase, Phase: schemas.PhaseFailed, Code: schemas.CodeMaxRuntime, Message: "stopped after max_runtime_seconds", ExitCode: new(0)},
 			"ended failed (max_runtime_exceeded) without an exit code of its own"},
 	} {
-		p := &runPlay{b: b, runID: schemas.RunIDFor(tc.id)}
+		p := &runPlay{b: b, runID: schemas.RunIDFor(schemas.DefaultTenant, tc.id)}
 		p.event(tc.end)
 		var stdout, stderr syncBuffer
 		code, note := submitWait(t, b, &stdout, &stderr, "--request-id", tc.id, "--", "true")()

@@ -30,7 +30,7 @@ type serveSecurity struct {
 	clientCert, clientKey     string
 	serviceUser, servicePass  string // embedded: the control plane's own login
 	issuerSeed                []byte
-	producers                 map[string]string
+	producers                 map[string]admission.Producer
 	operatorToken, issuerPubK string
 }
 
@@ -39,7 +39,7 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 	f.BoolVar(&s.auth, "auth", false, "require a login for NATS: agents, producers and operators get per-identity permissions from the control plane's auth callout (docs/security.md)")
 	f.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "let the embedded NATS listen beyond loopback without --auth: anyone who reaches the port may read and rewrite everything (a warning is logged at every start)")
 	f.StringVar(&s.issuerSeedFile, "auth-issuer-seed-file", "", "account nkey seed (SA...) that signs callout answers; required with --auth and --nats-url (the server's auth_callout.issuer is its public key); the embedded server generates one")
-	f.StringVar(&s.producerTokensFile, "producer-tokens-file", "", "with --auth: `file` of \"<name> <token>\" lines, one per producer")
+	f.StringVar(&s.producerTokensFile, "producer-tokens-file", "", "with --auth: `file` of \"<name> <token> [<tenant>]\" lines, one per producer (no tenant: \"default\"); the tenants named are the ones this control plane serves")
 	f.StringVar(&s.operatorTokenFile, "operator-token-file", "", "with --auth: file holding the operator token (user \"operator\", full permissions)")
 	f.StringVar(&s.natsUser, "nats-user", "", "with --nats-url: the control plane's NATS user (listed in auth_callout.auth_users)")
 	f.StringVar(&s.natsPassFile, "nats-password-file", "", "with --nats-url: file holding that user's password")
@@ -189,7 +189,7 @@ func (s *serveSecurity) authConfig(log *zap.Logger) *admission.Config {
 	if !s.auth {
 		return nil
 	}
-	log.Info("NATS auth on", zap.Strings("producers", admission.ProducerNames(s.producers)), zap.String("operator_token_file", s.operatorTokenFile))
+	log.Info("NATS auth on", zap.Strings("producers", admission.ProducerNames(s.producers)), zap.Strings("tenants", s.tenants()), zap.String("operator_token_file", s.operatorTokenFile))
 	return &admission.Config{IssuerSeed: s.issuerSeed, Producers: s.producers, OperatorToken: s.operatorToken}
 }
 
@@ -255,3 +255,7 @@ func readSecretFile(path, flag string) ([]byte, error) {
 	}
 	return []byte(v), nil
 }
+
+// tenants are the tenants the producer tokens file names, with the default
+// one, sorted (controlplane.Config.Tenants).
+func (s *serveSecurity) tenants() []string { return admission.ProducerTenants(s.producers) }

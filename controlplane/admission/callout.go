@@ -30,8 +30,8 @@ type Config struct {
 	// IssuerSeed is the account nkey seed (SA...) that signs the users the
 	// callout issues; nats-server is configured with its public key.
 	IssuerSeed []byte
-	// Producers maps a producer's name to its token.
-	Producers map[string]string
+	// Producers maps a producer's name to its token and tenant.
+	Producers map[string]Producer
 	// OperatorToken logs in user "operator" with full permissions; empty
 	// admits no operator (the control plane's own login still works).
 	OperatorToken string
@@ -75,8 +75,8 @@ type Callout struct {
 	rentalsKV jetstream.KeyValue
 	runsKV    jetstream.KeyValue
 	grantsKV  jetstream.KeyValue
-	producers map[string]string // name -> token hash
-	operator  string            // token hash
+	producers map[string]producerLogin // name -> token hash, tenant
+	operator  string                   // token hash
 	now       func() time.Time
 }
 

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -104,9 +105,10 @@ func TestNew_RefusesConfig(t *testing.T) {
 	}{
 		{"not a seed", Config{IssuerSeed: []byte("SAnot")}, "issuer seed"},
 		{"a user seed", Config{IssuerSeed: userSeed}, "account nkey seed"},
-		{"a producer named operator", Config{IssuerSeed: accountSeed, Producers: map[string]string{"operator": secret}}, "producer name"},
-		{"a producer name with a dot", Config{IssuerSeed: accountSeed, Producers: map[string]string{"a.b": secret}}, "producer name"},
-		{"a short producer token", Config{IssuerSeed: accountSeed, Producers: map[string]string{"acme": "short"}}, "shorter than 16"},
+		{"a producer named operator", Config{IssuerSeed: accountSeed, Producers: map[string]Producer{"operator": {Token: secret}}}, "producer name"},
+		{"a producer name with a dot", Config{IssuerSeed: accountSeed, Producers: map[string]Producer{"a.b": {Token: secret}}}, "producer name"},
+		{"a short producer token", Config{IssuerSeed: accountSeed, Producers: map[string]Producer{"acme": {Token: "short"}}}, "shorter than 16"},
+		{"a producer of a bad tenant", Config{IssuerSeed: accountSeed, Producers: map[string]Producer{"acme": {Token: secret, Tenant: "A.b"}}}, "invalid_tenant"},
 		{"a short operator token", Config{IssuerSeed: accountSeed, OperatorToken: "short"}, "shorter than 16"},
 	} {
 		_, err := New(context.Background(), nil, c.cfg, zaptest.NewLogger(t))
@@ -122,8 +124,8 @@ func TestNew_RefusesConfig(t *testing.T) {
 // The operator's and producers' logins are decided from the configured
 // hashes alone: no bucket is read.
 func TestAuthorize_OperatorAndProducers(t *testing.T) {
-	opTok, acmeTok := newToken(), newToken()
-	producers, operator, err := hashSecrets(map[string]string{"acme": acmeTok}, opTok)
+	opTok, acmeTok, betaTok := newToken(), newToken(), newToken()
+	producers, operator, err := hashSecrets(map[string]Producer{"acme": {Token: acmeTok}, "beta": {Token: betaTok, Tenant: "team-b"}}, opTok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +153,16 @@ func TestAuthorize_OperatorAndProducers(t *testing.T) {
 		}
 	}
 	g, _ := a.authorize(context.Background(), jwt.ConnectOptions{Username: "acme", Token: acmeTok})
-	if g.perms == nil || !slices.Equal(g.perms.Publish, bus.PermsProducer("acme").Publish) {
+	if g.perms == nil || !slices.Equal(g.perms.Publish, bus.PermsProducer("acme", schemas.DefaultTenant).Publish) {
 		t.Fatalf("a producer's grant (token in the token field) = %+v, want bus.PermsProducer", g)
+	}
+	// A producer listed with a tenant is granted that tenant's subjects.
+	g, err = a.authorize(context.Background(), jwt.ConnectOptions{Username: "beta", Password: betaTok})
+	if err != nil || g.perms == nil || !reflect.DeepEqual(*g.perms, bus.PermsProducer("beta", "team-b")) {
+		t.Fatalf("producer beta of tenant team-b: %+v, %v; want bus.PermsProducer(beta, team-b)", g, err)
+	}
+	if _, err := a.authorize(context.Background(), jwt.ConnectOptions{Username: "beta", Password: acmeTok}); err == nil {
+		t.Fatal("producer beta logged in with acme's token")
 	}
 }
 

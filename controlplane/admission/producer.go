@@ -11,18 +11,43 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
+// Producer is one configured producer: its token and its tenant.
+type Producer struct {
+	Token string
+	// Tenant is the tenant it acts for; empty is schemas.DefaultTenant.
+	Tenant string
+}
+
+// TenantOf is the producer's tenant, schemas.DefaultTenant when unset.
+func (p Producer) TenantOf() string {
+	if p.Tenant == "" {
+		return schemas.DefaultTenant
+	}
+	return p.Tenant
+}
+
+// producerLogin is what the callout keeps of a producer: its token's hash
+// and its tenant.
+type producerLogin struct {
+	hash   string
+	tenant string
+}
+
 // hashSecrets checks the configured producers and operator token and keeps
 // their hashes only.
-func hashSecrets(producers map[string]string, operatorToken string) (map[string]string, string, error) {
-	hashed := map[string]string{}
-	for name, tok := range producers {
+func hashSecrets(producers map[string]Producer, operatorToken string) (map[string]producerLogin, string, error) {
+	hashed := map[string]producerLogin{}
+	for name, p := range producers {
 		if !producerName(name) {
 			return nil, "", fmt.Errorf("auth callout: producer name %q must be one subject token (no dots, slashes, @, spaces or wildcards) and not %q", name, bus.OperatorUser)
 		}
-		if len(tok) < 16 {
+		if len(p.Token) < 16 {
 			return nil, "", fmt.Errorf("auth callout: producer %q: its token is shorter than 16 characters; use `openssl rand -base64 32`", name)
 		}
-		hashed[name] = schemas.TokenHash(tok)
+		if err := schemas.ValidateTenant("tenant", p.TenantOf()); err != nil {
+			return nil, "", fmt.Errorf("auth callout: producer %q: %w", name, err)
+		}
+		hashed[name] = producerLogin{hash: schemas.TokenHash(p.Token), tenant: p.TenantOf()}
 	}
 	var operator string
 	if operatorToken != "" {
@@ -63,26 +88,27 @@ func (a *Callout) authorizeProducer(user, h string) (g grant, ok bool, err error
 	if !ok {
 		return grant{}, false, nil
 	}
-	if subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1 {
-		p := bus.PermsProducer(user)
+	if subtle.ConstantTimeCompare([]byte(h), []byte(want.hash)) == 1 {
+		p := bus.PermsProducer(user, want.tenant)
 		return grant{kind: "producer", name: user, perms: &p}, true, nil
 	}
 	return grant{}, true, &Refusal{User: user, Reason: "not this producer's token (set with `warmfleet serve --producer-tokens-file`)"}
 }
 
-// ParseProducerTokens reads `name token` lines (blank lines and lines
-// starting with # are skipped), as in the file given to
-// `warmfleet serve --producer-tokens-file`.
-func ParseProducerTokens(text string) (map[string]string, error) {
-	out := map[string]string{}
+// ParseProducerTokens reads `<name> <token> [<tenant>]` lines (blank lines
+// and lines starting with # are skipped), as in the file given to
+// `warmfleet serve --producer-tokens-file`; a line without a tenant is the
+// default tenant's producer. No error echoes a token.
+func ParseProducerTokens(text string) (map[string]Producer, error) {
+	out := map[string]Producer{}
 	for i, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 2 {
-			return nil, fmt.Errorf("producer tokens: line %d: want `<name> <token>`", i+1)
+		if len(f) != 2 && len(f) != 3 {
+			return nil, fmt.Errorf("producer tokens: line %d: want `<name> <token> [<tenant>]`", i+1)
 		}
 		if !producerName(f[0]) {
 			return nil, fmt.Errorf("producer tokens: line %d: a producer name must be one subject token (no dots, slashes, @, wildcards or spaces) and not %q", i+1, bus.OperatorUser)
@@ -90,17 +116,40 @@ func ParseProducerTokens(text string) (map[string]string, error) {
 		if _, dup := out[f[0]]; dup {
 			return nil, fmt.Errorf("producer tokens: line %d: producer %q is listed twice", i+1, f[0])
 		}
-		out[f[0]] = f[1]
+		p := Producer{Token: f[1], Tenant: schemas.DefaultTenant}
+		if len(f) == 3 {
+			if err := schemas.ValidateTenant("tenant", f[2]); err != nil {
+				return nil, fmt.Errorf("producer tokens: line %d: producer %q: %w", i+1, f[0], err)
+			}
+			p.Tenant = f[2]
+		}
+		out[f[0]] = p
 	}
 	return out, nil
 }
 
 // ProducerNames lists the configured producers, sorted (for logs).
-func ProducerNames(m map[string]string) []string {
+func ProducerNames(m map[string]Producer) []string {
 	names := make([]string, 0, len(m))
 	for n := range m {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	return names
+}
+
+// ProducerTenants is the set of tenants a control plane serves with these
+// producers: schemas.DefaultTenant and every producer's tenant, sorted
+// (controlplane.Config.Tenants).
+func ProducerTenants(m map[string]Producer) []string {
+	seen := map[string]bool{schemas.DefaultTenant: true}
+	for _, p := range m {
+		seen[p.TenantOf()] = true
+	}
+	out := make([]string, 0, len(seen))
+	for t := range seen {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
 }

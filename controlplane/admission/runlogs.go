@@ -47,6 +47,6 @@ func (a *Callout) authorizeRunLogs(ctx context.Context, user, secret, h string) 
 	case run.NodeID != nodeID:
 		return grant{}, &Refusal{User: user, Reason: fmt.Sprintf("Run %s's current attempt (%d) is booked on node %s, not %s; an agent ships output only for the attempt booked on it", runID, run.Attempt, run.NodeID, nodeID)}
 	}
-	p := bus.PermsNodeLogs(nodeID, runID)
+	p := bus.PermsNodeLogs(nodeID, run.TenantOf(), runID)
 	return grant{kind: "node-logs", name: user, perms: &p, expires: rec.SessionExpires}, nil
 }

@@ -90,23 +90,23 @@ func TestCallout_RunLogLogin(t *testing.T) {
 	if err != nil {
 		t.Fatalf("log login of n1 for its Run r1: %v", err)
 	}
-	ack, err := c.JS.Publish(ctx, bus.RunLogs("r1"), []byte("hello\n"), jetstream.WithMsgID(bus.LogMsgID("r1-a1", bus.LogStdout, 0)))
+	ack, err := c.JS.Publish(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r1"), []byte("hello\n"), jetstream.WithMsgID(bus.LogMsgID("r1-a1", bus.LogStdout, 0)))
 	if err != nil || ack.Stream != bus.StreamLogs {
 		t.Fatalf("publish r1's output: %+v %v", ack, err)
 	}
 	// Another Run's output, the node's own observations: dropped.
-	for _, subj := range []string{bus.RunLogs("r2"), bus.NodeObs("n1")} {
+	for _, subj := range []string{bus.RunLogsSubject(schemas.DefaultTenant, "r2"), bus.NodeObs("n1")} {
 		if err := c.NC.Publish(subj, []byte("forged\n")); err != nil {
 			t.Fatal(err)
 		}
 		wantViolation(t, errs, subj)
 	}
 	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	if _, err := c.JS.Publish(pctx, bus.RunLogs("r2"), []byte("forged\n")); err == nil {
+	if _, err := c.JS.Publish(pctx, bus.RunLogsSubject(schemas.DefaultTenant, "r2"), []byte("forged\n")); err == nil {
 		t.Fatal("JetStream publish to r2's output acked")
 	}
 	pcancel()
-	wantViolation(t, errs, bus.RunLogs("r2"))
+	wantViolation(t, errs, bus.RunLogsSubject(schemas.DefaultTenant, "r2"))
 	if _, err := c.NC.SubscribeSync(bus.SubjectLogsAll); err != nil {
 		t.Fatal(err)
 	}
@@ -115,10 +115,10 @@ func TestCallout_RunLogLogin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, err := logs.GetLastMsgForSubject(ctx, bus.RunLogs("r2")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if m, err := logs.GetLastMsgForSubject(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r2")); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("r2's output holds %v (%v)", m, err)
 	}
-	if m, err := logs.GetLastMsgForSubject(ctx, bus.RunLogs("r1")); err != nil || string(m.Data) != "hello\n" {
+	if m, err := logs.GetLastMsgForSubject(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r1")); err != nil || string(m.Data) != "hello\n" {
 		t.Fatalf("r1's output: %v %v", m, err)
 	}
 
@@ -127,7 +127,7 @@ func TestCallout_RunLogLogin(t *testing.T) {
 	if err != nil {
 		t.Fatalf("log login of n1 for its finished Run r3: %v", err)
 	}
-	if _, err := c3.JS.Publish(ctx, bus.RunLogs("r3"), []byte("tail\n")); err != nil {
+	if _, err := c3.JS.Publish(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r3"), []byte("tail\n")); err != nil {
 		t.Fatalf("publish r3's tail: %v", err)
 	}
 

@@ -29,10 +29,10 @@ func TestOnlyOperatorsChangeTheCatalog(t *testing.T) {
 		t.Fatal("the subject matcher is wrong")
 	}
 	for who, perms := range map[string]bus.Permissions{
-		"producer":  bus.PermsProducer("team-a"),
+		"producer":  bus.PermsProducer("team-a", "default"),
 		"node":      bus.PermsNode("node-1"),
 		"enrolling": bus.PermsEnrolling("node-1"),
-		"node logs": bus.PermsNodeLogs("node-1", "run-1"),
+		"node logs": bus.PermsNodeLogs("node-1", "default", "run-1"),
 	} {
 		for _, p := range perms.Publish {
 			for _, s := range []string{bus.SubjectArtifactRegister, bus.SubjectArtifactRemove,

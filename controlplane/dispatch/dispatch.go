@@ -68,7 +68,7 @@ func (d *Dispatcher) Launch(ctx context.Context, run schemas.Run) error {
 	}
 	launch := d.command(node, OpID(run.AttemptID, "launch"), schemas.CmdLaunchWorkload)
 	launch.Launch = &schemas.LaunchWorkload{
-		RunID: run.ID, AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Platform: run.Request.Platform,
+		RunID: run.ID, Tenant: run.TenantOf(), AttemptID: run.AttemptID, Reference: ref.String(), ManifestDigest: ref.Digest, Platform: run.Request.Platform,
 		Command: append(append([]string(nil), run.Request.Command...), run.Request.Args...), Env: env,
 		Resources: run.Request.Resources, MaxRuntimeSeconds: run.Request.MaxRuntimeSeconds, Caches: run.Request.Caches,
 		GPUs: run.GPUs, Devices: devices,

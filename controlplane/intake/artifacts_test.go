@@ -58,7 +58,7 @@ func newPlane(t *testing.T) (plane, *testenv.NATS) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := conn.JS.CreateOrUpdateConsumer(ctx, bus.StreamRuns, jetstream.ConsumerConfig{Durable: "test-intake", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
+	cons, err := conn.JS.CreateOrUpdateConsumer(ctx, bus.RunsStream(schemas.DefaultTenant), jetstream.ConsumerConfig{Durable: "test-intake", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func (p plane) submit(t *testing.T, in *intake.Intake, req schemas.RunRequest) {
 func (p plane) submitAs(t *testing.T, in *intake.Intake, req schemas.RunRequest, msgID string) {
 	t.Helper()
 	b, _ := json.Marshal(req)
-	m := nats.NewMsg(bus.SubjectSubmit)
+	m := nats.NewMsg(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser))
 	m.Data = b
 	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	if _, err := p.conn.JS.PublishMsg(context.Background(), m); err != nil {
@@ -109,7 +109,7 @@ func (p plane) lastEvent(t *testing.T, runID string) (schemas.RunEvent, bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.GetLastMsgForSubject(context.Background(), bus.RunEvents(runID))
+	m, err := s.GetLastMsgForSubject(context.Background(), bus.RunEventsSubject(schemas.DefaultTenant, runID))
 	if err != nil {
 		return schemas.RunEvent{}, false
 	}
@@ -151,7 +151,7 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 
 	// Unknown: rejected, naming the field, and no Run stored.
 	p.submit(t, in, request("unknown-1", schemas.ArtifactUse{Name: "llama", Path: "/m"}, schemas.ArtifactUse{Name: "mistral", Path: "/n"}))
-	id := schemas.RunIDFor("unknown-1")
+	id := schemas.RunIDFor(schemas.DefaultTenant, "unknown-1")
 	ev, ok := p.lastEvent(t, id)
 	if !ok || ev.Type != schemas.EventRejected || ev.Code != schemas.CodeArtifactUnknown || ev.Field != "artifacts[1].name" || ev.Message == "" {
 		t.Fatalf("want a rejection artifact_unknown on artifacts[1].name, got %+v (%v)", ev, ok)
@@ -163,7 +163,7 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 	// Known: stored resolved, in order.
 	p.submit(t, in, request("known-1", schemas.ArtifactUse{Name: "llama", Digest: digest, Path: "/models/a"}, schemas.ArtifactUse{Name: "llama", Path: "/models/b"}))
 	var run schemas.Run
-	if _, err := bus.GetJSON(ctx, p.runsKV, schemas.RunIDFor("known-1"), &run); err != nil {
+	if _, err := bus.GetJSON(ctx, p.runsKV, schemas.RunIDFor(schemas.DefaultTenant, "known-1"), &run); err != nil {
 		t.Fatalf("known artifact: Run not stored: %v", err)
 	}
 	if len(run.Artifacts) != 2 || run.Artifacts[0].Path != "/models/a" || run.Artifacts[1].Path != "/models/b" ||
@@ -177,7 +177,7 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.submitAs(t, in, request("known-1", schemas.ArtifactUse{Name: "llama", Digest: digest, Path: "/models/a"}, schemas.ArtifactUse{Name: "llama", Path: "/models/b"}), "known-1-again")
-	if ev, _ := p.lastEvent(t, schemas.RunIDFor("known-1")); ev.Type == schemas.EventRejected {
+	if ev, _ := p.lastEvent(t, schemas.RunIDFor(schemas.DefaultTenant, "known-1")); ev.Type == schemas.EventRejected {
 		t.Fatalf("a duplicate submit of an accepted Run was rejected: %+v", ev)
 	}
 	if _, err := obs.PutBytes(ctx, rec.Source.Object, content); err != nil { // Remove took the object too
@@ -197,11 +197,11 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 	down.Close()
 	flaky := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), gone, time.Now, zap.NewNop())
 	p.submit(t, flaky, request("later-1", schemas.ArtifactUse{Name: "llama", Path: "/m"}))
-	if ev, ok := p.lastEvent(t, schemas.RunIDFor("later-1")); ok {
+	if ev, ok := p.lastEvent(t, schemas.RunIDFor(schemas.DefaultTenant, "later-1")); ok {
 		t.Fatalf("a transient catalog failure published %+v", ev)
 	}
 	p.deliver(t, in) // the redelivery
-	if _, err := bus.GetJSON(ctx, p.runsKV, schemas.RunIDFor("later-1"), &run); err != nil || len(run.Artifacts) != 1 {
+	if _, err := bus.GetJSON(ctx, p.runsKV, schemas.RunIDFor(schemas.DefaultTenant, "later-1"), &run); err != nil || len(run.Artifacts) != 1 {
 		t.Fatalf("redelivered submit: %+v, %v", run.Artifacts, err)
 	}
 }

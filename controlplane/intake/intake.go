@@ -1,7 +1,8 @@
-// Package intake takes producers' requests off WF_RUNS: a valid submit
-// becomes a stored Run (once per request id), a cancel marks its Run and
-// stops it where it runs, and anything else is answered with a coded
-// rejected event.
+// Package intake takes producers' requests off each tenant's intake stream
+// (bus.RunsStream): a valid submit becomes a stored Run of the tenant and
+// identity its subject names (once per request id of the tenant), a cancel
+// marks its tenant's Run and stops it where it runs, and anything else is
+// answered with a coded rejected event on the tenant's event subjects.
 package intake
 
 import (
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -58,13 +60,17 @@ func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, artifacts A
 // Rejected counts refused intake messages.
 func (in *Intake) Rejected() int64 { return in.rejected.Load() }
 
-// Job is one WF_RUNS message, decoded once by the consumer's callback
+// Job is one intake message, decoded once by the consumer's callback
 // so that it can be routed by Run id: a Run's submit and cancel go to the
 // same intake worker and keep their stream order.
 type Job struct {
 	m jetstream.Msg
 	// Key routes the job: the Run id, or refusedKey for refused input.
 	Key string
+	// tenant and identity are read off the subject (bus.SubmitSubject):
+	// the auth callout lets an identity publish only its own tenant's and
+	// name's subjects.
+	tenant, identity string
 	// redelivered: an earlier delivery may have stopped half way.
 	redelivered bool
 	submit      *schemas.RunRequest
@@ -82,8 +88,15 @@ const refusedKey = "\x00refused"
 // message was delivered before.
 func Parse(m jetstream.Msg, redelivered bool) Job {
 	job := Job{m: m, redelivered: redelivered}
-	switch m.Subject() {
-	case bus.SubjectSubmit:
+	tenant, identity, verb, ok := bus.ParseIntakeSubject(m.Subject())
+	if !ok || !schemas.ValidTenant(tenant) || !bus.SubjectToken(identity) {
+		job.refusal = &schemas.Refusal{Code: schemas.CodeMalformed, Field: "subject",
+			Reason: "not an intake subject; submit on wf.runs.<tenant>.<identity>.submit and cancel on wf.runs.<tenant>.<identity>.cancel"}
+		verb = ""
+	}
+	job.tenant, job.identity = tenant, identity
+	switch verb {
+	case "submit":
 		req, _, err := schemas.DecodeRunRequest(m.Headers(), m.Data())
 		job.requestID = req.RequestID
 		if err != nil {
@@ -92,9 +105,9 @@ func Parse(m jetstream.Msg, redelivered bool) Job {
 			job.submit = &req
 		}
 		if job.requestID != "" {
-			job.Key = schemas.RunIDFor(job.requestID)
+			job.Key = schemas.RunIDFor(tenant, job.requestID)
 		}
-	case bus.SubjectCancel:
+	case "cancel":
 		var c schemas.CancelRun
 		enc := codec.Detect(m.Headers(), m.Data())
 		if err := codec.Decode(enc, m.Data(), &c); err != nil {
@@ -106,13 +119,11 @@ func Parse(m jetstream.Msg, redelivered bool) Job {
 			break
 		}
 		job.Key = c.RunID
-		if err := c.Validate(); err != nil {
+		if err := c.Validate(tenant); err != nil {
 			job.refusal, job.requestID = schemas.AsRefusal(err), c.RequestID
 			break
 		}
 		job.cancel = &c
-	default:
-		job.refusal = &schemas.Refusal{Code: schemas.CodeMalformed, Reason: "unknown intake subject " + m.Subject()}
 	}
 	if job.refusal != nil {
 		// Refusals go through one worker, so they are answered in stream
@@ -123,7 +134,7 @@ func Parse(m jetstream.Msg, redelivered bool) Job {
 	return job
 }
 
-// Handle handles one WF_RUNS message on an intake worker. Refused
+// Handle handles one intake message on an intake worker. Refused
 // input is answered with a rejected event and terminated; a transient
 // failure is left unacked so JetStream redelivers it under the consumer's
 // BackOff.
@@ -132,11 +143,11 @@ func (in *Intake) Handle(ctx context.Context, job Job) {
 	var err error
 	switch {
 	case job.refusal != nil:
-		err = in.reject(ctx, m, job.requestID, job.refusal)
+		err = in.reject(ctx, m, job.tenant, job.requestID, job.refusal)
 	case job.submit != nil:
-		err = in.submit(ctx, m, *job.submit)
+		err = in.submit(ctx, m, job.tenant, job.identity, *job.submit)
 	case job.cancel != nil:
-		err = in.cancel(ctx, m, *job.cancel, job.redelivered)
+		err = in.cancel(ctx, m, job.tenant, *job.cancel, job.redelivered)
 	}
 	if err != nil {
 		in.log.Warn("intake will retry", zap.String("subject", m.Subject()), zap.Error(err))
@@ -146,38 +157,41 @@ func (in *Intake) Handle(ctx context.Context, job Job) {
 	_ = m.Ack()
 }
 
-// submit turns one valid RunRequest into a stored Run, or a rejection.
-func (in *Intake) submit(ctx context.Context, m jetstream.Msg, req schemas.RunRequest) error {
+// submit turns one valid RunRequest of tenant, sent by identity, into a
+// stored Run, or a rejection.
+func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity string, req schemas.RunRequest) error {
 	mounts, err := in.resolve(ctx, req)
 	var ref *schemas.Refusal
 	if errors.As(err, &ref) {
 		// A submit delivered again may name an artifact removed since
 		// its Run was accepted: the Run stands, and is handled as a
 		// duplicate below.
-		stored, found, gerr := in.runs.Stored(ctx, schemas.RunIDFor(req.RequestID))
+		stored, found, gerr := in.runs.Stored(ctx, schemas.RunIDFor(tenant, req.RequestID))
 		if gerr != nil {
 			return gerr
 		}
 		if !found {
-			return in.reject(ctx, m, req.RequestID, ref)
+			return in.reject(ctx, m, tenant, req.RequestID, ref)
 		}
 		mounts = stored.Artifacts
 	} else if err != nil {
 		return err // the catalog is unavailable: redelivered
 	}
-	run, dup, err := in.runs.Create(ctx, req, mounts, in.sched.AtIntake)
+	run, dup, err := in.runs.Create(ctx, tenant, identity, req, mounts, in.sched.AtIntake)
 	if err != nil {
 		return err
 	}
 	if dup {
+		// The id hashes the tenant, so a duplicate is always this tenant's
+		// own Run; which of its identities sent it again does not matter.
 		if !reflect.DeepEqual(normalise(run.Request), normalise(req)) {
-			return in.reject(ctx, m, req.RequestID, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
+			return in.reject(ctx, m, tenant, req.RequestID, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
 				Reason: "this request id already names a different Run (" + run.ID + "); use a new request id for a new Run"})
 		}
 		// The same request again: one Run. Republish its latest events in
 		// case the first delivery died between the KV write and the publish.
 		in.log.Debug("duplicate submit", zap.String("run_id", run.ID))
-		return in.runs.PublishEvents(ctx, run.Outbox)
+		return in.runs.PublishEvents(ctx, run.TenantOf(), run.Outbox)
 	}
 	in.log.Debug("run accepted", zap.String("run_id", run.ID), zap.String("request_id", req.RequestID))
 	if run.Waiting == "" {
@@ -224,35 +238,46 @@ func normalise(r schemas.RunRequest) schemas.RunRequest {
 	return r
 }
 
-// reject publishes a coded rejected event. It goes on the subject of the Run
-// the request id would have named, so a producer watching its own Run sees
-// why; input without a usable request id goes under "rejected".
-func (in *Intake) reject(ctx context.Context, m jetstream.Msg, requestID string, ref *schemas.Refusal) error {
+// reject publishes a coded rejected event on tenant's event subjects. It
+// goes on the subject of the Run the request id would have named, so a
+// producer watching its own Run sees why; input without a usable request
+// id goes under "rejected". A subject too malformed to name its tenant is
+// answered on the tenant whose stream held it.
+func (in *Intake) reject(ctx context.Context, m jetstream.Msg, tenant, requestID string, ref *schemas.Refusal) error {
 	in.rejected.Add(1)
-	runID := "rejected"
-	if requestID != "" && schemas.ValidateID("request_id", requestID, schemas.CodeInvalidRequestID) == nil {
-		runID = schemas.RunIDFor(requestID)
-	} else {
-		requestID = ""
-	}
 	meta, err := m.Metadata()
 	if err != nil {
 		return err
+	}
+	if !schemas.ValidTenant(tenant) {
+		tenant, _ = strings.CutPrefix(meta.Stream, bus.RunsStream(""))
+	}
+	runID := "rejected"
+	if requestID != "" && schemas.ValidateID("request_id", requestID, schemas.CodeInvalidRequestID) == nil {
+		runID = schemas.RunIDFor(tenant, requestID)
+	} else {
+		requestID = ""
 	}
 	ev := schemas.RunEvent{
 		RunID: runID, Type: schemas.EventRejected, RequestID: requestID,
 		Code: ref.Code, Field: ref.Field, Message: ref.Reason, At: in.now(),
 	}
 	in.log.Info("request refused", zap.String("subject", m.Subject()), zap.String("code", string(ref.Code)), zap.String("field", ref.Field))
-	return in.runs.PublishEvent(ctx, ev, "rejected:"+strconv.FormatUint(meta.Sequence.Stream, 10))
+	// Each tenant's stream numbers its own messages: the tenant keeps two
+	// tenants' rejections apart in WF_EVENTS' dedupe.
+	return in.runs.PublishEvent(ctx, tenant, ev, "rejected:"+tenant+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
 }
 
-// cancel marks a Run for cancellation and stops it where it runs.
-func (in *Intake) cancel(ctx context.Context, m jetstream.Msg, c schemas.CancelRun, redelivered bool) error {
-	run, err := in.runs.Advance(ctx, c.RunID, lifecycle.Cancellation{Reason: c.Reason, GraceSeconds: c.GraceSeconds}, redelivered)
+// cancel marks tenant's Run for cancellation and stops it where it runs.
+// Another tenant's Run is refused as not found, untouched: a producer
+// learns nothing of Runs outside its tenant.
+func (in *Intake) cancel(ctx context.Context, m jetstream.Msg, tenant string, c schemas.CancelRun, redelivered bool) error {
+	t := tenantOnly{tenant: tenant, t: lifecycle.Cancellation{Reason: c.Reason, GraceSeconds: c.GraceSeconds}}
+	run, err := in.runs.Advance(ctx, c.RunID, t, redelivered)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return in.reject(ctx, m, "", &schemas.Refusal{Code: schemas.CodeRunNotFound, Field: "run_id", Reason: "no Run " + c.RunID + "; check the id with `warmfleet run list`"})
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, errOtherTenant):
+		return in.reject(ctx, m, tenant, "", &schemas.Refusal{Code: schemas.CodeRunNotFound, Field: "run_id",
+			Reason: "no Run " + c.RunID + " in tenant " + tenant + "; check the id with `warmfleet run list` and the tenant with --tenant"})
 	case errors.Is(err, lifecycle.ErrNoChange):
 		return nil
 	case err != nil:
@@ -262,4 +287,21 @@ func (in *Intake) cancel(ctx context.Context, m jetstream.Msg, c schemas.CancelR
 		return in.dispatch.Stop(ctx, run, "cancelled")
 	}
 	return nil
+}
+
+// errOtherTenant: the Run belongs to another tenant than the request's.
+var errOtherTenant = errors.New("the Run belongs to another tenant")
+
+// tenantOnly applies t to a Run of tenant only: the check and the change
+// are one CAS write, so no Run of another tenant is ever changed.
+type tenantOnly struct {
+	tenant string
+	t      lifecycle.Transition
+}
+
+func (g tenantOnly) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	if r.TenantOf() != g.tenant {
+		return r, nil, errOtherTenant
+	}
+	return g.t.Apply(r)
 }

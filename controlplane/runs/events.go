@@ -15,17 +15,18 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// PublishEvents appends events to WF_EVENTS, each deduplicated by run:seq.
+// PublishEvents appends events of a Run of tenant to WF_EVENTS, each
+// deduplicated by run:seq.
 // Several go out together and are then awaited: one connection keeps their
 // order in the stream, and a Run's accepted and decided events cost one
 // round trip instead of two.
-func (s *Store) PublishEvents(ctx context.Context, evs []schemas.RunEvent) error {
+func (s *Store) PublishEvents(ctx context.Context, tenant string, evs []schemas.RunEvent) error {
 	if len(evs) == 1 {
-		return s.PublishEvent(ctx, evs[0], eventMsgID(evs[0]))
+		return s.PublishEvent(ctx, tenant, evs[0], eventMsgID(evs[0]))
 	}
 	acks := make([]jetstream.PubAckFuture, 0, len(evs))
 	for _, ev := range evs {
-		m, err := eventMsg(ev)
+		m, err := eventMsg(tenant, ev)
 		if err != nil {
 			return err
 		}
@@ -57,21 +58,22 @@ const eventPublishTimeout = 5 * time.Second
 
 func eventMsgID(ev schemas.RunEvent) string { return ev.RunID + ":" + strconv.FormatUint(ev.Seq, 10) }
 
-// eventMsg is ev as JSON, the encoding operators read.
-func eventMsg(ev schemas.RunEvent) (*nats.Msg, error) {
+// eventMsg is ev as JSON, the encoding operators read, on its tenant's
+// subject.
+func eventMsg(tenant string, ev schemas.RunEvent) (*nats.Msg, error) {
 	b, err := codec.Encode(codec.JSON, ev)
 	if err != nil {
 		return nil, err
 	}
-	m := &nats.Msg{Subject: bus.RunEvents(ev.RunID), Data: b, Header: nats.Header{}}
+	m := &nats.Msg{Subject: bus.RunEventsSubject(tenant, ev.RunID), Data: b, Header: nats.Header{}}
 	m.Header.Set(codec.ContentTypeHeader, codec.ContentTypeJSON)
 	return m, nil
 }
 
-// PublishEvent appends one event under msgID (a Run event's is run:seq; a
-// rejection, which has no Run, names its intake message).
-func (s *Store) PublishEvent(ctx context.Context, ev schemas.RunEvent, msgID string) error {
-	m, err := eventMsg(ev)
+// PublishEvent appends one event of tenant under msgID (a Run event's is
+// run:seq; a rejection, which has no Run, names its intake message).
+func (s *Store) PublishEvent(ctx context.Context, tenant string, ev schemas.RunEvent, msgID string) error {
+	m, err := eventMsg(tenant, ev)
 	if err != nil {
 		return err
 	}

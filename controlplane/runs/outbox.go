@@ -139,7 +139,7 @@ func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r sch
 		return 0, nil
 	}
 	var last uint64
-	m, err := stream.GetLastMsgForSubject(ctx, bus.RunEvents(r.ID))
+	m, err := stream.GetLastMsgForSubject(ctx, bus.RunEventsSubject(r.TenantOf(), r.ID))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:
@@ -149,7 +149,7 @@ func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r sch
 	}
 	var held map[uint64]bool // nil: every event up to last is held
 	if gaps && r.Outbox[0].Seq < last {
-		if held, err = s.storedSeqs(ctx, r.ID, r.Outbox[0].At.Add(-storedSeqsMargin)); err != nil {
+		if held, err = s.storedSeqs(ctx, r.TenantOf(), r.ID, r.Outbox[0].At.Add(-storedSeqsMargin)); err != nil {
 			return 0, err
 		}
 	}
@@ -158,7 +158,7 @@ func (s *Store) repairOutbox(ctx context.Context, stream jetstream.Stream, r sch
 		if ev.Seq <= last && (held == nil || held[ev.Seq]) {
 			continue
 		}
-		if err := s.PublishEvent(ctx, ev, eventMsgID(ev)); err != nil {
+		if err := s.PublishEvent(ctx, r.TenantOf(), ev, eventMsgID(ev)); err != nil {
 			return n, err
 		}
 		n++
@@ -172,9 +172,9 @@ const storedSeqsMargin = 5 * time.Minute
 
 // storedSeqs reads which of runID's events WF_EVENTS holds from since on
 // (by the server's clock): their headers only, through an ordered consumer.
-func (s *Store) storedSeqs(ctx context.Context, runID string, since time.Time) (map[uint64]bool, error) {
+func (s *Store) storedSeqs(ctx context.Context, tenant, runID string, since time.Time) (map[uint64]bool, error) {
 	c, err := s.js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{bus.RunEvents(runID)}, DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+		FilterSubjects: []string{bus.RunEventsSubject(tenant, runID)}, DeliverPolicy: jetstream.DeliverByStartTimePolicy,
 		OptStartTime: &since, HeadersOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("read stored events: %w", err)

@@ -118,8 +118,9 @@ func (r *Retention) Run(ctx context.Context) {
 
 // expiredRun is an ended Run due for removal, as read at rev.
 type expiredRun struct {
-	id  string
-	rev uint64
+	id     string
+	tenant string // its events' subject names it
+	rev    uint64
 	// seq is the Run's last event: WF_EVENTS must hold it.
 	seq  uint64
 	gaps bool
@@ -229,6 +230,7 @@ func expiredOf(m jetstream.Msg, id string, rev uint64, cutoff time.Time) (expire
 		return expiredRun{}, false // a delete or purge marker
 	}
 	var run struct {
+		Tenant     string            `json:"tenant"`
 		Phase      schemas.Phase     `json:"phase"`
 		PhaseSince time.Time         `json:"phase_since"`
 		EventSeq   uint64            `json:"event_seq"`
@@ -237,7 +239,8 @@ func expiredOf(m jetstream.Msg, id string, rev uint64, cutoff time.Time) (expire
 	if json.Unmarshal(m.Data(), &run) != nil || !run.Phase.Terminal() || run.PhaseSince.After(cutoff) {
 		return expiredRun{}, false
 	}
-	return expiredRun{id: id, rev: rev, seq: run.EventSeq, gaps: len(run.Outbox) > 1, raw: m.Data()}, true
+	tenant := schemas.Run{Tenant: run.Tenant}.TenantOf()
+	return expiredRun{id: id, tenant: tenant, rev: rev, seq: run.EventSeq, gaps: len(run.Outbox) > 1, raw: m.Data()}, true
 }
 
 // remove purges one due Run at the revision read, once WF_EVENTS holds its
@@ -247,7 +250,7 @@ func (r *Retention) remove(ctx context.Context, events jetstream.Stream, e expir
 		return false // stopping: the next replica to sweep takes it
 	}
 	last := uint64(0)
-	m, err := events.GetLastMsgForSubject(ctx, bus.RunEvents(e.id))
+	m, err := events.GetLastMsgForSubject(ctx, bus.RunEventsSubject(e.tenant, e.id))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:

@@ -107,7 +107,7 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 	} else if !redelivered {
 		return run, err // the stored outbox was published by the change that wrote it
 	}
-	if perr := s.PublishEvents(ctx, run.Outbox); perr != nil {
+	if perr := s.PublishEvents(ctx, run.TenantOf(), run.Outbox); perr != nil {
 		if err == nil {
 			s.repair.mark(runID, len(run.Outbox) > 1)
 		}
@@ -116,14 +116,15 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 	return run, err
 }
 
-// Create stores a new Run for req, with its artifacts as the catalog
-// resolved them, and publishes its accepted event. When first returns a transition, it is applied in the same write (intake's
+// Create stores a new Run of tenant for req, submitted by identity, with
+// its artifacts as the catalog resolved them, and publishes its accepted
+// event. When first returns a transition, it is applied in the same write (intake's
 // early decision). It reports true, with the stored Run, when the Run
 // already existed.
-func (s *Store) Create(ctx context.Context, req schemas.RunRequest, artifacts []schemas.ArtifactMount, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
+func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas.RunRequest, artifacts []schemas.ArtifactMount, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
 	now := s.cfg.Now()
 	run := schemas.Run{
-		ID: schemas.RunIDFor(req.RequestID), Request: req, Phase: schemas.PhaseAccepted,
+		ID: schemas.RunIDFor(tenant, req.RequestID), Tenant: tenant, SubmittedBy: identity, Request: req, Phase: schemas.PhaseAccepted,
 		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts,
 	}
 	accepted := schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted}
@@ -150,7 +151,7 @@ func (s *Store) Create(ctx context.Context, req schemas.RunRequest, artifacts []
 		return run, false, fmt.Errorf("run %s: create: %w", run.ID, err)
 	}
 	s.cache.NoteRun(run, rev, raw)
-	if err := s.PublishEvents(ctx, run.Outbox); err != nil {
+	if err := s.PublishEvents(ctx, run.TenantOf(), run.Outbox); err != nil {
 		// The submit is redelivered and repairs it as a duplicate; the
 		// next pass repairs it too should the submit be gone.
 		s.repair.mark(run.ID, len(run.Outbox) > 1)

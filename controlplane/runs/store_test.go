@@ -102,7 +102,7 @@ func (e *storeEnv) replica() (*Store, *cache.Cache) {
 
 func (e *storeEnv) create(t *testing.T, requestID string) schemas.Run {
 	t.Helper()
-	r, existed, err := e.store.Create(e.ctx, schemas.RunRequest{RequestID: requestID}, nil, func(schemas.Run) lifecycle.Transition { return nil })
+	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil || existed {
 		t.Fatalf("create %s: existed %v, %v", requestID, existed, err)
 	}
@@ -122,7 +122,7 @@ func (e *storeEnv) events(t *testing.T, runID string) []schemas.RunEvent {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.Subject != bus.RunEvents(runID) {
+		if m.Subject != bus.RunEventsSubject(schemas.DefaultTenant, runID) {
 			continue
 		}
 		var ev schemas.RunEvent
@@ -310,14 +310,14 @@ func TestCreate(t *testing.T) {
 	first := func(r schemas.Run) lifecycle.Transition {
 		return lifecycle.NoNodeFits(schemas.BookingDecision{RunID: r.ID}, "")
 	}
-	r, existed, err := e.store.Create(e.ctx, req, nil, first)
+	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, first)
 	if err != nil || existed {
 		t.Fatalf("create: existed %v, %v", existed, err)
 	}
 	if r.Waiting != "no nodes enrolled" || len(r.Outbox) != 1 || r.Outbox[0].Decision == nil || r.Outbox[0].Code != schemas.CodeNoCapacity {
 		t.Fatalf("the wait is not folded into the accepted event: %+v", r)
 	}
-	again, existed, err := e.store.Create(e.ctx, req, nil, func(schemas.Run) lifecycle.Transition { return lifecycle.Cancellation{} })
+	again, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, func(schemas.Run) lifecycle.Transition { return lifecycle.Cancellation{} })
 	if err != nil || !existed || again.Phase != schemas.PhaseAccepted || again.EventSeq != 1 {
 		t.Fatalf("second create: existed %v, %+v, %v", existed, again, err)
 	}
@@ -379,7 +379,7 @@ func TestRepairOutboxesFillsAGap(t *testing.T) {
 	if len(stored.Outbox) != 2 || stored.Outbox[1].Seq != 3 {
 		t.Fatalf("outbox %+v, want seqs 2 and 3", stored.Outbox)
 	}
-	if err := e.store.PublishEvent(e.ctx, stored.Outbox[1], eventMsgID(stored.Outbox[1])); err != nil {
+	if err := e.store.PublishEvent(e.ctx, schemas.DefaultTenant, stored.Outbox[1], eventMsgID(stored.Outbox[1])); err != nil {
 		t.Fatal(err)
 	}
 	if got := seqs(e.events(t, r.ID)); !sameSeqs(got, 1, 3) {

@@ -95,7 +95,7 @@ func (e *env) submit(requestID string, cpu int64, age time.Duration) schemas.Run
 	now := e.now
 	e.now = now.Add(-age)
 	defer func() { e.now = now }()
-	r, _, err := e.store.Create(e.ctx, schemas.RunRequest{RequestID: requestID, Image: image, Resources: schemas.Resources{CPUMillis: cpu}},
+	r, _, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID, Image: image, Resources: schemas.Resources{CPUMillis: cpu}},
 		nil, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil {
 		e.t.Fatal(err)

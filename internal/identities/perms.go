@@ -15,7 +15,7 @@ func Full() bus.Permissions { return bus.Permissions{Publish: []string{">"}, Sub
 
 // Granted is what the code grants the table's identity, with the
 // placeholders for its values (bus's Perms* functions, called with
-// `<id>`, `<run>`, `<name>`, `<consumer>`, `<invite>`), and whether it is Full. A row the code knows
+// `<id>`, `<run>`, `<name>`, `<tenant>`, `<consumer>`, `<invite>`), and whether it is Full. A row the code knows
 // nothing of is an error: each identity the table lists must be one the
 // callout can grant. When a Perms* function's parameters change, this is
 // the one place that calls it.
@@ -24,13 +24,13 @@ func Granted(identity string) (p bus.Permissions, full bool, err error) {
 	case "control plane", "operator", "CLI":
 		return Full(), true, nil
 	case "producer", "CLI as a producer":
-		return bus.PermsProducer(PlaceholderProducer), false, nil
+		return bus.PermsProducer(PlaceholderProducer, PlaceholderTenant), false, nil
 	case "enrolling node":
 		return bus.PermsEnrolling(PlaceholderNode, bus.EnrollInboxRoot(PlaceholderNode)+"."+PlaceholderInvite), false, nil
 	case "node":
 		return bus.PermsNode(PlaceholderNode), false, nil
 	case "log login":
-		return bus.PermsNodeLogs(PlaceholderNode, PlaceholderRun), false, nil
+		return bus.PermsNodeLogs(PlaceholderNode, PlaceholderTenant, PlaceholderRun), false, nil
 	case "artifact login":
 		return bus.PermsArtifactReader(PlaceholderNode, PlaceholderConsumer), false, nil
 	}
@@ -78,9 +78,10 @@ type Store struct {
 
 // Stores lists every stream and bucket the control plane provisions
 // (bus.Topology), by the name the table uses: a stream by its name, a KV
-// or object store bucket by the bucket's.
+// or object store bucket by the bucket's. The intake stream is one
+// tenant's, WF_RUNS_<tenant>.
 func Stores() []Store {
-	t := bus.Topology{}
+	t := bus.Topology{Tenants: []string{PlaceholderTenant}}
 	var out []Store
 	for _, c := range t.StreamConfigs() {
 		out = append(out, Store{Name: c.Name, Stream: c.Name, Subjects: c.Subjects})

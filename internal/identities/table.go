@@ -19,14 +19,15 @@ const Heading = "## Identities and their permissions"
 var placeholderForm = regexp.MustCompile(`<[a-z]+>`)
 
 // Placeholders a pattern in the table may hold for the values of one
-// login: its node, its Run (log logins), its producer name (also its
-// tenant), the consumer its artifact grant names, its invitation's inbox
-// token (bus.EnrollingInboxPrefix's last). A pattern naming another is an
-// error.
+// login: its node, its Run (log logins), its producer name, its tenant
+// (a producer's, or a log login's Run's), the consumer its artifact grant
+// names, its invitation's inbox token (bus.EnrollingInboxPrefix's last). A
+// pattern naming another is an error.
 const (
 	PlaceholderNode     = "<id>"
 	PlaceholderRun      = "<run>"
 	PlaceholderProducer = "<name>"
+	PlaceholderTenant   = "<tenant>"
 	PlaceholderConsumer = "<consumer>"
 	PlaceholderInvite   = "<invite>"
 )
@@ -187,7 +188,7 @@ func patternsOf(line int, who string, cell func(int) (string, error), col int) (
 	}
 	for _, p := range ps {
 		for _, ph := range placeholderForm.FindAllString(p, -1) {
-			if ph != PlaceholderNode && ph != PlaceholderRun && ph != PlaceholderProducer && ph != PlaceholderConsumer && ph != PlaceholderInvite {
+			if !slices.Contains([]string{PlaceholderNode, PlaceholderRun, PlaceholderProducer, PlaceholderTenant, PlaceholderConsumer, PlaceholderInvite}, ph) {
 				return nil, fmt.Errorf("security page line %d (%s): %q holds the unknown placeholder %s", line, who, p, ph)
 			}
 		}
