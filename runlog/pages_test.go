@@ -126,7 +126,9 @@ func TestPagesReadAsTheStream(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if n := len(got); n != 3 || got[1].Text != "late" || got[2].Text != "last" || !got[2].Partial {
+	// The tail's last line, what came after, then each stream's trailing
+	// partial line (attempt 1's stderr, never ended).
+	if n := len(got); n != 4 || got[0].Text != "line 518" || got[1].Text != "late" || got[2].Text != "eee" || got[3].Text != "last" || !got[3].Partial {
 		t.Fatalf("follow: %+v", got)
 	}
 }

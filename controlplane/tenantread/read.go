@@ -77,7 +77,7 @@ func (s *Service) page(ctx context.Context, stream, subj string, req schemas.Run
 		defer cancel()
 		_ = st.DeleteConsumer(dctx, c.CachedInfo().Name)
 	}()
-	page.Messages, err = fetchPage(c, req.Max, wait, replyBudget(s.conn.NC))
+	page.Messages, err = fetchPage(ctx, c, req.Max, wait, replyBudget(s.conn.NC))
 	if err != nil {
 		return page, fmt.Errorf("tenantread: read %s: %w", subj, err)
 	}
@@ -91,7 +91,7 @@ func (s *Service) page(ctx context.Context, stream, subj string, req schemas.Run
 // fetchPage takes up to max messages from c, waiting up to wait for the
 // first when none is stored, stopping before the bodies and headers exceed
 // budget (the first is always taken).
-func fetchPage(c jetstream.Consumer, max int, wait time.Duration, budget int) ([]schemas.StoredMsg, error) {
+func fetchPage(ctx context.Context, c jetstream.Consumer, max int, wait time.Duration, budget int) ([]schemas.StoredMsg, error) {
 	out := []schemas.StoredMsg{}
 	for len(out) < max {
 		var batch jetstream.MessageBatch
@@ -99,7 +99,9 @@ func fetchPage(c jetstream.Consumer, max int, wait time.Duration, budget int) ([
 		n := min(fetchBatch, max-len(out))
 		if len(out) == 0 && wait > 0 {
 			n = 1
-			batch, err = c.Fetch(n, jetstream.FetchMaxWait(wait))
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			batch, err = c.Fetch(n, jetstream.FetchContext(wctx))
 		} else {
 			batch, err = c.FetchNoWait(n)
 		}
@@ -119,7 +121,7 @@ func fetchPage(c jetstream.Consumer, max int, wait time.Duration, budget int) ([
 			budget -= size
 			out = append(out, sm)
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
 		}
 		if got < n {

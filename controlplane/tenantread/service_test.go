@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +190,14 @@ func TestReadPages(t *testing.T) {
 	}
 	if p := read(schemas.RunsReadRequest{Kind: schemas.ReadSessionLogs, Session: "s1", Max: 10}); len(p.Messages) != 1 || string(p.Messages[0].Data) != "session" {
 		t.Fatalf("session read: %+v", p)
+	}
+	for _, tenant := range []string{"a", "b"} {
+		if _, err := conn.JS.Publish(context.Background(), bus.RunEventsSubject(tenant, "r-1"), []byte(`{"run_id":"r-1","tenant":"`+tenant+`"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := read(schemas.RunsReadRequest{Kind: schemas.ReadEvents, RunID: "r-1", Max: 10}); len(p.Messages) != 1 || !strings.Contains(string(p.Messages[0].Data), `"a"`) {
+		t.Fatalf("events read: %+v", p)
 	}
 	if p := read(schemas.RunsReadRequest{Kind: schemas.ReadLogs, RunID: "r-none", Max: 10}); len(p.Messages) != 0 || p.LastSeq != 0 {
 		t.Fatalf("a subject with nothing stored: %+v", p)
