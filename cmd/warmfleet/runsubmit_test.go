@@ -205,7 +205,9 @@ func testRunSubmitWaitQuiet(t *testing.T) {
 
 // A Run that ends without an exit code of its own, or a refused submit,
 // exits 125 saying why.
-func TestRunSubmitWaitWithoutExitCode(t *testing.T) { asEachReader(t, testRunSubmitWaitWithoutExitCode) }
+func TestRunSubmitWaitWithoutExitCode(t *testing.T) {
+	asEachReader(t, testRunSubmitWaitWithoutExitCode)
+}
 
 func testRunSubmitWaitWithoutExitCode(t *testing.T) {
 	b := newLogBus(t)
