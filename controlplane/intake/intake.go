@@ -252,6 +252,9 @@ func (in *Intake) reject(ctx context.Context, m jetstream.Msg, tenant, requestID
 	if !schemas.ValidTenant(tenant) {
 		tenant, _ = strings.CutPrefix(meta.Stream, bus.RunsStream(""))
 	}
+	if !schemas.ValidTenant(tenant) {
+		tenant = schemas.DefaultTenant // a stream not of bus's making: operators read it
+	}
 	runID := "rejected"
 	if requestID != "" && schemas.ValidateID("request_id", requestID, schemas.CodeInvalidRequestID) == nil {
 		runID = schemas.RunIDFor(tenant, requestID)
