@@ -27,6 +27,11 @@ func (s *Service) read(ctx context.Context, subject string, req schemas.RunsRead
 	if err != nil {
 		return schemas.ReadPage{}, err
 	}
+	if req.Kind != schemas.ReadSessionLogs {
+		if err := s.notOthers(ctx, tenant, req.RunID); err != nil {
+			return schemas.ReadPage{}, s.logged(subject, err)
+		}
+	}
 	stream, subj := bus.StreamLogs, ""
 	switch req.Kind {
 	case schemas.ReadEvents:
@@ -38,6 +43,25 @@ func (s *Service) read(ctx context.Context, subject string, req schemas.RunsRead
 	}
 	page, err := s.page(ctx, stream, subj, req)
 	return page, s.logged(subject, err)
+}
+
+// notOthers refuses a read of a Run that wf_runs holds as another
+// tenant's, as runs.get does. A Run it does not hold (not created yet, or
+// removed by retention) is read on the tenant's own subject: a follower may
+// wait for a Run about to be accepted, and nothing of another tenant's is
+// reachable there.
+func (s *Service) notOthers(ctx context.Context, tenant, runID string) error {
+	var r schemas.Run
+	if _, err := bus.GetJSON(ctx, s.runs, runID, &r); err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		return fmt.Errorf("tenantread: run %s: %w", runID, err)
+	}
+	if r.TenantOf() != tenant {
+		return notFound(tenant, runID)
+	}
+	return nil
 }
 
 // page reads up to req.Max messages of subj in stream from req's start

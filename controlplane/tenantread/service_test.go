@@ -94,6 +94,10 @@ func TestGetAndListConfined(t *testing.T) {
 	}
 	foreign := ask[schemas.Run](t, conn.NC, "a", bus.TenantRunsGet, codec.JSON, schemas.RunsGetRequest{RunID: "r-b1"})
 	refusedNotFound(t, "a gets b's run", foreign.Refusal)
+	for _, kind := range []string{schemas.ReadEvents, schemas.ReadLogs} {
+		rd := ask[schemas.ReadPage](t, conn.NC, "a", bus.TenantRunsRead, codec.JSON, schemas.RunsReadRequest{Kind: kind, RunID: "r-b1", Max: 1})
+		refusedNotFound(t, "a reads b's run's "+kind, rd.Refusal)
+	}
 	missing := ask[schemas.Run](t, conn.NC, "a", bus.TenantRunsGet, codec.JSON, schemas.RunsGetRequest{RunID: "r-zz"})
 	refusedNotFound(t, "a gets a missing run", missing.Refusal)
 	if d := ask[schemas.Run](t, conn.NC, schemas.DefaultTenant, bus.TenantRunsGet, codec.JSON, schemas.RunsGetRequest{RunID: "r-d1"}); d.OK == nil {
