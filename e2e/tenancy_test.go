@@ -119,6 +119,9 @@ func TestAcceptance_TenantIsolation(t *testing.T) {
 		if strings.Contains(out, aOutput) || strings.Contains(out, `"tenant":"a"`) || strings.Contains(out, `"request_id":"iso-1"`) {
 			t.Fatalf("b's nats %s reached a's data:\n%s", shellJoin(c.args), out)
 		}
+		if !strings.Contains(strings.ToLower(out), "permissions violation") {
+			t.Fatalf("b's nats %s: no permissions violation shown:\n%s", shellJoin(c.args), out)
+		}
 		sf.eventually(10*time.Second, "the server to refuse b's nats "+shellJoin(c.args), func() bool { return sf.violatedSince(from, c.subject) })
 	}
 
