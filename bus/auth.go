@@ -171,7 +171,7 @@ func NodeInboxes(nodeID string) []string {
 // session inbox consumers on WF_INBOX, which the control plane creates with
 // each lease. Inbox consumers are named by session, not node, so that last
 // right covers every session's inbox, and, alike, it may publish every
-// session's output (wf.logs.session.>). A Run's output goes on a log
+// session's output, of any tenant (wf.logs.*.session.>). A Run's output goes on a log
 // login of its own (PermsNodeLogs). For its disk it asks what to keep on
 // wf.node.<id>.disk.keep and takes prune requests on wf.node.<id>.disk.prune.
 // No other JetStream API, no KV, no other node's subjects.

@@ -378,7 +378,7 @@ func TestWaitingRunsIdleQuietly(t *testing.T) {
 	})
 }
 
-// TestEventsSeenOnce: a subscriber on wf.events.run.> sees each event of a
+// TestEventsSeenOnce: a subscriber on wf.events.> sees each event of a
 // simple Run exactly once, from accepted to succeeded.
 func TestEventsSeenOnce(t *testing.T) {
 	pl := startTestPlane(t, controlplane.Config{HeartbeatInterval: time.Second, ReconcileInterval: 20 * time.Millisecond, OpenEnrollment: true})

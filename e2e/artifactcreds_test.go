@@ -283,10 +283,10 @@ func TestAcceptance_ArtifactFetchUnderAuth(t *testing.T) {
 	_, pjs, _ := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
 	run, _ := json.Marshal(schemas.RunRequest{RequestID: "auth-fetch", Image: testImage, Command: []string{"true"},
 		Artifacts: []schemas.ArtifactUse{{Name: "weights", Path: "/models/weights"}}})
-	if _, err := pjs.Publish(ctx, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), run, jetstream.WithMsgID("auth-fetch")); err != nil {
+	if _, err := pjs.Publish(ctx, sf.producerSubmit(), run, jetstream.WithMsgID("auth-fetch")); err != nil {
 		t.Fatal(err)
 	}
-	sf.waitPhase(schemas.RunIDFor(schemas.DefaultTenant, "auth-fetch"), schemas.PhaseSucceeded, time.Minute)
+	sf.waitPhase(sf.producerRun("auth-fetch"), schemas.PhaseSucceeded, time.Minute)
 	if got, err := os.ReadFile(replicaPath(a.dataDir, digest)); err != nil || !bytes.Equal(got, content) {
 		t.Fatalf("no verified replica on the node (err %v)", err)
 	}

@@ -35,9 +35,9 @@ func confinementProbes(t *testing.T, rows []identities.Row) []string {
 	}
 	// Every row's patterns, for this identity's values and for others'.
 	for _, values := range []map[string]string{
-		{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderConsumer: confConsumer, identities.PlaceholderInvite: confInvite},
-		{identities.PlaceholderNode: confOtherNode, identities.PlaceholderRun: confOtherRun, identities.PlaceholderProducer: confOtherTenant, identities.PlaceholderConsumer: confOtherConsumer, identities.PlaceholderInvite: confOtherInvite},
-		{identities.PlaceholderNode: confEnrolling, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderConsumer: confConsumer, identities.PlaceholderInvite: confOtherInvite},
+		{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderTenant: confTenant, identities.PlaceholderConsumer: confConsumer, identities.PlaceholderInvite: confInvite},
+		{identities.PlaceholderNode: confOtherNode, identities.PlaceholderRun: confOtherRun, identities.PlaceholderProducer: confOtherTenant, identities.PlaceholderTenant: confOtherTenant, identities.PlaceholderConsumer: confOtherConsumer, identities.PlaceholderInvite: confOtherInvite},
+		{identities.PlaceholderNode: confEnrolling, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant, identities.PlaceholderTenant: confTenant, identities.PlaceholderConsumer: confConsumer, identities.PlaceholderInvite: confOtherInvite},
 	} {
 		for _, r := range rows {
 			add(identities.Instantiate(r.Publish, values)...)
@@ -53,11 +53,15 @@ func confinementProbes(t *testing.T, rows []identities.Row) []string {
 			add(bus.NodeLogInboxPrefix(n, run) + "." + probeToken)
 		}
 	}
-	for _, run := range []string{confRun, confOtherRun} {
-		add(bus.RunEventsSubject("default", run), bus.RunLogsSubject("default", run))
-	}
-	for _, tenant := range []string{confTenant, confOtherTenant} {
-		add(bus.SessionInbox(tenant, confSession), bus.SessionLogsSubject(tenant, confSession), bus.ProducerInboxPrefix(tenant)+"."+probeToken)
+	for _, tenant := range []string{confTenant, confOtherTenant, "default"} {
+		for _, run := range []string{confRun, confOtherRun} {
+			add(bus.RunEventsSubject(tenant, run), bus.RunLogsSubject(tenant, run))
+		}
+		for _, identity := range []string{confTenant, confOtherTenant, bus.OperatorUser} {
+			add(bus.SubmitSubject(tenant, identity), bus.CancelSubject(tenant, identity))
+		}
+		add(bus.SessionInbox(tenant, confSession), bus.SessionLogsSubject(tenant, confSession), bus.ProducerInboxPrefix(tenant)+"."+probeToken,
+			bus.TenantSubject(tenant, bus.TenantRunsGet), bus.TenantSubject(tenant, bus.TenantRunsList), bus.TenantSubject(tenant, bus.TenantRunsRead))
 	}
 	add("_INBOX."+probeToken, bus.AuthCalloutSubject, ">", "*", "*.>", "wf.>", "$JS.>", "$JS.API.>", "$KV.>", "$O.>", "$SYS.>", "_INBOX.>", "_WF_INBOX.>",
 		serverDenied+"."+probeToken, serverDenied+".>")
@@ -77,7 +81,11 @@ func confinementProbes(t *testing.T, rows []identities.Row) []string {
 func jetStreamProbes() []string {
 	// The consumers the control plane creates, on their streams; and one
 	// it does not create, on every stream.
-	consumers := map[string][]string{bus.RunsStream("default"): {bus.IntakeConsumerConfig().Durable}, bus.StreamObs: {bus.ObsConsumerConfig().Durable}}
+	consumers := map[string][]string{bus.StreamObs: {bus.ObsConsumerConfig().Durable}}
+	tenants := []string{confTenant, confOtherTenant}
+	for _, tenant := range tenants {
+		consumers[bus.RunsStream(tenant)] = []string{bus.IntakeConsumerConfig().Durable}
+	}
 	for _, n := range []string{confNode, confOtherNode, confEnrolling} {
 		consumers[bus.StreamCmds] = append(consumers[bus.StreamCmds], bus.NodeConsumerConfig(n, 0).Durable)
 	}
@@ -86,10 +94,19 @@ func jetStreamProbes() []string {
 	}
 	streams := []string{"PROBE"}
 	var out []string
-	for _, s := range identities.Stores() {
-		streams = append(streams, s.Stream)
-		for _, subj := range s.Subjects {
-			out = append(out, subj, concrete(subj, probeToken), fmt.Sprintf(server.JSDirectGetLastBySubjectT, s.Stream, concrete(subj, probeToken)))
+	seen := map[string]bool{}
+	for _, st := range identities.Stores() {
+		// A tenant's intake stream, once for each tenant probed.
+		for _, tenant := range tenants {
+			stream := strings.ReplaceAll(st.Stream, identities.PlaceholderTenant, tenant)
+			if seen[stream] {
+				continue
+			}
+			seen[stream] = true
+			streams = append(streams, stream)
+			for _, subj := range identities.Instantiate(st.Subjects, map[string]string{identities.PlaceholderTenant: tenant}) {
+				out = append(out, subj, concrete(subj, probeToken), fmt.Sprintf(server.JSDirectGetLastBySubjectT, stream, concrete(subj, probeToken)))
+			}
 		}
 	}
 	out = append(out, server.JSApiAccountInfo, server.JSApiStreams, server.JSApiStreamList, server.JSApiLeaderStepDown,

@@ -113,8 +113,10 @@ func (sf *secureFleet) confinementLogins() map[string]confinementLogin {
 	t := sf.t
 	t.Helper()
 	ctx := context.Background()
+	// The fleet's producer is named as its tenant, and the booked Run is
+	// that tenant's.
 	own := map[string]string{identities.PlaceholderNode: confNode, identities.PlaceholderRun: confRun, identities.PlaceholderProducer: confTenant,
-		identities.PlaceholderConsumer: confConsumer}
+		identities.PlaceholderTenant: confTenant, identities.PlaceholderConsumer: confConsumer}
 	producer := bus.ProducerCredentials(sf.producerName, sf.producerToken).Options()
 	operatorToken := sf.secrets["operator token"]
 	out := map[string]confinementLogin{
@@ -226,7 +228,7 @@ func (sf *secureFleet) bookRun(runID, nodeID string, fencing uint64) {
 	t := sf.t
 	t.Helper()
 	now := time.Now().UTC()
-	r := schemas.Run{ID: runID, Request: schemas.RunRequest{RequestID: runID, Image: testImage, Command: []string{"true"}},
+	r := schemas.Run{ID: runID, Tenant: confTenant, Request: schemas.RunRequest{RequestID: runID, Image: testImage, Command: []string{"true"}},
 		Phase: schemas.PhasePlaced, PhaseSince: now, Attempt: 1, NodeID: nodeID, AttemptID: runID + "-1", FencingToken: fencing,
 		CreatedAt: now, UpdatedAt: now}
 	b, err := json.Marshal(r)

@@ -64,14 +64,14 @@ func TestAcceptance_NatsCLIExamples(t *testing.T) {
 	sub := cli.follow(subCtx, steps["sub"], []string{"--count", "60"}, func(line string) bool {
 		return strings.Contains(line, `"run_id":"`+runID+`"`) && strings.Contains(line, `"phase":"succeeded"`)
 	})
-	cli.waitSubscribed(sub, "wf.events.run.>", 10*time.Second)
+	cli.waitSubscribed(sub, steps["sub"][1], 10*time.Second)
 	// The Run's output, live: its one line arrives as a message.
 	logSub := cli.follow(subCtx, steps["logsub"], []string{"--count", "1"}, func(line string) bool { return strings.TrimSpace(line) == "hi" })
-	cli.waitSubscribed(logSub, "wf.logs.run."+runID, 10*time.Second)
+	cli.waitSubscribed(logSub, steps["logsub"][1], 10*time.Second)
 
 	// 2. Submit.
 	out := cli.run(30*time.Second, steps["pub"])
-	if !strings.Contains(out, `Published `) || !strings.Contains(out, `"wf.runs.submit"`) {
+	if !strings.Contains(out, `Published `) || !strings.Contains(out, `"`+steps["pub"][1]+`"`) {
 		t.Fatalf("nats pub: unexpected output:\n%s", out)
 	}
 
@@ -101,7 +101,7 @@ func TestAcceptance_NatsCLIExamples(t *testing.T) {
 	}
 	t.Logf("nats sub: %d events, %d repeated deliveries of an event already shown", len(evs), dups)
 	if out := logSub.wait(t, 30*time.Second); !strings.Contains(out, "Wf-Stream: stdout") {
-		t.Fatalf("nats sub %s: no stdout chunk with its headers:\n%s", "wf.logs.run."+runID, out)
+		t.Fatalf("nats sub %s: no stdout chunk with its headers:\n%s", steps["logsub"][1], out)
 	}
 
 	// 4. The Run record.
@@ -166,14 +166,14 @@ func natsCLISteps(image string) (map[string][]string, string) {
 	runID := schemas.RunIDFor(schemas.DefaultTenant, natsCLIRequestID)
 	body := fmt.Sprintf(`{"request_id":%q,"image":%q,"command":["sh","-c","echo hi"]}`, natsCLIRequestID, image)
 	return map[string][]string{
-		"sub":   {"sub", "wf.events.run.>"},
-		"pub":   {"pub", "wf.runs.submit", body},
+		"sub":   {"sub", bus.RunEventsSubject(schemas.DefaultTenant, ">")},
+		"pub":   {"pub", bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body},
 		"get":   {"kv", "get", "wf_runs", runID, "--raw"},
 		"watch": {"kv", "watch", "wf_nodes"},
-		"view":  {"stream", "view", "WF_EVENTS", "--subject", "wf.events.run." + runID},
+		"view":  {"stream", "view", "WF_EVENTS", "--subject", bus.RunEventsSubject(schemas.DefaultTenant, runID)},
 		// The Run's output, live and stored.
-		"logsub":  {"sub", "wf.logs.run." + runID},
-		"logview": {"stream", "view", "WF_LOGS", "--subject", "wf.logs.run." + runID},
+		"logsub":  {"sub", bus.RunLogsSubject(schemas.DefaultTenant, runID)},
+		"logview": {"stream", "view", "WF_LOGS", "--subject", bus.RunLogsSubject(schemas.DefaultTenant, runID)},
 	}, runID
 }
 

@@ -192,10 +192,10 @@ func TestAcceptance_CredentialsNeverAtRest(t *testing.T) {
 	_, pjs, _ := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
 	submit := func(id, image string) string {
 		body := fmt.Sprintf(`{"request_id":%q,"image":%q,"command":["true"]}`, id, image)
-		if _, err := pjs.Publish(ctx, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(body), jetstream.WithMsgID(id)); err != nil {
+		if _, err := pjs.Publish(ctx, sf.producerSubmit(), []byte(body), jetstream.WithMsgID(id)); err != nil {
 			t.Fatal(err)
 		}
-		return schemas.RunIDFor(schemas.DefaultTenant, id)
+		return sf.producerRun(id)
 	}
 	first := pushPrivate(t, reg, "first")
 	sf.waitPhase(submit("pull-1", first), schemas.PhaseSucceeded, 90*time.Second)

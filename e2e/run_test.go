@@ -11,7 +11,7 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// TestAcceptance_RunToExitCode: JSON RunRequests published on wf.runs.submit
+// TestAcceptance_RunToExitCode: JSON RunRequests published on the default tenant's submit subject
 // run in a real container; exit 0 succeeds, exit 3 fails with 3, a cancel
 // ends cancelled, a max runtime ends failed, and each Run's events tell the
 // story in order.
@@ -20,7 +20,7 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 	f := newFleet(t)
 	f.startAgent(agentSpec{id: "node-a", world: w})
 
-	// Published as raw JSON, exactly what `nats pub wf.runs.submit '<json>'` sends.
+	// Published as raw JSON, exactly what `nats pub wf.runs.default.operator.submit '<json>'` sends.
 	okBody := fmt.Sprintf(`{"request_id":"exit-0","image":%q,"command":["sh","-c","echo hello; test \"$GREETING\" = hi"],"env":{"GREETING":"hi"},"resources":{"cpu_millis":100,"memory_bytes":67108864}}`, w.image.Reference)
 	f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(okBody), "exit-0")
 	okID := schemas.RunIDFor(schemas.DefaultTenant, "exit-0")

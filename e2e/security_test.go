@@ -289,27 +289,25 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	// logged in with its session, so commands and observations flow under
 	// the agents' permissions.
 	pnc, pjs, perrs := sf.dial("producer", bus.ProducerCredentials(sf.producerName, sf.producerToken))
-	events, err := pnc.SubscribeSync(bus.SubjectEvents)
+	events, err := pnc.SubscribeSync(bus.RunEventsSubject(sf.producerName, ">"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := json.Marshal(schemas.RunRequest{RequestID: "perm-1", Image: testImage, Command: []string{"true"}})
-	if _, err := pjs.Publish(context.Background(), bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body, jetstream.WithMsgID("perm-1")); err != nil {
+	if _, err := pjs.Publish(context.Background(), sf.producerSubmit(), body, jetstream.WithMsgID("perm-1")); err != nil {
 		t.Fatalf("producer submit: %v", err)
 	}
-	runID := schemas.RunIDFor(schemas.DefaultTenant, "perm-1")
+	runID := sf.producerRun("perm-1")
 	if r := sf.waitPhase(runID, schemas.PhaseSucceeded, 30*time.Second); r.NodeID == "" {
 		t.Fatalf("run has no node: %+v", r)
 	}
 	if _, err := events.NextMsg(5 * time.Second); err != nil {
 		t.Fatalf("producer follows events: %v", err)
 	}
-	runsKV, err := pjs.KeyValue(context.Background(), bus.BucketRuns)
-	if err != nil {
-		t.Fatalf("producer opens wf_runs read-only: %v", err)
-	}
-	if _, err := runsKV.Get(context.Background(), runID); err != nil {
-		t.Fatalf("producer reads its Run: %v", err)
+	// wf_runs holds every tenant's Runs: a producer has no KV at all (it
+	// reads its Runs through its tenant's services).
+	if _, err := pjs.KeyValue(context.Background(), bus.BucketRuns); err == nil {
+		t.Fatal("producer opened wf_runs")
 	}
 	// Its output was shipped on the node's log login for that Run (the
 	// node's own login may not publish logs): both streams are closed.
@@ -326,17 +324,14 @@ func TestAcceptance_AgentPermissions(t *testing.T) {
 	perrs.denied(t, "publish", bus.NodeObs(a.id))
 	jsPublishFails(t, pjs, "$KV."+bus.BucketRuns+"."+runID, []byte(`{"phase":"succeeded"}`))
 	perrs.denied(t, "publish", "$KV."+bus.BucketRuns+"."+runID)
-	if _, err := runsKV.Put(context.Background(), runID, []byte(`{}`)); err == nil {
-		t.Fatal("producer wrote wf_runs")
-	}
 	if _, err := pnc.Request("$JS.API.CONSUMER.CREATE."+bus.StreamCmds, []byte(`{}`), time.Second); err == nil {
 		t.Fatal("producer created a consumer on WF_CMDS")
 	}
 
 	// node-a's own credentials (its session token), on a second connection.
 	anc, ajs, aerrs := sf.dial("as node-a", bus.NodeCredentials(a.id, a.agent.Enrollment().SessionToken))
-	jsPublishFails(t, ajs, bus.RunLogsSubject(schemas.DefaultTenant, runID), []byte("forged line\n"))
-	aerrs.denied(t, "publish", bus.RunLogsSubject(schemas.DefaultTenant, runID))
+	jsPublishFails(t, ajs, bus.RunLogsSubject(sf.producerName, runID), []byte("forged line\n"))
+	aerrs.denied(t, "publish", bus.RunLogsSubject(sf.producerName, runID))
 	// Its own subjects work.
 	if _, err := ajs.Consumer(context.Background(), bus.StreamCmds, bus.NodeConsumer(a.id)); err != nil {
 		t.Fatalf("node-a reads its own consumer: %v", err)
@@ -495,17 +490,17 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	for i := range 2 {
 		id := fmt.Sprintf("secret-run-%d", i)
 		body, _ := json.Marshal(schemas.RunRequest{RequestID: id, Image: testImage, Command: []string{"true"}, Env: map[string]string{"MODE": "test"}})
-		if _, err := pjs.Publish(ctx, bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body, jetstream.WithMsgID(id)); err != nil {
+		if _, err := pjs.Publish(ctx, sf.producerSubmit(), body, jetstream.WithMsgID(id)); err != nil {
 			t.Fatal(err)
 		}
-		sf.waitPhase(schemas.RunIDFor(schemas.DefaultTenant, id), schemas.PhaseSucceeded, 30*time.Second)
+		sf.waitPhase(sf.producerRun(id), schemas.PhaseSucceeded, 30*time.Second)
 	}
 	// The session renews (TTL 4s: at ~2.7s) and the agent's NATS user,
 	// which expires with the session it was issued for, logs in again.
 	first := a.agent.Enrollment().SessionExpires
 	sf.eventually(15*time.Second, "a session renewal", func() bool { return a.agent.Enrollment().SessionExpires.After(first) })
 	time.Sleep(2 * time.Second) // past the first session's expiry: a re-login under the renewed session
-	sf.waitPhase(submitAs(t, pjs, "secret-run-after-renewal"), schemas.PhaseSucceeded, 30*time.Second)
+	sf.waitPhase(sf.submitAs(t, pjs, "secret-run-after-renewal"), schemas.PhaseSucceeded, 30*time.Second)
 	sf.plant("session of node-a (renewed)", a.agent.Enrollment().SessionToken)
 
 	// The agent restarts: its first login (the used bootstrap token) is
@@ -518,7 +513,7 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 		t.Fatalf("restart did not resume: duplicate=%v fencing %d -> %d", e.Duplicate, before.FencingToken, e.FencingToken)
 	}
 	sf.refusedLogin("the session before the restart", bus.NodeCredentials("node-a", before.SessionToken))
-	sf.waitPhase(submitAs(t, pjs, "secret-run-after-restart"), schemas.PhaseSucceeded, 30*time.Second)
+	sf.waitPhase(sf.submitAs(t, pjs, "secret-run-after-restart"), schemas.PhaseSucceeded, 30*time.Second)
 
 	// The agents and the producer did their work within their permissions:
 	// nats-server logged no violation (this test makes none on purpose).
@@ -547,13 +542,24 @@ func TestAcceptance_NoSecretsAtRest(t *testing.T) {
 	t.Logf("searched for %d planted secrets and a canary", len(sf.secrets)-1)
 }
 
-func submitAs(t *testing.T, js jetstream.JetStream, id string) string {
+func (sf *secureFleet) submitAs(t *testing.T, js jetstream.JetStream, id string) string {
 	t.Helper()
 	body, _ := json.Marshal(schemas.RunRequest{RequestID: id, Image: testImage, Command: []string{"true"}})
-	if _, err := js.Publish(context.Background(), bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), body, jetstream.WithMsgID(id)); err != nil {
+	if _, err := js.Publish(context.Background(), sf.producerSubmit(), body, jetstream.WithMsgID(id)); err != nil {
 		t.Fatal(err)
 	}
-	return schemas.RunIDFor(schemas.DefaultTenant, id)
+	return sf.producerRun(id)
+}
+
+// producerSubmit is where the fleet's producer submits: its tenant is
+// named as it is (newSecureFleet).
+func (sf *secureFleet) producerSubmit() string {
+	return bus.SubmitSubject(sf.producerName, sf.producerName)
+}
+
+// producerRun is the Run id the producer's request id names.
+func (sf *secureFleet) producerRun(requestID string) string {
+	return schemas.RunIDFor(sf.producerName, requestID)
 }
 
 // streamTap holds every message published to a subject some stream stores,
@@ -746,11 +752,11 @@ func TestAcceptance_SessionHostUnderAuth(t *testing.T) {
 }
 
 // getLogEnd reports whether WF_LOGS holds the closing message of the first
-// attempt's stream of runID.
+// attempt's stream of runID (whichever tenant's: Run ids differ across tenants).
 func getLogEnd(js jetstream.JetStream, runID, stream string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := js.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunLogsSubject(schemas.DefaultTenant, runID)}})
+	c, err := js.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunLogsSubject("*", runID)}})
 	if err != nil {
 		return false, err
 	}

@@ -22,7 +22,7 @@ const (
 	EventProgress EventType = "progress"
 )
 
-// RunEvent is one entry of a Run's audit log on wf.events.run.<run_id>.
+// RunEvent is one entry of a Run's audit log on wf.events.<tenant>.run.<run_id>.
 type RunEvent struct {
 	RunID     string    `json:"run_id"`
 	Seq       uint64    `json:"seq"`

@@ -29,7 +29,7 @@ const (
 	MaxGraceSeconds     = 3600
 )
 
-// RunRequest is what a producer publishes on wf.runs.submit.
+// RunRequest is what a producer publishes on wf.runs.<tenant>.<identity>.submit.
 type RunRequest struct {
 	Version int `json:"version,omitempty"`
 	// RequestID is the producer's idempotency key. It is the Nats-Msg-Id of

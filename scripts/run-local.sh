@@ -63,7 +63,7 @@ Logs: $DATA/serve.log, $DATA/agent.log
 Try:
   bin/warmfleet run submit --image $IMAGE --wait -- sh -c 'echo hello from warmfleet; exit 3'
   export NATS_CONTEXT=$DATA/operator.json   # the stock nats CLI's login
-  nats pub wf.runs.submit '{"request_id":"hello-1","image":"$IMAGE","command":["sh","-c","echo hi"]}'
+  nats pub wf.runs.default.operator.submit '{"request_id":"hello-1","image":"$IMAGE","command":["sh","-c","echo hi"]}'
   bin/warmfleet run list
   bin/warmfleet node list
 

@@ -124,7 +124,7 @@ func newServe(g *globals) *cobra.Command {
 			if embedded && sec.auth {
 				natsArgs = "--context " + filepath.Join(dataDir, bus.OperatorContextFile)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats %s pub wf.runs.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, natsArgs)
+			fmt.Fprintf(cmd.OutOrStdout(), "warmfleet: control plane serving on %s — submit with:\n  nats %s pub wf.runs.default.operator.submit '{\"request_id\":\"hello-1\",\"image\":\"localhost/busybox@sha256:<digest>\",\"command\":[\"sh\",\"-c\",\"echo hi\"]}'\n", url, natsArgs)
 			runErr := cp.Run(ctx)
 			cancel()
 			if metricsDone != nil {

@@ -77,7 +77,7 @@ func TestCallout_RunLogLogin(t *testing.T) {
 	for _, run := range []schemas.Run{
 		{ID: "r1", Phase: schemas.PhaseRunning, Attempt: 1, NodeID: "n1", AttemptID: schemas.WorkloadID("r1", 1)},
 		{ID: "r2", Phase: schemas.PhaseRunning, Attempt: 2, NodeID: "n2", AttemptID: schemas.WorkloadID("r2", 2)},
-		{ID: "r3", Phase: schemas.PhaseSucceeded, Attempt: 1, NodeID: "n1", AttemptID: schemas.WorkloadID("r3", 1)},
+		{ID: "r3", Tenant: "acme", Phase: schemas.PhaseSucceeded, Attempt: 1, NodeID: "n1", AttemptID: schemas.WorkloadID("r3", 1)},
 		{ID: "r4", Phase: schemas.PhaseAccepted, Attempt: 2},
 		{ID: "r5", Phase: schemas.PhaseRunning, Attempt: 1, NodeID: "n3"},
 	} {
@@ -122,14 +122,19 @@ func TestCallout_RunLogLogin(t *testing.T) {
 		t.Fatalf("r1's output: %v %v", m, err)
 	}
 
-	// A finished attempt's tail may still be shipped.
-	c3, _, err := sb.logLogin(t, "n1", "r3", session)
+	// A finished attempt's tail may still be shipped, on the subject of
+	// the Run's tenant only.
+	c3, errs3, err := sb.logLogin(t, "n1", "r3", session)
 	if err != nil {
 		t.Fatalf("log login of n1 for its finished Run r3: %v", err)
 	}
-	if _, err := c3.JS.Publish(ctx, bus.RunLogsSubject(schemas.DefaultTenant, "r3"), []byte("tail\n")); err != nil {
+	if _, err := c3.JS.Publish(ctx, bus.RunLogsSubject("acme", "r3"), []byte("tail\n")); err != nil {
 		t.Fatalf("publish r3's tail: %v", err)
 	}
+	if err := c3.NC.Publish(bus.RunLogsSubject(schemas.DefaultTenant, "r3"), []byte("forged\n")); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, errs3, bus.RunLogsSubject(schemas.DefaultTenant, "r3"))
 
 	for _, tc := range []struct {
 		name, node, run, secret, reason string

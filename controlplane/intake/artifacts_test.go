@@ -65,7 +65,7 @@ func newPlane(t *testing.T) (plane, *testenv.NATS) {
 	return plane{conn: conn, runsKV: kv, consumer: cons, cat: cat, store: store, cache: c}, n
 }
 
-// submit publishes req on wf.runs.submit and hands the delivery to in.
+// submit publishes req on the default tenant's submit subject and hands the delivery to in.
 func (p plane) submit(t *testing.T, in *intake.Intake, req schemas.RunRequest) {
 	t.Helper()
 	p.submitAs(t, in, req, req.RequestID)

@@ -172,8 +172,8 @@ func TestParseTableRefuses(t *testing.T) {
 }
 
 func TestInstantiate(t *testing.T) {
-	got := Instantiate([]string{"wf.node.<id>.obs", "wf.logs.run.<run>", "$JS.API.X"}, map[string]string{PlaceholderNode: "a", PlaceholderRun: "r"})
-	if !slices.Equal(got, []string{"wf.node.a.obs", "wf.logs.run.r", "$JS.API.X"}) {
+	got := Instantiate([]string{"wf.node.<id>.obs", "wf.logs.<tenant>.run.<run>", "$JS.API.X"}, map[string]string{PlaceholderNode: "a", PlaceholderRun: "r", PlaceholderTenant: "t"})
+	if !slices.Equal(got, []string{"wf.node.a.obs", "wf.logs.t.run.r", "$JS.API.X"}) {
 		t.Fatal(got)
 	}
 }
