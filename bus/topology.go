@@ -178,6 +178,9 @@ func (t Topology) KVConfigs() []jetstream.KeyValueConfig {
 		// A grant is written once and deleted at its login; the TTL sweeps
 		// the ones never used.
 		{Bucket: BucketArtifactGrants, Description: "one-time artifact logins by token hash", History: 1, Storage: jetstream.FileStorage, Replicas: r, TTL: ArtifactGrantsMaxAge},
+		// Sealed secrets: one value each (a re-sealed or removed value
+		// leaves no older seal behind), never expiring.
+		{Bucket: BucketSecrets, Description: "tenants' secrets, sealed, by <tenant>.<name>; changed only by CAS", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		leasesKVConfig(r),
 		residencyKVConfig(r),
 		sessionsKVConfig(r),

@@ -65,6 +65,11 @@ type Config struct {
 	// with schemas.DefaultTenant (TenantsOrDefault); each has its own
 	// intake stream (bus.RunsStream).
 	Tenants []string
+	// SecretsKeyFile is the key file tenants' secrets are sealed with
+	// (controlplane/secrets; serve's --secrets-key-file); it must exist.
+	// Empty serves no secrets: no secret service answers and Secrets is
+	// nil.
+	SecretsKeyFile string
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
 	RegistryAuth *registryauth.Source

@@ -26,6 +26,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/controlplane/scheduler"
+	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/controlplane/tenantread"
 	"github.com/warmfleet/warmfleet/internal/keyed"
@@ -62,6 +63,10 @@ type ControlPlane struct {
 	// tenantRead answers producers' reads of their own tenant's Runs,
 	// events and output.
 	tenantRead *tenantread.Service
+	// secrets is the sealed secret store and its services; nil without
+	// Config.SecretsKeyFile.
+	secrets        *secrets.Store
+	secretsService *secrets.Service
 	// callout is the NATS auth callout; nil without Config.Auth.
 	callout *admission.Callout
 
@@ -142,6 +147,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
 			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
 	cp.tenantRead = tenantread.New(conn, cp.runsKV, cfg.Tenants, log.Named("tenantread"))
+	if err := cp.openSecrets(ctx); err != nil {
+		return nil, err
+	}
 	if cfg.Auth != nil {
 		if cp.callout, err = admission.New(ctx, conn, *cfg.Auth, log); err != nil {
 			return nil, fmt.Errorf("controlplane: %w", err)
@@ -226,6 +234,9 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve), withWG(cp.tenantRead.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
+	}
+	if cp.secretsService != nil {
+		out = append(out, withWG(cp.secretsService.Serve))
 	}
 	return out
 }

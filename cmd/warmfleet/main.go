@@ -72,7 +72,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr("WARMFLEET_TENANT", schemas.DefaultTenant), "tenant to act in (a producer's login acts in its own only)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newDevCmd())
+	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newSecretCmd(g), newDevCmd())
 	return root
 }
 

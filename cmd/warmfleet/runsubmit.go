@@ -94,6 +94,7 @@ func submit(cmd *cobra.Command, g *globals, f submitFlags, args []string) error 
 	if err := schemas.ValidateTenant("--tenant", g.tenant); err != nil {
 		return err
 	}
+	warnSecretEnv(cmd.ErrOrStderr(), req.Env)
 	conn, err := g.connect(cmd.Context())
 	if err != nil {
 		return err

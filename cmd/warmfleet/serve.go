@@ -27,6 +27,7 @@ func newServe(g *globals) *cobra.Command {
 	var regAuth serveRegistryAuth
 	var artAuth serveArtifactSourceAuth
 	var credLimit serveCredentialLimit
+	var secretsKeys serveSecrets
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (with an embedded NATS server unless --nats-url is given)",
@@ -69,6 +70,10 @@ func newServe(g *globals) *cobra.Command {
 			if err := sec.prepare(embedded, dataDir, listen, log); err != nil {
 				return err
 			}
+			secretsKeyFile, err := secretsKeys.build(embedded, dataDir, log)
+			if err != nil {
+				return err
+			}
 			caPEM, err := sec.controlPlaneCA()
 			if err != nil {
 				return err
@@ -107,7 +112,7 @@ func newServe(g *globals) *cobra.Command {
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun, EventsMaxAge: eventsMaxAge}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM, RunRetention: runRetention,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
-				CredentialLimit: credentialLimit, Tenants: sec.tenants(),
+				CredentialLimit: credentialLimit, Tenants: sec.tenants(), SecretsKeyFile: secretsKeyFile,
 			}, log)
 			if err != nil {
 				return err
@@ -153,6 +158,7 @@ func newServe(g *globals) *cobra.Command {
 	regAuth.register(cmd)
 	artAuth.register(cmd)
 	credLimit.register(cmd)
+	secretsKeys.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	return cmd
 }

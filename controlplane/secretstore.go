@@ -1,0 +1,31 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/warmfleet/warmfleet/controlplane/secrets"
+)
+
+// openSecrets loads Config.SecretsKeyFile and opens the sealed secret
+// store over wf_secrets; nothing without a key file.
+func (cp *ControlPlane) openSecrets(ctx context.Context) error {
+	if cp.cfg.SecretsKeyFile == "" {
+		return nil
+	}
+	log := cp.log.Named("secrets")
+	keys, err := secrets.LoadKeyFile(cp.cfg.SecretsKeyFile, log)
+	if err != nil {
+		return fmt.Errorf("controlplane: %w", err)
+	}
+	if cp.secrets, err = secrets.OpenStore(ctx, cp.conn.JS, keys, cp.cfg.Tenants, cp.cfg.Now, log); err != nil {
+		return fmt.Errorf("controlplane: %w", err)
+	}
+	cp.secretsService = secrets.NewService(cp.secrets, cp.conn.NC, log)
+	return nil
+}
+
+// Secrets is the sealed secret store (intake checks a Run's secrets
+// exist in it; the node credential service opens them); nil without
+// Config.SecretsKeyFile.
+func (cp *ControlPlane) Secrets() *secrets.Store { return cp.secrets }
