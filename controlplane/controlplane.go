@@ -87,6 +87,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if cfg.Capacity != nil && (cfg.Capacity.Provider == nil || cfg.Capacity.OwnershipToken == "") {
 		return nil, errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
 	}
+	if err := cfg.RegistryAuth.CheckTenants(cfg.Tenants); err != nil {
+		return nil, fmt.Errorf("controlplane: tenant registry credentials: %w", err)
+	}
 	if err := bus.Provision(ctx, conn.JS, cfg.Topology); err != nil {
 		return nil, err
 	}
@@ -110,6 +113,9 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	cp.dispatch = dispatch.New(conn.JS, cp.cache, cfg.Now, log)
+	if len(cfg.Sessions.Tenants) == 0 {
+		cfg.Sessions.Tenants = cfg.Tenants
+	}
 	cp.sessions = sessions.New(cfg.Sessions, conn, cp.cache, cp.nodesKV, func(now time.Time) *placement.Fleet { return cp.scheduler.Fleet(now) }, cfg.Now, log)
 	cp.nodes = nodes.New(nodes.Config{
 		HeartbeatInterval: cfg.HeartbeatInterval, LeaseMultiplier: cfg.LeaseMultiplier, SessionTTL: cfg.SessionTTL,
@@ -129,23 +135,15 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	cp.artifacts, cp.artifactsService = cat, artifacts.NewService(cat, conn.NC, log.Named("artifacts"))
+	cp.artifacts, cp.artifactsService = cat, artifacts.NewService(cat, conn.NC, log.Named("artifacts"), cfg.Tenants...)
 	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
-		prefetch.WithArtifacts(cp.artifacts))
+		prefetch.WithArtifacts(cp.artifacts), prefetch.WithTenants(cfg.Tenants))
 	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
 	// A node's disk collection keeps what booked Runs need and what an
 	// open prefetch wants there.
 	cp.nodes.AddDiskKeeper(cp.prefetch)
-	// A node may have a credential for an image it has a live booking or
-	// an open prefetch for.
-	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.Wants}
-	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.CredentialLimit, cfg.Now, log)
-	// Likewise for an artifact: a Run booked on the node that mounts it,
-	// or an open prefetch of it there.
-	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
-		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
-			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
+	cp.credentialServices(kv[bus.BucketArtifactGrants])
 	cp.tenantRead = tenantread.New(conn, cp.runsKV, cfg.Tenants, log.Named("tenantread"))
 	if err := cp.openSecrets(ctx); err != nil {
 		return nil, err
@@ -156,6 +154,21 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		}
 	}
 	return cp, nil
+}
+
+// credentialServices makes the services that give nodes registry and
+// artifact source credentials; grants is wf_artifact_grants.
+func (cp *ControlPlane) credentialServices(grants jetstream.KeyValue) {
+	cfg, conn, log := cp.cfg, cp.conn, cp.log
+	// A node may have a credential for an image it has a live booking or
+	// an open prefetch for.
+	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.ImageTenants}
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.CredentialLimit, cfg.Now, log)
+	// Likewise for an artifact: a Run booked on the node that mounts it,
+	// or an open prefetch of it there.
+	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, grants,
+		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
+			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
 }
 
 // Prefetches is the prefetch service: its Wants says whether a node has a

@@ -276,3 +276,105 @@ func searchFiles(t *testing.T, dir string, secrets map[string]string) []string {
 	t.Logf("searched %d files under the agent's data dir for %d secrets", files, len(secrets))
 	return hits
 }
+
+// TestAcceptance_TenantRegistryCredentials: tenants' own registry
+// credentials against real registries. The fleet's file holds a wrong
+// password for the first registry and the default tenant's own file the
+// right one: the default tenant's Run pulls with its own. Only tenant
+// team-a holds a credential for the second: the default tenant's Run from
+// it is never given team-a's and fails registry_auth_failed, once.
+func TestAcceptance_TenantRegistryCredentials(t *testing.T) {
+	w := newWorld(t)
+	own, teamAOnly := testenv.StartRegistry(t), testenv.StartRegistry(t)
+	src := registryAuthFile(t, map[string][2]string{own.Host: {own.User, "not-" + own.Password}}, nil)
+	for tenant, creds := range map[string]map[string][2]string{
+		schemas.DefaultTenant: {own.Host: {own.User, own.Password}},
+		"team-a":              {teamAOnly.Host: {teamAOnly.User, teamAOnly.Password}},
+	} {
+		file, err := registryauth.LoadConfig(tenantAuthFile(t, creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := src.AddTenant(registryauth.Tenant(tenant), file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := newFleet(t, func(c *controlplane.Config) {
+		c.RegistryAuth = src
+		c.Tenants = []string{schemas.DefaultTenant, "team-a"}
+	})
+	f.startAgent(agentSpec{id: "node-a", world: w})
+
+	okID := f.submit(schemas.RunRequest{RequestID: "tenant-own", Image: pushPrivate(t, own, "own"), Command: []string{"grep", "-qx", "own", "/etc/variant"}})
+	foreignID := f.submit(schemas.RunRequest{RequestID: "tenant-foreign", Image: pushPrivate(t, teamAOnly, "foreign"), Command: []string{"true"}})
+	if r := f.waitPhase(okID, schemas.PhaseSucceeded, 90*time.Second); r.ExitCode == nil || *r.ExitCode != 0 {
+		t.Fatalf("the default tenant's Run with its own credential: exit %v", r.ExitCode)
+	}
+	f.authFailure(foreignID, teamAOnly.Host)
+}
+
+// tenantAuthFile writes a Docker config.json as registryAuthFile does and
+// returns its path, for `serve --tenant-registry-auth T=PATH`.
+func tenantAuthFile(t *testing.T, creds map[string][2]string) string {
+	t.Helper()
+	var entries []string
+	for host, c := range creds {
+		entries = append(entries, fmt.Sprintf("%q: {%q: %q, %q: %q}", host, "username", c[0], "password", c[1]))
+	}
+	path := filepath.Join(t.TempDir(), "tenant-config.json")
+	if err := os.WriteFile(path, []byte(`{"auths": {`+strings.Join(entries, ", ")+`}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestAcceptance_TenantPrefetchCredentials: a prefetch pulls with its
+// tenant's registry credentials. Only team-a holds a credential for the
+// registry: team-a's prefetch of an image there ends ready, the default
+// tenant's prefetch of another image there is never given team-a's and
+// ends failed.
+func TestAcceptance_TenantPrefetchCredentials(t *testing.T) {
+	w := newWorld(t)
+	reg := testenv.StartRegistry(t)
+	src := registryAuthFile(t, nil, nil)
+	file, err := registryauth.LoadConfig(tenantAuthFile(t, map[string][2]string{reg.Host: {reg.User, reg.Password}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.AddTenant("team-a", file); err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, func(c *controlplane.Config) {
+		c.RegistryAuth = src
+		c.Tenants = []string{schemas.DefaultTenant, "team-a"}
+	})
+	f.startAgent(agentSpec{id: "node-a", world: w})
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketPrefetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(req schemas.PrefetchRequest) schemas.PrefetchNode {
+		t.Helper()
+		rep := askJSON[schemas.Reply[schemas.Prefetch]](t, f.conn.NC, bus.SubjectPrefetch, req)
+		if rep.OK == nil {
+			t.Fatalf("prefetch %s: %+v", req.RequestID, rep.Refusal)
+		}
+		p := *rep.OK
+		var n schemas.PrefetchNode
+		f.eventually(90*time.Second, "prefetch "+req.RequestID+" to finish on node-a", func() bool {
+			var q schemas.Prefetch
+			if _, err := bus.GetJSON(context.Background(), kv, p.ID, &q); err != nil || q.Node("node-a") == nil {
+				return false
+			}
+			n = *q.Node("node-a")
+			return n.State.Finished()
+		})
+		return n
+	}
+	if n := entry(schemas.PrefetchRequest{RequestID: "warm-team-a", Image: pushPrivate(t, reg, "team-a"), Nodes: "node-a", Tenant: "team-a"}); n.State != schemas.PrefetchReady {
+		t.Fatalf("team-a's prefetch with its own credential ended %s: %s %s", n.State, n.Code, n.Reason)
+	}
+	if n := entry(schemas.PrefetchRequest{RequestID: "warm-default", Image: pushPrivate(t, reg, "other"), Nodes: "node-a"}); n.State != schemas.PrefetchFailed {
+		t.Fatalf("the default tenant's prefetch from team-a's registry ended %s: %s %s, want failed", n.State, n.Code, n.Reason)
+	}
+}

@@ -50,7 +50,8 @@ type ArtifactSource struct {
 }
 
 // ArtifactRecord is one catalog entry in wf_artifacts, keyed by
-// ArtifactKey(Name, Version).
+// ArtifactKey(Name, Version). Tenant owns it: only that tenant's Runs and
+// prefetches may use it, unless it is Shared, which lets every tenant's.
 type ArtifactRecord struct {
 	Name      string         `json:"name"`
 	Version   string         `json:"version"`
@@ -58,7 +59,24 @@ type ArtifactRecord struct {
 	SizeBytes int64          `json:"size_bytes"`
 	Source    ArtifactSource `json:"source"`
 	CreatedAt time.Time      `json:"created_at"`
+	// Tenant is empty in a record stored before tenants: DefaultTenant
+	// (TenantOf).
+	Tenant string `json:"tenant,omitempty"`
+	Shared bool   `json:"shared,omitempty"`
 }
+
+// TenantOf is the record's tenant, DefaultTenant for a record stored
+// before records named one.
+func (r ArtifactRecord) TenantOf() string {
+	if r.Tenant == "" {
+		return DefaultTenant
+	}
+	return r.Tenant
+}
+
+// VisibleTo says whether tenant's Runs and prefetches may use the record:
+// it is the tenant's own, or shared.
+func (r ArtifactRecord) VisibleTo(tenant string) bool { return r.Shared || r.TenantOf() == tenant }
 
 // ArtifactMount is an artifact resolved for one Run: the catalog's answer
 // to an ArtifactUse. It is stored on the Run and sent in LaunchWorkload.
@@ -169,6 +187,11 @@ func (s ArtifactSource) Validate(field string) error {
 
 // Validate checks a catalog record.
 func (r *ArtifactRecord) Validate() error {
+	if r.Tenant != "" {
+		if err := ValidateTenant("tenant", r.Tenant); err != nil {
+			return err
+		}
+	}
 	if err := ValidateArtifactName("name", r.Name); err != nil {
 		return err
 	}

@@ -474,6 +474,9 @@ func FuzzPrefetchRequestDecode(f *testing.F) {
 		if r.Count < 0 || r.Count > schemas.MaxPrefetchNodes || r.Timeout() <= 0 || r.Timeout() > schemas.MaxPrefetchTimeout || len(r.Nodes) > schemas.MaxSelectorBytes {
 			t.Fatalf("valid prefetch out of bounds: %+v", r)
 		}
+		if !schemas.ValidTenant(r.TenantOf()) {
+			t.Fatalf("valid prefetch of tenant %q", r.Tenant)
+		}
 		reencode(t, &r)
 	})
 }

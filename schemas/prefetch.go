@@ -35,6 +35,18 @@ type PrefetchRequest struct {
 	Nodes          string `json:"nodes,omitempty"`
 	Count          int    `json:"count,omitempty"`
 	TimeoutSeconds int64  `json:"timeout_seconds,omitempty"`
+	// Tenant is whose prefetch it is (empty: DefaultTenant): an image is
+	// pulled with its registry credentials, an artifact must be its own or
+	// shared.
+	Tenant string `json:"tenant,omitempty"`
+}
+
+// TenantOf is the request's tenant, DefaultTenant when it names none.
+func (r *PrefetchRequest) TenantOf() string {
+	if r.Tenant == "" {
+		return DefaultTenant
+	}
+	return r.Tenant
 }
 
 // Validate checks everything but the selector's syntax, which the control
@@ -45,6 +57,11 @@ func (r *PrefetchRequest) Validate() error {
 	}
 	if err := ValidateID("request_id", r.RequestID, CodeInvalidRequestID); err != nil {
 		return err
+	}
+	if r.Tenant != "" {
+		if err := ValidateTenant("tenant", r.Tenant); err != nil {
+			return err
+		}
 	}
 	switch {
 	case r.Image != "" && r.Artifact != "":
@@ -109,6 +126,9 @@ func (s PrefetchState) Finished() bool {
 type Prefetch struct {
 	ID        string `json:"id"`
 	RequestID string `json:"request_id"`
+	// Tenant is the request's (TenantOf); empty in a record stored before
+	// tenants, which is DefaultTenant's.
+	Tenant string `json:"tenant,omitempty"`
 	// Image and ManifestDigest name an image prefetch's image; Artifact,
 	// instead, the catalog's artifact an artifact prefetch fetches.
 	Image          string            `json:"image,omitempty"`
@@ -218,4 +238,13 @@ func (p *ImageProgress) validate() error {
 		return err
 	}
 	return p.Progress.Validate()
+}
+
+// TenantOf is the prefetch's tenant, DefaultTenant for a record stored
+// before prefetches named one.
+func (p Prefetch) TenantOf() string {
+	if p.Tenant == "" {
+		return DefaultTenant
+	}
+	return p.Tenant
 }

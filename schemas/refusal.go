@@ -103,6 +103,9 @@ const (
 	// CodeArtifactUnknown refuses a Run naming an artifact (or version or
 	// digest) the catalog does not hold.
 	CodeArtifactUnknown Code = "artifact_unknown"
+	// CodeArtifactOwned refuses an operator's registration of a name and
+	// version that another tenant's record holds.
+	CodeArtifactOwned Code = "artifact_owned"
 	// CodeArtifactDigestMismatch: bytes did not hash to the artifact's
 	// digest (a put's file, or what a source served); they are discarded.
 	CodeArtifactDigestMismatch Code = "artifact_digest_mismatch"

@@ -35,6 +35,9 @@ type ResidencyPhase string
 type SessionError struct {
 	Code    SessionCode `json:"code"`
 	Message string      `json:"message"`
+	// Field names the request's field at fault, when one is (a tenant
+	// refused invalid_tenant or tenant_unknown).
+	Field string `json:"field,omitempty"`
 	// Step and Unreleased are set for a failed attach: the step that
 	// failed and what its compensation could not release.
 	Step       string   `json:"step,omitempty"`

@@ -74,7 +74,7 @@ func checkDigestFlag(digest string, required bool) error {
 
 func newArtifactPut(g *globals) *cobra.Command {
 	var name, version, digest string
-	var showProgress bool
+	var showProgress, shared bool
 	cmd := &cobra.Command{
 		Use:   "put FILE --name NAME [--version V] [--digest sha256:…]",
 		Short: "Upload a file to the artifact bucket and register it as NAME:VERSION",
@@ -127,7 +127,8 @@ to the time in UTC, e.g. 20261205T123456Z.`,
 			if err != nil {
 				return fmt.Errorf("put %s: %w", args[0], err)
 			}
-			rec := schemas.ArtifactRecord{Name: name, Version: version, Digest: up.Digest, SizeBytes: up.Size, Source: schemas.ArtifactSource{Object: up.Name}}
+			rec := schemas.ArtifactRecord{Name: name, Version: version, Digest: up.Digest, SizeBytes: up.Size, Source: schemas.ArtifactSource{Object: up.Name},
+				Tenant: g.tenant, Shared: shared}
 			stored, err := admin[schemas.ArtifactRecord](cmd.Context(), conn, bus.SubjectArtifactRegister, schemas.ArtifactRegistration{Version: schemas.SchemaVersion, Record: rec})
 			if err != nil {
 				if !up.Reused {
@@ -145,6 +146,7 @@ to the time in UTC, e.g. 20261205T123456Z.`,
 	f.StringVar(&version, "version", "", "version (default: the time in UTC, e.g. 20261205T123456Z)")
 	f.StringVar(&digest, "digest", "", "expected sha256:<hex>; a file that does not match is refused")
 	f.BoolVar(&showProgress, "progress", false, "show upload progress on stderr even when it is not a terminal")
+	f.BoolVar(&shared, "shared", false, "let every tenant's Runs use it (default: --tenant's only)")
 	return cmd
 }
 
@@ -159,14 +161,17 @@ func dropObject(ctx context.Context, conn *bus.Conn, object string) {
 func newArtifactRegister(g *globals) *cobra.Command {
 	var rec schemas.ArtifactRecord
 	cmd := &cobra.Command{
-		Use:   "register --name N [--version V] (--object OBJ | --url URL) --digest sha256:… --size BYTES",
+		Use:   "register --name N [--version V] (--object OBJ | --url URL) --digest sha256:… --size BYTES [--tenant T] [--shared]",
 		Short: "Register content already in the artifact bucket (nats object put) or at an HTTP(S) URL",
 		Long: `Register content as NAME:VERSION without uploading it: --object names an
 object already in the ` + bus.ObjectBucketArtifacts + ` bucket (checked against its digest
 and size), --url an HTTP(S) URL nodes fetch it from (verified by each node
-against --digest). A URL carries no credential: the control plane holds those.`,
+against --digest). A URL carries no credential: the control plane holds those.
+The record belongs to --tenant: only that tenant's Runs may mount it, unless
+--shared lets every tenant's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			rec.Tenant = g.tenant
 			if rec.Version == "" {
 				rec.Version = defaultArtifactVersion(time.Now())
 			}
@@ -204,6 +209,7 @@ against --digest). A URL carries no credential: the control plane holds those.`,
 	f.StringVar(&rec.Source.URL, "url", "", "http(s) URL of the content, without credentials")
 	f.StringVar(&rec.Digest, "digest", "", "the content's sha256:<hex>")
 	f.Int64Var(&rec.SizeBytes, "size", -1, "the content's size in bytes")
+	f.BoolVar(&rec.Shared, "shared", false, "let every tenant's Runs use it (default: --tenant's only)")
 	return cmd
 }
 
@@ -214,7 +220,7 @@ func flagError(err error) error {
 		return err
 	}
 	flag := map[string]string{"name": "--name", "version": "--version", "digest": "--digest", "size_bytes": "--size",
-		"source": "--object/--url", "source.object": "--object", "source.url": "--url"}[ref.Field]
+		"source": "--object/--url", "source.object": "--object", "source.url": "--url", "tenant": "--tenant", "shared": "--shared"}[ref.Field]
 	if flag == "" {
 		return err
 	}
@@ -235,7 +241,11 @@ func showArtifact(g *globals, w io.Writer, r schemas.ArtifactRecord, reused bool
 	} else {
 		how = "object " + r.Source.Object + ", " + how
 	}
-	fmt.Fprintf(w, "registered %s:%s %s (%s; %s)\n", r.Name, r.Version, r.Digest, schemas.FormatBytes(r.SizeBytes), how)
+	owner := "tenant " + r.TenantOf()
+	if r.Shared {
+		owner += ", shared with every tenant"
+	}
+	fmt.Fprintf(w, "registered %s:%s %s (%s; %s; %s)\n", r.Name, r.Version, r.Digest, schemas.FormatBytes(r.SizeBytes), how, owner)
 	return nil
 }
 
@@ -276,9 +286,10 @@ func newArtifactList(g *globals) *cobra.Command {
 				rs = []schemas.ArtifactRecord{}
 			}
 			return g.render(cmd.OutOrStdout(), rs, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "NAME\tVERSION\tDIGEST\tSIZE\tSOURCE\tCREATED")
+				fmt.Fprintln(tw, "NAME\tVERSION\tTENANT\tSHARED\tDIGEST\tSIZE\tSOURCE\tCREATED")
 				for _, r := range rs {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Version, shortDigest(r.Digest), schemas.FormatBytes(r.SizeBytes), sourceOf(r.Source), fmtTime(&r.CreatedAt))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\n", r.Name, r.Version, r.TenantOf(), r.Shared, shortDigest(r.Digest),
+						schemas.FormatBytes(r.SizeBytes), sourceOf(r.Source), fmtTime(&r.CreatedAt))
 				}
 			})
 		},
@@ -322,7 +333,7 @@ func newArtifactGet(g *globals) *cobra.Command {
 			version := ref.Version
 			if version == "" {
 				// The newest, or the one with the digest, as intake resolves a use.
-				ms, err := cat.Resolve(cmd.Context(), []schemas.ArtifactUse{{Name: ref.Name, Digest: ref.Digest}})
+				ms, err := cat.Resolve(cmd.Context(), g.tenant, []schemas.ArtifactUse{{Name: ref.Name, Digest: ref.Digest}})
 				if err != nil {
 					return fmt.Errorf("%s: %w", ref.Ref(), err)
 				}

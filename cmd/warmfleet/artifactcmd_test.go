@@ -135,7 +135,7 @@ func TestArtifactCommands(t *testing.T) {
 
 	// Register: a URL, and the flags it names.
 	out, err = cli(t, url, "artifact", "register", "--name", "dataset", "--version", "2026-12", "--url", "https://data.example.com/set.tar",
-		"--digest", "sha256:"+strings.Repeat("ab", 32), "--size", "1048576")
+		"--digest", "sha256:"+strings.Repeat("ab", 32), "--size", "1048576", "--shared")
 	if err != nil || !strings.Contains(out, "registered dataset:2026-12") {
 		t.Fatalf("register --url: %v\n%s", err, out)
 	}
@@ -150,6 +150,8 @@ func TestArtifactCommands(t *testing.T) {
 		{[]string{"--name", "x", "--object", object, "--digest", digest, "--size", "5"}, "--size: " + string(schemas.CodeInvalidArtifact)},
 		{[]string{"--name", "x", "--url", "https://u:p@example.com/a", "--digest", digest, "--size", "1"}, "--url: " + string(schemas.CodeInvalidArtifact)},
 		{[]string{"--name", "Bad", "--object", object, "--digest", digest, "--size", "1"}, "--name \"Bad\""},
+		{[]string{"--name", "x", "--object", object, "--digest", digest, "--size", "307207", "--tenant", "team-z"}, "--tenant: " + string(schemas.CodeTenantUnknown)},
+		{[]string{"--name", "x", "--object", object, "--digest", digest, "--size", "307207", "--tenant", "Team_Z"}, "--tenant: " + string(schemas.CodeInvalidTenant)},
 	} {
 		if out, err := cli(t, url, append([]string{"artifact", "register"}, c.args...)...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("register %v: want an error with %q, got %v\n%s", c.args, c.want, err, out)
@@ -162,7 +164,8 @@ func TestArtifactCommands(t *testing.T) {
 	}
 	t.Logf("artifact list:\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[0], "NAME") || !strings.HasPrefix(lines[1], "dataset") ||
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "NAME     VERSION  TENANT   SHARED") || !strings.HasPrefix(lines[1], "dataset  2026-12  default  true") ||
+		!strings.HasPrefix(lines[2], "llama    v1       default  false") ||
 		!strings.HasPrefix(lines[2], "llama    v1") || !strings.HasPrefix(lines[3], "llama    v2") ||
 		!strings.Contains(lines[2], shortDigest(digest)+"  300.0 KiB  object "+object) {
 		t.Fatalf("list:\n%s", out)

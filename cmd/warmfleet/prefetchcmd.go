@@ -44,9 +44,13 @@ rental. Terms with the same key are alternatives; different keys must all
 hold: "node-a,node-b", "gpu=H200,arch=amd64".
 --count N takes the N best matching live nodes that lack the image or
 artifact (an image partly held first, then the most free disk). Neither:
-every live node.`,
+every live node.
+
+--tenant T names whose prefetch it is: an image is pulled with T's registry
+credentials (then the fleet's), an artifact must be T's own or shared.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			req.Tenant = g.tenant
 			if req.RequestID == "" {
 				req.RequestID = fmt.Sprintf("cli-%d", time.Now().UnixNano())
 			}
@@ -108,8 +112,8 @@ func checkPrefetchRequest(req *schemas.PrefetchRequest) error {
 	}
 	err := req.Validate()
 	var r *schemas.Refusal
-	if errors.As(err, &r) && (r.Field == "image" || r.Field == "artifact") {
-		return fmt.Errorf("--%s %q: %w", r.Field, map[string]string{"image": req.Image, "artifact": req.Artifact}[r.Field], err)
+	if errors.As(err, &r) && (r.Field == "image" || r.Field == "artifact" || r.Field == "tenant") {
+		return fmt.Errorf("--%s %q: %w", r.Field, map[string]string{"image": req.Image, "artifact": req.Artifact, "tenant": req.Tenant}[r.Field], err)
 	}
 	return err
 }

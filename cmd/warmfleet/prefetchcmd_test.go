@@ -105,6 +105,12 @@ func TestPrefetchCommand(t *testing.T) {
 	if _, err := cli(t, n.URL(), "prefetch", "--image", image, "--nodes", "colour=red"); err == nil || !strings.Contains(err.Error(), string(schemas.CodeInvalidSelector)) {
 		t.Fatalf("a bad selector: %v", err)
 	}
+	if view.Prefetch.Tenant != schemas.DefaultTenant {
+		t.Fatalf("a prefetch naming no tenant is recorded as %q's", view.Prefetch.Tenant)
+	}
+	if _, err := cli(t, n.URL(), "prefetch", "--image", image, "--tenant", "team-z"); err == nil || !strings.Contains(err.Error(), string(schemas.CodeTenantUnknown)) {
+		t.Fatalf("a tenant this control plane lacks: %v", err)
+	}
 }
 
 // TestPrefetchArtifactFlags: --artifact and --image exclude each other, one
@@ -123,6 +129,7 @@ func TestPrefetchArtifactFlags(t *testing.T) {
 		{[]string{"--artifact", "llama:v1@sha256:" + fmt.Sprintf("%064x", 1)}, []string{"--artifact", "not both"}},
 		{[]string{"--artifact", "llama@sha256:beef"}, []string{"--artifact", string(schemas.CodeInvalidDigest)}},
 		{[]string{"--image", "registry.example/m:latest"}, []string{"--image", string(schemas.CodeImageNotPinned)}},
+		{[]string{"--image", image, "--tenant", "Team_A"}, []string{`--tenant "Team_A"`, string(schemas.CodeInvalidTenant)}},
 	} {
 		out, err := cli(t, nowhere, append([]string{"prefetch"}, c.args...)...)
 		for _, w := range c.want {

@@ -12,6 +12,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // serveRegistryAuth is `warmfleet serve`'s registry credentials: a Docker
@@ -22,6 +23,8 @@ type serveRegistryAuth struct {
 	file    string
 	helpers []string
 	timeout time.Duration
+	// tenantFiles are --tenant-registry-auth's TENANT=PATH.
+	tenantFiles []string
 }
 
 func (r *serveRegistryAuth) register(cmd *cobra.Command) {
@@ -29,11 +32,12 @@ func (r *serveRegistryAuth) register(cmd *cobra.Command) {
 	f.StringVar(&r.file, "registry-auth", "", "Docker config.json-format file of registry credentials (auths, credHelpers, credsStore) given to nodes at pull time, e.g. ~/.docker/config.json (default: pull anonymously)")
 	f.StringArrayVar(&r.helpers, "registry-credential-helper", nil, "HOST=NAME: get HOST's credential from docker-credential-NAME on PATH (repeatable; wins over the file), e.g. 123.dkr.ecr.us-east-1.amazonaws.com=ecr-login")
 	f.DurationVar(&r.timeout, "registry-helper-timeout", registryauth.DefaultHelperTimeout, "how long one credential helper run may take before it is killed and the pull refused")
+	f.StringArrayVar(&r.tenantFiles, "tenant-registry-auth", nil, "TENANT=PATH: a Docker config.json-format file of TENANT's own registry credentials, tried before --registry-auth for that tenant's Runs and prefetches and never for another tenant's (repeatable, one per tenant)")
 }
 
 // build returns the credential source, nil when none is configured.
 func (r *serveRegistryAuth) build(log *zap.Logger) (*registryauth.Source, error) {
-	if r.file == "" && len(r.helpers) == 0 {
+	if r.file == "" && len(r.helpers) == 0 && len(r.tenantFiles) == 0 {
 		return nil, nil
 	}
 	if r.timeout <= 0 {
@@ -58,6 +62,9 @@ func (r *serveRegistryAuth) build(log *zap.Logger) (*registryauth.Source, error)
 	if err != nil {
 		return nil, fmt.Errorf("--registry-credential-helper: %w", err)
 	}
+	if err := r.addTenants(src); err != nil {
+		return nil, err
+	}
 	// A helper installed later still works; say now that it is missing.
 	for _, name := range src.Helpers() {
 		if _, err := exec.LookPath(registryauth.HelperBinary(name)); err != nil {
@@ -65,8 +72,29 @@ func (r *serveRegistryAuth) build(log *zap.Logger) (*registryauth.Source, error)
 				zap.String("helper", registryauth.HelperBinary(name)))
 		}
 	}
-	log.Info("registry credentials configured", zap.String("file", r.file), zap.Strings("helpers", src.Helpers()))
+	log.Info("registry credentials configured", zap.String("file", r.file), zap.Strings("helpers", src.Helpers()), zap.Strings("tenants", src.Tenants()))
 	return src, nil
+}
+
+// addTenants reads each --tenant-registry-auth TENANT=PATH into src.
+func (r *serveRegistryAuth) addTenants(src *registryauth.Source) error {
+	for _, tf := range r.tenantFiles {
+		tenant, path, ok := strings.Cut(tf, "=")
+		if !ok || path == "" {
+			return fmt.Errorf("--tenant-registry-auth %q: write TENANT=PATH, e.g. team-a=/etc/warmfleet/team-a-docker.json", tf)
+		}
+		if err := schemas.ValidateTenant("tenant", tenant); err != nil {
+			return fmt.Errorf("--tenant-registry-auth %q: %w", tf, err)
+		}
+		file, err := registryauth.LoadConfig(path)
+		if err != nil {
+			return fmt.Errorf("--tenant-registry-auth %s: %w", tenant, err)
+		}
+		if err := src.AddTenant(registryauth.Tenant(tenant), file); err != nil {
+			return fmt.Errorf("--tenant-registry-auth %s: %w", tenant, err)
+		}
+	}
+	return nil
 }
 
 // serveArtifactSourceAuth is `warmfleet serve --artifact-source-auth`: the

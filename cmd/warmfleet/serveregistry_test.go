@@ -25,6 +25,10 @@ func TestServe_MalformedRegistryAuthStops(t *testing.T) {
 	if err := os.WriteFile(sources, []byte("# models\nhttps://models.example.com/ Bad Header: Bearer "+secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	good := filepath.Join(dir, "good.json")
+	if err := os.WriteFile(good, []byte(`{"auths": {"registry.example.com": {"username": "ci", "password": "`+secret+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	dataDir := filepath.Join(dir, "data")
 	for _, c := range []struct {
 		args []string
@@ -37,6 +41,10 @@ func TestServe_MalformedRegistryAuthStops(t *testing.T) {
 		{[]string{"--artifact-source-auth", filepath.Join(dir, "absent")}, "--artifact-source-auth"},
 		{[]string{"--credential-rate", "0"}, "--credential-rate/--credential-burst: a credential rate limit needs a positive rate"},
 		{[]string{"--credential-burst", "0"}, "--credential-rate/--credential-burst"},
+		{[]string{"--tenant-registry-auth", "team-a=" + file}, file + ": line 3, column 79: not valid JSON"},
+		{[]string{"--tenant-registry-auth", file}, "write TENANT=PATH"},
+		{[]string{"--tenant-registry-auth", "Team_A=" + file}, "invalid_tenant"},
+		{[]string{"--tenant-registry-auth", "team-a=" + good, "--tenant-registry-auth", "team-a=" + good}, "given twice"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"serve", "--data-dir", dataDir, "--port", "-1"}, c.args...))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -30,16 +31,32 @@ type sessionRow struct {
 	State     *residency.SessionRecord `json:"state,omitempty"`
 }
 
-func parseSessionKey(s string) (residency.Key, error) {
-	tenant, session, ok := strings.Cut(s, ".")
+// tenantNamed says whether --tenant or WARMFLEET_TENANT named a tenant,
+// rather than the default standing in.
+func tenantNamed(cmd *cobra.Command) bool {
+	return cmd.Flags().Changed("tenant") || os.Getenv("WARMFLEET_TENANT") != ""
+}
+
+// sessionKey is the session arg names: TENANT.SESSION (or TENANT/SESSION),
+// or SESSION in --tenant's tenant. A tenant named both ways must agree.
+func sessionKey(cmd *cobra.Command, g *globals, arg string) (residency.Key, error) {
+	tenant, session, ok := strings.Cut(arg, ".")
 	if !ok {
-		tenant, session, ok = strings.Cut(s, "/")
+		tenant, session, ok = strings.Cut(arg, "/")
+	}
+	if !ok {
+		tenant, session = g.tenant, arg
+	} else if tenantNamed(cmd) && tenant != g.tenant {
+		return residency.Key{}, fmt.Errorf("%q names tenant %s, but --tenant (or WARMFLEET_TENANT) says %s: name it one way", arg, tenant, g.tenant)
 	}
 	k := residency.Key{Tenant: tenant, Session: session}
-	if !ok {
-		return k, fmt.Errorf("%q: name a session as TENANT.SESSION", s)
+	if err := schemas.ValidateTenant("tenant", tenant); err != nil {
+		return k, fmt.Errorf("session %q: tenant %q: %w", arg, tenant, err)
 	}
-	return k, k.Validate()
+	if err := k.Validate(); err != nil {
+		return k, fmt.Errorf("session %q: %w; name a session as SESSION with --tenant, or TENANT.SESSION", arg, err)
+	}
+	return k, nil
 }
 
 func newSessionCmd(g *globals) *cobra.Command {
@@ -47,8 +64,15 @@ func newSessionCmd(g *globals) *cobra.Command {
 	var node string
 	var all bool
 	list := &cobra.Command{
-		Use: "list", Short: "List sessions with a route in wf_residency (released ones with --all)",
+		Use: "list", Short: "List sessions with a route in wf_residency (released ones with --all); every tenant's unless --tenant names one",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			only := ""
+			if tenantNamed(cmd) {
+				if err := schemas.ValidateTenant("tenant", g.tenant); err != nil {
+					return fmt.Errorf("--tenant %q: %w", g.tenant, err)
+				}
+				only = g.tenant
+			}
 			conn, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
@@ -60,7 +84,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 			}
 			rows := []sessionRow{}
 			for _, o := range routes {
-				if (node != "" && o.Host != node) || (!all && o.State == residency.StateExpired) {
+				if (node != "" && o.Host != node) || (only != "" && o.Tenant != only) || (!all && o.State == residency.StateExpired) {
 					continue
 				}
 				r, err := readSession(cmd.Context(), conn, o.Key())
@@ -82,9 +106,9 @@ func newSessionCmd(g *globals) *cobra.Command {
 	list.Flags().BoolVar(&all, "all", false, "include released sessions (expired tombstones)")
 
 	get := &cobra.Command{
-		Use: "get TENANT.SESSION", Short: "Show a session's route, lease and durable state", Args: cobra.ExactArgs(1),
+		Use: "get [TENANT.]SESSION", Short: "Show a session's route, lease and durable state", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key, err := parseSessionKey(args[0])
+			key, err := sessionKey(cmd, g, args[0])
 			if err != nil {
 				return err
 			}
@@ -122,9 +146,9 @@ func newSessionCmd(g *globals) *cobra.Command {
 	var mode, pin, compat string
 	var gpus int64
 	attach := &cobra.Command{
-		Use: "attach TENANT.SESSION", Short: "Place a session on a ready node and make it resident there", Args: cobra.ExactArgs(1),
+		Use: "attach [TENANT.]SESSION", Short: "Place a session on a ready node and make it resident there", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key, err := parseSessionKey(args[0])
+			key, err := sessionKey(cmd, g, args[0])
 			if err != nil {
 				return err
 			}
@@ -153,9 +177,9 @@ func newSessionCmd(g *globals) *cobra.Command {
 	attach.Flags().Int64Var(&gpus, "gpus", 0, "GPUs the session holds while resident, booked on its node like a Run's")
 
 	release := &cobra.Command{
-		Use: "release TENANT.SESSION", Short: "Release a resident session gracefully (checkpoint, stop, tombstone, drop lease)", Args: cobra.ExactArgs(1),
+		Use: "release [TENANT.]SESSION", Short: "Release a resident session gracefully (checkpoint, stop, tombstone, drop lease)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key, err := parseSessionKey(args[0])
+			key, err := sessionKey(cmd, g, args[0])
 			if err != nil {
 				return err
 			}

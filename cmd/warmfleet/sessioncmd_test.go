@@ -100,8 +100,29 @@ func TestSessionCommands(t *testing.T) {
 	if _, err := cli(t, n.URL(), "session", "attach", "acme.s2", "--node", "node-1"); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := cli(t, n.URL(), "session", "attach", "bad"); err == nil {
-		t.Fatalf("attach of a malformed key succeeded: %s", out)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"session", "attach", "bad!"}, "allowed are letters"},
+		{[]string{"session", "attach", "Bad_T.s1"}, string(schemas.CodeInvalidTenant)},
+		{[]string{"--tenant", "Bad_T", "session", "attach", "s1"}, string(schemas.CodeInvalidTenant)},
+		{[]string{"--tenant", "other", "session", "get", "acme.s1"}, "but --tenant (or WARMFLEET_TENANT) says other"},
+		{[]string{"--tenant", "Bad_T", "session", "list"}, string(schemas.CodeInvalidTenant)},
+	} {
+		if out, err := cli(t, n.URL(), c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: %v, want an error with %q\n%s", c.args, err, c.want, out)
+		}
+	}
+	// A session named alone is --tenant's.
+	if out, err := cli(t, n.URL(), "--tenant", "other", "session", "attach", "s3", "--node", "node-1"); err != nil || !strings.Contains(out, "session other.s3 attached") {
+		t.Fatalf("attach in --tenant's tenant: %v\n%s", err, out)
+	}
+	if out, err := cli(t, n.URL(), "--tenant", "other", "session", "list"); err != nil || !strings.Contains(out, "other.s3") || strings.Contains(out, "acme.") {
+		t.Fatalf("list of one tenant: %v\n%s", err, out)
+	}
+	if out, err := cli(t, n.URL(), "--tenant", "other", "session", "release", "s3"); err != nil || !strings.Contains(out, "released") {
+		t.Fatalf("release in --tenant's tenant: %v\n%s", err, out)
 	}
 	out, err = cli(t, n.URL(), "session", "list")
 	if err != nil || !strings.Contains(out, "SESSION") || !strings.Contains(out, "acme.s1") || !strings.Contains(out, "acme.s2") ||

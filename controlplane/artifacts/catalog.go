@@ -64,12 +64,15 @@ func refuse(code schemas.Code, field, format string, args ...any) *schemas.Refus
 // exist with r's digest and size. A URL source is taken as given; the node
 // verifies what it fetches. The same name, version and content again
 // returns the stored record; other content under a stored version is
-// refused, as versions are immutable.
+// refused, as versions are immutable, and so is a version another tenant's
+// record holds (CodeArtifactOwned). A record naming no tenant is
+// DefaultTenant's.
 func (c *Catalog) Register(ctx context.Context, r schemas.ArtifactRecord) (schemas.ArtifactRecord, error) {
 	r.CreatedAt = time.Time{}
 	if err := r.Validate(); err != nil {
 		return r, err
 	}
+	r.Tenant = r.TenantOf()
 	key := schemas.ArtifactKey(r.Name, r.Version)
 	if stored, err := c.Get(ctx, r.Name, r.Version); err == nil {
 		return sameContent(stored, r)
@@ -93,12 +96,21 @@ func (c *Catalog) Register(ctx context.Context, r schemas.ArtifactRecord) (schem
 		return r, fmt.Errorf("artifacts: register %s: %w", key, err)
 	}
 	c.log.Info("artifact registered", zap.String("name", r.Name), zap.String("version", r.Version),
-		zap.String("digest", r.Digest), zap.Int64("size_bytes", r.SizeBytes))
+		zap.String("tenant", r.Tenant), zap.Bool("shared", r.Shared), zap.String("digest", r.Digest), zap.Int64("size_bytes", r.SizeBytes))
 	return r, nil
 }
 
 // sameContent answers a registration of a version the catalog holds.
 func sameContent(stored, r schemas.ArtifactRecord) (schemas.ArtifactRecord, error) {
+	if stored.TenantOf() != r.TenantOf() {
+		return stored, refuse(schemas.CodeArtifactOwned, "tenant",
+			"%s version %s is tenant %s's; a catalog name and version belong to one tenant: register under another name or version, or register it shared from tenant %s",
+			r.Name, r.Version, stored.TenantOf(), stored.TenantOf())
+	}
+	if stored.Shared != r.Shared {
+		return stored, refuse(schemas.CodeInvalidArtifact, "shared",
+			"%s version %s is registered with shared=%v; versions are immutable: register it under a new version to change that", r.Name, r.Version, stored.Shared)
+	}
 	if stored.Digest == r.Digest && stored.SizeBytes == r.SizeBytes && stored.Source == r.Source {
 		return stored, nil
 	}
@@ -257,12 +269,15 @@ func (c *Catalog) Remove(ctx context.Context, name, version string) (schemas.Art
 	return r, nil
 }
 
-// Resolve answers a Run's artifact uses, in order: a version names that
-// record, a digest the record of that name with that digest (the newest
-// if several), neither the name's newest version. A use the catalog
-// cannot answer is refused (CodeArtifactUnknown) naming its field; any
-// other error is transient.
-func (c *Catalog) Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error) {
+// Resolve answers a Run's (or prefetch's) artifact uses for tenant, in
+// order: a version names that record, a digest the record of that name
+// with that digest (the newest if several), neither the name's newest
+// version; only records tenant may use count (its own and shared ones:
+// ArtifactRecord.VisibleTo). A use the catalog cannot answer is refused
+// (CodeArtifactUnknown) naming its field, in the same words whether the
+// record is missing or another tenant's, so a refusal never tells one
+// tenant what another holds; any other error is transient.
+func (c *Catalog) Resolve(ctx context.Context, tenant string, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error) {
 	if len(uses) == 0 {
 		return nil, nil
 	}
@@ -271,10 +286,11 @@ func (c *Catalog) Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]sc
 		if rs, ok := byName[name]; ok {
 			return rs, nil
 		}
-		rs, err := c.List(ctx, name)
+		all, err := c.List(ctx, name)
 		if err != nil {
 			return nil, err
 		}
+		rs := slices.DeleteFunc(all, func(r schemas.ArtifactRecord) bool { return !r.VisibleTo(tenant) })
 		byName[name] = rs
 		return rs, nil
 	}
@@ -285,6 +301,9 @@ func (c *Catalog) Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]sc
 		switch {
 		case u.Version != "":
 			r, err := c.Get(ctx, u.Name, u.Version)
+			if err == nil && !r.VisibleTo(tenant) {
+				err = ErrNotFound // another tenant's: answered as a missing one
+			}
 			if errors.Is(err, ErrNotFound) {
 				rs, lerr := versions(u.Name)
 				if lerr != nil {

@@ -139,7 +139,7 @@ func TestResolve(t *testing.T) {
 	if rs, err := f.cat.List(ctx, ""); err != nil || len(rs) != 0 {
 		t.Fatalf("an empty catalog lists %+v, %v", rs, err)
 	}
-	_, err := f.cat.Resolve(ctx, []schemas.ArtifactUse{{Name: "llama", Path: "/m"}})
+	_, err := f.cat.Resolve(ctx, schemas.DefaultTenant, []schemas.ArtifactUse{{Name: "llama", Path: "/m"}})
 	wantRefusal(t, err, schemas.CodeArtifactUnknown, "artifacts[0].name")
 	v1 := f.put(t, "llama", "v1", []byte("one"))
 	v2 := f.put(t, "llama", "v0-later", []byte("two")) // registered later, sorts first by name
@@ -153,7 +153,7 @@ func TestResolve(t *testing.T) {
 		{Name: "llama", Version: "v1", Path: "/models/v1"},
 		{Name: "llama", Digest: v1.Digest, Path: "/models/by-digest"},
 	}
-	ms, err := f.cat.Resolve(ctx, uses)
+	ms, err := f.cat.Resolve(ctx, schemas.DefaultTenant, uses)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestResolve(t *testing.T) {
 		{[]schemas.ArtifactUse{{Name: "llama", Digest: digestOf([]byte("none")), Path: "/m"}}, "artifacts[0].digest"},
 		{[]schemas.ArtifactUse{{Name: "mistral", Digest: v1.Digest, Path: "/m"}}, "artifacts[0].name"},
 	} {
-		_, err := f.cat.Resolve(ctx, c.uses)
+		_, err := f.cat.Resolve(ctx, schemas.DefaultTenant, c.uses)
 		wantRefusal(t, err, schemas.CodeArtifactUnknown, c.field)
 	}
 }

@@ -35,6 +35,9 @@ func FuzzDecodeRegistration(f *testing.F) {
 		if err := reg.Record.Validate(); err != nil {
 			t.Fatalf("accepted an invalid record: %v", err)
 		}
+		if !schemas.ValidTenant(reg.Record.TenantOf()) {
+			t.Fatalf("accepted a record of tenant %q", reg.Record.Tenant)
+		}
 		if reg.Version < 0 || reg.Version > schemas.SchemaVersion {
 			t.Fatalf("accepted version %d", reg.Version)
 		}

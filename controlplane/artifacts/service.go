@@ -2,6 +2,9 @@ package artifacts
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -19,11 +22,18 @@ type Service struct {
 	cat *Catalog
 	nc  *nats.Conn
 	log *zap.Logger
+	// tenants are the configured tenants a record may belong to.
+	tenants []string
 }
 
-// NewService returns the service over cat.
-func NewService(cat *Catalog, nc *nats.Conn, log *zap.Logger) *Service {
-	return &Service{cat: cat, nc: nc, log: log}
+// NewService returns the service over cat. tenants are the configured
+// tenants (controlplane.Config.Tenants) a registration may name; none:
+// only DefaultTenant.
+func NewService(cat *Catalog, nc *nats.Conn, log *zap.Logger, tenants ...string) *Service {
+	if len(tenants) == 0 {
+		tenants = []string{schemas.DefaultTenant}
+	}
+	return &Service{cat: cat, nc: nc, log: log, tenants: slices.Clone(tenants)}
 }
 
 // Serve subscribes until ctx ends or stop is called; the request workers
@@ -35,6 +45,10 @@ func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), e
 }
 
 func (s *Service) register(ctx context.Context, subject string, reg schemas.ArtifactRegistration) (schemas.ArtifactRecord, error) {
+	if t := reg.Record.TenantOf(); !slices.Contains(s.tenants, t) {
+		return reg.Record, &schemas.Refusal{Code: schemas.CodeTenantUnknown, Field: "tenant",
+			Reason: fmt.Sprintf("this control plane has no tenant %q (it has %s); name one of them with --tenant, or add the tenant to `serve --producer-tokens-file` and restart", t, strings.Join(s.tenants, ", "))}
+	}
 	rec, err := s.cat.Register(ctx, reg.Record)
 	return rec, s.logged(subject, err)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -203,5 +204,56 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 	p.deliver(t, in) // the redelivery
 	if _, err := bus.GetJSON(ctx, p.runsKV, schemas.RunIDFor(schemas.DefaultTenant, "later-1"), &run); err != nil || len(run.Artifacts) != 1 {
 		t.Fatalf("redelivered submit: %+v, %v", run.Artifacts, err)
+	}
+}
+
+// TestArtifactsOfAnotherTenant: a Run may mount its tenant's artifacts and
+// shared ones only: another tenant's private record is rejected
+// artifact_unknown on the use's field, in the words a missing one gets,
+// and no Run is stored; another tenant's shared record is resolved.
+func TestArtifactsOfAnotherTenant(t *testing.T) {
+	p, _ := newPlane(t)
+	ctx := context.Background()
+	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, time.Now, zap.NewNop())
+	obs, err := p.conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		name   string
+		shared bool
+	}{{"private-weights", false}, {"tokenizer", true}} {
+		content := []byte(r.name + " bytes")
+		sum := sha256.Sum256(content)
+		object := "sha256/" + hex.EncodeToString(sum[:])
+		if _, err := obs.PutBytes(ctx, object, content); err != nil {
+			t.Fatal(err)
+		}
+		rec := schemas.ArtifactRecord{Name: r.name, Version: "v1", Digest: "sha256:" + hex.EncodeToString(sum[:]), SizeBytes: int64(len(content)),
+			Source: schemas.ArtifactSource{Object: object}, Tenant: "team-a", Shared: r.shared}
+		if _, err := p.cat.Register(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The Runs here are the default tenant's.
+	p.submit(t, in, request("foreign-1", schemas.ArtifactUse{Name: "tokenizer", Path: "/t"}, schemas.ArtifactUse{Name: "private-weights", Path: "/m"}))
+	foreign, ok := p.lastEvent(t, schemas.RunIDFor(schemas.DefaultTenant, "foreign-1"))
+	if !ok || foreign.Type != schemas.EventRejected || foreign.Code != schemas.CodeArtifactUnknown || foreign.Field != "artifacts[1].name" {
+		t.Fatalf("want a rejection artifact_unknown on artifacts[1].name, got %+v (%v)", foreign, ok)
+	}
+	if _, err := p.runsKV.Get(ctx, schemas.RunIDFor(schemas.DefaultTenant, "foreign-1")); err == nil {
+		t.Fatal("a Run naming another tenant's artifact was stored")
+	}
+	p.submit(t, in, request("missing-1", schemas.ArtifactUse{Name: "tokenizer", Path: "/t"}, schemas.ArtifactUse{Name: "absent-weights", Path: "/m"}))
+	missing, _ := p.lastEvent(t, schemas.RunIDFor(schemas.DefaultTenant, "missing-1"))
+	if strings.ReplaceAll(missing.Message, "absent-weights", "private-weights") != foreign.Message || missing.Field != foreign.Field || missing.Code != foreign.Code {
+		t.Fatalf("another tenant's artifact is refused otherwise than a missing one:\n%+v\n%+v", foreign, missing)
+	}
+
+	p.submit(t, in, request("shared-1", schemas.ArtifactUse{Name: "tokenizer", Path: "/t"}))
+	var run schemas.Run
+	if _, err := bus.GetJSON(ctx, p.runsKV, schemas.RunIDFor(schemas.DefaultTenant, "shared-1"), &run); err != nil || len(run.Artifacts) != 1 || run.Artifacts[0].Name != "tokenizer" {
+		t.Fatalf("another tenant's shared artifact: %+v, %v", run.Artifacts, err)
 	}
 }

@@ -35,9 +35,10 @@ type Scheduler interface {
 
 // ArtifactResolver is what intake asks of the artifact catalog.
 type ArtifactResolver interface {
-	// Resolve answers a Run's artifact uses in order. A use the catalog
-	// cannot answer is a *schemas.Refusal; any other error is transient.
-	Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error)
+	// Resolve answers a Run's artifact uses in order, with records of the
+	// Run's tenant and shared ones only. A use the catalog cannot answer
+	// is a *schemas.Refusal; any other error is transient.
+	Resolve(ctx context.Context, tenant string, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error)
 }
 
 // Intake handles WF_RUNS messages.
@@ -160,7 +161,7 @@ func (in *Intake) Handle(ctx context.Context, job Job) {
 // submit turns one valid RunRequest of tenant, sent by identity, into a
 // stored Run, or a rejection.
 func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity string, req schemas.RunRequest) error {
-	mounts, err := in.resolve(ctx, req)
+	mounts, err := in.resolve(ctx, tenant, req)
 	var ref *schemas.Refusal
 	if errors.As(err, &ref) {
 		// A submit delivered again may name an artifact removed since
@@ -200,9 +201,9 @@ func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity 
 	return nil
 }
 
-// resolve asks the catalog for the Run's artifacts, once, at intake: the
-// Run keeps what they named then.
-func (in *Intake) resolve(ctx context.Context, req schemas.RunRequest) ([]schemas.ArtifactMount, error) {
+// resolve asks the catalog for the artifacts of a Run of tenant, once, at
+// intake: the Run keeps what they named then.
+func (in *Intake) resolve(ctx context.Context, tenant string, req schemas.RunRequest) ([]schemas.ArtifactMount, error) {
 	if len(req.Artifacts) == 0 {
 		return nil, nil
 	}
@@ -210,7 +211,7 @@ func (in *Intake) resolve(ctx context.Context, req schemas.RunRequest) ([]schema
 		return nil, &schemas.Refusal{Code: schemas.CodeArtifactUnknown, Field: "artifacts",
 			Reason: "this control plane serves no artifact catalog; submit the Run without artifacts"}
 	}
-	return in.artifacts.Resolve(ctx, req.Artifacts)
+	return in.artifacts.Resolve(ctx, tenant, req.Artifacts)
 }
 
 // normalise makes empty and nil collections compare equal across encodings.

@@ -21,18 +21,19 @@ import (
 )
 
 // catalog answers artifact uses from fixed records, newest last, as the
-// control plane's catalog does: unknown names and versions are refused
-// with CodeArtifactUnknown naming the use's field.
+// control plane's catalog does: unknown names and versions, and other
+// tenants' records, are refused with CodeArtifactUnknown naming the use's
+// field.
 type catalog []schemas.ArtifactRecord
 
-func (c catalog) Resolve(_ context.Context, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error) {
+func (c catalog) Resolve(_ context.Context, tenant string, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error) {
 	var out []schemas.ArtifactMount
 	for i, u := range uses {
 		field := fmt.Sprintf("artifacts[%d]", i)
 		var found *schemas.ArtifactRecord
 		for j := range c {
 			r := &c[j]
-			if r.Name == u.Name && (u.Version == "" || u.Version == r.Version) && (u.Digest == "" || u.Digest == r.Digest) {
+			if r.VisibleTo(tenant) && r.Name == u.Name && (u.Version == "" || u.Version == r.Version) && (u.Digest == "" || u.Digest == r.Digest) {
 				found = r
 			}
 		}
@@ -54,6 +55,16 @@ type artifactPlane struct {
 
 func startArtifactPlane(t *testing.T, r ArtifactResolver, nodes ...schemas.NodeRecord) *artifactPlane {
 	t.Helper()
+	var opts []Option
+	if r != nil {
+		opts = append(opts, WithArtifacts(r))
+	}
+	return startPlane(t, opts, nodes...)
+}
+
+// startPlane is startArtifactPlane with the service's options.
+func startPlane(t *testing.T, opts []Option, nodes ...schemas.NodeRecord) *artifactPlane {
+	t.Helper()
 	conn := testenv.ProvisionedBus(t, "prefetch-test")
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -66,10 +77,6 @@ func startArtifactPlane(t *testing.T, r ArtifactResolver, nodes ...schemas.NodeR
 		c.NoteNode(n, uint64(i+1))
 	}
 	d := dispatch.New(conn.JS, c, time.Now, zap.NewNop())
-	var opts []Option
-	if r != nil {
-		opts = append(opts, WithArtifacts(r))
-	}
 	svc := New(kv, conn.NC, c, d, 50*time.Millisecond, time.Now, zap.NewNop(), opts...)
 	stop, err := svc.Serve(ctx, &wg)
 	if err != nil {

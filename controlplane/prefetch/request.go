@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -18,6 +20,10 @@ import (
 // record it made, and its commands not yet answered are sent again (the
 // nodes apply each once).
 func (s *Service) answer(ctx context.Context, _ string, req schemas.PrefetchRequest) (schemas.Prefetch, error) {
+	if t := req.TenantOf(); !slices.Contains(s.tenants, t) {
+		return schemas.Prefetch{}, &schemas.Refusal{Code: schemas.CodeTenantUnknown, Field: "tenant",
+			Reason: fmt.Sprintf("this control plane has no tenant %q (it has %s); name one of them, or add the tenant to `serve --producer-tokens-file` and restart", t, strings.Join(s.tenants, ", "))}
+	}
 	sel, err := ParseSelector(req.Nodes)
 	if err != nil {
 		return schemas.Prefetch{}, err
@@ -34,14 +40,15 @@ func (s *Service) answer(ctx context.Context, _ string, req schemas.PrefetchRequ
 func (s *Service) content(ctx context.Context, req schemas.PrefetchRequest) (schemas.Prefetch, error) {
 	if req.Artifact == "" {
 		ref, _ := schemas.ParseImageRef("image", req.Image) // Validate parsed it
-		return schemas.Prefetch{Image: ref.String(), ManifestDigest: ref.Digest}, nil
+		return schemas.Prefetch{Tenant: req.TenantOf(), Image: ref.String(), ManifestDigest: ref.Digest}, nil
 	}
 	if s.artifacts == nil {
 		return schemas.Prefetch{}, &schemas.Refusal{Code: schemas.CodeArtifactUnknown, Field: "artifact",
 			Reason: "this control plane has no artifact catalog, so it prefetches no artifact; prefetch an image instead"}
 	}
 	use, _ := schemas.ParseArtifactRef("artifact", req.Artifact) // Validate parsed it
-	ms, err := s.artifacts.Resolve(ctx, []schemas.ArtifactUse{use})
+	// Another tenant's artifact is unknown here, as a missing one is.
+	ms, err := s.artifacts.Resolve(ctx, req.TenantOf(), []schemas.ArtifactUse{use})
 	var r *schemas.Refusal
 	switch {
 	case errors.As(err, &r):
@@ -57,7 +64,7 @@ func (s *Service) content(ctx context.Context, req schemas.PrefetchRequest) (sch
 	if err := m.Validate("artifact"); err != nil {
 		return schemas.Prefetch{}, fmt.Errorf("prefetch of artifact %s: the catalog answered an invalid record: %w", use.Ref(), err)
 	}
-	return schemas.Prefetch{Artifact: schemas.PrefetchArtifactOf(m)}, nil
+	return schemas.Prefetch{Tenant: req.TenantOf(), Artifact: schemas.PrefetchArtifactOf(m)}, nil
 }
 
 // create stores a new prefetch record, or returns the one its request id
@@ -118,16 +125,20 @@ func (s *Service) existing(ctx context.Context, id string, req schemas.PrefetchR
 		return p, err
 	}
 	same := false
-	if req.Artifact == "" {
+	switch {
+	case p.TenantOf() != req.TenantOf():
+		// Another tenant's prefetch: the same refusal as other content.
+	case req.Artifact == "":
 		ref, _ := schemas.ParseImageRef("image", req.Image)
 		same = p.Artifact == nil && ref.Digest == p.ManifestDigest
-	} else if a := p.Artifact; a != nil {
+	case p.Artifact != nil:
+		a := p.Artifact
 		u, _ := schemas.ParseArtifactRef("artifact", req.Artifact)
 		same = u.Name == a.Name && (u.Version == "" || u.Version == a.Version) && (u.Digest == "" || u.Digest == a.Digest)
 	}
 	if !same {
 		return p, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
-			Reason: "this request id already named a prefetch of another image or artifact; use a new request id"}
+			Reason: "this request id already named a prefetch of another image, artifact or tenant; use a new request id"}
 	}
 	return p, nil
 }

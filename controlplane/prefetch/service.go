@@ -8,6 +8,7 @@ package prefetch
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +41,8 @@ type Service struct {
 	// artifacts resolves an artifact prefetch's reference; nil refuses
 	// artifact prefetches.
 	artifacts ArtifactResolver
+	// tenants are the configured tenants a prefetch may name.
+	tenants []string
 
 	mu sync.Mutex
 	// records is this replica's copy of wf_prefetch, with the stored bytes
@@ -66,11 +69,11 @@ type wantKey struct {
 	artifact string
 }
 
-// ArtifactResolver answers artifact uses from the catalog; a use it cannot
-// answer is a *schemas.Refusal (CodeArtifactUnknown), any other error is
-// transient.
+// ArtifactResolver answers artifact uses from the catalog, with tenant's
+// own and shared records only; a use it cannot answer is a
+// *schemas.Refusal (CodeArtifactUnknown), any other error is transient.
 type ArtifactResolver interface {
-	Resolve(ctx context.Context, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error)
+	Resolve(ctx context.Context, tenant string, uses []schemas.ArtifactUse) ([]schemas.ArtifactMount, error)
 }
 
 // Option configures a Service.
@@ -78,6 +81,12 @@ type Option func(*Service)
 
 // WithArtifacts lets the service prefetch artifacts, resolved through r.
 func WithArtifacts(r ArtifactResolver) Option { return func(s *Service) { s.artifacts = r } }
+
+// WithTenants sets the configured tenants (controlplane.Config.Tenants) a
+// prefetch may name; without it, or with none, only DefaultTenant.
+func WithTenants(tenants []string) Option {
+	return func(s *Service) { s.tenants = slices.Clone(tenants) }
+}
 
 // New returns the prefetch service over wf_prefetch (kv). flush is
 // DefaultFlushInterval when zero.
@@ -89,6 +98,9 @@ func New(kv jetstream.KeyValue, nc *nats.Conn, c *cache.Cache, d *dispatch.Dispa
 		records: map[string]mirrored{}, wanted: map[wantKey]map[string]time.Time{}, pending: map[string]map[string]schemas.ImageProgress{}}
 	for _, o := range opts {
 		o(s)
+	}
+	if len(s.tenants) == 0 {
+		s.tenants = []string{schemas.DefaultTenant}
 	}
 	return s
 }

@@ -1,6 +1,8 @@
 package prefetch
 
 import (
+	"slices"
+
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -33,6 +35,27 @@ func (s *Service) Wants(nodeID string, ref schemas.ImageRef) bool {
 		return false // the key of artifact entries
 	}
 	return s.wants(wantKey{node: nodeID, image: ref})
+}
+
+// ImageTenants lists the tenants whose live prefetches still wait for node
+// nodeID to hold image ref (as Wants), sorted: the registry credential
+// service gives a prefetch's pull its tenant's credential
+// (registryauth.ImageWanted).
+func (s *Service) ImageTenants(nodeID string, ref schemas.ImageRef) []string {
+	if ref == (schemas.ImageRef{}) {
+		return nil
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for id, deadline := range s.wanted[wantKey{node: nodeID, image: ref}] {
+		if now.Before(deadline) {
+			out = append(out, s.records[id].p.TenantOf())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // WantsArtifact says whether a live prefetch still waits for node nodeID

@@ -3,6 +3,7 @@ package registryauth
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,21 +19,24 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// ImageWanted says whether node nodeID has a live reason to pull image
-// ref: a booking (BookedImages) or a prefetch. The service gives a
-// credential only when one of its ImageWanted says yes.
-type ImageWanted func(nodeID string, ref schemas.ImageRef) bool
+// ImageWanted lists the tenants with a live reason for node nodeID to pull
+// image ref: a booking (BookedImages) or a prefetch; none when there is no
+// reason. The service gives a credential only when one of its ImageWanted
+// names a tenant, and gives that tenant's.
+type ImageWanted func(nodeID string, ref schemas.ImageRef) []string
 
-// BookedImages says yes for an image an active Run booked on the node is
-// pinned to, in a phase from placed (queued included) to running.
+// BookedImages names the tenants of the active Runs booked on the node,
+// in a phase from placed (queued included) to running, that are pinned
+// to the image.
 func BookedImages(c *cache.Cache) ImageWanted {
-	return func(nodeID string, ref schemas.ImageRef) bool {
+	return func(nodeID string, ref schemas.ImageRef) []string {
+		var tenants []string
 		for _, r := range c.ActiveRuns() {
 			if nodecreds.Booked(r, nodeID) && pinnedTo(r, ref) {
-				return true
+				tenants = append(tenants, r.TenantOf())
 			}
 		}
-		return false
+		return tenants
 	}
 }
 
@@ -104,28 +108,43 @@ func (s *Service) Answer(ctx context.Context, subject string, req schemas.Regist
 			zap.String("code", string(r.Code)), zap.String("reason", r.Reason))
 		return schemas.Reply[schemas.RegistryCredential]{Refusal: r}
 	}
-	if !s.wants(ctx, req, ref) {
+	tenant, ok := s.wants(ctx, req, ref)
+	if !ok {
 		return refuse(schemas.CodeImageNotWanted, "reference", "node %s has no live booking or prefetch for this image; credentials are given only for the Runs booked on a node", req.NodeID)
 	}
-	c, err := s.source.Lookup(ctx, NoTenant, registry)
+	c, err := s.source.Lookup(ctx, tenant, registry)
 	if err != nil {
-		s.log.Warn("registry credential source failed", zap.String("node_id", req.NodeID), zap.String("registry", registry), zap.Error(err))
+		s.log.Warn("registry credential source failed", zap.String("node_id", req.NodeID), zap.String("registry", registry), zap.String("tenant", string(tenant)), zap.Error(err))
 		return refuse(schemas.CodeCredentialUnavailable, "", "the control plane's credential source for %s failed (%v); see its log", registry, err)
 	}
 	s.given.Add(1)
 	s.log.Debug("registry credential given", zap.String("node_id", req.NodeID), zap.String("registry", registry),
-		zap.String("image", req.Reference), zap.Stringer("credential", c))
+		zap.String("image", req.Reference), zap.String("tenant", string(tenant)), zap.Stringer("credential", c))
 	return schemas.Reply[schemas.RegistryCredential]{OK: &c}
 }
 
-// wants says whether the node has a live reason to pull ref. When the
-// cache says no and the request names its Run, the Run is read from
-// wf_runs: this replica's watch may not have seen the booking yet.
-func (s *Service) wants(ctx context.Context, req schemas.RegistryCredentialRequest, ref schemas.ImageRef) bool {
-	for _, w := range s.wanted {
-		if w(req.NodeID, ref) {
-			return true
+// wants says whether the node has a live reason to pull ref, and whose
+// credentials serve it. A pull for a named Run booked on the node is that
+// Run's tenant's (the Run is read from wf_runs when this replica's watch
+// has not seen the booking yet). Otherwise the tenants of every reason
+// count: one tenant gets its own; several get the fleet's only
+// (NoTenant), as no tenant's credential may serve another tenant's reason.
+func (s *Service) wants(ctx context.Context, req schemas.RegistryCredentialRequest, ref schemas.ImageRef) (Tenant, bool) {
+	if req.RunID != "" {
+		if r := s.gate.BookedRun(ctx, req.NodeID, req.RunID, func(r *schemas.Run) bool { return r.ID == req.RunID && pinnedTo(r, ref) }); r != nil {
+			return Tenant(r.TenantOf()), true
 		}
 	}
-	return req.RunID != "" && s.gate.BookedRun(ctx, req.NodeID, req.RunID, func(r *schemas.Run) bool { return r.ID == req.RunID && pinnedTo(r, ref) }) != nil
+	var tenants []string
+	for _, w := range s.wanted {
+		tenants = append(tenants, w(req.NodeID, ref)...)
+	}
+	slices.Sort(tenants)
+	switch tenants = slices.Compact(tenants); len(tenants) {
+	case 0:
+		return NoTenant, false
+	case 1:
+		return Tenant(tenants[0]), true
+	}
+	return NoTenant, true
 }

@@ -94,8 +94,11 @@ func TestServiceAuthorization(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The prefetch seam: another reason a node may want an image.
-	prefetch := func(nodeID string, ref schemas.ImageRef) bool {
-		return nodeID == "node-b" && ref.String() == prefetched
+	prefetch := func(nodeID string, ref schemas.ImageRef) []string {
+		if nodeID == "node-b" && ref.String() == prefetched {
+			return []string{schemas.DefaultTenant}
+		}
+		return nil
 	}
 	svc := registryauth.NewService(conn, c, nodes, runsBucket, src,
 		[]registryauth.ImageWanted{registryauth.BookedImages(c), prefetch}, nodecreds.Limit{}, time.Now, log)

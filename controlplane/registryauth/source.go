@@ -17,24 +17,28 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// Tenant names whose credentials a lookup wants. Today every Run uses the
-// deployment's own; per-tenant credentials (the tenancy issue) will key
-// sources by it too, and the service will pass the booked Run's tenant.
+// Tenant names whose credentials a lookup wants: the booked Run's tenant,
+// or the prefetch's. A tenant's own credentials are consulted first, then
+// the fleet's.
 type Tenant string
 
-// NoTenant is the deployment's own credentials.
+// NoTenant is the fleet's own credentials only.
 const NoTenant Tenant = ""
 
 // Source holds the credentials the control plane can give, by registry.
 // For a registry it tries, in order: a helper named by flag, the file's
 // credHelpers, the file's auths, the file's credsStore; with none of them
-// (or a helper that holds nothing for it) the answer is anonymous. A nil
-// Source answers anonymous for every registry.
+// (or a helper that holds nothing for it) the answer is anonymous. A
+// tenant's own file (AddTenant) is tried the same way before all of that,
+// for that tenant's lookups only. A nil Source answers anonymous for every
+// registry.
 type Source struct {
 	helpers map[string]string // registry → helper name: flags over credHelpers
 	static  map[string]StaticCredential
 	store   string
 	runner  HelperRunner
+	// tenants are the tenants' own credentials, which hold no tenants.
+	tenants map[Tenant]*Source
 }
 
 // NewSource combines a parsed file (nil: none) with helpers given by flag
@@ -59,6 +63,55 @@ func NewSource(file *DockerConfig, flagHelpers map[string]string, runner HelperR
 	return s, nil
 }
 
+// AddTenant gives tenant its own credentials, a parsed Docker config.json
+// (as `serve --tenant-registry-auth T=PATH` reads it): they are consulted
+// first for that tenant's pulls, and never for another tenant's.
+func (s *Source) AddTenant(tenant Tenant, file *DockerConfig) error {
+	if err := schemas.ValidateTenant("tenant", string(tenant)); err != nil {
+		return err
+	}
+	if _, ok := s.tenants[tenant]; ok {
+		return fmt.Errorf("registry credentials of tenant %s are given twice; give one file per tenant", tenant)
+	}
+	own, err := NewSource(file, nil, s.runner)
+	if err != nil {
+		return err
+	}
+	if s.tenants == nil {
+		s.tenants = map[Tenant]*Source{}
+	}
+	s.tenants[tenant] = own
+	return nil
+}
+
+// Tenants lists the tenants with credentials of their own.
+func (s *Source) Tenants() []string {
+	if s == nil {
+		return nil
+	}
+	var out []string
+	for t := range s.tenants {
+		out = append(out, string(t))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// CheckTenants refuses credentials given for a tenant that is not among
+// configured (none: DefaultTenant only), which no Run could ever use.
+func (s *Source) CheckTenants(configured []string) error {
+	if len(configured) == 0 {
+		configured = []string{schemas.DefaultTenant}
+	}
+	for _, t := range s.Tenants() {
+		if !slices.Contains(configured, t) {
+			return &schemas.Refusal{Code: schemas.CodeTenantUnknown, Field: "tenant",
+				Reason: fmt.Sprintf("registry credentials are given for tenant %q, which is not configured (%v): add it to the producer tokens file, or drop its --tenant-registry-auth", t, configured)}
+		}
+	}
+	return nil
+}
+
 // Helpers lists the helper names the source may run, for a check at start.
 func (s *Source) Helpers() []string {
 	if s == nil {
@@ -68,20 +121,34 @@ func (s *Source) Helpers() []string {
 	if s.store != "" {
 		names = append(names, s.store)
 	}
+	for _, t := range s.tenants {
+		names = append(names, t.Helpers()...)
+	}
 	slices.Sort(names)
 	return slices.Compact(names)
 }
 
-// Lookup returns the credential for registry (a canonical host), anonymous
-// when the source holds none. A helper that fails, hangs or answers
-// garbage is an error (ErrHelperFailed, ErrHelperTimedOut,
-// ErrHelperOutput) that never quotes its output.
+// Lookup returns tenant's credential for registry (a canonical host): the
+// tenant's own when it holds one, else the fleet's, else anonymous. A
+// helper that fails, hangs or answers garbage is an error
+// (ErrHelperFailed, ErrHelperTimedOut, ErrHelperOutput) that never quotes
+// its output.
 func (s *Source) Lookup(ctx context.Context, tenant Tenant, registry string) (schemas.RegistryCredential, error) {
-	anon := schemas.RegistryCredential{Registry: registry, Anonymous: true}
-	_ = tenant // every tenant uses the deployment's credentials until tenancy lands
 	if s == nil {
-		return anon, nil
+		return schemas.RegistryCredential{Registry: registry, Anonymous: true}, nil
 	}
+	if own, ok := s.tenants[tenant]; ok && tenant != NoTenant {
+		c, err := own.lookup(ctx, registry)
+		if err != nil || !c.Anonymous {
+			return c, err
+		}
+	}
+	return s.lookup(ctx, registry)
+}
+
+// lookup is Lookup in this source's own credentials.
+func (s *Source) lookup(ctx context.Context, registry string) (schemas.RegistryCredential, error) {
+	anon := schemas.RegistryCredential{Registry: registry, Anonymous: true}
 	var c StaticCredential
 	var err error
 	switch name, ok := s.helpers[registry]; {

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,8 +27,13 @@ import (
 func (s *Service) operatorServer(subject string, answer func(context.Context, string, schemas.SessionRequest) schemas.SessionReply) *requests.Server[schemas.SessionRequest, schemas.SessionReply] {
 	return &requests.Server[schemas.SessionRequest, schemas.SessionReply]{
 		Subject: subject, What: "session request", Malformed: "body is not a SessionRequest", JSON: true, Log: s.log,
-		Validate: func(r *schemas.SessionRequest) error { return residency.KeyOf(r.Key()).Validate() },
-		Answer:   answer,
+		Validate: func(r *schemas.SessionRequest) error {
+			if err := residency.KeyOf(r.Key()).Validate(); err != nil {
+				return err
+			}
+			return s.checkTenant(r.Tenant)
+		},
+		Answer: answer,
 		Refuse: func(_ *schemas.Refusal, err error) schemas.SessionReply {
 			if errors.Is(err, codec.ErrMalformed) {
 				err = fmt.Errorf("%w: body is not a SessionRequest: %v", residency.ErrInvalidRequest, err)
@@ -34,6 +41,20 @@ func (s *Service) operatorServer(subject string, answer func(context.Context, st
 			return schemas.SessionReply{Error: residency.ToWire(err)}
 		},
 	}
+}
+
+// checkTenant refuses a session key whose tenant is no tenant name, or
+// not a configured tenant, naming the field.
+func (s *Service) checkTenant(tenant string) error {
+	if err := schemas.ValidateTenant("tenant", tenant); err != nil {
+		r := schemas.AsRefusal(err)
+		return &schemas.SessionError{Code: schemas.SessionCode(r.Code), Field: "tenant", Message: fmt.Sprintf("tenant %q: %s", tenant, r.Reason)}
+	}
+	if len(s.cfg.Tenants) > 0 && !slices.Contains(s.cfg.Tenants, tenant) {
+		return &schemas.SessionError{Code: schemas.SessionCode(schemas.CodeTenantUnknown), Field: "tenant",
+			Message: fmt.Sprintf("tenant %q: this control plane has no such tenant (it has %s); name one with --tenant", tenant, strings.Join(s.cfg.Tenants, ", "))}
+	}
+	return nil
 }
 
 // askNode sends one session command to a node's host and decodes its reply.

@@ -39,6 +39,9 @@ type Config struct {
 	AttachTimeout time.Duration
 	// DrainTimeout bounds a node's session drain; 60 s when zero.
 	DrainTimeout time.Duration
+	// Tenants are the configured tenants an operator's attach or release
+	// may name (controlplane.Config.Tenants); none: any valid tenant name.
+	Tenants []string
 }
 
 func (c Config) withDefaults() Config {

@@ -32,13 +32,19 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWith(t, sessions.Config{AttachTimeout: 2 * time.Second, DrainTimeout: 2 * time.Second})
+}
+
+// newFixtureWith is newFixture with the service configured by cfg.
+func newFixtureWith(t *testing.T, cfg sessions.Config) *fixture {
+	t.Helper()
 	conn := testenv.ProvisionedBus(t, "sessions-test")
 	nodes, err := conn.JS.KeyValue(context.Background(), bus.BucketNodes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := cache.New()
-	svc := sessions.New(sessions.Config{AttachTimeout: 2 * time.Second, DrainTimeout: 2 * time.Second}, conn, c, nodes, nil, nil, nil)
+	svc := sessions.New(cfg, conn, c, nodes, nil, nil, nil)
 	if v := svc.DrainNode(context.Background(), schemas.NodeRecord{NodeID: "n1"}); v != nil {
 		t.Fatalf("DrainNode before Serve = %+v, want nil", v)
 	}
