@@ -36,7 +36,9 @@ const aOutput = "private-output-of-a"
 // directly, publishing a's submit and cancel subjects) each attempt is
 // refused by the server's permissions; with warmfleet's CLI as b, `run get`,
 // `run events` and `run logs` of a's Run are refused run_not_found and
-// `run cancel` is refused by intake. b submitting a's request id gets a Run
+// `run cancel` is refused by intake; b's secret list shows none of a's
+// secrets and a's is refused it; a's private artifact mounts in a's Run and
+// is artifact_unknown to b's. b submitting a's request id gets a Run
 // of its own, and a submitting a request id b used first gets its own. a's
 // Run is untouched throughout: its record's revision and its events are
 // those it had when it ended.
@@ -44,9 +46,15 @@ func TestAcceptance_TenantIsolation(t *testing.T) {
 	natsBin := findNatsCLI(t)
 	w := newWorld(t)
 	tokA, tokB := randomSecret(t), randomSecret(t)
+	bin := testenv.BuildCommand(t, "github.com/warmfleet/warmfleet/cmd/warmfleet")
+	keyFile := filepath.Join(t.TempDir(), "secrets.key")
+	if out, err := exec.Command(bin, "secret", "new-key", "--key-file", keyFile).CombinedOutput(); err != nil {
+		t.Fatalf("secret new-key: %v\n%s", err, out)
+	}
 	sf := newSecureFleet(t, func(c *controlplane.Config) {
 		c.Auth.Producers = map[string]admission.Producer{"a-prod": {Token: tokA, Tenant: "a"}, "b-prod": {Token: tokB, Tenant: "b"}}
 		c.Tenants = []string{"a", "b", schemas.DefaultTenant}
+		c.SecretsKeyFile = keyFile
 	})
 	sf.runtime = func(dataDir string, log *zap.Logger) noderuntime.Runtime {
 		rt, err := containerd.New(context.Background(), w.runtimeOptions(dataDir, log))
@@ -57,7 +65,6 @@ func TestAcceptance_TenantIsolation(t *testing.T) {
 		return rt
 	}
 	sf.startAgent("local-1")
-	bin := testenv.BuildCommand(t, "github.com/warmfleet/warmfleet/cmd/warmfleet")
 	a, b := sf.producerCLI(bin, "a-prod", tokA, "a"), sf.producerCLI(bin, "b-prod", tokB, "b")
 
 	// a's Run, followed to its end and read back by a.
@@ -151,6 +158,49 @@ func TestAcceptance_TenantIsolation(t *testing.T) {
 	}
 	if _, errOut, code := b.run(time.Minute, "--tenant", "a", "run", "get", runA); code == 0 || !strings.Contains(errOut, "--tenant") {
 		t.Fatalf("b's run get --tenant a: exit %d\n%s", code, errOut)
+	}
+
+	// Secrets: a's are a's alone. b's list shows none of them; a's
+	// tenant's service refuses b's login (the nats CLI's request above too).
+	secretFile := filepath.Join(t.TempDir(), "value")
+	if err := os.WriteFile(secretFile, []byte(randomSecret(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := a.run(time.Minute, "secret", "set", "a-token", "--from-file", secretFile); code != 0 {
+		t.Fatalf("a's secret set: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if out, errOut, code := a.run(time.Minute, "secret", "list"); code != 0 || !strings.Contains(out, "a-token") {
+		t.Fatalf("a's secret list: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if out, errOut, code := b.run(time.Minute, "secret", "list"); code != 0 || strings.Contains(out+errOut, "a-token") {
+		t.Fatalf("b's secret list: exit %d, shows a's secret:\n%s\n%s", code, out, errOut)
+	}
+	if out, errOut, code := b.run(time.Minute, "--tenant", "a", "secret", "list"); code == 0 || strings.Contains(out+errOut, "a-token") {
+		t.Fatalf("b's secret list --tenant a: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	// Artifacts: a's private artifact mounts in a's Run, and is unknown to
+	// b's, refused as a missing one is.
+	weights := []byte("weights of tenant a\n")
+	obs, err := sf.conn.JS.ObjectStore(context.Background(), bus.ObjectBucketArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	object := "sha256/" + strings.TrimPrefix(sha256Of(weights), "sha256:")
+	if _, err := obs.PutBytes(context.Background(), object, weights); err != nil {
+		t.Fatal(err)
+	}
+	sf.registerArtifact(schemas.ArtifactRecord{Name: "weights-a", Version: "v1", Digest: sha256Of(weights), SizeBytes: int64(len(weights)),
+		Source: schemas.ArtifactSource{Object: object}, Tenant: "a"})
+	mount := func(requestID string) []string {
+		return []string{"run", "submit", "--image", w.image.Reference, "--request-id", requestID, "--artifact", "weights-a:v1=/m/w", "--wait", "--", "cat", "/m/w"}
+	}
+	if out, errOut, code := a.run(2*time.Minute, mount("art-a")...); code != 0 || out != string(weights) {
+		t.Fatalf("a mounts its artifact: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if out, errOut, code := b.run(2*time.Minute, mount("art-b")...); code == 0 || !strings.Contains(errOut, string(schemas.CodeArtifactUnknown)) ||
+		!strings.Contains(errOut, "artifacts[0]") || strings.Contains(out, string(weights)) {
+		t.Fatalf("b mounts a's artifact: exit %d, want refused artifact_unknown naming artifacts[0]\n%s\n%s", code, out, errOut)
 	}
 
 	// Request ids are per tenant: b's iso-1 is a Run of b's, a's untouched.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -70,35 +69,13 @@ func (h history) runs(ctx context.Context, phase string) ([]schemas.Run, int, er
 // askTenant sends req to the producer's tenant's service op and returns
 // its answer, or its refusal.
 func askTenant[T any](ctx context.Context, h history, op string, req any) (T, error) {
-	subject := bus.TenantSubject(h.tenant, op)
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
-	type answer struct {
-		rep T
-		err error
+	rep, err := admin[T](ctx, h.conn, bus.TenantSubject(h.tenant, op), req)
+	if errors.Is(err, nats.ErrPermissionViolation) {
+		return rep, fmt.Errorf("this login may not ask tenant %q's services: set --tenant (or %s) to the tenant of the login's producer: %w", h.tenant, envTenant, err)
 	}
-	done := make(chan answer, 1)
-	go func() {
-		rep, err := admin[T](ctx, h.conn, subject, req)
-		done <- answer{rep, err}
-	}()
-	// A request the login may not publish is dropped by the server, which
-	// says so asynchronously: look for that while waiting for the answer.
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case a := <-done:
-			return a.rep, a.err
-		case <-tick.C:
-			if last := h.conn.NC.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), subject) {
-				cancel()
-				<-done
-				var zero T
-				return zero, fmt.Errorf("this login may not ask tenant %q's services: set --tenant (or %s) to the tenant of the login's producer: %w", h.tenant, envTenant, last)
-			}
-		}
-	}
+	return rep, err
 }
 
 // events is the source of Run runID's events.
