@@ -101,7 +101,7 @@ func (s *Service) page(ctx context.Context, stream, subj string, req schemas.Run
 		defer cancel()
 		_ = st.DeleteConsumer(dctx, c.CachedInfo().Name)
 	}()
-	page.Messages, err = fetchPage(ctx, c, req.Max, wait, replyBudget(s.conn.NC))
+	page.Messages, err = fetchPage(ctx, c, req.Max, wait, min(schemas.MaxReadPageBytes, replyBudget(s.conn.NC)))
 	if err != nil {
 		return page, fmt.Errorf("tenantread: read %s: %w", subj, err)
 	}

@@ -207,6 +207,28 @@ func TestReadPages(t *testing.T) {
 		t.Fatalf("a subject with nothing stored: %+v", p)
 	}
 
+	// A page holds at most MaxReadPageBytes of bodies: the rest is the
+	// next page's.
+	big := strings.Repeat("x", 60<<10)
+	for range 10 {
+		publishChunk(t, conn, bus.RunLogsSubject("a", "r-big"), big)
+	}
+	total := 0
+	for start, pages := uint64(0), 0; ; pages++ {
+		p := read(schemas.RunsReadRequest{Kind: schemas.ReadLogs, RunID: "r-big", StartSeq: start, Max: 10})
+		if len(p.Messages) == 0 {
+			if total != 10 || pages < 3 {
+				t.Fatalf("%d chunks of 60 KiB in %d pages; want all 10 in pages of at most 256 KiB", total, pages)
+			}
+			break
+		}
+		if n := len(p.Messages); n > schemas.MaxReadPageBytes/len(big) {
+			t.Fatalf("a page of %d chunks of 60 KiB, over %d bytes", n, schemas.MaxReadPageBytes)
+		}
+		total += len(p.Messages)
+		start = p.Messages[len(p.Messages)-1].Seq + 1
+	}
+
 	// A follower's long poll: nothing past the last yet, then a chunk.
 	start := time.Now()
 	if p := read(schemas.RunsReadRequest{Kind: schemas.ReadLogs, RunID: "r-1", StartSeq: last + 1, Max: 10, WaitMillis: 300}); len(p.Messages) != 0 || time.Since(start) < 250*time.Millisecond {
