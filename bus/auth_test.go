@@ -88,7 +88,7 @@ func TestIntakeSubject(t *testing.T) {
 	if tn, id, verb, ok := bus.ParseIntakeSubject(bus.CancelSubject("a", "operator")); !ok || tn != "a" || id != "operator" || verb != "cancel" {
 		t.Fatalf("cancel subject parsed as %q %q %q %v", tn, id, verb, ok)
 	}
-	for _, bad := range []string{"wf.runs.submit", "wf.runs.a.submit", "wf.runs.a.b.c.submit", "wf.runs.a.b.list", "wf.events.a.b.submit", "wf.runs..b.submit"} {
+	for _, bad := range []string{"wf.runs.submit", "wf.runs.a.submit", "wf.runs.a.b.c.submit", "wf.runs.a.b.list", "wf.events.a.b.submit", "wf.runs..b.submit", "wf.runs.a.*.submit", "wf.runs.>.b.cancel"} {
 		if _, _, _, ok := bus.ParseIntakeSubject(bad); ok {
 			t.Errorf("%q parsed", bad)
 		}
@@ -133,4 +133,29 @@ func TestPermsArtifactReader(t *testing.T) {
 	if len(p.Subscribe) != 1 || p.Subscribe[0] != bus.ArtifactInboxPrefix("gpu-7")+".>" || p.Responses {
 		t.Errorf("subscribe %v (responses %v), want its own inbox only", p.Subscribe, p.Responses)
 	}
+}
+
+// FuzzParseIntakeSubject: whatever parses names one tenant token and one
+// identity token, and is the very subject SubmitSubject or CancelSubject
+// makes of them, so intake records exactly the tenant and identity the
+// auth callout let publish there.
+func FuzzParseIntakeSubject(f *testing.F) {
+	f.Add("wf.runs.default.operator.submit")
+	f.Add("wf.runs.a.b.c.cancel")
+	f.Fuzz(func(t *testing.T, subject string) {
+		tenant, identity, verb, ok := bus.ParseIntakeSubject(subject)
+		if !ok {
+			return
+		}
+		if !bus.SubjectToken(tenant) || !bus.SubjectToken(identity) {
+			t.Fatalf("%q parsed as %q, %q", subject, tenant, identity)
+		}
+		remade := bus.SubmitSubject(tenant, identity)
+		if verb == "cancel" {
+			remade = bus.CancelSubject(tenant, identity)
+		}
+		if remade != subject {
+			t.Fatalf("%q parsed as %q %q %q, which make %q", subject, tenant, identity, verb, remade)
+		}
+	})
 }

@@ -82,10 +82,10 @@ func NodeSecretCredentials(nodeID string) string {
 }
 
 // ParseIntakeSubject splits wf.runs.<tenant>.<identity>.<verb>; ok is false
-// for any other form (verb is "submit" or "cancel").
+// for any other form, wildcards included (verb is "submit" or "cancel").
 func ParseIntakeSubject(subject string) (tenant, identity, verb string, ok bool) {
 	parts := strings.Split(subject, ".")
-	if len(parts) != 5 || parts[0] != "wf" || parts[1] != "runs" || parts[2] == "" || parts[3] == "" {
+	if len(parts) != 5 || parts[0] != "wf" || parts[1] != "runs" || !SubjectToken(parts[2]) || !SubjectToken(parts[3]) {
 		return "", "", "", false
 	}
 	if parts[4] != "submit" && parts[4] != "cancel" {

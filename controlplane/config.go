@@ -62,8 +62,8 @@ type Config struct {
 	// Sessions tunes session residency (controlplane/sessions).
 	Sessions sessions.Config
 	// Tenants are the tenants this control plane serves, sorted, always
-	// with schemas.DefaultTenant (TenantsOrDefault); each has its own
-	// intake stream (bus.RunsStream).
+	// with schemas.DefaultTenant (New sees to both: checkTenants); each
+	// has its own intake stream (bus.RunsStream).
 	Tenants []string
 	// SecretsKeyFile is the key file tenants' secrets are sealed with
 	// (controlplane/secrets; serve's --secrets-key-file); it must exist.

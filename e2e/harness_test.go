@@ -322,7 +322,8 @@ func holdsSeqs(evs []schemas.RunEvent, n uint64) bool {
 	return true
 }
 
-// storedEvents reads what WF_EVENTS holds for a Run now.
+// storedEvents reads what WF_EVENTS holds for a Run now, whichever
+// tenant's it is (Run ids differ across tenants).
 func (f *fleet) storedEvents(runID string) []schemas.RunEvent {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -331,16 +332,20 @@ func (f *fleet) storedEvents(runID string) []schemas.RunEvent {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.RunEventsSubject(schemas.DefaultTenant, runID)))
+	subject := bus.RunEventsSubject("*", runID)
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	want := int(info.State.Subjects[bus.RunEventsSubject(schemas.DefaultTenant, runID)])
+	want := 0
+	for _, n := range info.State.Subjects {
+		want += int(n)
+	}
 	var out []schemas.RunEvent
 	if want == 0 {
 		return out
 	}
-	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEventsSubject(schemas.DefaultTenant, runID)}})
+	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 	if err != nil {
 		f.t.Fatal(err)
 	}

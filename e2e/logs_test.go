@@ -37,10 +37,11 @@ type storedOutput struct {
 
 // stored reads every chunk WF_LOGS holds for runID, straight from the
 // stream: a second copy of a chunk counts as a duplicate here even though
-// readers would skip it.
+// readers would skip it. The Run may be any tenant's: Run ids differ
+// across tenants.
 func (f *fleet) stored(runID string) storedOutput {
 	f.t.Helper()
-	return f.storedOn(bus.RunLogsSubject(schemas.DefaultTenant, runID))
+	return f.storedOn(bus.RunLogsSubject("*", runID))
 }
 
 // storedOn reads every chunk WF_LOGS holds on subject.

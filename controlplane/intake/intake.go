@@ -183,8 +183,13 @@ func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity 
 		return err
 	}
 	if dup {
-		// The id hashes the tenant, so a duplicate is always this tenant's
-		// own Run; which of its identities sent it again does not matter.
+		// The id hashes the tenant, so a duplicate is this tenant's own
+		// Run (which of its identities sent it again does not matter);
+		// should another tenant's ever share the id, nothing of it is told.
+		if run.TenantOf() != tenant {
+			return in.reject(ctx, m, tenant, req.RequestID, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
+				Reason: "this request id cannot name a new Run; use another request id"})
+		}
 		if !reflect.DeepEqual(normalise(run.Request), normalise(req)) {
 			return in.reject(ctx, m, tenant, req.RequestID, &schemas.Refusal{Code: schemas.CodeRequestIDConflict, Field: "request_id",
 				Reason: "this request id already names a different Run (" + run.ID + "); use a new request id for a new Run"})
