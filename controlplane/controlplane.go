@@ -29,6 +29,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/secretauth"
 	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
+	"github.com/warmfleet/warmfleet/controlplane/tenantread"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
@@ -60,6 +61,9 @@ type ControlPlane struct {
 	artifactsService *artifacts.Service
 	// artifactAuth gives nodes artifact source credentials per fetch.
 	artifactAuth *artifactauth.Service
+	// tenantRead answers producers' reads of their own tenant's Runs,
+	// events and output.
+	tenantRead *tenantread.Service
 	// secrets is the sealed secret store and its services; nil without
 	// Config.SecretsKeyFile.
 	secrets        *secrets.Store
@@ -137,21 +141,29 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	// A node's disk collection keeps what booked Runs need and what an
 	// open prefetch wants there.
 	cp.nodes.AddDiskKeeper(cp.prefetch)
-	// A node may have a credential for an image it has a live booking or
-	// an open prefetch for.
-	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.ImageTenants}
-	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.CredentialLimit, cfg.Now, log)
-	// Likewise for an artifact: a Run booked on the node that mounts it,
-	// or an open prefetch of it there.
-	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, kv[bus.BucketArtifactGrants],
-		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
-			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
+	cp.credentialServices(kv[bus.BucketArtifactGrants])
+	cp.tenantRead = tenantread.New(conn, cp.runsKV, cfg.Tenants, log.Named("tenantread"))
 	if cfg.Auth != nil {
 		if cp.callout, err = admission.New(ctx, conn, *cfg.Auth, log); err != nil {
 			return nil, fmt.Errorf("controlplane: %w", err)
 		}
 	}
 	return cp, nil
+}
+
+// credentialServices makes the services that give nodes registry and
+// artifact source credentials; grants is wf_artifact_grants.
+func (cp *ControlPlane) credentialServices(grants jetstream.KeyValue) {
+	cfg, conn, log := cp.cfg, cp.conn, cp.log
+	// A node may have a credential for an image it has a live booking or
+	// an open prefetch for.
+	wanted := []registryauth.ImageWanted{registryauth.BookedImages(cp.cache), cp.prefetch.ImageTenants}
+	cp.registryAuth = registryauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, cfg.RegistryAuth, wanted, cfg.CredentialLimit, cfg.Now, log)
+	// Likewise for an artifact: a Run booked on the node that mounts it,
+	// or an open prefetch of it there.
+	cp.artifactAuth = artifactauth.NewService(conn, cp.cache, cp.nodesKV, cp.runsKV, grants,
+		artifactauth.Config{URLs: cfg.ArtifactSourceAuth, GrantTTL: cfg.ArtifactGrantTTL, Limit: cfg.CredentialLimit, Now: cfg.Now,
+			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
 }
 
 // Prefetches is the prefetch service: its Wants says whether a node has a
@@ -227,7 +239,7 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 		out = append(out, cp.callout.Serve)
 	}
 	out = append(out, withWG(cp.nodes.Serve), cp.sessions.Serve, withWG(cp.prefetch.Serve), withWG(cp.registryAuth.Serve),
-		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve))
+		withWG(cp.artifactsService.Serve), withWG(cp.artifactAuth.Serve), withWG(cp.tenantRead.Serve))
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ type warmfleetCLI struct {
 	t   *testing.T
 	bin string
 	url string
+	env []string // added to the test's environment; nil: the test's
 }
 
 func newWarmfleetCLI(t *testing.T, f *fleet) warmfleetCLI {
@@ -31,6 +33,9 @@ func (c warmfleetCLI) run(within time.Duration, args ...string) (stdout, stderr 
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, c.bin, append([]string{"--nats-url", c.url}, args...)...)
+	if c.env != nil {
+		cmd.Env = append(os.Environ(), c.env...)
+	}
 	var out, errs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errs
 	err := cmd.Run()

@@ -2,11 +2,9 @@ package runlog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -57,20 +55,22 @@ const drainPoll = time.Second
 // retry reads four times as many.
 const firstWindow = 256
 
-// Read yields the lines of subject (bus.RunLogs or bus.SessionLogs) stored
-// in WF_LOGS, in stream order, through an ordered consumer filtered on it.
-// Without Follow it reads up to the last message stored when it starts,
-// then yields each stream's trailing partial line and returns. It returns
-// each's first error, or ctx's.
+// Read yields the lines of subject (bus.RunLogsSubject or
+// bus.SessionLogsSubject) stored in WF_LOGS, read through an ordered
+// consumer filtered on it (StreamSource); ReadFrom reads any Source.
 func Read(ctx context.Context, js jetstream.JetStream, subject string, opts Options, each func(Line) error) error {
+	return ReadFrom(ctx, StreamSource(js, bus.StreamLogs, subject), opts, each)
+}
+
+// ReadFrom yields the lines of src's subject, in stream order. Without
+// Follow it reads up to the last message stored when it starts, then
+// yields each stream's trailing partial line and returns. It returns
+// each's first error, or ctx's.
+func ReadFrom(ctx context.Context, src Source, opts Options, each func(Line) error) error {
 	if err := opts.validate(); err != nil {
 		return err
 	}
-	s, err := js.Stream(ctx, bus.StreamLogs)
-	if err != nil {
-		return fmt.Errorf("runlog: read %s: %w", subject, err)
-	}
-	rd := &reader{js: js, stream: s, subject: subject, opts: opts}
+	rd := &reader{src: src, opts: opts}
 	rd.re = rd.reassembler()
 	end, err := rd.lastSeq(ctx)
 	if err != nil {
@@ -101,10 +101,8 @@ func Read(ctx context.Context, js jetstream.JetStream, subject string, opts Opti
 }
 
 type reader struct {
-	js      jetstream.JetStream
-	stream  jetstream.Stream
-	subject string
-	opts    Options
+	src  Source
+	opts Options
 
 	re   Reassembler
 	last uint64 // the stream sequence of the last message read
@@ -124,17 +122,11 @@ func (rd *reader) reassembler() Reassembler {
 // lastSeq is the sequence of subject's last message, 0 when there is none
 // or it was stored before Since.
 func (rd *reader) lastSeq(ctx context.Context) (uint64, error) {
-	m, err := rd.stream.GetLastMsgForSubject(ctx, rd.subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
+	seq, at, err := rd.src.Last(ctx)
+	if err != nil || at.Before(rd.opts.Since) {
+		return 0, err
 	}
-	if err != nil {
-		return 0, fmt.Errorf("runlog: last message of %s: %w", rd.subject, err)
-	}
-	if m.Time.Before(rd.opts.Since) {
-		return 0, nil
-	}
-	return m.Sequence, nil
+	return seq, nil
 }
 
 // tail reads back from end in growing windows until one holds more than
@@ -189,23 +181,15 @@ func (rd *reader) filter(each func(Line) error) func(Line) error {
 // sequence through; with follow, when ctx ends, or when Done is closed
 // and it has read up to what was stored then.
 func (rd *reader) scan(ctx context.Context, from, through uint64, follow bool, each func(Line) error) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{rd.subject}}
-	switch {
-	case from > 0:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
-	case !rd.opts.Since.IsZero():
-		t := rd.opts.Since
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	since := time.Time{}
+	if from == 0 {
+		since = rd.opts.Since
 	}
-	c, err := rd.js.OrderedConsumer(ctx, bus.StreamLogs, cfg)
+	cur, err := rd.src.Open(ctx, from, since)
 	if err != nil {
-		return fmt.Errorf("runlog: read %s: %w", rd.subject, err)
+		return err
 	}
-	it, err := c.Messages()
-	if err != nil {
-		return fmt.Errorf("runlog: read %s: %w", rd.subject, err)
-	}
-	defer it.Stop()
+	defer cur.Stop()
 
 	followCtx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
@@ -223,9 +207,10 @@ func (rd *reader) scan(ctx context.Context, from, through uint64, follow bool, e
 		if !follow && rd.last >= through {
 			return nil
 		}
-		var m jetstream.Msg
+		var m Msg
+		var ok bool
 		if follow {
-			m, err = it.Next(jetstream.NextContext(followCtx))
+			m, ok, err = cur.Next(followCtx, 0)
 			if err != nil && ctx.Err() == nil && followCtx.Err() != nil {
 				// Done: read up to what is stored now.
 				if through, err = rd.lastSeq(ctx); err != nil {
@@ -235,8 +220,8 @@ func (rd *reader) scan(ctx context.Context, from, through uint64, follow bool, e
 				continue
 			}
 		} else {
-			m, err = it.Next(jetstream.NextMaxWait(drainPoll))
-			if errors.Is(err, nats.ErrTimeout) {
+			m, ok, err = cur.Next(ctx, drainPoll)
+			if err == nil && !ok {
 				now, err := rd.lastSeq(ctx)
 				if err != nil {
 					return err
@@ -251,28 +236,25 @@ func (rd *reader) scan(ctx context.Context, from, through uint64, follow bool, e
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("runlog: read %s: %w", rd.subject, err)
+			return fmt.Errorf("runlog: read: %w", err)
 		}
-		meta, err := m.Metadata()
-		if err != nil {
-			return fmt.Errorf("runlog: read %s: %w", rd.subject, err)
-		}
-		rd.last = meta.Sequence.Stream
+		rd.last = m.Seq
 		if read++; read == 1 {
-			rd.first = meta.Timestamp
+			rd.first = m.Time
 		}
-		if err := rd.add(m, meta, each); err != nil {
+		if err := rd.add(m, each); err != nil {
 			return err
 		}
 	}
 }
 
 // add hands one message's chunk to rd.re if the options select it.
-func (rd *reader) add(m jetstream.Msg, meta *jetstream.MsgMetadata, each func(Line) error) error {
-	c, err := ParseChunk(m.Subject(), m.Headers(), m.Data(), meta)
+func (rd *reader) add(m Msg, each func(Line) error) error {
+	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.Seq}, Timestamp: m.Time}
+	c, err := ParseChunk(m.Subject, m.Header, m.Data, meta)
 	if err != nil {
 		if rd.opts.Invalid != nil {
-			rd.opts.Invalid(meta.Sequence.Stream, err)
+			rd.opts.Invalid(m.Seq, err)
 		}
 		return nil
 	}

@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -107,50 +105,6 @@ func (g *globals) render(w io.Writer, v any, table func(*tabwriter.Writer)) erro
 		return tw.Flush()
 	default:
 		return fmt.Errorf("-o %q: use table or json", g.output)
-	}
-}
-
-// readEvents calls each with the events of tenant's Run in order (tenant
-// "*": whichever tenant's, for an operator; Run ids differ across
-// tenants). With until nil it returns once it has read what is stored;
-// otherwise it keeps reading, as they arrive, until an event for which
-// until is true, or ctx ends.
-func readEvents(ctx context.Context, js jetstream.JetStream, tenant, runID string, until func(schemas.RunEvent) bool, each func(schemas.RunEvent)) error {
-	follow := until != nil
-	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.RunEventsSubject(tenant, runID)}})
-	if err != nil {
-		return fmt.Errorf("read events of %s: %w", runID, err)
-	}
-	for {
-		batch, err := c.Fetch(100, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return err
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			var ev schemas.RunEvent
-			if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &ev); err != nil {
-				continue
-			}
-			each(ev)
-			md, _ := m.Metadata()
-			if follow && until(ev) {
-				return nil
-			}
-			if !follow && md != nil && md.NumPending == 0 {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil && ctx.Err() == nil {
-			return err
-		}
-		if got == 0 && !follow {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
 	}
 }
 

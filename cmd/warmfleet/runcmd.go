@@ -72,12 +72,13 @@ func newRunGet(g *globals) *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			r, err := getRun(cmd.Context(), conn, args[0])
+			h := g.history(conn)
+			r, err := h.run(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			// A failed or lost Run shows its last lines.
-			last, lastErr := lastLines(cmd.Context(), conn.JS, r)
+			last, lastErr := lastLines(cmd.Context(), h, r)
 			v := struct {
 				schemas.Run
 				LastLines []runlog.Line `json:"last_lines,omitempty"`
@@ -118,12 +119,12 @@ func newRunList(g *globals) *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			runs, err := listRuns(cmd.Context(), conn)
+			runs, leftOff, err := g.history(conn).runs(cmd.Context(), phase)
 			if err != nil {
 				return err
 			}
-			if phase != "" {
-				runs = slices.DeleteFunc(runs, func(r schemas.Run) bool { return string(r.Phase) != phase })
+			if leftOff > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: %d more Runs left off (the newest %d shown)\n", leftOff, len(runs))
 			}
 			return g.render(cmd.OutOrStdout(), runs, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "RUN\tTENANT\tREQUEST\tPHASE\tNODE\tEXIT\tREASON\tCREATED")
@@ -170,7 +171,7 @@ func newRunEvents(g *globals) *cobra.Command {
 			if follow {
 				until = terminal
 			}
-			return readEvents(cmd.Context(), conn.JS, "*", args[0], until, func(ev schemas.RunEvent) { printEvent(cmd.OutOrStdout(), g, ev) })
+			return readEvents(cmd.Context(), g.history(conn).events(args[0]), until, func(ev schemas.RunEvent) { printEvent(cmd.OutOrStdout(), g, ev) })
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading until the Run ends")
@@ -219,7 +220,7 @@ func newRunDecision(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			var ds []schemas.BookingDecision
-			if err := readEvents(cmd.Context(), conn.JS, "*", args[0], nil, func(ev schemas.RunEvent) {
+			if err := readEvents(cmd.Context(), g.history(conn).events(args[0]), nil, func(ev schemas.RunEvent) {
 				if ev.Decision != nil {
 					ds = append(ds, *ev.Decision)
 				}

@@ -48,7 +48,8 @@ no longer stored (WF_LOGS's limits dropped it) is noted on stderr.`,
 				return err
 			}
 			defer conn.Close()
-			r, err := getRun(cmd.Context(), conn, args[0])
+			h := g.history(conn)
+			r, err := h.run(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -68,11 +69,11 @@ no longer stored (WF_LOGS's limits dropped it) is noted on stderr.`,
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			if f.follow {
-				if opts.Done, err = runEnded(ctx, conn.JS, r); err != nil {
+				if opts.Done, err = h.ended(ctx, r); err != nil {
 					return err
 				}
 			}
-			return runlog.Read(ctx, conn.JS, bus.RunLogsSubject(r.TenantOf(), r.ID), opts, p.line)
+			return runlog.ReadFrom(ctx, h.logs(r.ID), opts, p.line)
 		},
 	}
 	fl := cmd.Flags()
@@ -253,7 +254,7 @@ const lastLinesShown = 10
 // time order, when r failed or was lost; nil otherwise or when WF_LOGS
 // holds none (or does not exist). Each stream is in time order by itself,
 // so the last lines of both are among the last of each.
-func lastLines(ctx context.Context, js jetstream.JetStream, r schemas.Run) ([]runlog.Line, error) {
+func lastLines(ctx context.Context, h history, r schemas.Run) ([]runlog.Line, error) {
 	if (r.Phase != schemas.PhaseFailed && r.Phase != schemas.PhaseLost) || r.Attempt < 1 {
 		return nil, nil
 	}
@@ -261,7 +262,7 @@ func lastLines(ctx context.Context, js jetstream.JetStream, r schemas.Run) ([]ru
 	defer cancel()
 	var lines []runlog.Line
 	for _, stream := range []string{bus.LogStdout, bus.LogStderr} {
-		err := runlog.Read(ctx, js, bus.RunLogsSubject(r.TenantOf(), r.ID), runlog.Options{Attempt: schemas.WorkloadID(r.ID, r.Attempt), Stream: stream, Tail: lastLinesShown},
+		err := runlog.ReadFrom(ctx, h.logs(r.ID), runlog.Options{Attempt: schemas.WorkloadID(r.ID, r.Attempt), Stream: stream, Tail: lastLinesShown},
 			func(l runlog.Line) error {
 				lines = append(lines, l)
 				return nil

@@ -118,7 +118,7 @@ func submit(cmd *cobra.Command, g *globals, f submitFlags, args []string) error 
 	}
 	stderr := &lockedWriter{w: cmd.ErrOrStderr()}
 	fmt.Fprintln(stderr, "warmfleet: "+submitted)
-	return attachRun(cmd.Context(), conn.JS, g.tenant, runID, &logPrinter{out: cmd.OutOrStdout(), errw: stderr, headerTo: stderr,
+	return attachRun(cmd.Context(), g.history(conn), runID, &logPrinter{out: cmd.OutOrStdout(), errw: stderr, headerTo: stderr,
 		runID: runID, json: g.output == "json"}, stderr)
 }
 

@@ -138,7 +138,9 @@ func waitForText(t *testing.T, w *syncBuffer, want string) {
 // `run submit --wait` prints the Run's stdout to stdout and its stderr to
 // stderr as they arrive, its own progress to stderr, and exits with the
 // Run's exit code.
-func TestRunSubmitWaitShowsOutput(t *testing.T) {
+func TestRunSubmitWaitShowsOutput(t *testing.T) { asEachReader(t, testRunSubmitWaitShowsOutput) }
+
+func testRunSubmitWaitShowsOutput(t *testing.T) {
 	b := newLogBus(t)
 	p := &runPlay{b: b, runID: schemas.RunIDFor(schemas.DefaultTenant, "wait-1")}
 	p.event(schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted})
@@ -183,7 +185,9 @@ func TestRunSubmitWaitShowsOutput(t *testing.T) {
 }
 
 // --quiet keeps the events-only view and the same exit status.
-func TestRunSubmitWaitQuiet(t *testing.T) {
+func TestRunSubmitWaitQuiet(t *testing.T) { asEachReader(t, testRunSubmitWaitQuiet) }
+
+func testRunSubmitWaitQuiet(t *testing.T) {
 	b := newLogBus(t)
 	p := &runPlay{b: b, runID: schemas.RunIDFor(schemas.DefaultTenant, "quiet-1")}
 	p.phase(schemas.PhaseRunning, "", "container running", nil)
@@ -202,6 +206,10 @@ func TestRunSubmitWaitQuiet(t *testing.T) {
 // A Run that ends without an exit code of its own, or a refused submit,
 // exits 125 saying why.
 func TestRunSubmitWaitWithoutExitCode(t *testing.T) {
+	asEachReader(t, testRunSubmitWaitWithoutExitCode)
+}
+
+func testRunSubmitWaitWithoutExitCode(t *testing.T) {
 	b := newLogBus(t)
 	for _, tc := range []struct {
 		id   string

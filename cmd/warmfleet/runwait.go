@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/runlog"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -59,20 +57,20 @@ func endsWait(ev schemas.RunEvent) bool {
 // progress lines to progress. The last line, once the output is all
 // printed, is how the Run ended; the error is the exit status that
 // follows from it (runOutcome).
-func attachRun(parent context.Context, js jetstream.JetStream, tenant, runID string, p *logPrinter, progress io.Writer) error {
+func attachRun(parent context.Context, h history, runID string, p *logPrinter, progress io.Writer) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	ended := make(chan struct{})
 	logsDone := make(chan error, 1)
 	go func() {
-		err := runlog.Read(ctx, js, bus.RunLogsSubject(tenant, runID), runlog.Options{Follow: true, Done: ended, Invalid: skipNotice(progress), Gaps: gapNotice(progress, runID)}, p.line)
+		err := runlog.ReadFrom(ctx, h.logs(runID), runlog.Options{Follow: true, Done: ended, Invalid: skipNotice(progress), Gaps: gapNotice(progress, runID)}, p.line)
 		if err != nil {
 			cancel() // stop following events too
 		}
 		logsDone <- err
 	}()
 	var end schemas.RunEvent
-	evErr := readEvents(ctx, js, tenant, runID, endsWait, func(ev schemas.RunEvent) {
+	evErr := readEvents(ctx, h.events(runID), endsWait, func(ev schemas.RunEvent) {
 		if endsWait(ev) {
 			end = ev
 		} else if l := runProgressLine(ev); l != "" {
@@ -104,7 +102,7 @@ func attachRun(parent context.Context, js jetstream.JetStream, tenant, runID str
 // until it ends, then runOutcome.
 func followEvents(ctx context.Context, w io.Writer, g *globals, conn *bus.Conn, runID string) error {
 	var end schemas.RunEvent
-	err := readEvents(ctx, conn.JS, g.tenant, runID, endsWait, func(ev schemas.RunEvent) {
+	err := readEvents(ctx, g.history(conn).events(runID), endsWait, func(ev schemas.RunEvent) {
 		end = ev
 		printEvent(w, g, ev)
 	})

@@ -48,7 +48,7 @@ func TestSessionCommands(t *testing.T) {
 	}
 	defer cpConn.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	cp, err := controlplane.New(ctx, cpConn, controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true,
+	cp, err := controlplane.New(ctx, cpConn, controlplane.Config{HeartbeatInterval: time.Second, OpenEnrollment: true, Tenants: []string{"acme", schemas.DefaultTenant, "other"},
 		Sessions: sessions.Config{LeaseTTL: 3 * time.Second}}, log)
 	if err != nil {
 		t.Fatal(err)
