@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -37,7 +39,8 @@ const aOutput = "private-output-of-a"
 // refused by the server's permissions; with warmfleet's CLI as b, `run get`,
 // `run events` and `run logs` of a's Run are refused run_not_found and
 // `run cancel` is refused by intake; b's secret list shows none of a's
-// secrets and a's is refused it; a's private artifact mounts in a's Run and
+// secrets and a's is refused it; a's Run sees a's secret at launch and b's
+// Run naming it is refused secret_unknown; a's private artifact mounts in a's Run and
 // is artifact_unknown to b's. b submitting a's request id gets a Run
 // of its own, and a submitting a request id b used first gets its own. a's
 // Run is untouched throughout: its record's revision and its events are
@@ -162,8 +165,8 @@ func TestAcceptance_TenantIsolation(t *testing.T) {
 
 	// Secrets: a's are a's alone. b's list shows none of them; a's
 	// tenant's service refuses b's login (the nats CLI's request above too).
-	secretFile := filepath.Join(t.TempDir(), "value")
-	if err := os.WriteFile(secretFile, []byte(randomSecret(t)), 0o600); err != nil {
+	secretFile, secretValue := filepath.Join(t.TempDir(), "value"), randomSecret(t)
+	if err := os.WriteFile(secretFile, []byte(secretValue), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if out, errOut, code := a.run(time.Minute, "secret", "set", "a-token", "--from-file", secretFile); code != 0 {
@@ -177,6 +180,21 @@ func TestAcceptance_TenantIsolation(t *testing.T) {
 	}
 	if out, errOut, code := b.run(time.Minute, "--tenant", "a", "secret", "list"); code == 0 || strings.Contains(out+errOut, "a-token") {
 		t.Fatalf("b's secret list --tenant a: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	// A Run of a's sees a's secret at launch; b's Run naming it is refused
+	// at intake, as a secret b does not hold, naming the field.
+	sum := sha256.Sum256([]byte(secretValue))
+	useSecret := func(requestID string) []string {
+		return []string{"run", "submit", "--image", w.image.Reference, "--request-id", requestID, "--secret-env", "TOKEN=a-token", "--wait", "--",
+			"sh", "-c", `[ "$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)" = ` + hex.EncodeToString(sum[:]) + ` ] && echo secret-ok`}
+	}
+	if out, errOut, code := a.run(2*time.Minute, useSecret("secret-a")...); code != 0 || out != "secret-ok\n" {
+		t.Fatalf("a's Run with its secret: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if out, errOut, code := b.run(2*time.Minute, useSecret("secret-b")...); code == 0 || !strings.Contains(errOut, string(schemas.CodeSecretUnknown)) ||
+		!strings.Contains(errOut, "secret_env[0].secret") || strings.Contains(out, "secret-ok") {
+		t.Fatalf("b's Run naming a's secret: exit %d, want refused secret_unknown naming secret_env[0].secret\n%s\n%s", code, out, errOut)
 	}
 
 	// Artifacts: a's private artifact mounts in a's Run, and is unknown to

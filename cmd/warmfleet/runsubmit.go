@@ -31,6 +31,11 @@ read-only at PATH (repeatable; NAME alone is its newest version), e.g.
 --artifact llama-8b:v1=/models/llama. With -f, list artifacts in the
 request's "artifacts" instead.
 
+--secret-env NAME=SECRET and --secret-file SECRET=PATH[:MODE] hand the
+tenant's secrets (warmfleet secret set) to the workload at launch, as an
+env var or a read-only file; only the names are stored with the Run. Plain
+--env is stored as given: a name that looks like a secret's gets a warning.
+
 Exit status:
   0    submitted; with --wait, the Run succeeded
   N    with --wait, the Run's own non-zero exit code
@@ -43,6 +48,7 @@ Exit status:
 type submitFlags struct {
 	file, requestID, image, network string
 	env, artifacts                  []string
+	secretEnv, secretFiles          []string
 	cpu, mem, gpus, maxRuntime, shm int64
 	wait, quiet                     bool
 }
@@ -71,6 +77,8 @@ func newRunSubmit(g *globals) *cobra.Command {
 	fl.StringVar(&f.image, "image", "", "image pinned by digest: name@sha256:<hex>")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "KEY=VALUE (repeatable)")
 	fl.StringArrayVar(&f.artifacts, "artifact", nil, "NAME[:VERSION|@sha256:<hex>]=PATH: mount a catalog artifact read-only at PATH (repeatable; NAME alone: its newest version)")
+	fl.StringArrayVar(&f.secretEnv, "secret-env", nil, "NAME=SECRET: env var NAME set at launch to the tenant's secret SECRET (repeatable; never stored with the Run)")
+	fl.StringArrayVar(&f.secretFiles, "secret-file", nil, "SECRET=PATH[:MODE]: the tenant's secret as a read-only file at PATH, octal MODE (default 0400) (repeatable)")
 	fl.Int64Var(&f.cpu, "cpu-millis", 0, "CPU to reserve, in millicores")
 	fl.Int64Var(&f.mem, "memory-bytes", 0, "memory to reserve and limit, in bytes")
 	fl.Int64Var(&f.gpus, "gpus", 0, "GPUs to reserve")
@@ -126,6 +134,9 @@ func submit(cmd *cobra.Command, g *globals, f submitFlags, args []string) error 
 // refusal about an --artifact names that flag.
 func (f submitFlags) request(args []string) (schemas.RunRequest, error) {
 	if f.file != "" {
+		if len(f.secretEnv)+len(f.secretFiles) > 0 {
+			return schemas.RunRequest{}, fmt.Errorf("--secret-env and --secret-file exclude -f: list them in %s's \"secret_env\" and \"secret_files\"", f.file)
+		}
 		if len(f.artifacts) > 0 {
 			return schemas.RunRequest{}, fmt.Errorf("--artifact and -f exclude each other: list the artifacts in %s's \"artifacts\" ([{\"name\": …, \"path\": …}])", f.file)
 		}
@@ -151,6 +162,9 @@ func (f submitFlags) request(args []string) (schemas.RunRequest, error) {
 			req.Env = map[string]string{}
 		}
 		req.Env[k] = v
+	}
+	if err := f.secretRefs(&req); err != nil {
+		return req, err
 	}
 	for _, arg := range f.artifacts {
 		u, err := artifactFlag(arg)
