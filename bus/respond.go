@@ -2,6 +2,7 @@ package bus
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -10,10 +11,17 @@ import (
 
 // Respond answers a core NATS request with v in enc, naming the encoding
 // in the Content-Type header. A message without a reply subject is
-// answered with nothing.
+// answered with nothing, and one whose reply subject is not an inbox is
+// refused: nats-server checks no permission on a reply subject, and the
+// answering side (the control plane) may publish anywhere, so a caller
+// could otherwise have its answer written into a stream or bucket it
+// cannot reach itself ($KV.wf_secrets.…, another tenant's subjects).
 func Respond(m *nats.Msg, enc codec.Encoding, v any) error {
 	if m.Reply == "" {
 		return nil
+	}
+	if !IsInbox(m.Reply) {
+		return fmt.Errorf("bus: reply subject %q is not an inbox (_INBOX.… or %s…): not answered", m.Reply, inboxRoot)
 	}
 	b, err := codec.Encode(enc, v)
 	if err != nil {
@@ -59,4 +67,11 @@ func QueueSubscribeAll(nc *nats.Conn, handlers map[string]nats.MsgHandler) (Subs
 		return nil, fmt.Errorf("bus: flush subscriptions: %w", err)
 	}
 	return subs, nil
+}
+
+// IsInbox reports whether subject is a reply inbox: the default _INBOX.
+// prefix or a restricted identity's _WF_INBOX. branch. No stream captures
+// either.
+func IsInbox(subject string) bool {
+	return strings.HasPrefix(subject, nats.InboxPrefix) || strings.HasPrefix(subject, inboxRoot)
 }

@@ -94,16 +94,6 @@ func ParseIntakeSubject(subject string) (tenant, identity, verb string, ok bool)
 	return parts[2], parts[3], parts[4], true
 }
 
-// ParseRunEventsSubject splits wf.events.<tenant>.run.<run_id>; ok is false
-// for any other form.
-func ParseRunEventsSubject(subject string) (tenant, runID string, ok bool) {
-	parts := strings.Split(subject, ".")
-	if len(parts) != 5 || parts[0] != "wf" || parts[1] != "events" || parts[3] != "run" || parts[2] == "" || parts[4] == "" {
-		return "", "", false
-	}
-	return parts[2], parts[4], true
-}
-
 // runsStreamConfig is tenant's intake stream: a work queue of its submits
 // and cancels, deduped by Nats-Msg-Id within the tenant only.
 func runsStreamConfig(tenant string, replicas int) jetstream.StreamConfig {

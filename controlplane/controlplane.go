@@ -134,7 +134,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err := cp.openSecrets(ctx); err != nil {
 		return nil, err
 	}
-	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cp.secretDelivery(), cfg.Now, log)
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cp.secretChecker(), cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
 		prefetch.WithArtifacts(cp.artifacts), prefetch.WithTenants(cfg.Tenants))
 	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)

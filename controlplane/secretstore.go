@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/warmfleet/warmfleet/controlplane/secretauth"
 	"github.com/warmfleet/warmfleet/controlplane/secrets"
 )
 
@@ -22,6 +23,8 @@ func (cp *ControlPlane) openSecrets(ctx context.Context) error {
 		return fmt.Errorf("controlplane: %w", err)
 	}
 	cp.secretsService = secrets.NewService(cp.secrets, cp.conn.NC, log)
+	// The service that hands booked attempts their secret values.
+	cp.secretAuth = secretauth.NewService(cp.conn, cp.cache, cp.nodesKV, cp.runsKV, cp.secrets, cp.cfg.CredentialLimit, cp.cfg.Now, cp.log)
 	return nil
 }
 

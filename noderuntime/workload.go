@@ -42,7 +42,8 @@ type WorkloadSpec struct {
 	// node and how fast (package nodelog's layout).
 	Output Output
 	// SecretEnv are environment variables whose values are the Run's
-	// secrets, set in the process's environment after Env; SecretFiles
+	// secrets, set in the process's environment before Env, whose
+	// WARMFLEET_* variables win over a secret of the same name; SecretFiles
 	// are files of secret contents the container sees read-only at their
 	// paths with their modes, owned by its process's user. A runtime
 	// must never persist them beyond the container's life nor put them in

@@ -145,8 +145,8 @@ type SecretRequest struct {
 
 // Validate checks a SecretRequest.
 func (r *SecretRequest) Validate() error {
-	if r.Version < 0 || r.Version > SchemaVersion {
-		return refuse(CodeUnsupportedVersion, "version", "version %d is not supported; this control plane speaks %d", r.Version, SchemaVersion)
+	if err := validVersion(r.Version); err != nil {
+		return err
 	}
 	if err := ValidateID("node_id", r.NodeID, CodeMissingField); err != nil {
 		return err

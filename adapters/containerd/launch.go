@@ -260,17 +260,19 @@ func launchLabels(spec noderuntime.WorkloadSpec, imageDigest string) map[string]
 }
 
 // imageOpts start the OCI spec: the image's config, then the workload's
-// command, env and secret env over it.
+// command, secret env and env over it. Env goes last: a name set twice
+// takes its last value, and the agent's WARMFLEET_* variables, at Env's
+// end, must win over a secret_env entry of the same name.
 func imageOpts(img ctrd.Image, spec noderuntime.WorkloadSpec) []oci.SpecOpts {
 	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
 	if len(spec.Command) > 0 {
 		opts = append(opts, oci.WithProcessArgs(spec.Command...))
 	}
-	if len(spec.Env) > 0 {
-		opts = append(opts, oci.WithEnv(spec.Env))
-	}
 	if len(spec.SecretEnv) > 0 {
 		opts = append(opts, oci.WithEnv(secretEnv(spec)))
+	}
+	if len(spec.Env) > 0 {
+		opts = append(opts, oci.WithEnv(spec.Env))
 	}
 	return opts
 }

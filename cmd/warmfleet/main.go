@@ -70,7 +70,7 @@ func newRoot() *cobra.Command {
 		return root.PersistentFlags().Changed("nats-url") || os.Getenv("WARMFLEET_NATS_URL") != ""
 	}
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
-	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr("WARMFLEET_TENANT", schemas.DefaultTenant), "tenant to act in (a producer's login acts in its own only)")
+	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr(envTenant, schemas.DefaultTenant), "tenant to act in (a producer's login acts in its own only)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newSecretCmd(g), newDevCmd())
 	return root

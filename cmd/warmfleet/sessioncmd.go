@@ -34,7 +34,7 @@ type sessionRow struct {
 // tenantNamed says whether --tenant or WARMFLEET_TENANT named a tenant,
 // rather than the default standing in.
 func tenantNamed(cmd *cobra.Command) bool {
-	return cmd.Flags().Changed("tenant") || os.Getenv("WARMFLEET_TENANT") != ""
+	return cmd.Flags().Changed("tenant") || os.Getenv(envTenant) != ""
 }
 
 // sessionKey is the session arg names: TENANT.SESSION (or TENANT/SESSION),

@@ -92,7 +92,7 @@ const refusedKey = "\x00refused"
 func Parse(m jetstream.Msg, redelivered bool) Job {
 	job := Job{m: m, redelivered: redelivered}
 	tenant, identity, verb, ok := bus.ParseIntakeSubject(m.Subject())
-	if !ok || !schemas.ValidTenant(tenant) || !bus.SubjectToken(identity) {
+	if !ok || !schemas.ValidTenant(tenant) {
 		job.refusal = &schemas.Refusal{Code: schemas.CodeMalformed, Field: "subject",
 			Reason: "not an intake subject; submit on wf.runs.<tenant>.<identity>.submit and cancel on wf.runs.<tenant>.<identity>.cancel"}
 		verb = ""

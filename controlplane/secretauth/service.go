@@ -32,25 +32,27 @@ type Opener interface {
 	Open(ctx context.Context, tenant, name string) ([]byte, error)
 }
 
+// secretUnknown matches (errors.Is) an Opener's refusal of a secret the
+// tenant does not hold, whatever field it names.
+var secretUnknown error = &schemas.Refusal{Code: schemas.CodeSecretUnknown}
+
 // Service answers wf.node.<id>.credentials.secret.
 type Service struct {
-	gate     *nodecreds.Gate
-	limit    *nodecreds.Limiter
-	server   *requests.Server[schemas.SecretRequest, schemas.Reply[schemas.SecretValues]]
-	nc       *nats.Conn
-	store    Opener
-	notFound func(error) bool
-	log      *zap.Logger
+	gate   *nodecreds.Gate
+	limit  *nodecreds.Limiter
+	server *requests.Server[schemas.SecretRequest, schemas.Reply[schemas.SecretValues]]
+	nc     *nats.Conn
+	store  Opener
+	log    *zap.Logger
 
 	given, refused atomic.Int64
 }
 
-// NewService returns the secret delivery service over store; notFound
-// tells store's "no such secret" error from a failure to answer. limit
-// bounds each node's requests (nodecreds.DefaultLimit when zero).
-func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, store Opener, notFound func(error) bool, limit nodecreds.Limit, now func() time.Time, log *zap.Logger) *Service {
+// NewService returns the secret delivery service over store. limit bounds
+// each node's requests (nodecreds.DefaultLimit when zero).
+func NewService(conn *bus.Conn, c *cache.Cache, nodesKV, runsKV jetstream.KeyValue, store Opener, limit nodecreds.Limit, now func() time.Time, log *zap.Logger) *Service {
 	s := &Service{gate: nodecreds.NewGate(c, nodesKV, runsKV, now), limit: nodecreds.NewLimiter(limit, now), nc: conn.NC,
-		store: store, notFound: notFound, log: log.Named("secretauth")}
+		store: store, log: log.Named("secretauth")}
 	s.server = &requests.Server[schemas.SecretRequest, schemas.Reply[schemas.SecretValues]]{
 		Subject: bus.SubjectSecretCredentials, What: "secret request", Malformed: "body is not a secret request",
 		Validate: (*schemas.SecretRequest).Validate, Answer: s.Answer, Refuse: requests.Refusal[schemas.SecretValues],
@@ -112,7 +114,7 @@ func (s *Service) open(ctx context.Context, run *schemas.Run) (schemas.SecretVal
 	get := func(field, name string) ([]byte, *schemas.Refusal) {
 		v, err := s.store.Open(ctx, tenant, name)
 		switch {
-		case err != nil && s.notFound(err):
+		case errors.Is(err, secretUnknown):
 			return nil, &schemas.Refusal{Code: schemas.CodeSecretUnknown, Field: field,
 				Reason: "tenant " + tenant + " holds no secret " + name + " any more; set it again and resubmit the Run"}
 		case err != nil:

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -100,7 +99,7 @@ func TestServiceAnswers(t *testing.T) {
 	if err := c.Start(ctx, &wg, runs, nodes, residency, log); err != nil {
 		t.Fatal(err)
 	}
-	svc := secretauth.NewService(conn, c, nodes, runs, store, func(err error) bool { return errors.Is(err, secrets.ErrSecretNotFound) },
+	svc := secretauth.NewService(conn, c, nodes, runs, store,
 		nodecreds.Limit{PerSecond: 0.001, Burst: 8}, time.Now, log)
 	stop, err := svc.Serve(ctx, &wg)
 	if err != nil {

@@ -47,9 +47,6 @@ func LoadKeyFile(path string, log *zap.Logger) (*KeyFile, error) {
 	return f, nil
 }
 
-// Path is the file's path.
-func (f *KeyFile) Path() string { return f.path }
-
 // Keyring is the file's keys as last read, read again first when the file
 // changed since.
 func (f *KeyFile) Keyring() *Keyring {
