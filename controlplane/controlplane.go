@@ -166,8 +166,9 @@ func (cp *ControlPlane) credentialServices(grants jetstream.KeyValue) {
 			Wanted: []artifactauth.ArtifactWanted{cp.prefetch.ArtifactWanted}}, log)
 }
 
-// Prefetches is the prefetch service: its Wants says whether a node has a
-// live prefetch of an image (the registry credential service asks it).
+// Prefetches is the prefetch service: its ImageTenants says whose live
+// prefetches of an image wait on a node (the registry credential service
+// asks it).
 func (cp *ControlPlane) Prefetches() *prefetch.Service { return cp.prefetch }
 
 // Artifacts is the artifact catalog intake resolves Runs' artifacts in.

@@ -25,16 +25,11 @@ func imageOf(p schemas.Prefetch) schemas.ImageRef {
 	return ref
 }
 
-// Wants says whether a live prefetch still waits for node nodeID to hold
-// image ref: its entry is neither ready, failed
-// nor skipped, and the prefetch has not timed out. The registry credential
-// service asks it before it answers a node that has no booking for the
-// image.
+// Wants says whether a live prefetch of any tenant still waits for node
+// nodeID to hold image ref (ImageTenants, which the registry credential
+// service asks, says whose).
 func (s *Service) Wants(nodeID string, ref schemas.ImageRef) bool {
-	if ref == (schemas.ImageRef{}) {
-		return false // the key of artifact entries
-	}
-	return s.wants(wantKey{node: nodeID, image: ref})
+	return len(s.ImageTenants(nodeID, ref)) > 0
 }
 
 // ImageTenants lists the tenants whose live prefetches still wait for node
