@@ -80,6 +80,8 @@ func (r *RunRequest) validateSecretRefs(taken map[string]bool) error {
 			return refuse(CodeMissingField, field+".name", "required; the environment variable the secret is given as")
 		case !envNamePattern.MatchString(e.Name) || len(e.Name) > 256:
 			return refuse(CodeInvalidEnv, field+".name", "variable names match [A-Za-z_][A-Za-z0-9_]*, at most 256 bytes")
+		case strings.HasPrefix(e.Name, "WARMFLEET_"):
+			return refuse(CodeInvalidEnv, field+".name", "variables WARMFLEET_* are the node's (the Run's and node's ids); name the variable otherwise")
 		case names[e.Name]:
 			return refuse(CodeInvalidEnv, field+".name", "variable %s is set by another secret_env entry; set each once", e.Name)
 		}

@@ -50,6 +50,7 @@ func TestRunRequestSecretRefs(t *testing.T) {
 		{"env secret name", func(r *schemas.RunRequest) { r.SecretEnv[0].Secret = "" }, schemas.CodeMissingField, "secret_env[0].secret"},
 		{"env name", func(r *schemas.RunRequest) { r.SecretEnv[0].Name = "1X" }, schemas.CodeInvalidEnv, "secret_env[0].name"},
 		{"env also plain", func(r *schemas.RunRequest) { r.SecretEnv[0].Name = "PLAIN" }, schemas.CodeInvalidEnv, "secret_env[0].name"},
+		{"env the node's", func(r *schemas.RunRequest) { r.SecretEnv[0].Name = "WARMFLEET_NODE_ID" }, schemas.CodeInvalidEnv, "secret_env[0].name"},
 		{"env twice", func(r *schemas.RunRequest) {
 			r.SecretEnv = append(r.SecretEnv, schemas.SecretEnvRef{Name: "API_TOKEN", Secret: "x"})
 		}, schemas.CodeInvalidEnv, "secret_env[1].name"},
