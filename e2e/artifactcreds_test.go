@@ -269,8 +269,10 @@ func TestAcceptance_ArtifactFetchUnderAuth(t *testing.T) {
 	if _, err := store.PutBytes(ctx, object, content); err != nil {
 		t.Fatal(err)
 	}
+	// The producer's tenant is named as it is (newSecureFleet): the
+	// artifact is that tenant's.
 	body, _ := json.Marshal(schemas.ArtifactRegistration{Record: schemas.ArtifactRecord{Name: "weights", Version: "v1", Digest: digest,
-		SizeBytes: int64(len(content)), Source: schemas.ArtifactSource{Object: object}}})
+		SizeBytes: int64(len(content)), Source: schemas.ArtifactSource{Object: object}, Tenant: sf.producerName}})
 	resp, err := sf.conn.NC.Request(bus.SubjectArtifactRegister, body, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)

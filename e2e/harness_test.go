@@ -80,8 +80,9 @@ func (p *part) stop(t testing.TB) {
 }
 
 func cpConfig() controlplane.Config {
+	// The residency tests' sessions are tenant acme's.
 	return controlplane.Config{HeartbeatInterval: time.Second, ReconcileInterval: 200 * time.Millisecond, RedispatchAfter: 10 * time.Second,
-		CommandAckWait: 3 * time.Second, OpenEnrollment: true}
+		CommandAckWait: 3 * time.Second, OpenEnrollment: true, Tenants: []string{schemas.DefaultTenant, "acme"}}
 }
 
 func newFleet(t *testing.T, tune ...func(*controlplane.Config)) *fleet {
