@@ -46,6 +46,17 @@ func SessionLogsSubject(tenant, session string) string {
 	return "wf.logs." + tenant + ".session." + session
 }
 
+// SubjectTenant is the tenant a wf.tenant.<tenant>.… subject names, ""
+// for any other subject.
+func SubjectTenant(subject string) string {
+	rest, ok := strings.CutPrefix(subject, "wf.tenant.")
+	if !ok {
+		return ""
+	}
+	t, _, _ := strings.Cut(rest, ".")
+	return t
+}
+
 // TenantSubject is the subject of one of the control plane's per-tenant
 // services (op, e.g. TenantRunsGet).
 func TenantSubject(tenant, op string) string { return "wf.tenant." + tenant + "." + op }

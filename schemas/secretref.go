@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"bytes"
 	"fmt"
 	"path"
 	"strconv"
@@ -213,7 +214,6 @@ func (v *SecretValues) Validate() error {
 	if n := len(v.Env) + len(v.Files); n > MaxSecretRefs {
 		return refuse(CodeTooManyItems, "", "%d secret values; at most %d", n, MaxSecretRefs)
 	}
-	total := 0
 	for i, e := range v.Env {
 		field := "env[" + strconv.Itoa(i) + "]"
 		if !envNamePattern.MatchString(e.Name) || len(e.Name) > 256 {
@@ -222,10 +222,9 @@ func (v *SecretValues) Validate() error {
 		if len(e.Value) > MaxSecretBytes {
 			return refuse(CodeSecretTooLarge, field+".value", "%d bytes; the limit is %d", len(e.Value), MaxSecretBytes)
 		}
-		if strings.IndexByte(string(e.Value), 0) >= 0 {
+		if bytes.IndexByte(e.Value, 0) >= 0 {
 			return refuse(CodeInvalidEnv, field+".value", "an environment variable's value cannot hold a NUL byte; deliver this secret as a file")
 		}
-		total += len(e.Value)
 	}
 	for i, f := range v.Files {
 		field := "files[" + strconv.Itoa(i) + "]"
@@ -238,9 +237,8 @@ func (v *SecretValues) Validate() error {
 		if len(f.Value) > MaxSecretBytes {
 			return refuse(CodeSecretTooLarge, field+".value", "%d bytes; the limit is %d", len(f.Value), MaxSecretBytes)
 		}
-		total += len(f.Value)
 	}
-	if total > MaxSecretValuesBytes {
+	if total := v.Size(); total > MaxSecretValuesBytes {
 		return refuse(CodeSecretTooLarge, "", "the values total %d bytes; one delivery is at most %d", total, MaxSecretValuesBytes)
 	}
 	return nil

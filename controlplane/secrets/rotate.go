@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -80,7 +81,7 @@ func (s *Store) reseal(ctx context.Context, ring *Keyring, key, tenant, name str
 		return errCurrent
 	}
 	if err != nil && !errors.Is(err, ErrUnknownKey) && !errors.Is(err, ErrBrokenSeal) {
-		if isNotFound(err) {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return ErrSecretNotFound
 		}
 		return fmt.Errorf("secrets: re-seal %s: %w", key, err)

@@ -2,7 +2,6 @@ package secrets
 
 import (
 	"context"
-	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -49,19 +48,9 @@ func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), e
 		rotate)
 }
 
-// tenantOf is the tenant a wf.tenant.<t>.… subject names.
-func tenantOf(subject string) string {
-	rest, ok := strings.CutPrefix(subject, "wf.tenant.")
-	if !ok {
-		return ""
-	}
-	t, _, _ := strings.Cut(rest, ".")
-	return t
-}
-
 func (s *Service) set(ctx context.Context, subject string, req schemas.SecretSetRequest) (schemas.SecretInfo, error) {
 	defer clear(req.Value)
-	info, err := s.store.Set(ctx, tenantOf(subject), req.Name, req.Value)
+	info, err := s.store.Set(ctx, bus.SubjectTenant(subject), req.Name, req.Value)
 	if err == nil {
 		s.log.Info("secret set", zap.String("tenant", info.Tenant), zap.String("name", info.Name), zap.String("key_id", info.KeyID))
 	}
@@ -69,13 +58,13 @@ func (s *Service) set(ctx context.Context, subject string, req schemas.SecretSet
 }
 
 func (s *Service) list(ctx context.Context, subject string, _ schemas.SecretListRequest) (schemas.SecretListReply, error) {
-	tenant := tenantOf(subject)
+	tenant := bus.SubjectTenant(subject)
 	infos, err := s.store.List(ctx, tenant)
 	return schemas.SecretListReply{Tenant: tenant, Secrets: infos}, s.logged(subject, err)
 }
 
 func (s *Service) remove(ctx context.Context, subject string, req schemas.SecretRemoveRequest) (schemas.SecretInfo, error) {
-	info, err := s.store.Remove(ctx, tenantOf(subject), req.Name)
+	info, err := s.store.Remove(ctx, bus.SubjectTenant(subject), req.Name)
 	if err == nil {
 		s.log.Info("secret removed", zap.String("tenant", info.Tenant), zap.String("name", info.Name))
 	}

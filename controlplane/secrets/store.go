@@ -256,18 +256,9 @@ func (s *Store) Remove(ctx context.Context, tenant, name string) (schemas.Secret
 		if err == nil {
 			return rec.Info(), nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !isRevisionMismatch(err) {
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return schemas.SecretInfo{}, fmt.Errorf("secrets: remove %s: %w", schemas.SecretKey(tenant, name), err)
 		}
 	}
 	return schemas.SecretInfo{}, fmt.Errorf("secrets: remove %s: raced with other writers too often; try again", schemas.SecretKey(tenant, name))
 }
-
-// isRevisionMismatch: a delete at a revision that is no longer the last.
-func isRevisionMismatch(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
-		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
-}
-
-func isNotFound(err error) bool { return errors.Is(err, jetstream.ErrKeyNotFound) }

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -58,8 +57,7 @@ func (s *Service) Serve(ctx context.Context, wg *sync.WaitGroup) (stop func(), e
 
 // tenantOf is the tenant a request's subject names (wf.tenant.<t>.<op>).
 func (s *Service) tenantOf(subject string) (string, error) {
-	rest, _ := strings.CutPrefix(subject, "wf.tenant.")
-	t, _, _ := strings.Cut(rest, ".")
+	t := bus.SubjectTenant(subject)
 	if err := schemas.ValidateTenant("tenant", t); err != nil {
 		return "", err
 	}
