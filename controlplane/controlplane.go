@@ -21,6 +21,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
 	"github.com/warmfleet/warmfleet/controlplane/prefetch"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
@@ -31,6 +32,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/controlplane/tenantread"
 	"github.com/warmfleet/warmfleet/internal/keyed"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // ControlPlane is one replica of the control plane: the parts below, wired
@@ -43,7 +45,10 @@ type ControlPlane struct {
 	// The buckets the cache mirrors.
 	runsKV, nodesKV, residencyKV jetstream.KeyValue
 
-	runs      *runs.Store
+	runs *runs.Store
+	// policy is the scheduling policy (SKELETON, issue 34: the policy
+	// helper reads Config's policy file).
+	policy    policy.Source
 	retention *runs.Retention
 	dispatch  *dispatch.Dispatcher
 	scheduler *scheduler.Scheduler
@@ -96,7 +101,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		}
 		kv[b] = h
 	}
-	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(),
+	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(), policy: policy.Static(schemas.SchedulingPolicy{}, ""),
 		runsKV: kv[bus.BucketRuns], nodesKV: kv[bus.BucketNodes], residencyKV: kv[bus.BucketResidency], ready: make(chan struct{})}
 	// The scheduler is made last but poked by the parts made before it.
 	poke := func() { cp.scheduler.Poke() }
@@ -125,6 +130,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	cp.scheduler = scheduler.New(scheduler.Config{
 		Interval: cfg.ReconcileInterval, Timing: lifecycle.Timing{RedispatchAfter: cfg.RedispatchAfter, MaxRuntimeSlack: cfg.MaxRuntimeSlack},
 		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
+		Policy: cp.policy, Budgets: nil, // SKELETON (issue 34): the cost helper gives the budgets
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
 	cat, err := artifacts.Open(ctx, conn.JS, cfg.Now, log.Named("artifacts"))
 	if err != nil {

@@ -20,6 +20,9 @@ const (
 	// come; it moves no phase and is sent at most once per the node's
 	// progress interval.
 	EventProgress EventType = "progress"
+	// EventAttemptEnded records an ended attempt's cost (Usage); the
+	// control plane also publishes it on wf.usage.<tenant>.
+	EventAttemptEnded EventType = "attempt_ended"
 )
 
 // RunEvent is one entry of a Run's audit log on wf.events.<tenant>.run.<run_id>.
@@ -46,6 +49,8 @@ type RunEvent struct {
 	ObservedAt *time.Time        `json:"observed_at,omitempty"`
 	Decision   *BookingDecision  `json:"decision,omitempty"`
 	Progress   *TransferProgress `json:"progress,omitempty"`
+	// Usage is the ended attempt's record, on attempt_ended events.
+	Usage *AttemptRecord `json:"usage,omitempty"`
 }
 
 // Decided reports whether ev records a placement decision: a decided
@@ -77,6 +82,9 @@ type BookingDecision struct {
 	// NATS message.
 	Others    map[Code][]string `json:"others,omitempty"`
 	DecidedAt time.Time         `json:"decided_at"`
+	// Victims are the running Runs this decision preempts to make room,
+	// each with why it was chosen.
+	Victims []Victim `json:"victims,omitempty"`
 }
 
 // examplesPerReason is how many full entries Compact keeps of each reason.
@@ -165,6 +173,12 @@ type ScoreComponents struct {
 	QueueSeconds       float64 `json:"queue_seconds,omitempty"`
 	StartSeconds       float64 `json:"start_seconds"`
 	PricePerHour       float64 `json:"price_per_hour,omitempty"`
+	// PenaltySeconds is added to a node an earlier attempt of the Run
+	// failed on.
+	PenaltySeconds float64 `json:"penalty_seconds,omitempty"`
+	// IdleGPUSeconds prices the cards held idle while the Run's bytes
+	// arrive (the policy's GPU-hour price, in seconds).
+	IdleGPUSeconds float64 `json:"idle_gpu_seconds,omitempty"`
 }
 
 // Placement reason codes.

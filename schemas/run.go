@@ -64,6 +64,25 @@ type Run struct {
 	// Waiting summarises why an accepted Run has no node, so an unchanged
 	// answer is not recorded again on every scheduling pass.
 	Waiting string `json:"waiting,omitempty"`
+	// WaitCode is why an accepted Run waits (no_capacity, quota, budget,
+	// preempting, retry_backoff, rent_beats_queue); empty once booked.
+	WaitCode Code `json:"wait_code,omitempty"`
+
+	// Retry is the Run's effective retry policy, resolved at intake (the
+	// request's, else its tenant's default); nil retries node loss alone,
+	// up to the control plane's MaxAttempts.
+	Retry *RetryPolicy `json:"retry,omitempty"`
+	// Attempts records every attempt: node, cards, price, cost, outcome.
+	Attempts []AttemptRecord `json:"attempts,omitempty"`
+	// CostUSD is the sum of the attempts' cost so far.
+	CostUSD float64 `json:"cost_usd,omitempty"`
+	// Preemptions counts attempts ended by preemption (they do not count
+	// toward the retry policy's max_attempts).
+	Preemptions int `json:"preemptions,omitempty"`
+	// Stopping is why the control plane is stopping the current attempt
+	// other than a cancel (preempted, deadline_exceeded, budget_exceeded);
+	// the attempt's end then moves the Run as that code says.
+	Stopping Code `json:"stopping,omitempty"`
 
 	// Progress is the latest transfer report (image or artifact) of the current attempt,
 	// cleared when the attempt leaves preparing.

@@ -68,6 +68,17 @@ type RunRequest struct {
 	// never stored with the Run.
 	SecretEnv   []SecretEnvRef  `json:"secret_env,omitempty"`
 	SecretFiles []SecretFileRef `json:"secret_files,omitempty"`
+	// Priority names a priority class of the control plane's policy;
+	// empty is the policy's default class (scheduling.go).
+	Priority string `json:"priority,omitempty"`
+	// Preemptible lets a higher class, or a tenant reclaiming lent
+	// quota, stop this Run and requeue it.
+	Preemptible bool `json:"preemptible,omitempty"`
+	// Retry overrides the tenant's default retry policy.
+	Retry *RetryPolicy `json:"retry,omitempty"`
+	// StartDeadlineSeconds fails the Run deadline_exceeded when it has not
+	// started running this long after it was accepted (0: no deadline).
+	StartDeadlineSeconds int64 `json:"start_deadline_seconds,omitempty"`
 }
 
 // GPURequirement constrains the cards a Run gets.

@@ -55,6 +55,8 @@ const (
 	// StepStopOverdue: the Run runs past its max runtime and the node has
 	// not stopped it.
 	StepStopOverdue Step = "stop-overdue"
+	// StepDeadline: the Run has not started by its start deadline.
+	StepDeadline Step = "deadline"
 )
 
 // Timing is how long a pass lets a Run go without progress.

@@ -36,6 +36,9 @@ type Placement struct {
 	Queued       bool
 	GPUs         []string
 	Decision     schemas.BookingDecision
+	// PricePerHour and GPUModel price the attempt (usage.Price).
+	PricePerHour float64
+	GPUModel     string
 }
 
 // Apply implements Transition.

@@ -20,6 +20,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -35,6 +36,18 @@ type Config struct {
 	// waiting (for a node to join) instead of failing it at once.
 	WaitForCapacity bool
 	Now             func() time.Time
+	// Policy is the scheduling policy (priority classes, quotas, cohorts,
+	// weights, budgets); never nil.
+	Policy policy.Source
+	// Budgets says whether a tenant is past its budget; nil: no budgets.
+	Budgets Budgets
+}
+
+// Budgets reports tenants' spending against their budgets.
+type Budgets interface {
+	// Over reports whether tenant is past its budget at now, and why
+	// (amount spent of the budget, the period), for the Run's wait.
+	Over(tenant string, now time.Time) (bool, string)
 }
 
 // Renter rents machines for Runs the fleet cannot take now.
