@@ -79,6 +79,10 @@ type RunRequest struct {
 	// StartDeadlineSeconds fails the Run deadline_exceeded when it has not
 	// started running this long after it was accepted (0: no deadline).
 	StartDeadlineSeconds int64 `json:"start_deadline_seconds,omitempty"`
+	// GraceSeconds is how long the Run is given to stop when the control
+	// plane stops it (preemption, deadline, budget, max runtime) before it
+	// is killed; 0 is DefaultGraceSeconds.
+	GraceSeconds int64 `json:"grace_seconds,omitempty"`
 }
 
 // GPURequirement constrains the cards a Run gets.
