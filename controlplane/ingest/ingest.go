@@ -206,7 +206,7 @@ func (g *Ingest) applyReconciliation(ctx context.Context, node schemas.NodeRecor
 		if r.NodeID != node.NodeID || present[r.AttemptID] || !applied[dispatch.OpID(r.AttemptID, "launch")] {
 			continue
 		}
-		if _, err := g.runs.LoseAttempt(ctx, *r, "node "+node.NodeID+" no longer holds the workload it launched", redelivered); err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
+		if _, err := g.runs.LoseAttempt(ctx, *r, schemas.CodeNodeLost, "node "+node.NodeID+" no longer holds the workload it launched", redelivered); err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
 			return err
 		}
 	}

@@ -320,7 +320,7 @@ func TestLossAndCancel(t *testing.T) {
 	if err != nil || got.Phase != schemas.PhaseAccepted || got.NodeID != "" || got.Reason != string(schemas.CodeNodeLost) {
 		t.Fatalf("loss: %+v %v", got, err)
 	}
-	if evs[0].NodeID != "n1" || evs[0].Code != schemas.CodeNodeLost || evs[0].Message != "node n1 stopped heartbeating" {
+	if evs[0].NodeID != "n1" || evs[0].Code != schemas.CodeNodeLost || !strings.Contains(evs[0].Message, "attempt 1 on n1: node n1 stopped heartbeating; retry 1 of 2") {
 		t.Errorf("the loss event must name the node it was lost on: %+v", evs[0])
 	}
 	if _, _, err := (Loss{AttemptID: "r-1-a0", MaxAttempts: 3}).Apply(r); !errors.Is(err, ErrNoChange) {

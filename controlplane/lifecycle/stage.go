@@ -8,7 +8,8 @@ import (
 
 // Stage refines a Run's phase by what the control plane owes it: a placed
 // Run may be queued on its node or dispatched to it, and any booked Run
-// may be waiting for a requested cancel to take effect.
+// may be waiting for a requested cancel, or a stop of the control plane's
+// own, to take effect.
 type Stage string
 
 const (
@@ -17,6 +18,7 @@ const (
 	StageDispatched Stage = "dispatched" // placed, preparing or launching on its node
 	StageRunning    Stage = "running"
 	StageCancelling Stage = "cancelling" // booked, with a cancel requested
+	StageStopping   Stage = "stopping"   // booked, stopped by the control plane (Run.Stopping)
 	StageEnded      Stage = "ended"
 )
 
@@ -29,6 +31,8 @@ func StageOf(r schemas.Run) Stage {
 		return StageWaiting
 	case r.CancelRequested:
 		return StageCancelling
+	case r.Stopping != "":
+		return StageStopping
 	case r.Queued:
 		return StageQueued
 	case r.Phase == schemas.PhaseRunning:
@@ -47,7 +51,8 @@ const (
 	// StepStartQueued: launch the queued attempt if it heads its node's
 	// queue and fits now.
 	StepStartQueued Step = "start-queued"
-	// StepStop: the cancel has not taken effect in time; ask the node again.
+	// StepStop: the cancel, or the control plane's stop, has not taken
+	// effect in time; ask the node again (StopReason, Run.GraceSeconds).
 	StepStop Step = "stop"
 	// StepResend: send the attempt's commands again under the node's
 	// current session (same operation ids, so the node applies each once).
@@ -71,15 +76,24 @@ type Timing struct {
 
 // Due is the step a pass owes r at now. nodeToken is the fencing token the
 // Run's node holds now (0 when unknown): a higher one than the attempt's
-// means the node re-enrolled since its commands went out.
+// means the node re-enrolled since its commands went out. A Run that has
+// not started by its start deadline is owed StepDeadline first; one
+// waiting out a retry's backoff is owed nothing until RetryAt.
 func Due(r schemas.Run, nodeToken uint64, now time.Time, t Timing) Step {
 	stale := now.Sub(r.PhaseSince) > t.RedispatchAfter
-	switch StageOf(r) {
+	stage := StageOf(r)
+	if pastDeadline(r, stage, now) {
+		return StepDeadline
+	}
+	switch stage {
 	case StageWaiting:
+		if now.Before(RetryAt(r)) {
+			return StepNone
+		}
 		return StepPlace
 	case StageQueued:
 		return StepStartQueued
-	case StageCancelling:
+	case StageCancelling, StageStopping:
 		if stale {
 			return StepStop
 		}
@@ -96,4 +110,15 @@ func Due(r schemas.Run, nodeToken uint64, now time.Time, t Timing) Step {
 		}
 	}
 	return StepNone
+}
+
+// pastDeadline reports whether r, in stage, has not started by its start
+// deadline at now and nothing stops it yet.
+func pastDeadline(r schemas.Run, stage Stage, now time.Time) bool {
+	switch stage {
+	case StageWaiting, StageQueued, StageDispatched:
+		d := Deadline(r)
+		return !d.IsZero() && r.StartedAt == nil && !now.Before(d)
+	}
+	return false
 }

@@ -11,7 +11,9 @@ import (
 // skips are legal because a node's reports can arrive late or be lost (a
 // "running" report implies preparing and launching happened); backward moves
 // never are, so a stale or reordered report changes nothing. A move back to
-// accepted is a retry after the attempt's node was lost.
+// accepted ends a booked attempt that is placed again: a retry its retry
+// policy allows (without one, after the loss of its node), or a requeue
+// after it was preempted.
 var table = map[schemas.Phase][]schemas.Phase{
 	schemas.PhaseAccepted:  {schemas.PhasePlaced, schemas.PhaseCancelled, schemas.PhaseFailed},
 	schemas.PhasePlaced:    {schemas.PhasePreparing, schemas.PhaseLaunching, schemas.PhaseRunning, schemas.PhaseSucceeded, schemas.PhaseFailed, schemas.PhaseCancelled, schemas.PhaseLost, schemas.PhaseAccepted},
@@ -85,7 +87,8 @@ func Rank(p schemas.Phase) int {
 }
 
 // move changes r's phase by the table. Transfer progress belongs to the
-// preparing phase alone, so any other phase clears it.
+// preparing phase alone, so any other phase clears it; why a Run waits
+// belongs to accepted.
 func move(r *schemas.Run, to schemas.Phase) error {
 	if err := Check(r.Phase, to); err != nil {
 		return err
@@ -93,6 +96,9 @@ func move(r *schemas.Run, to schemas.Phase) error {
 	r.Phase = to
 	if to != schemas.PhasePreparing {
 		r.Progress = nil
+	}
+	if to != schemas.PhaseAccepted {
+		r.WaitCode = "" // a Run waits in accepted alone
 	}
 	return nil
 }

@@ -28,7 +28,8 @@ func phaseEvent(r *schemas.Run, from schemas.Phase, code schemas.Code, msg strin
 // Placement books an accepted Run's next attempt on a node: at once, with
 // the cards in GPUs, or in the node's queue behind its running work (only
 // the image is prefetched until the Run heads the queue; its cards are
-// chosen then).
+// chosen then). It opens the attempt's record (Settle stamps and prices
+// it).
 type Placement struct {
 	NodeID       string
 	FencingToken uint64
@@ -53,6 +54,9 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 	r.NodeID, r.AttemptID, r.Waiting, r.Queued = p.NodeID, schemas.WorkloadID(r.ID, r.Attempt), "", p.Queued
 	r.FencingToken, r.Generation = p.FencingToken, p.Generation
 	r.GPUs = slices.Clone(p.GPUs)
+	r.Attempts = append(slices.Clone(r.Attempts), schemas.AttemptRecord{
+		Attempt: r.Attempt, NodeID: p.NodeID, GPUs: r.Request.Resources.GPUCount, GPUModel: p.GPUModel, PricePerHour: p.PricePerHour,
+	})
 	d := p.Decision
 	msg := "booked on " + p.NodeID
 	if len(r.GPUs) > 0 {
@@ -71,7 +75,7 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 
 // Wait records why no node takes an accepted Run now: Summary condenses
 // the answer, so the same answer is recorded once, however many passes
-// reach it.
+// reach it; Code is the Run's WaitCode.
 type Wait struct {
 	Decision schemas.BookingDecision
 	Summary  string
@@ -81,10 +85,10 @@ type Wait struct {
 
 // Apply implements Transition.
 func (w Wait) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
-	if r.Phase != schemas.PhaseAccepted || r.Waiting == w.Summary {
+	if r.Phase != schemas.PhaseAccepted || (r.Waiting == w.Summary && r.WaitCode == w.Code) {
 		return r, nil, ErrNoChange
 	}
-	r.Waiting = w.Summary
+	r.Waiting, r.WaitCode = w.Summary, w.Code
 	d := w.Decision
 	return r, []schemas.RunEvent{{Type: schemas.EventDecided, Phase: r.Phase, Code: w.Code, Message: w.Message, Decision: &d}}, nil
 }
@@ -213,17 +217,31 @@ func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 		return r, nil, ErrStaleReport
 	}
 	from := r.Phase
-	if err := move(&r, to); err != nil {
-		return r, nil, err
+	var ev schemas.RunEvent
+	if to.Terminal() && to != schemas.PhaseCancelled {
+		// A node's report is never a loss: no loss limit applies.
+		var err error
+		if ev, err = endAttempt(&r, from, ending{phase: to, code: code, msg: msg}, 0); err != nil {
+			return r, nil, err
+		}
+	} else {
+		if err := move(&r, to); err != nil {
+			return r, nil, err
+		}
+		if to.Terminal() {
+			r.Reason, r.Stopping = string(code), ""
+		}
+		ev = phaseEvent(&r, from, code, msg)
 	}
 	if w.StartedAt != nil {
 		r.StartedAt = w.StartedAt
 	}
-	if to.Terminal() {
-		r.ExitCode, r.OOMKilled, r.FinishedAt, r.Reason = w.ExitCode, w.OOMKilled, w.FinishedAt, string(code)
+	if r.Phase.Terminal() {
+		r.ExitCode, r.OOMKilled, r.FinishedAt = w.ExitCode, w.OOMKilled, w.FinishedAt
 	}
-	ev := phaseEvent(&r, from, code, msg)
-	ev.ObservedAt = &observed
+	// A requeued attempt's exit is told by its event alone: the Run's
+	// exit fields say how the Run ended.
+	ev.ExitCode, ev.OOMKilled, ev.ObservedAt = w.ExitCode, w.OOMKilled, &observed
 	return r, []schemas.RunEvent{ev}, nil
 }
 
@@ -297,8 +315,10 @@ func failureCode(reported schemas.Code) schemas.Code {
 }
 
 // ReceiptFailure ends an attempt whose node failed or refused one of its
-// commands (for a reason a resend will not mend): failed, or cancelled when
-// a cancel was pending. NodeID is the node the receipt came from.
+// commands (for a reason a resend will not mend): failed, retried when the
+// Run's retry policy lists launch_failed, requeued or failed as a stop
+// under way says, or cancelled when a cancel was pending. NodeID is the
+// node the receipt came from.
 type ReceiptFailure struct {
 	NodeID  string
 	Receipt schemas.OperationReceipt
@@ -315,24 +335,34 @@ func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, e
 	if r.AttemptID != rc.AttemptID || r.NodeID != f.NodeID || r.Phase.Terminal() {
 		return r, nil, ErrNoChange
 	}
-	from, to, reason := r.Phase, schemas.PhaseFailed, failureCode(rc.Code)
+	from, msg := r.Phase, string(rc.Kind)+" "+rc.Outcome+": "+string(rc.Code)+": "+schemas.TruncateText(rc.Message, schemas.MaxReceiptMessageBytes)
 	if r.CancelRequested {
-		to, reason = schemas.PhaseCancelled, schemas.CodeCancelled
+		if err := move(&r, schemas.PhaseCancelled); err != nil {
+			return r, nil, err
+		}
+		r.Reason, r.Stopping = string(schemas.CodeCancelled), ""
+		return r, []schemas.RunEvent{phaseEvent(&r, from, schemas.CodeCancelled, msg)}, nil
 	}
-	if err := move(&r, to); err != nil {
+	ev, err := endAttempt(&r, from, ending{phase: schemas.PhaseFailed, code: failureCode(rc.Code), msg: msg}, 0)
+	if err != nil {
 		return r, nil, err
 	}
-	r.Reason = string(reason)
-	return r, []schemas.RunEvent{phaseEvent(&r, from, reason, string(rc.Kind)+" "+rc.Outcome+": "+string(rc.Code)+": "+schemas.TruncateText(rc.Message, schemas.MaxReceiptMessageBytes))}, nil
+	return r, []schemas.RunEvent{ev}, nil
 }
 
 // Loss ends an attempt whose node is gone or no longer holds it. The Run
-// retries (back to accepted, for another node) while attempts remain; it
-// ends lost when they are spent, or cancelled when a cancel was pending.
+// retries (back to accepted, for another node) while its retry policy
+// allows (without one: node loss and interruption, up to MaxAttempts
+// failed attempts); it ends lost when they are spent or the policy does
+// not list the cause, cancelled when a cancel was pending, and as a stop
+// under way says.
 type Loss struct {
 	AttemptID   string
 	Why         string
 	MaxAttempts int
+	// Cause is node_lost (the default) or interrupted (the machine was
+	// taken away: a rental interrupted by its provider).
+	Cause schemas.Code
 }
 
 // Apply implements Transition.
@@ -340,21 +370,20 @@ func (l Loss) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 	if r.AttemptID != l.AttemptID || r.Phase.Terminal() || r.Phase == schemas.PhaseAccepted {
 		return r, nil, ErrNoChange
 	}
-	from := r.Phase
-	to, reason := schemas.PhaseAccepted, schemas.CodeNodeLost
-	switch {
-	case r.CancelRequested:
-		to = schemas.PhaseCancelled
-	case r.Attempt >= l.MaxAttempts:
-		to, reason = schemas.PhaseLost, schemas.CodeAttemptsExhausted
+	from, cause := r.Phase, l.Cause
+	if cause == "" {
+		cause = schemas.CodeNodeLost
 	}
-	if err := move(&r, to); err != nil {
+	if r.CancelRequested {
+		if err := move(&r, schemas.PhaseCancelled); err != nil {
+			return r, nil, err
+		}
+		r.Reason, r.Stopping = string(cause), ""
+		return r, []schemas.RunEvent{phaseEvent(&r, from, cause, l.Why)}, nil
+	}
+	ev, err := endAttempt(&r, from, ending{phase: schemas.PhaseLost, code: cause, msg: l.Why, exhausted: schemas.CodeAttemptsExhausted}, l.MaxAttempts)
+	if err != nil {
 		return r, nil, err
-	}
-	r.Reason = string(reason)
-	ev := phaseEvent(&r, from, schemas.CodeNodeLost, l.Why)
-	if r.Phase == schemas.PhaseAccepted {
-		r.NodeID, r.GPUs = "", nil
 	}
 	return r, []schemas.RunEvent{ev}, nil
 }

@@ -85,5 +85,5 @@ func (s *Service) SweepLeases(ctx context.Context, now time.Time, active []*sche
 			booked = append(booked, r)
 		}
 	}
-	return s.runs.LoseAttempts(ctx, booked, func(nodeID string) string { return "node " + nodeID + " stopped heartbeating" })
+	return s.runs.LoseAttempts(ctx, booked, schemas.CodeNodeLost, func(nodeID string) string { return "node " + nodeID + " stopped heartbeating" })
 }

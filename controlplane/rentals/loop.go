@@ -158,7 +158,13 @@ func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time)
 				booked = append(booked, r)
 			}
 		}
-		m.runs.LoseAttempts(ctx, booked, func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
+		// A provider taking the machine back interrupts the attempts; a
+		// machine that failed or is gone loses them.
+		cause := schemas.CodeNodeLost
+		if to == schemas.RentalInterrupted {
+			cause = schemas.CodeInterrupted
+		}
+		m.runs.LoseAttempts(ctx, booked, cause, func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
 	}
 	return m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
 		if s.State != rt.State {

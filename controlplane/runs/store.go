@@ -85,6 +85,9 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 		}
 		from = r.Phase
 		next.Outbox = nil
+		// The attempts' records are stamped by the same write: when
+		// one began to hold its place, the end and cost of one that ended.
+		evs = append(evs, lifecycle.Settle(&next, now)...)
 		for _, ev := range evs {
 			s.appendEvent(&next, ev, now)
 		}
@@ -132,7 +135,7 @@ func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas
 	if t := first(run); t != nil {
 		if next, evs, err := t.Apply(run); err == nil {
 			run = next
-			more = foldDecision(&accepted, evs)
+			more = foldDecision(&accepted, append(evs, lifecycle.Settle(&run, now)...))
 		}
 	}
 	s.appendEvent(&run, accepted, now)
@@ -185,21 +188,22 @@ func (s *Store) Stored(ctx context.Context, runID string) (run schemas.Run, foun
 	return run, true, nil
 }
 
-// LoseAttempt ends r's current attempt as lost (lifecycle.Loss).
-func (s *Store) LoseAttempt(ctx context.Context, r schemas.Run, why string, redelivered bool) (schemas.Run, error) {
-	return s.Advance(ctx, r.ID, lifecycle.Loss{AttemptID: r.AttemptID, Why: why, MaxAttempts: s.cfg.MaxAttempts}, redelivered)
+// LoseAttempt ends r's current attempt as lost (lifecycle.Loss) for cause
+// (node_lost, or interrupted when its machine was taken away).
+func (s *Store) LoseAttempt(ctx context.Context, r schemas.Run, cause schemas.Code, why string, redelivered bool) (schemas.Run, error) {
+	return s.Advance(ctx, r.ID, lifecycle.Loss{AttemptID: r.AttemptID, Why: why, MaxAttempts: s.cfg.MaxAttempts, Cause: cause}, redelivered)
 }
 
 // LoseAttempts ends the current attempt of each booked Run in rs (a
-// waiting one is skipped), each for why(its node), and reports whether any
-// Run changed.
-func (s *Store) LoseAttempts(ctx context.Context, rs []*schemas.Run, why func(nodeID string) string) bool {
+// waiting one is skipped) for cause, each for why(its node), and reports
+// whether any Run changed.
+func (s *Store) LoseAttempts(ctx context.Context, rs []*schemas.Run, cause schemas.Code, why func(nodeID string) string) bool {
 	moved := false
 	for _, r := range rs {
 		if r.NodeID == "" || r.Phase == schemas.PhaseAccepted {
 			continue
 		}
-		_, err := s.LoseAttempt(ctx, *r, why(r.NodeID), false)
+		_, err := s.LoseAttempt(ctx, *r, cause, why(r.NodeID), false)
 		switch {
 		case err == nil:
 			moved = true

@@ -341,7 +341,7 @@ func TestLoseAttempts(t *testing.T) {
 	waiting := e.create(t, "waiting")
 	placed := book(e.create(t, "placed"))
 	why := func(node string) string { return "node " + node + " is gone" }
-	if !e.store.LoseAttempts(e.ctx, []*schemas.Run{&waiting, placed}, why) {
+	if !e.store.LoseAttempts(e.ctx, []*schemas.Run{&waiting, placed}, schemas.CodeNodeLost, why) {
 		t.Fatal("no Run moved")
 	}
 	w, _, _ := e.store.Stored(e.ctx, waiting.ID)
@@ -353,13 +353,13 @@ func TestLoseAttempts(t *testing.T) {
 		t.Fatalf("lost once: %+v", p)
 	}
 	p2 := book(p)
-	if !e.store.LoseAttempts(e.ctx, []*schemas.Run{p2}, why) {
+	if !e.store.LoseAttempts(e.ctx, []*schemas.Run{p2}, schemas.CodeNodeLost, why) {
 		t.Fatal("the second loss moved nothing")
 	}
 	if p, _, _ = e.store.Stored(e.ctx, placed.ID); p.Phase != schemas.PhaseLost {
 		t.Errorf("lost on %d nodes with MaxAttempts 2: phase %s", p.Attempt, p.Phase)
 	}
-	if e.store.LoseAttempts(e.ctx, []*schemas.Run{p2}, why) {
+	if e.store.LoseAttempts(e.ctx, []*schemas.Run{p2}, schemas.CodeNodeLost, why) {
 		t.Error("losing an attempt already lost moved a Run")
 	}
 }

@@ -168,7 +168,7 @@ func (s *Scheduler) pass(ctx context.Context, memo *decisionMemo) {
 		case lifecycle.StepStartQueued:
 			err = s.startQueued(ctx, r, snapshot())
 		case lifecycle.StepStop:
-			err = s.dispatch.Stop(ctx, r, "cancelled")
+			err = s.dispatch.Stop(ctx, r, lifecycle.StopReason(r))
 		case lifecycle.StepResend:
 			err = s.resend(ctx, r)
 		case lifecycle.StepStopOverdue:
