@@ -158,13 +158,7 @@ func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time)
 				booked = append(booked, r)
 			}
 		}
-		// A provider taking the machine back interrupts the attempts; a
-		// machine that failed or is gone loses them.
-		cause := schemas.CodeNodeLost
-		if to == schemas.RentalInterrupted {
-			cause = schemas.CodeInterrupted
-		}
-		m.runs.LoseAttempts(ctx, booked, cause, func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
+		m.runs.LoseAttempts(ctx, booked, lossCause(to), func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
 	}
 	return m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
 		if s.State != rt.State {
@@ -172,6 +166,16 @@ func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time)
 		}
 		return setRentalState(s, to, obs.StateSince, now)
 	})
+}
+
+// lossCause is why a rental's move to state ends its node's attempts: a
+// provider taking the machine back interrupts them (a retry policy's
+// "interrupted"); a machine that failed or is gone loses them.
+func lossCause(to schemas.RentalState) schemas.Code {
+	if to == schemas.RentalInterrupted {
+		return schemas.CodeInterrupted
+	}
+	return schemas.CodeNodeLost
 }
 
 // stateSince is when the rental entered its current state, by its last

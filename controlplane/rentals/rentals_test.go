@@ -94,3 +94,17 @@ func TestRentalTransitions_ResumeCycle(t *testing.T) {
 		}
 	}
 }
+
+// TestLossCause: attempts on a rental its provider interrupted end
+// interrupted; on one terminated or failed, node_lost.
+func TestLossCause(t *testing.T) {
+	for to, want := range map[schemas.RentalState]schemas.Code{
+		schemas.RentalInterrupted: schemas.CodeInterrupted,
+		schemas.RentalTerminated:  schemas.CodeNodeLost,
+		schemas.RentalFailed:      schemas.CodeNodeLost,
+	} {
+		if got := lossCause(to); got != want {
+			t.Errorf("%s: %s, want %s", to, got, want)
+		}
+	}
+}
