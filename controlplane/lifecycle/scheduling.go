@@ -14,10 +14,15 @@ import (
 // ended, then moves the Run as the stop's code says (endAttempt). A
 // cancel requested meanwhile wins.
 
+// ErrNotPreemptible: a Preemption names a Run that did not declare
+// itself preemptible; nothing is written. It matches ErrNoChange.
+var ErrNotPreemptible = fmt.Errorf("%w: run is not preemptible", ErrNoChange)
+
 // Preemption stops a booked attempt that holds its place, to make room for
 // Run By (Why: "priority" or "reclaim"): the node stops it with its grace
 // period, and its end requeues the Run with reason preempted. A queued
-// attempt holds no place, so there is nothing to preempt.
+// attempt holds no place, so there is nothing to preempt; a Run that did
+// not declare itself preemptible is never preempted (ErrNotPreemptible).
 type Preemption struct {
 	AttemptID    string
 	By           string
@@ -29,6 +34,9 @@ type Preemption struct {
 func (p Preemption) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 	if r.AttemptID != p.AttemptID || !stoppable(r) || r.Queued {
 		return r, nil, ErrNoChange
+	}
+	if !r.Request.Preemptible {
+		return r, nil, ErrNotPreemptible
 	}
 	r.Stopping, r.GraceSeconds = schemas.CodePreempted, graceOf(r, p.GraceSeconds)
 	msg := fmt.Sprintf("preempted by run %s (%s): stopping attempt %d with %ds grace; it is then placed again", p.By, p.Why, r.Attempt, r.GraceSeconds)

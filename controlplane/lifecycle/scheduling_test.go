@@ -13,6 +13,12 @@ func preempt(r schemas.Run) Preemption {
 	return Preemption{AttemptID: r.AttemptID, By: "r-9", Why: "priority"}
 }
 
+// preemptible is r, declared preemptible.
+func preemptible(r schemas.Run) schemas.Run {
+	r.Request.Preemptible = true
+	return r
+}
+
 // attemptEnds are the ways attempt 1 of a Run on n1 can end: any exit,
 // a failed start, a failed command, the loss of its node.
 func attemptEnds() map[string]Transition {
@@ -32,7 +38,7 @@ func attemptEnds() map[string]Transition {
 // accepted with reason preempted, Preemptions counted, not a failure (no
 // backoff, no retry spent, even under a policy that never retries).
 func TestPreemption(t *testing.T) {
-	r := withRetry(schemas.PhaseRunning, 1, 0, "30s", schemas.RetryOOM)
+	r := preemptible(withRetry(schemas.PhaseRunning, 1, 0, "30s", schemas.RetryOOM))
 	r.Retry.MaxAttempts = 1
 	r.Request.GraceSeconds = 45
 	got, evs, err := preempt(r).Apply(r)
@@ -48,7 +54,7 @@ func TestPreemption(t *testing.T) {
 	if g, _, _ := (Preemption{AttemptID: r.AttemptID, GraceSeconds: 5}).Apply(r); g.GraceSeconds != 5 {
 		t.Errorf("grace %d, want the given 5", g.GraceSeconds)
 	}
-	if g, _, _ := preempt(booked(schemas.PhaseRunning)).Apply(booked(schemas.PhaseRunning)); g.GraceSeconds != schemas.DefaultGraceSeconds {
+	if g, _, _ := preempt(booked(schemas.PhaseRunning)).Apply(preemptible(booked(schemas.PhaseRunning))); g.GraceSeconds != schemas.DefaultGraceSeconds {
 		t.Errorf("grace %d, want the default", g.GraceSeconds)
 	}
 	for name, end := range attemptEnds() {
@@ -76,17 +82,21 @@ func TestPreemption(t *testing.T) {
 		t.Errorf("attempt 2 oom under max_attempts 2: %s %v, want retried", end.Phase, err)
 	}
 
-	queued := booked(schemas.PhasePlaced)
+	queued := preemptible(booked(schemas.PhasePlaced))
 	queued.Queued = true
-	cancelling := booked(schemas.PhaseRunning)
+	cancelling := preemptible(booked(schemas.PhaseRunning))
 	cancelling.CancelRequested = true
 	for name, r := range map[string]schemas.Run{
-		"another attempt": withRetry(schemas.PhaseRunning, 2, 0, ""), "accepted": booked(schemas.PhaseAccepted),
-		"ended": booked(schemas.PhaseSucceeded), "queued": queued, "cancelling": cancelling, "already stopping": got,
+		"another attempt": preemptible(withRetry(schemas.PhaseRunning, 2, 0, "")), "accepted": preemptible(booked(schemas.PhaseAccepted)),
+		"ended": preemptible(booked(schemas.PhaseSucceeded)), "queued": queued, "cancelling": cancelling, "already stopping": got,
+		"not preemptible": booked(schemas.PhaseRunning),
 	} {
 		if _, evs, err := (Preemption{AttemptID: schemas.WorkloadID("r-1", 1)}).Apply(r); !errors.Is(err, ErrNoChange) || len(evs) != 0 {
 			t.Errorf("preempt %s: %v, want no change", name, err)
 		}
+	}
+	if _, _, err := preempt(booked(schemas.PhaseRunning)).Apply(booked(schemas.PhaseRunning)); !errors.Is(err, ErrNotPreemptible) {
+		t.Errorf("preempt a Run not preemptible: %v, want ErrNotPreemptible", err)
 	}
 }
 
@@ -94,7 +104,7 @@ func TestPreemption(t *testing.T) {
 // stops an attempt ends the Run cancelled, however the attempt ends.
 func TestCancelWinsOverStopping(t *testing.T) {
 	for _, stop := range []Transition{preempt(booked(schemas.PhaseRunning)), DeadlineExceeded{}, BudgetStop{AttemptID: schemas.WorkloadID("r-1", 1)}} {
-		stopping, _, err := stop.Apply(booked(schemas.PhaseLaunching))
+		stopping, _, err := stop.Apply(preemptible(booked(schemas.PhaseLaunching)))
 		if err != nil || stopping.Stopping == "" {
 			t.Fatalf("%T: %+v %v", stop, stopping, err)
 		}
@@ -150,7 +160,10 @@ func TestDeadlineExceeded(t *testing.T) {
 	started.StartedAt = &time.Time{}
 	cancelling := booked(schemas.PhasePlaced)
 	cancelling.CancelRequested = true
-	stopping, _, _ := preempt(booked(schemas.PhasePlaced)).Apply(booked(schemas.PhasePlaced))
+	stopping, _, _ := preempt(booked(schemas.PhasePlaced)).Apply(preemptible(booked(schemas.PhasePlaced)))
+	if stopping.Stopping != schemas.CodePreempted {
+		t.Fatal("the preempted Run is not stopping")
+	}
 	for name, r := range map[string]schemas.Run{
 		"running": booked(schemas.PhaseRunning), "started once": started, "cancelling": cancelling, "stopping": stopping, "ended": booked(schemas.PhaseFailed),
 	} {

@@ -75,7 +75,7 @@ func TestSettle(t *testing.T) {
 func TestSettleOutcomes(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
 	place := func(queued bool) schemas.Run {
-		r, _ := step(t, schemas.Run{ID: "r-1", Phase: schemas.PhaseAccepted}, Placement{NodeID: "n1", Queued: queued, PricePerHour: 10}, t0)
+		r, _ := step(t, preemptible(schemas.Run{ID: "r-1", Phase: schemas.PhaseAccepted}), Placement{NodeID: "n1", Queued: queued, PricePerHour: 10}, t0)
 		return r
 	}
 	r, evs := step(t, place(true), DeadlineExceeded{}, t0.Add(time.Hour))
