@@ -257,6 +257,9 @@ func newRunDecision(g *globals) *cobra.Command {
 						ids := d.Others[reason]
 						fmt.Fprintf(tw, "(%d more)\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", len(ids), or(string(reason), "-"), strings.Join(ids, ","))
 					}
+					for _, v := range d.Victims {
+						fmt.Fprintf(tw, "preempts %s on %s: %s, class %s, %.0f GPU-seconds lost\n", v.RunID, v.NodeID, v.Why, or(v.Priority, "(default)"), v.GPUSeconds)
+					}
 				}
 			})
 		},

@@ -151,3 +151,21 @@ func testRunGetShowsScheduling(t *testing.T) {
 		t.Fatalf("run get -o json: %v %+v\n%s", err, got, stdout.String())
 	}
 }
+
+func TestRunDecisionShowsVictims(t *testing.T) { asEachReader(t, testRunDecisionShowsVictims) }
+
+// run decision names the Runs a decision preempts and why.
+func testRunDecisionShowsVictims(t *testing.T) {
+	b := newLogBus(t)
+	b.putRun("r-p", schemas.PhaseAccepted, 0)
+	b.event(schemas.RunEvent{RunID: "r-p", Seq: 1, Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, Code: schemas.CodePreempting, At: time.Now(),
+		Decision: &schemas.BookingDecision{RunID: "r-p", Attempt: 1, DecidedAt: time.Now(),
+			Victims: []schemas.Victim{{RunID: "r-v", NodeID: "n2", Priority: "batch", GPUSeconds: 7200, Why: "priority"}}}})
+	var stdout, stderr syncBuffer
+	if err := cliOut(b.url, &stdout, &stderr, "run", "decision", "r-p"); err != nil {
+		t.Fatal(err)
+	}
+	if want := "preempts r-v on n2: priority, class batch, 7200 GPU-seconds lost"; !strings.Contains(stdout.String(), want) {
+		t.Fatalf("run decision: no %q in\n%s", want, stdout.String())
+	}
+}
