@@ -169,3 +169,21 @@ func testRunDecisionShowsVictims(t *testing.T) {
 		t.Fatalf("run decision: no %q in\n%s", want, stdout.String())
 	}
 }
+
+// serve refuses a policy file that does not validate before it starts
+// anything, naming the flag and the field.
+func TestServeRefusesBadPolicyFile(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(bad, []byte(`{"priority_classes":[{"name":"a"},{"name":"a"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr syncBuffer
+	err := cliOut("nats://127.0.0.1:1", &stdout, &stderr, "serve", "--data-dir", filepath.Join(dir, "data"), "--port", "-1", "--scheduling-policy-file", bad)
+	if err == nil || !strings.Contains(err.Error(), "--scheduling-policy-file") || !strings.Contains(err.Error(), `"priority_classes[1].name"`) {
+		t.Fatalf("serve with a bad policy file: %v", err)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, "data")); serr == nil {
+		t.Fatal("serve made its data directory before refusing the policy")
+	}
+}
