@@ -26,8 +26,9 @@ func knownRetryEvent(e RetryEvent) bool {
 	return false
 }
 
-// retryEventList is the known events as the docs spell them, for refusals.
-func retryEventList() string {
+// RetryEventNames is the retry events as the docs spell them,
+// comma-separated, for messages and help.
+func RetryEventNames() string {
 	s := ""
 	for i, e := range RetryEvents {
 		if i > 0 {
@@ -66,12 +67,12 @@ func (r *RunRequest) validateScheduling() error {
 // 0..MaxRetryBackoff.
 func (p *RetryPolicy) Validate(field string, code Code) error {
 	if len(p.On) > len(RetryEvents) {
-		return refuse(code, field+".on", "at most %d events, each once: %s", len(RetryEvents), retryEventList())
+		return refuse(code, field+".on", "at most %d events, each once: %s", len(RetryEvents), RetryEventNames())
 	}
 	for i, e := range p.On {
 		f := field + ".on[" + strconv.Itoa(i) + "]"
 		if !knownRetryEvent(e) {
-			return refuse(code, f, "not a retry event; use one of %s", retryEventList())
+			return refuse(code, f, "not a retry event; use one of %s", RetryEventNames())
 		}
 		for _, prev := range p.On[:i] {
 			if prev == e {

@@ -27,19 +27,11 @@ type schedulingFlags struct {
 func (s *schedulingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&s.priority, "priority", "", "priority class of the control plane's scheduling policy (default: the policy's default class)")
 	fl.BoolVar(&s.preemptible, "preemptible", false, "let a higher class, or a tenant reclaiming lent quota, stop this Run and requeue it")
-	fl.StringSliceVar(&s.retryOn, "retry-on", nil, "retry an attempt that ends in: "+retryEventNames()+" (repeatable or comma-separated; needs --max-attempts)")
+	fl.StringSliceVar(&s.retryOn, "retry-on", nil, "retry an attempt that ends in: "+schemas.RetryEventNames()+" (repeatable or comma-separated; needs --max-attempts)")
 	fl.IntVar(&s.maxAttempts, "max-attempts", 0, fmt.Sprintf("with --retry-on: attempts in all, counting the first, 1-%d (preempted attempts do not count)", schemas.MaxRetryAttempts))
 	fl.StringVar(&s.retryBackoff, "retry-backoff", "", "with --retry-on: wait before the first retry, doubling for each after, e.g. 30s (at most 1h)")
 	fl.DurationVar(&s.startDeadline, "start-deadline", 0, "fail the Run deadline_exceeded if it has not started running this long after it was accepted, e.g. 10m (0: no deadline)")
 	fl.DurationVar(&s.grace, "grace", 0, fmt.Sprintf("how long the Run is given to stop when the control plane stops it before it is killed (default %ds)", schemas.DefaultGraceSeconds))
-}
-
-func retryEventNames() string {
-	names := make([]string, len(schemas.RetryEvents))
-	for i, e := range schemas.RetryEvents {
-		names[i] = string(e)
-	}
-	return strings.Join(names, ", ")
 }
 
 // set reports whether any of the flags was given.
@@ -52,7 +44,7 @@ func (s *schedulingFlags) apply(req *schemas.RunRequest) error {
 	req.Priority, req.Preemptible = s.priority, s.preemptible
 	if len(s.retryOn) > 0 || s.maxAttempts != 0 || s.retryBackoff != "" {
 		if len(s.retryOn) == 0 {
-			return errors.New("--max-attempts and --retry-backoff shape a retry policy: add --retry-on with the endings to retry (" + retryEventNames() + ")")
+			return errors.New("--max-attempts and --retry-backoff shape a retry policy: add --retry-on with the endings to retry (" + schemas.RetryEventNames() + ")")
 		}
 		if s.maxAttempts == 0 {
 			return fmt.Errorf("--retry-on needs --max-attempts: how many attempts in all, counting the first (1-%d)", schemas.MaxRetryAttempts)

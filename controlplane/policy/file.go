@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -82,7 +81,9 @@ func (f *File) ReloadFailures() int64 { return f.failures.Load() }
 // Path is the policy file's path.
 func (f *File) Path() string { return f.path }
 
-// check reads the file again when it changed; f.mu is held.
+// check reads the file again when it changed; f.mu is held. A failure
+// is reported once: a file gone or unreadable until it is back, a bad file
+// until it changes.
 func (f *File) check() {
 	st, err := os.Stat(f.path)
 	if err == nil && f.seen != nil && os.SameFile(st, f.seen) && st.Size() == f.seen.Size() && st.ModTime().Equal(f.seen.ModTime()) {
@@ -90,7 +91,7 @@ func (f *File) check() {
 	}
 	old := f.snap.Load()
 	if err != nil {
-		if f.seen != nil || !errors.Is(err, fs.ErrNotExist) {
+		if f.seen != nil {
 			f.failures.Add(1)
 			f.log.Warn("scheduling policy file unreadable; keeping the policy last read", zap.String("path", f.path),
 				zap.String("version", old.Version), zap.Error(err))
@@ -98,7 +99,11 @@ func (f *File) check() {
 		f.seen = nil
 		return
 	}
-	snap, st, err := readFile(f.path)
+	snap, read, err := readFile(f.path)
+	if read != nil {
+		st = read
+	}
+	f.seen = st // not read again until it changes once more
 	if err != nil {
 		f.failures.Add(1)
 		fields := []zap.Field{zap.String("path", f.path), zap.String("version", old.Version), zap.Error(err)}
@@ -107,10 +112,8 @@ func (f *File) check() {
 			fields = append(fields, zap.String("code", string(r.Code)), zap.String("field", r.Field), zap.String("reason", r.Reason))
 		}
 		f.log.Warn("scheduling policy file changed but does not load; keeping the policy last read", fields...)
-		f.seen = st // not read again until it changes once more
 		return
 	}
-	f.seen = st
 	if snap.Version == old.Version {
 		return // touched, or rewritten with the same bytes
 	}

@@ -169,3 +169,25 @@ func TestLoadRefusesBadFile(t *testing.T) {
 		}
 	}
 }
+
+// A path that turns into something unreadable as a policy (here a
+// directory) keeps the policy and is counted once, not at every look.
+func TestFileUnreadableCountedOnce(t *testing.T) {
+	f, c, _ := loadTest(t, policyV1)
+	s1 := f.Current()
+	if err := os.Remove(f.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(f.Path(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		c.add(StatInterval)
+		if f.Current() != s1 {
+			t.Fatal("a directory replaced the policy")
+		}
+	}
+	if got := f.ReloadFailures(); got != 1 {
+		t.Fatalf("reload failures = %d, want 1", got)
+	}
+}
