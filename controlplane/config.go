@@ -71,6 +71,11 @@ type Config struct {
 	// Empty serves no secrets: no secret service answers and Secrets is
 	// nil.
 	SecretsKeyFile string
+	// SchedulingPolicyFile is the scheduling policy (priority classes,
+	// tenants' quotas, weights, budgets and default retry; serve's
+	// --scheduling-policy-file), read again when it changes; New refuses
+	// one that does not load. Empty: the empty policy.
+	SchedulingPolicyFile string
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
 	RegistryAuth *registryauth.Source

@@ -32,7 +32,6 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/controlplane/tenantread"
 	"github.com/warmfleet/warmfleet/internal/keyed"
-	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // ControlPlane is one replica of the control plane: the parts below, wired
@@ -46,8 +45,8 @@ type ControlPlane struct {
 	runsKV, nodesKV, residencyKV jetstream.KeyValue
 
 	runs *runs.Store
-	// policy is the scheduling policy (SKELETON, issue 34: the policy
-	// helper reads Config's policy file).
+	// policy is the scheduling policy: Config.SchedulingPolicyFile read
+	// again when it changes, or the empty policy without one.
 	policy    policy.Source
 	retention *runs.Retention
 	dispatch  *dispatch.Dispatcher
@@ -90,6 +89,10 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	pol, err := loadPolicy(cfg.SchedulingPolicyFile, log)
+	if err != nil {
+		return nil, err
+	}
 	if err := bus.Provision(ctx, conn.JS, cfg.Topology); err != nil {
 		return nil, err
 	}
@@ -101,12 +104,11 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		}
 		kv[b] = h
 	}
-	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(), policy: policy.Static(schemas.SchedulingPolicy{}, ""),
+	cp := &ControlPlane{cfg: cfg, conn: conn, log: log, cache: cache.New(), policy: pol,
 		runsKV: kv[bus.BucketRuns], nodesKV: kv[bus.BucketNodes], residencyKV: kv[bus.BucketResidency], ready: make(chan struct{})}
 	// The scheduler is made last but poked by the parts made before it.
 	poke := func() { cp.scheduler.Poke() }
 	cp.runs = runs.NewStore(cp.runsKV, conn.JS, cp.cache, runs.Config{DecisionCandidates: cfg.DecisionCandidates, MaxAttempts: cfg.MaxAttempts, Poke: poke, Now: cfg.Now}, log)
-	var err error
 	cp.retention, err = runs.NewRetention(cp.runs, runs.RetentionConfig{Keep: cfg.RunRetention, Interval: cfg.RetentionInterval,
 		MarkerTTL: cfg.Topology.RunsMarkerTTL()})
 	if err != nil {
@@ -140,7 +142,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 	if err := cp.openSecrets(ctx); err != nil {
 		return nil, err
 	}
-	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cp.secretChecker(), cfg.Now, log)
+	cp.intake = intake.New(cp.runs, cp.scheduler, cp.dispatch, cp.artifacts, cp.secretChecker(), cp.policy, cfg.Now, log)
 	cp.prefetch = prefetch.New(kv[bus.BucketPrefetch], conn.NC, cp.cache, cp.dispatch, cfg.PrefetchFlushInterval, cfg.Now, log.Named("prefetch"),
 		prefetch.WithArtifacts(cp.artifacts), prefetch.WithTenants(cfg.Tenants))
 	cp.ingest = ingest.New(cp.cache, cp.nodesKV, cp.runs, cp.dispatch, cp.nodes, cp.prefetch, cfg.Now, log)
@@ -358,7 +360,7 @@ func (cp *ControlPlane) Metrics() Metrics {
 		StaleReports: cp.ingest.Stale(), LeaseLapses: cp.nodes.LeaseLapses(), CommandsSent: cp.dispatch.Sent(),
 		PlacementMisses: st.PlacementMisses.Load(), Decisions: st.Decisions.Load(), DecisionNanos: st.DecisionNanos.Load(),
 		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), RunsRemoved: cp.retention.Removed(), CachedRuns: cp.cache.RunCount(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
-		RefusedObservations: cp.ingest.Refused(),
+		RefusedObservations: cp.ingest.Refused(), PolicyReloadFailures: policyReloadFailures(cp.policy),
 	}
 	select {
 	case <-cp.ready:

@@ -58,6 +58,10 @@ var runRequestCodes = map[schemas.Code]bool{
 	schemas.CodeInvalidSecretName:  true,
 	schemas.CodeInvalidSecretPath:  true,
 	schemas.CodeInvalidSecretMode:  true,
+	schemas.CodeInvalidPriority:    true,
+	schemas.CodeInvalidRetry:       true,
+	schemas.CodeInvalidDeadline:    true,
+	schemas.CodeInvalidGrace:       true,
 }
 
 func fuzzHeader(contentType string) nats.Header {

@@ -218,6 +218,9 @@ func (r *RunRequest) Validate() error {
 	if err := r.validatePlacement(); err != nil {
 		return err
 	}
+	if err := r.validateScheduling(); err != nil {
+		return err
+	}
 	if err := validateContainer("", r.Network, r.ShmBytes, r.Resources.MemoryBytes, r.Ulimits); err != nil {
 		return err
 	}

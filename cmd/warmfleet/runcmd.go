@@ -79,10 +79,15 @@ func newRunGet(g *globals) *cobra.Command {
 			}
 			// A failed or lost Run shows its last lines.
 			last, lastErr := lastLines(cmd.Context(), h, r)
+			wait, waitErr := waitMessage(cmd.Context(), h, r)
+			if waitErr != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: %v\n", waitErr)
+			}
 			v := struct {
 				schemas.Run
-				LastLines []runlog.Line `json:"last_lines,omitempty"`
-			}{r, last}
+				WaitMessage string        `json:"wait_message,omitempty"`
+				LastLines   []runlog.Line `json:"last_lines,omitempty"`
+			}{r, wait, last}
 			err = g.render(cmd.OutOrStdout(), v, func(tw *tabwriter.Writer) {
 				exit := "-"
 				if r.ExitCode != nil {
@@ -97,6 +102,10 @@ func newRunGet(g *globals) *cobra.Command {
 				} {
 					fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
 				}
+				for _, row := range schedulingRows(r, wait) {
+					fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+				}
+				printAttempts(tw, r, time.Now())
 			})
 			if err == nil && g.output == "json" && lastErr != nil {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warmfleet: %v\n", lastErr)
@@ -247,6 +256,9 @@ func newRunDecision(g *globals) *cobra.Command {
 					for _, reason := range slices.Sorted(maps.Keys(d.Others)) {
 						ids := d.Others[reason]
 						fmt.Fprintf(tw, "(%d more)\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", len(ids), or(string(reason), "-"), strings.Join(ids, ","))
+					}
+					for _, v := range d.Victims {
+						fmt.Fprintf(tw, "preempts %s on %s: %s, class %s, %.0f GPU-seconds lost\n", v.RunID, v.NodeID, v.Why, or(v.Priority, "(default)"), v.GPUSeconds)
 					}
 				}
 			})

@@ -36,6 +36,12 @@ tenant's secrets (warmfleet secret set) to the workload at launch, as an
 env var or a read-only file; only the names are stored with the Run. Plain
 --env is stored as given: a name that looks like a secret's gets a warning.
 
+--priority names a class of the control plane's scheduling policy;
+--preemptible lets a higher class stop the Run and requeue it;
+--retry-on oom,node_lost --max-attempts 3 --retry-backoff 30s retries
+those endings; --start-deadline 10m fails a Run not started by then
+(docs/scheduling.md).
+
 Exit status:
   0    submitted; with --wait, the Run succeeded
   N    with --wait, the Run's own non-zero exit code
@@ -51,6 +57,7 @@ type submitFlags struct {
 	secretEnv, secretFiles          []string
 	cpu, mem, gpus, maxRuntime, shm int64
 	wait, quiet                     bool
+	sched                           schedulingFlags
 }
 
 func newRunSubmit(g *globals) *cobra.Command {
@@ -87,6 +94,7 @@ func newRunSubmit(g *globals) *cobra.Command {
 	fl.Int64Var(&f.shm, "shm-bytes", 0, "size of /dev/shm (default: half the memory limit, or 1 GiB); ulimits need -f")
 	fl.BoolVarP(&f.wait, "wait", "w", false, "follow the Run until it ends: its output, then its exit code as this command's")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "with --wait, show the Run's events instead of its output")
+	f.sched.register(fl)
 	return cmd
 }
 
@@ -140,6 +148,9 @@ func (f submitFlags) request(args []string) (schemas.RunRequest, error) {
 		if len(f.artifacts) > 0 {
 			return schemas.RunRequest{}, fmt.Errorf("--artifact and -f exclude each other: list the artifacts in %s's \"artifacts\" ([{\"name\": …, \"path\": …}])", f.file)
 		}
+		if f.sched.set() {
+			return schemas.RunRequest{}, fmt.Errorf("--priority, --preemptible, --retry-*, --max-attempts, --start-deadline and --grace exclude -f: set them in %s (\"priority\", \"preemptible\", \"retry\", \"start_deadline_seconds\", \"grace_seconds\")", f.file)
+		}
 		var req schemas.RunRequest
 		b, err := os.ReadFile(f.file)
 		if err != nil {
@@ -166,6 +177,9 @@ func (f submitFlags) request(args []string) (schemas.RunRequest, error) {
 	if err := f.secretRefs(&req); err != nil {
 		return req, err
 	}
+	if err := f.sched.apply(&req); err != nil {
+		return req, err
+	}
 	for _, arg := range f.artifacts {
 		u, err := artifactFlag(arg)
 		if err != nil {
@@ -174,6 +188,9 @@ func (f submitFlags) request(args []string) (schemas.RunRequest, error) {
 		req.Artifacts = append(req.Artifacts, u)
 	}
 	err := req.Validate()
+	if flag := schedulingFlagOf(err); flag != "" {
+		return req, fmt.Errorf("%s: %w", flag, err)
+	}
 	var r *schemas.Refusal
 	if errors.As(err, &r) && strings.HasPrefix(r.Field, "artifacts") {
 		var i int

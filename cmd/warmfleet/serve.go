@@ -17,6 +17,7 @@ import (
 
 func newServe(g *globals) *cobra.Command {
 	var dataDir, listen, metricsAddr string
+	var policyFile string
 	var port, replicas int
 	var logsMaxAge, runRetention, eventsMaxAge time.Duration
 	var logsMaxBytes int64
@@ -43,6 +44,12 @@ func newServe(g *globals) *cobra.Command {
 			}
 			if err := checkRetentionFlags(runRetention, eventsMaxAge); err != nil {
 				return err
+			}
+			// A bad policy file stops serve before anything starts.
+			if policyFile != "" {
+				if _, _, err := readPolicyFile(policyFile); err != nil {
+					return fmt.Errorf("--scheduling-policy-file: %w", err)
+				}
 			}
 			log, err := logging.New(g.logLevel)
 			if err != nil {
@@ -113,6 +120,7 @@ func newServe(g *globals) *cobra.Command {
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun, EventsMaxAge: eventsMaxAge}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM, RunRetention: runRetention,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 				CredentialLimit: credentialLimit, Tenants: sec.tenants(), SecretsKeyFile: secretsKeyFile,
+				SchedulingPolicyFile: policyFile,
 			}, log)
 			if err != nil {
 				return err
@@ -160,6 +168,7 @@ func newServe(g *globals) *cobra.Command {
 	credLimit.register(cmd)
 	secretsKeys.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
+	cmd.Flags().StringVar(&policyFile, "scheduling-policy-file", "", "JSON scheduling policy: priority classes, tenants' quotas, cohorts, weights, budgets and default retry (docs/scheduling.md); read again when it changes, a bad new file keeping the policy last read; check it with `warmfleet policy check FILE` (default: none, oldest first with no limits)")
 	return cmd
 }
 

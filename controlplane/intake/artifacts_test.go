@@ -132,7 +132,7 @@ func request(id string, uses ...schemas.ArtifactUse) schemas.RunRequest {
 func TestArtifactsResolvedAtIntake(t *testing.T) {
 	p, n := newPlane(t)
 	ctx := context.Background()
-	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, time.Now, zap.NewNop())
+	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, nil, time.Now, zap.NewNop())
 
 	content := []byte("model weights")
 	sum := sha256.Sum256(content)
@@ -196,7 +196,7 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 		t.Fatal(err)
 	}
 	down.Close()
-	flaky := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), gone, nil, time.Now, zap.NewNop())
+	flaky := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), gone, nil, nil, time.Now, zap.NewNop())
 	p.submit(t, flaky, request("later-1", schemas.ArtifactUse{Name: "llama", Path: "/m"}))
 	if ev, ok := p.lastEvent(t, schemas.RunIDFor(schemas.DefaultTenant, "later-1")); ok {
 		t.Fatalf("a transient catalog failure published %+v", ev)
@@ -214,7 +214,7 @@ func TestArtifactsResolvedAtIntake(t *testing.T) {
 func TestArtifactsOfAnotherTenant(t *testing.T) {
 	p, _ := newPlane(t)
 	ctx := context.Background()
-	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, time.Now, zap.NewNop())
+	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, nil, time.Now, zap.NewNop())
 	obs, err := p.conn.JS.ObjectStore(ctx, bus.ObjectBucketArtifacts)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -48,6 +49,7 @@ type Intake struct {
 	dispatch  *dispatch.Dispatcher
 	artifacts ArtifactResolver
 	secrets   SecretChecker
+	policy    policy.Source
 	now       func() time.Time
 	log       *zap.Logger
 	rejected  atomic.Int64
@@ -55,9 +57,13 @@ type Intake struct {
 
 // New returns an intake writing Runs to store, resolving their artifacts
 // through artifacts and checking the secrets they reference in secrets
-// (nil: none held, and a Run referencing one is refused).
-func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, artifacts ArtifactResolver, secrets SecretChecker, now func() time.Time, log *zap.Logger) *Intake {
-	return &Intake{runs: store, sched: sched, dispatch: d, artifacts: artifacts, secrets: secrets, now: now, log: log}
+// (nil: none held, and a Run referencing one is refused), and its priority
+// class and retry policy in pol (nil: the empty policy).
+func New(store *runs.Store, sched Scheduler, d *dispatch.Dispatcher, artifacts ArtifactResolver, secrets SecretChecker, pol policy.Source, now func() time.Time, log *zap.Logger) *Intake {
+	if pol == nil {
+		pol = policy.Static(schemas.SchedulingPolicy{}, "")
+	}
+	return &Intake{runs: store, sched: sched, dispatch: d, artifacts: artifacts, secrets: secrets, policy: pol, now: now, log: log}
 }
 
 // Rejected counts refused intake messages.
@@ -163,16 +169,20 @@ func (in *Intake) Handle(ctx context.Context, job Job) {
 // submit turns one valid RunRequest of tenant, sent by identity, into a
 // stored Run, or a rejection.
 func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity string, req schemas.RunRequest) error {
-	err := in.checkSecrets(ctx, tenant, req)
+	pol := in.policy.Current()
+	err := checkPriority(pol, req)
+	if err == nil {
+		err = in.checkSecrets(ctx, tenant, req)
+	}
 	var mounts []schemas.ArtifactMount
 	if err == nil {
 		mounts, err = in.resolve(ctx, tenant, req)
 	}
 	var ref *schemas.Refusal
 	if errors.As(err, &ref) {
-		// A submit delivered again may name an artifact or a secret
-		// removed since its Run was accepted: the Run stands, and is
-		// handled as a duplicate below.
+		// A submit delivered again may name an artifact, a secret or a
+		// priority class removed since its Run was accepted: the Run
+		// stands, and is handled as a duplicate below.
 		stored, found, gerr := in.runs.Stored(ctx, schemas.RunIDFor(tenant, req.RequestID))
 		if gerr != nil {
 			return gerr
@@ -184,7 +194,7 @@ func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity 
 	} else if err != nil {
 		return err // the catalog is unavailable: redelivered
 	}
-	run, dup, err := in.runs.Create(ctx, tenant, identity, req, mounts, in.sched.AtIntake)
+	run, dup, err := in.runs.Create(ctx, tenant, identity, req, mounts, in.firstOf(retryOf(pol, tenant, req)))
 	if err != nil {
 		return err
 	}

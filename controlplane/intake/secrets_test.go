@@ -41,7 +41,7 @@ func TestSecretsCheckedAtIntake(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, store, time.Now, zap.NewNop())
+	in := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, store, nil, time.Now, zap.NewNop())
 	withSecrets := func(id string, env []schemas.SecretEnvRef, files []schemas.SecretFileRef) schemas.RunRequest {
 		r := request(id)
 		r.SecretEnv, r.SecretFiles = env, files
@@ -79,7 +79,7 @@ func TestSecretsCheckedAtIntake(t *testing.T) {
 		t.Fatalf("a duplicate submit was rejected: %+v", ev)
 	}
 
-	none := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, time.Now, zap.NewNop())
+	none := intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, nil, time.Now, zap.NewNop())
 	p.submit(t, none, withSecrets("no-store-1", nil, []schemas.SecretFileRef{{Secret: "api-token", Path: "/run/a"}}))
 	rejected("no-store-1", "secret_files[0].secret")
 }

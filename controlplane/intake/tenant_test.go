@@ -32,7 +32,7 @@ func newTenantPlane(t *testing.T) tenantPlane {
 		t.Fatal(err)
 	}
 	tp := tenantPlane{plane: p, consumers: map[string]jetstream.Consumer{},
-		in: intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, time.Now, zap.NewNop())}
+		in: intake.New(p.store, waiting{}, dispatch.New(p.conn.JS, p.cache, time.Now, zap.NewNop()), p.cat, nil, nil, time.Now, zap.NewNop())}
 	for _, tenant := range []string{"a", "b"} {
 		c, err := p.conn.JS.CreateOrUpdateConsumer(ctx, bus.RunsStream(tenant), bus.IntakeConsumerConfig())
 		if err != nil {

@@ -28,6 +28,9 @@ type ControlPlane struct {
 	// RunsRemoved counts ended Runs this replica purged from wf_runs once
 	// past their retention.
 	RunsRemoved int64
+	// PolicyReloadFailures counts changed scheduling policy files that did
+	// not load (the policy last read was kept).
+	PolicyReloadFailures int64
 	// CachedRuns is how many Runs the replica holds in memory: the active
 	// ones, and ended ones for the moment until their watch update is read.
 	CachedRuns int
@@ -92,6 +95,9 @@ func NewControlPlaneCollector(snapshot func() ControlPlane) *ControlPlaneCollect
 			i(func(m ControlPlane) int64 { return m.Decisions })},
 		{cpDesc("runs_removed_total", "Ended Runs purged from wf_runs once past their retention, by this replica."),
 			i(func(m ControlPlane) int64 { return m.RunsRemoved })},
+		{prometheus.NewDesc(prometheus.BuildFQName(Namespace, "policy", "reload_failures_total"),
+			"Changed scheduling policy files that did not load (invalid, unreadable or gone); the policy last read stays, and the control plane's log says why.", nil, nil),
+			i(func(m ControlPlane) int64 { return m.PolicyReloadFailures })},
 		{cpDesc("placement_decision_seconds_total", "Seconds spent taking placement decisions, in total; divide its rate by the rate of placement_decisions_total for the mean."),
 			func(m ControlPlane) float64 { return float64(m.DecisionNanos) / 1e9 }},
 	}}

@@ -97,7 +97,7 @@ func TestControlPlaneMetrics(t *testing.T) {
 	phases := map[schemas.Phase]int{schemas.PhaseRunning: 2, schemas.PhaseSucceeded: 5, "paused": 1}
 	// Phase counts in a snapshot that is not synced yet are not reported.
 	cp.set(metrics.ControlPlane{Transitions: 11, FencedObservations: 2, Rejected: 3, StaleReports: 4, LeaseLapses: 5,
-		CommandsSent: 6, PlacementMisses: 7, Decisions: 8, DecisionNanos: 2_500_000_000, Phases: phases})
+		CommandsSent: 6, PlacementMisses: 7, Decisions: 8, DecisionNanos: 2_500_000_000, PolicyReloadFailures: 9, Phases: phases})
 	srv := httptest.NewServer(metrics.Handler(metrics.NewControlPlaneRegistry(cp.Metrics), nil))
 	defer srv.Close()
 
@@ -112,6 +112,7 @@ func TestControlPlaneMetrics(t *testing.T) {
 		"warmfleet_controlplane_placement_misses_total":           7,
 		"warmfleet_controlplane_placement_decisions_total":        8,
 		"warmfleet_controlplane_placement_decision_seconds_total": 2.5,
+		"warmfleet_policy_reload_failures_total":                  9,
 	} {
 		if fams[name].GetType() != dto.MetricType_COUNTER {
 			t.Errorf("%s: type %s, want counter", name, fams[name].GetType())

@@ -1,0 +1,74 @@
+package intake
+
+import (
+	"slices"
+
+	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// checkPriority refuses a Run naming a priority class the policy does not
+// define (priority_unknown), listing the classes it does. The empty
+// priority is the default class and always known.
+func checkPriority(p *policy.Snapshot, req schemas.RunRequest) error {
+	if req.Priority == "" {
+		return nil
+	}
+	if _, ok := p.Class(req.Priority); ok {
+		return nil
+	}
+	reason := "the scheduling policy configures no priority classes; submit without priority"
+	if names := p.ClassNames(); names != "" {
+		reason = "the scheduling policy has no priority class " + req.Priority + "; use one of " + names + ", or none for the default"
+	}
+	return &schemas.Refusal{Code: schemas.CodePriorityUnknown, Field: "priority", Reason: reason}
+}
+
+// retryOf is a Run's effective retry policy: its request's, else its
+// tenant's default, else nil (node loss alone is retried). It is a copy:
+// the Run keeps it whatever the policy later says.
+func retryOf(p *policy.Snapshot, tenant string, req schemas.RunRequest) *schemas.RetryPolicy {
+	r := req.Retry
+	if r == nil {
+		r = p.Tenant(tenant).Retry
+	}
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.On = slices.Clone(r.On)
+	return &c
+}
+
+// withRetry stores a new Run's effective retry policy in the same write as
+// its first decision (runs.Store.Create keeps the Run undecided when the
+// decision does not apply, so neither does this: the retry policy stays).
+type withRetry struct {
+	retry *schemas.RetryPolicy
+	first lifecycle.Transition
+}
+
+func (w withRetry) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
+	r.Retry = w.retry
+	if w.first == nil {
+		return r, nil, nil
+	}
+	next, evs, err := w.first.Apply(r)
+	if err != nil {
+		return r, nil, nil
+	}
+	return next, evs, nil
+}
+
+// firstOf is what Create applies to a new Run: the scheduler's decision at
+// intake, with the Run's retry policy set first.
+func (in *Intake) firstOf(retry *schemas.RetryPolicy) func(schemas.Run) lifecycle.Transition {
+	if retry == nil {
+		return in.sched.AtIntake
+	}
+	return func(r schemas.Run) lifecycle.Transition {
+		r.Retry = retry
+		return withRetry{retry: retry, first: in.sched.AtIntake(r)}
+	}
+}
