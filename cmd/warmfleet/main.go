@@ -73,6 +73,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr(envTenant, schemas.DefaultTenant), "tenant to act in (a producer's login acts in its own only)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newSecretCmd(g), newDevCmd())
+	root.AddCommand(newUsageCmd(g))
 	return root
 }
 
