@@ -92,7 +92,8 @@ func parseSince(s string) (time.Duration, error) {
 	var d time.Duration
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.Atoi(days)
-		if err != nil {
+		// Bounded before multiplying: a huge count must not wrap around.
+		if err != nil || n <= 0 || n > int(maxUsageSince/(24*time.Hour)) {
 			return 0, sinceRefusal(s)
 		}
 		d = time.Duration(n) * 24 * time.Hour

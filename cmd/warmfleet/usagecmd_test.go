@@ -94,3 +94,23 @@ func TestUsageCommand(t *testing.T) {
 		t.Errorf("a malformed --tenant: %v\n%s", err, out)
 	}
 }
+
+// FuzzParseSince: --since is a positive span of at most 400 days or a
+// refusal naming the flag; never a panic.
+func FuzzParseSince(f *testing.F) {
+	for _, s := range []string{"24h", "7d", "90m", "0s", "-1h", "401d", "yesterday", "d", "1e9d", "9223372036854775807d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := parseSince(s)
+		if err != nil {
+			if !strings.Contains(err.Error(), `"--since"`) {
+				t.Fatalf("%q: refusal without the flag: %v", s, err)
+			}
+			return
+		}
+		if d <= 0 || d > maxUsageSince {
+			t.Fatalf("%q accepted as %s", s, d)
+		}
+	})
+}
