@@ -2,6 +2,7 @@ package usage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -278,9 +279,19 @@ func (l *Ledger) loading(tenant string) string {
 }
 
 // DecodeRecord decodes one WF_USAGE message (JSON, or msgpack as its
-// header says) and checks it names its tenant and attempt.
+// header says) and checks it names its tenant and attempt. A JSON record
+// with a field this build does not know (a newer control plane's) still
+// counts by the fields it knows: the stream keeps records for 400 days,
+// across upgrades, and dropping one would under-count a budget.
 func DecodeRecord(h nats.Header, data []byte, rec *schemas.UsageRecord) error {
-	if err := codec.Decode(codec.Detect(h, data), data, rec); err != nil {
+	*rec = schemas.UsageRecord{}
+	enc := codec.Detect(h, data)
+	err := codec.Decode(enc, data, rec)
+	if errors.Is(err, codec.ErrUnknownField) && enc == codec.JSON {
+		*rec = schemas.UsageRecord{}
+		err = json.Unmarshal(data, rec)
+	}
+	if err != nil {
 		return fmt.Errorf("usage record: %w", err)
 	}
 	return rec.Validate()

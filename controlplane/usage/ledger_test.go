@@ -195,3 +195,18 @@ func slicesEqual[T comparable](a, b []T) bool {
 	}
 	return true
 }
+
+// A record with a field this build does not know still counts; one that
+// is not a record, or names no tenant, does not.
+func TestDecodeRecord(t *testing.T) {
+	h := nats.Header{codec.ContentTypeHeader: {codec.ContentTypeJSON}}
+	var rec schemas.UsageRecord
+	if err := DecodeRecord(h, []byte(`{"run_id":"r-1","tenant":"acme","attempt_id":"r-1-a1","cost_usd":2,"region":"eu"}`), &rec); err != nil || rec.CostUSD != 2 {
+		t.Errorf("a newer record: %+v, %v", rec, err)
+	}
+	for _, bad := range []string{`{"run_id":`, `{"run_id":"r-1","attempt_id":"r-1-a1"}`, `{"run_id":"r-1","tenant":"acme","attempt_id":"r-1-a1","cost_usd":-1}`} {
+		if err := DecodeRecord(h, []byte(bad), &rec); err == nil {
+			t.Errorf("%s decoded", bad)
+		}
+	}
+}
