@@ -93,8 +93,11 @@ func (l *Ledger) Run(ctx context.Context) {
 // itself past a lost connection, from the last record it delivered.
 func (l *Ledger) follow(ctx context.Context) error {
 	from := WindowStart(l.now())
+	// Each read starts from nothing: a retry reads from the window's start
+	// again and must not count a record twice.
 	l.mu.Lock()
 	l.keepFrom = dayOf(from)
+	l.days, l.totals, l.synced = map[string]map[int64]float64{}, map[costKey]float64{}, false
 	l.mu.Unlock()
 	c, err := l.js.OrderedConsumer(ctx, bus.StreamUsage, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{bus.SubjectUsageAll}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from})
