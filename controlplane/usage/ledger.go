@@ -121,6 +121,7 @@ func (l *Ledger) follow(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	cc.Stop()
+	<-cc.Closed() // the callback has returned: nothing reads the stream for the ledger after Run
 	return ctx.Err()
 }
 
