@@ -153,6 +153,7 @@ func (t Topology) StreamConfigs() []jetstream.StreamConfig {
 		},
 		inboxStreamConfig(r),
 		t.logsStreamConfig(r),
+		usageStreamConfig(r),
 	}...)
 }
 

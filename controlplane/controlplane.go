@@ -31,6 +31,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/secrets"
 	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/controlplane/tenantread"
+	"github.com/warmfleet/warmfleet/controlplane/usage"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
@@ -78,6 +79,10 @@ type ControlPlane struct {
 	// callout is the NATS auth callout; nil without Config.Auth.
 	callout *admission.Callout
 
+	// usage sums WF_USAGE and answers the budgets of the scheduler and
+	// the rental policy.
+	usage *usage.Ledger
+
 	// ready closes once Run serves every subject.
 	ready chan struct{}
 }
@@ -124,15 +129,18 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		CommandAckWait: cfg.CommandAckWait, OpenEnrollment: cfg.OpenEnrollment, RentedPrices: cfg.Capacity != nil, Now: cfg.Now,
 		ControlPlaneCA: cfg.ControlPlaneCA,
 	}, conn, cp.nodesKV, kv[bus.BucketEnroll], kv[bus.BucketRentals], cp.cache, cp.runs, cp.sessions, poke, log)
+	cp.usage = usage.NewLedger(conn.JS, cp.policy, cp.cache, cfg.Now, log.Named("usage"))
 	var renter scheduler.Renter
 	if cfg.Capacity != nil {
-		cp.rentals = rentals.New(*cfg.Capacity, cfg.Placement, conn, kv[bus.BucketRentals], cp.nodesKV, cp.cache, cp.runs, cp.nodes, cfg.Now, log)
+		capacity := *cfg.Capacity
+		capacity.Budget = cp.usage
+		cp.rentals = rentals.New(capacity, cfg.Placement, conn, kv[bus.BucketRentals], cp.nodesKV, cp.cache, cp.runs, cp.nodes, cfg.Now, log)
 		renter = cp.rentals
 	}
 	cp.scheduler = scheduler.New(scheduler.Config{
 		Interval: cfg.ReconcileInterval, Timing: lifecycle.Timing{RedispatchAfter: cfg.RedispatchAfter, MaxRuntimeSlack: cfg.MaxRuntimeSlack},
 		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
-		Policy: cp.policy, Budgets: nil, // SKELETON (issue 34): the cost helper gives the budgets
+		Policy: cp.policy, Budgets: cp.usage,
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
 	cat, err := artifacts.Open(ctx, conn.JS, cfg.Now, log.Named("artifacts"))
 	if err != nil {
@@ -222,6 +230,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	defer stopStreams()
 	cp.dispatch.AskReconciliation(ctx)
+	wg.Go(func() { cp.usage.Run(ctx) })
 	wg.Go(func() { cp.scheduler.Run(ctx) })
 	wg.Go(func() { cp.retention.Run(ctx) })
 	if cp.rentals != nil {
@@ -360,7 +369,7 @@ func (cp *ControlPlane) Metrics() Metrics {
 		StaleReports: cp.ingest.Stale(), LeaseLapses: cp.nodes.LeaseLapses(), CommandsSent: cp.dispatch.Sent(),
 		PlacementMisses: st.PlacementMisses.Load(), Decisions: st.Decisions.Load(), DecisionNanos: st.DecisionNanos.Load(),
 		Heartbeats: cp.nodes.Heartbeats(), EventsPublished: cp.runs.EventsPublished(), RunsRemoved: cp.retention.Removed(), CachedRuns: cp.cache.RunCount(), Passes: st.Passes.Load(), DecidedAtIntake: st.DecidedAtIntake.Load(),
-		RefusedObservations: cp.ingest.Refused(), PolicyReloadFailures: policyReloadFailures(cp.policy),
+		RefusedObservations: cp.ingest.Refused(), PolicyReloadFailures: policyReloadFailures(cp.policy), Cost: cp.usage.Figures(cp.cfg.Now()),
 	}
 	select {
 	case <-cp.ready:

@@ -74,6 +74,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newServe(g), newRunCmd(g), newNodeCmd(g), newRentalCmd(g), newSessionCmd(g), newPrefetchCmd(g), newArtifactCmd(g), newSecretCmd(g), newDevCmd())
 	root.AddCommand(newPolicyCmd(g))
+	root.AddCommand(newUsageCmd(g))
 	return root
 }
 

@@ -45,6 +45,9 @@ type Config struct {
 	// before it is rented instead of queueing; the margin pays for the
 	// estimates being estimates. Negative disables renting past a queue.
 	RentMargin time.Duration
+	// Budget, when set, is asked before each rental with its expected
+	// cost: a tenant it does not allow gets no rental (nil: no budgets).
+	Budget Budget
 }
 
 // Defaults fills the zero fields.

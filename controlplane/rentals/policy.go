@@ -26,7 +26,9 @@ import (
 // cheapest matching offer unless a rental that could take the Run is
 // already on its way. It reports whether capacity is coming and, when a
 // known rental is, which one and at what stage, for the Run's waiting
-// summary: each stage the rental passes is then one event on the Run.
+// summary: each stage the rental passes is then one event on the Run. A
+// rental the tenant's budget does not allow (Config.Budget, asked with
+// the expected cost) is not made: the error wraps a CodeBudget refusal.
 func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, error) {
 	rentals := m.store.list()
 	for _, rt := range rentals {
@@ -37,6 +39,10 @@ func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, err
 	if !m.leading() {
 		return true, "", nil // the leading replica decides; the Run waits for it
 	}
+	// A tenant already past its budget costs no provider call.
+	if err := m.withinBudget(r, 0); err != nil {
+		return false, "", err
+	}
 	offers, err := m.offersFor(ctx, r)
 	if err != nil {
 		return false, "", err
@@ -44,12 +50,18 @@ func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, err
 	c := m.choose(rentals, r, offers, math.Inf(1))
 	switch {
 	case c.resume != nil:
+		if err := m.withinBudget(r, c.resume.PricePerHour); err != nil {
+			return false, "", err
+		}
 		return true, "resuming stopped rental " + c.resume.RentalID, m.resume(ctx, r, *c.resume)
 	case c.offer == nil:
 		return false, "", nil
 	case live(rentals) >= m.cfg.MaxRentals:
 		m.log.Info("not renting: at the rental limit", zap.String("run_id", r.ID), zap.Int("max_rentals", m.cfg.MaxRentals))
 		return true, fmt.Sprintf("at the rental limit (%d live)", m.cfg.MaxRentals), nil
+	}
+	if err := m.withinBudget(r, offerPrice(c.offer.PricePerHour.MicrosPerHour)); err != nil {
+		return false, "", err
 	}
 	id, err := m.provision(ctx, r, *c.offer)
 	if err != nil {
@@ -64,7 +76,8 @@ func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, err
 // more than RentMargin, it rents one — a stopped rental that fits comes
 // back first — and r waits for it; the decision, with the numbers, is
 // recorded on r's events. It reports whether r waits for a rental; false
-// means book the queue.
+// means book the queue, as it does when the tenant's budget does not
+// allow the rental.
 func (m *Manager) RentBeforeQueueing(ctx context.Context, r schemas.Run, d schemas.BookingDecision) (bool, error) {
 	if m.cfg.RentMargin < 0 {
 		return false, nil
@@ -92,11 +105,18 @@ func (m *Manager) RentBeforeQueueing(ctx context.Context, r schemas.Run, d schem
 			return true, nil // already renting for it; recorded then
 		}
 	}
+	if m.withinBudget(r, 0) != nil {
+		return false, nil // no rental for a tenant past its budget: book the queue
+	}
 	offers, err := m.offersFor(ctx, r)
 	if err != nil {
 		return false, err
 	}
 	c := m.choose(rentals, r, offers, queue-pull-margin)
+	if c.resume != nil && m.withinBudget(r, c.resume.PricePerHour) != nil ||
+		c.resume == nil && c.offer != nil && m.withinBudget(r, offerPrice(c.offer.PricePerHour.MicrosPerHour)) != nil {
+		return false, nil
+	}
 	sooner := func(what string) string {
 		return fmt.Sprintf("every node that fits is busy; the soonest starts it in %.0fs; %s in about %.0fs and pulls in %.0fs, sooner by more than the %.0fs margin",
 			queue, what, c.ready, pull, margin)

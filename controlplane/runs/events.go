@@ -24,6 +24,9 @@ func (s *Store) PublishEvents(ctx context.Context, tenant string, evs []schemas.
 	if len(evs) == 1 {
 		return s.PublishEvent(ctx, tenant, evs[0], eventMsgID(evs[0]))
 	}
+	if err := s.publishUsage(ctx, tenant, evs); err != nil {
+		return err
+	}
 	acks := make([]jetstream.PubAckFuture, 0, len(evs))
 	for _, ev := range evs {
 		m, err := eventMsg(tenant, ev)
@@ -73,6 +76,9 @@ func eventMsg(tenant string, ev schemas.RunEvent) (*nats.Msg, error) {
 // PublishEvent appends one event of tenant under msgID (a Run event's is
 // run:seq; a rejection, which has no Run, names its intake message).
 func (s *Store) PublishEvent(ctx context.Context, tenant string, ev schemas.RunEvent, msgID string) error {
+	if err := s.publishUsage(ctx, tenant, []schemas.RunEvent{ev}); err != nil {
+		return err
+	}
 	m, err := eventMsg(tenant, ev)
 	if err != nil {
 		return err

@@ -42,6 +42,9 @@ type ControlPlane struct {
 	// rather than reported low.
 	Phases       map[schemas.Phase]int
 	PhasesSynced bool
+
+	// Cost is what Runs cost and the tenants' budgets (cost.go).
+	Cost Cost
 }
 
 // cpCounter is one control-plane counter: its description and how to read
@@ -110,6 +113,7 @@ func (c *ControlPlaneCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- runsDesc
 	ch <- cachedRunsDesc
+	describeCost(ch)
 }
 
 var cachedRunsDesc = cpDesc("cached_runs", "Runs this replica holds in memory: the active ones (ended Runs leave it).")
@@ -124,6 +128,7 @@ func (c *ControlPlaneCollector) Collect(ch chan<- prometheus.Metric) {
 	if m.PhasesSynced {
 		collectPhases(ch, m.Phases)
 	}
+	collectCost(ch, m.Cost, m.PhasesSynced)
 }
 
 // Phases lists every Run phase, in lifecycle order; the Runs-by-phase gauge
