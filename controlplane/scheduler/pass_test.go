@@ -15,6 +15,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -113,7 +114,7 @@ func (e *env) run(id string) schemas.Run {
 }
 
 // pass runs one scheduling pass, deciding every waiting Run afresh.
-func (e *env) pass() { e.sched.pass(e.ctx, newDecisionMemo()) }
+func (e *env) pass() { e.sched.pass(e.ctx, queue.NewMemo()) }
 
 // A pass takes Runs oldest first, whatever order they came in: on a node
 // with room for one, the oldest starts and the rest queue behind it, and
