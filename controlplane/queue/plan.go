@@ -112,15 +112,16 @@ type planner struct {
 	// freed are Runs that stop or were chosen to in this pass: their
 	// place counts as free for victim searches.
 	freed map[string]bool
-	// claims are places preemptors of this pass wait for, by node.
-	claims map[string][]schemas.Resources
+	// claims are the places preemptors wait for, by node: those their
+	// recorded wait names, and those chosen in this pass.
+	claims map[string][]claim
 	// blocked holds, per Shape, a decision with no eligible node at all.
 	blocked map[Shape]*schemas.BookingDecision
 }
 
 func newPlanner(in Input, memo *Memo) *planner {
 	p := &planner{in: in, memo: memo, tenants: map[string]*tenantState{}, byNode: map[string][]*schemas.Run{},
-		freed: map[string]bool{}, claims: map[string][]schemas.Resources{}, blocked: map[Shape]*schemas.BookingDecision{}}
+		freed: map[string]bool{}, claims: map[string][]claim{}, blocked: map[Shape]*schemas.BookingDecision{}}
 	for _, n := range in.Fleet.Nodes {
 		if rec := &n.Record; rec.State == schemas.NodeReady && rec.Live(in.Now) {
 			p.totals = p.totals.Add(rec.Capacity)
@@ -135,6 +136,11 @@ func newPlanner(in Input, memo *Memo) *planner {
 		p.byNode[r.NodeID] = append(p.byNode[r.NodeID], r)
 		if r.Stopping != "" {
 			p.freed[r.ID] = true
+		}
+	}
+	for _, r := range in.Waiting {
+		if node, ok := claimedNode(r); ok {
+			p.claims[node] = append(p.claims[node], claim{r.ID, r.Request.Resources})
 		}
 	}
 	p.keys = memo.keysFor(in, p.byNode)

@@ -39,6 +39,7 @@ func (a *victimSet) less(b *victimSet) bool {
 // waits on a preemption); false leaves r to wait as decided.
 func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityClass, d schemas.BookingDecision) bool {
 	reclaim := withinNominal(t, r.Request.Resources, requestModel(r))
+	p.unclaim(r.ID)
 	var best *victimSet
 	for _, c := range d.Candidates {
 		if !c.Eligible && c.Reason != schemas.ReasonAtCapacity && c.Reason != schemas.ReasonQueueFull {
@@ -55,10 +56,10 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 	if best == nil {
 		return false
 	}
-	p.claims[best.node] = append(p.claims[best.node], r.Request.Resources)
+	p.claims[best.node] = append(p.claims[best.node], claim{r.ID, r.Request.Resources})
 	d.Winner, d.WinnerQueued, d.GPUs = "", false, nil
 	if len(best.victims) == 0 {
-		p.wait(r, schemas.CodePreempting, "preempting on "+best.node+": waiting for "+strings.Join(best.stopping, ","),
+		p.wait(r, schemas.CodePreempting, preemptingOn+best.node+": waiting for "+strings.Join(best.stopping, ","),
 			"waits for "+strings.Join(best.stopping, ", ")+" to stop on "+best.node, &d)
 		return true
 	}
@@ -73,7 +74,7 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		ids[i] = v.RunID
 	}
 	p.res.Actions = append(p.res.Actions, Action{Kind: KindPreempt, Run: r, Decision: d, Code: schemas.CodePreempting, Victims: best.victims,
-		Summary: "preempting on " + best.node + ": " + strings.Join(ids, ","),
+		Summary: preemptingOn + best.node + ": " + strings.Join(ids, ","),
 		Message: fmt.Sprintf("preempting %d Run(s) on %s to make room: %s", len(ids), best.node, strings.Join(names, ", "))})
 	return true
 }
@@ -183,7 +184,7 @@ func (p *planner) fitsAfter(n *placement.Node, r *schemas.Run, gone map[string]b
 	}
 	need, count := r.Request.Resources, len(running)+1
 	for _, c := range p.claims[n.Record.NodeID] {
-		need, count = need.Add(c), count+1
+		need, count = need.Add(c.res), count+1
 	}
 	for _, q := range n.Queued {
 		need, count = need.Add(q.Resources), count+1
@@ -198,4 +199,31 @@ func (p *planner) fitsAfter(n *placement.Node, r *schemas.Run, gone map[string]b
 	view.Running = running
 	_, _, ok := view.PickGPUs(need.GPUCount, r.Request.GPU)
 	return ok
+}
+
+// claim is a place a preemptor waits for.
+type claim struct {
+	runID string
+	res   schemas.Resources
+}
+
+// preemptingOn begins the wait summary of a preemptor, naming its node.
+const preemptingOn = "preempting on "
+
+// claimedNode is the node r's recorded wait says it preempts on: a
+// preemptor the re-decision rule skips keeps its place that way.
+func claimedNode(r *schemas.Run) (string, bool) {
+	rest, ok := strings.CutPrefix(r.Waiting, preemptingOn)
+	if !ok {
+		return "", false
+	}
+	node, _, ok := strings.Cut(rest, ":")
+	return node, ok
+}
+
+// unclaim drops runID's claims: it is searching again.
+func (p *planner) unclaim(runID string) {
+	for node, cs := range p.claims {
+		p.claims[node] = slices.DeleteFunc(cs, func(c claim) bool { return c.runID == runID })
+	}
 }

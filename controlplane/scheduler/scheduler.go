@@ -168,13 +168,19 @@ func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 		return
 	}
 	pol := s.policy()
-	plan := queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: snapshot(), Booked: booked, Waiting: waiting, Budget: s.budget(now),
-		Decide:         func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) { return s.decide(r, f, now) },
-		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil}, memo)
+	plan := s.plan(pol, booked, waiting, snapshot(), now, memo)
 	for _, err := range plan.Errors {
 		s.log.Warn("scheduling pass: no decision", zap.Error(err))
 	}
 	s.apply(ctx, plan.Actions, pol, snapshot(), now)
+}
+
+// plan plans the waiting Runs over fleet (queue.Plan), deciding with this
+// scheduler's placement.
+func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, fleet *placement.Fleet, now time.Time, memo *queue.Memo) queue.Result {
+	return queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: fleet, Booked: booked, Waiting: waiting, Budget: s.budget(now),
+		Decide:         func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) { return s.decide(r, f, now) },
+		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil}, memo)
 }
 
 // step gives r the step it is due, other than placing it; it reports
