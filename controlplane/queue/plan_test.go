@@ -173,7 +173,9 @@ func TestReclaimFromBorrower(t *testing.T) {
 func TestBudget(t *testing.T) {
 	s := newSim(t, schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
 		"acme": {Budget: &schemas.Budget{AmountUSD: 500, Period: "day", StopRunning: true}}, "beta": {}}})
-	s.budget = func(tenant string) (bool, string) { return tenant == "acme", "spent 512.40 of its 500.00 USD budget for day 2026-12-07" }
+	s.budget = func(tenant string) (bool, string) {
+		return tenant == "acme", "spent 512.40 of its 500.00 USD budget for day 2026-12-07"
+	}
 	s.node("n1", 64000, 0, "")
 	running := s.hold("acme", "n1", 1000, 0, false)
 	w, b := s.submit("acme", 1000, 0), s.submit("beta", 1000, 0)
