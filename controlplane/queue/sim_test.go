@@ -112,6 +112,15 @@ func (s *sim) startQueued() {
 // pass plans one pass and applies it.
 func (s *sim) pass() Result {
 	s.startQueued()
+	res := s.planOnly()
+	for _, a := range res.Actions {
+		s.apply(a)
+	}
+	return res
+}
+
+// planOnly plans a pass over the Runs as they are.
+func (s *sim) planOnly() Result {
 	var booked, waiting []*schemas.Run
 	for _, r := range s.sorted() {
 		if r.Phase == schemas.PhaseAccepted {
@@ -125,9 +134,6 @@ func (s *sim) pass() Result {
 			return placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: digest}, f, s.now, s.cfg), nil
 		}, UnknownRuntime: 10 * time.Minute}, s.memo)
 	s.decisions += res.Decisions
-	for _, a := range res.Actions {
-		s.apply(a)
-	}
 	s.last = res
 	return res
 }
