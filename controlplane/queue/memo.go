@@ -116,7 +116,8 @@ func (m *Memo) shapeKey(k *passKeys, s Shape) uint64 {
 
 // runKey is what r's decision depends on in this pass.
 func (m *Memo) runKey(k *passKeys, r *schemas.Run, s Shape, overBudget bool) uint64 {
-	b := strconv.AppendUint(nil, m.shapeKey(k, s), 10)
+	var buf [128]byte
+	b := strconv.AppendUint(buf[:0], m.shapeKey(k, s), 10)
 	b = append(append(b, 0), k.policy...)
 	b = strconv.AppendInt(append(b, 0), int64(r.Attempt), 10)
 	b = strconv.AppendBool(b, overBudget)

@@ -17,6 +17,10 @@ type tenantState struct {
 	waiting []*schemas.Run // of the level being served, oldest first
 	next    int
 
+	// shareOf caches share while shareOK: it moves only as use does.
+	shareOf float64
+	shareOK bool
+
 	budgetAsked bool
 	over        bool
 	overWhy     string
@@ -133,6 +137,9 @@ func (p *planner) before(a, b *tenantState) bool {
 // share is t's weighted dominant share: the largest fraction of the live
 // fleet's GPUs, CPU or memory it holds, over its weight.
 func (p *planner) share(t *tenantState) float64 {
+	if t.shareOK {
+		return t.shareOf
+	}
 	frac := func(used, total int64) float64 {
 		if total <= 0 {
 			return 0
@@ -141,5 +148,6 @@ func (p *planner) share(t *tenantState) float64 {
 	}
 	gpus := t.use.value(dimGPUs, "*")
 	s := max(frac(gpus, p.totals.GPUCount), frac(t.use.cpu, p.totals.CPUMillis), frac(t.use.mem, p.totals.MemoryBytes))
-	return s / t.pol.Weight
+	t.shareOf, t.shareOK = s/t.pol.Weight, true
+	return t.shareOf
 }

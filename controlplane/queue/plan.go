@@ -132,7 +132,7 @@ func newPlanner(in Input, memo *Memo) *planner {
 		if n := in.Fleet.Node(r.NodeID); n != nil {
 			model = NodeGPUModel(n.Record)
 		}
-		p.tenant(r.TenantOf()).use.add(r.Request.Resources, model, 1)
+		p.tenant(r.TenantOf()).hold(r.Request.Resources, model, 1)
 		p.byNode[r.NodeID] = append(p.byNode[r.NodeID], r)
 		if r.Stopping != "" {
 			p.freed[r.ID] = true

@@ -17,6 +17,13 @@ type usage struct {
 	gpus map[string]int64
 }
 
+// hold counts (sign 1) or uncounts (-1) a Run of t holding res on cards
+// of model.
+func (t *tenantState) hold(res schemas.Resources, model string, sign int64) {
+	t.use.add(res, model, sign)
+	t.shareOK = false
+}
+
 // add counts (sign 1) or uncounts (-1) a Run holding res on cards of model.
 func (u *usage) add(res schemas.Resources, model string, sign int64) {
 	u.runs += sign

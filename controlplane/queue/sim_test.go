@@ -2,7 +2,6 @@ package queue
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -27,7 +26,9 @@ type sim struct {
 	cfg       placement.Config
 	budget    func(string) (bool, string)
 	seq       int
+	order     []*schemas.Run // every Run submitted, oldest first
 	decisions int
+	planTime  time.Duration // in planOnly: the fleet snapshot and the plan
 	last      Result
 }
 
@@ -64,22 +65,28 @@ func (s *sim) submit(tenant string, cpu, gpus int64, mod ...func(*schemas.RunReq
 	r := &schemas.Run{ID: fmt.Sprintf("r-%05d", s.seq), Tenant: tenant, Request: req, Phase: schemas.PhaseAccepted,
 		CreatedAt: s.now.Add(time.Duration(s.seq) * time.Millisecond), PhaseSince: s.now}
 	s.runs[r.ID] = r
+	s.order = append(s.order, r)
 	return r
 }
 
+// sorted lists the Runs oldest first (submitted in that order).
 func (s *sim) sorted() []*schemas.Run {
-	return slices.SortedFunc(maps.Values(s.runs), olderFirst)
+	s.order = slices.DeleteFunc(s.order, func(r *schemas.Run) bool { return s.runs[r.ID] != r })
+	return slices.Clone(s.order)
 }
 
 // fleet is the fleet as the scheduler's snapshot builds it.
 func (s *sim) fleet() *placement.Fleet {
+	byNode := map[string][]*schemas.Run{}
+	for _, r := range s.sorted() {
+		if r.Phase != schemas.PhaseAccepted {
+			byNode[r.NodeID] = append(byNode[r.NodeID], r)
+		}
+	}
 	nodes := make([]*placement.Node, len(s.nodes))
 	for i, rec := range s.nodes {
 		n := placement.NewNode(rec)
-		for _, r := range s.sorted() {
-			if r.NodeID != rec.NodeID || r.Phase == schemas.PhaseAccepted {
-				continue
-			}
+		for _, r := range byNode[rec.NodeID] {
 			b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: r.PhaseSince.Add(10 * time.Minute), GPUs: r.GPUs, Want: r.Request.GPU}
 			if r.Queued {
 				n.Queued = append(n.Queued, b)
@@ -129,6 +136,8 @@ func (s *sim) planOnly() Result {
 			booked = append(booked, r)
 		}
 	}
+	start := time.Now()
+	defer func() { s.planTime += time.Since(start) }()
 	res := Plan(Input{Now: s.now, Policy: s.pol, Fleet: s.fleet(), Booked: booked, Waiting: waiting, Budget: s.budget,
 		Decide: func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) {
 			return placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: digest}, f, s.now, s.cfg), nil

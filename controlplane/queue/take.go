@@ -73,7 +73,7 @@ func (p *planner) won(t *tenantState, r *schemas.Run, cls schemas.PriorityClass,
 	}
 	p.in.Fleet.Book(d.Winner, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: p.in.Now.Add(hold),
 		GPUs: d.GPUs, Want: r.Request.GPU}, d.WinnerQueued)
-	t.use.add(r.Request.Resources, model, 1)
+	t.hold(r.Request.Resources, model, 1)
 	p.res.Actions = append(p.res.Actions, Action{Kind: KindPlace, Run: r, Decision: d, GPUModel: model})
 }
 
