@@ -117,11 +117,13 @@ type planner struct {
 	claims map[string][]claim
 	// blocked holds, per Shape, a decision with no eligible node at all.
 	blocked map[Shape]*schemas.BookingDecision
+	// fruitless are the victim searches of this pass that found nothing.
+	fruitless map[searchKey]bool
 }
 
 func newPlanner(in Input, memo *Memo) *planner {
 	p := &planner{in: in, memo: memo, tenants: map[string]*tenantState{}, byNode: map[string][]*schemas.Run{},
-		freed: map[string]bool{}, claims: map[string][]claim{}, blocked: map[Shape]*schemas.BookingDecision{}}
+		freed: map[string]bool{}, claims: map[string][]claim{}, blocked: map[Shape]*schemas.BookingDecision{}, fruitless: map[searchKey]bool{}}
 	for _, n := range in.Fleet.Nodes {
 		if rec := &n.Record; rec.State == schemas.NodeReady && rec.Live(in.Now) {
 			p.totals = p.totals.Add(rec.Capacity)

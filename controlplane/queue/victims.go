@@ -39,6 +39,18 @@ func (a *victimSet) less(b *victimSet) bool {
 // waits on a preemption); false leaves r to wait as decided.
 func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityClass, d schemas.BookingDecision) bool {
 	reclaim := withinNominal(t, r.Request.Resources, requestModel(r))
+	// Within a pass victims only go and claims only grow, so a search
+	// that found nothing finds nothing again for a Run alike (one with a
+	// claim of its own to give up excepted).
+	alike := searchKey{shape: ShapeOf(r.Request), value: cls.Value, preempts: cls.Preempts}
+	if reclaim {
+		alike.reclaimFor = t.name
+	}
+	if _, claimed := claimedNode(r); !claimed {
+		if p.fruitless[alike] {
+			return false
+		}
+	}
 	p.unclaim(r.ID)
 	var best *victimSet
 	for _, c := range d.Candidates {
@@ -54,6 +66,7 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		}
 	}
 	if best == nil {
+		p.fruitless[alike] = true
 		return false
 	}
 	p.claims[best.node] = append(p.claims[best.node], claim{r.ID, r.Request.Resources})
@@ -226,4 +239,13 @@ func (p *planner) unclaim(runID string) {
 	for node, cs := range p.claims {
 		p.claims[node] = slices.DeleteFunc(cs, func(c claim) bool { return c.runID == runID })
 	}
+}
+
+// searchKey is what a victim search depends on besides the fleet: the
+// Run's shape, its class, and the tenant it reclaims for, if any.
+type searchKey struct {
+	shape      Shape
+	value      int
+	preempts   bool
+	reclaimFor string
 }
