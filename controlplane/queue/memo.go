@@ -26,8 +26,8 @@ type Memo struct {
 	seed  maphash.Seed
 	pass  uint64
 	byRun map[string]memoEntry
-	// deps are, per Shape, the positions of the nodes its last decision
-	// depended on, for the node set of nodeSet.
+	// deps are, per Shape, the nodes its last decision depended on, for
+	// the node set of nodeSet.
 	deps map[Shape]shapeDeps
 }
 
@@ -39,7 +39,7 @@ type memoEntry struct {
 
 type shapeDeps struct {
 	nodeSet uint64
-	nodes   []int
+	nodes   []string
 }
 
 // NewMemo returns an empty memo: every waiting Run is decided once.
@@ -50,7 +50,7 @@ func NewMemo() *Memo {
 // passKeys are one pass's fingerprints of the fleet.
 type passKeys struct {
 	nodeSet uint64   // which nodes there are
-	nodes   []uint64 // each node's record and bookings, by position
+	nodes   map[string]uint64 // each node's record and bookings
 	all     uint64
 	policy  string
 	shapes  map[Shape]uint64
@@ -59,11 +59,12 @@ type passKeys struct {
 // keysFor fingerprints in's fleet: each node's record as placement reads
 // it and every booking on it (byNode: the booked Runs by node).
 func (m *Memo) keysFor(in Input, byNode map[string][]*schemas.Run) passKeys {
-	k := passKeys{nodes: make([]uint64, len(in.Fleet.Nodes)), policy: in.Policy.Version, shapes: map[Shape]uint64{}}
-	for i, n := range in.Fleet.Nodes {
-		k.nodeSet += maphash.String(m.seed, n.Record.NodeID)
-		k.nodes[i] = m.nodeKey(n, byNode[n.Record.NodeID], in.Now)
-		k.all += k.nodes[i]
+	k := passKeys{nodes: make(map[string]uint64, len(in.Fleet.Nodes)), policy: in.Policy.Version, shapes: map[Shape]uint64{}}
+	for _, n := range in.Fleet.Nodes {
+		id := n.Record.NodeID
+		k.nodeSet += maphash.String(m.seed, id)
+		k.nodes[id] = m.nodeKey(n, byNode[id], in.Now)
+		k.all += k.nodes[id]
 	}
 	k.all += k.nodeSet
 	return k
@@ -106,8 +107,8 @@ func (m *Memo) shapeKey(k *passKeys, s Shape) uint64 {
 	v := k.all
 	if d, ok := m.deps[s]; ok && d.nodeSet == k.nodeSet {
 		v = k.nodeSet
-		for _, i := range d.nodes {
-			v += k.nodes[i]
+		for _, id := range d.nodes {
+			v += k.nodes[id]
 		}
 	}
 	k.shapes[s] = v
@@ -145,12 +146,12 @@ func (m *Memo) decided(runID string, key uint64, now time.Time) {
 func (m *Memo) forget(runID string) { delete(m.byRun, runID) }
 
 // dependsOn records the nodes d (a decision for a Run of shape s over the
-// pass's fleet, candidates in fleet order) could ever use.
+// pass's fleet) could ever use.
 func (m *Memo) dependsOn(k *passKeys, s Shape, d *schemas.BookingDecision) {
 	deps := shapeDeps{nodeSet: k.nodeSet}
-	for i, c := range d.Candidates {
+	for _, c := range d.Candidates {
 		if !Permanent(c.Reason) || c.Eligible {
-			deps.nodes = append(deps.nodes, i)
+			deps.nodes = append(deps.nodes, c.NodeID)
 		}
 	}
 	if len(m.deps) > maxShapes {
