@@ -49,7 +49,7 @@ func NewMemo() *Memo {
 
 // passKeys are one pass's fingerprints of the fleet.
 type passKeys struct {
-	nodeSet uint64   // which nodes there are
+	nodeSet uint64            // which nodes there are
 	nodes   map[string]uint64 // each node's record and bookings
 	all     uint64
 	policy  string
