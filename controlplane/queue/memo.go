@@ -57,13 +57,17 @@ type passKeys struct {
 }
 
 // keysFor fingerprints in's fleet: each node's record as placement reads
-// it and every booking on it (byNode: the booked Runs by node).
-func (m *Memo) keysFor(in Input, byNode map[string][]*schemas.Run) passKeys {
+// it, every booking on it (byNode: the booked Runs by node) and the
+// preemptors its place is held for (claims).
+func (m *Memo) keysFor(in Input, byNode map[string][]*schemas.Run, claims map[string][]claim) passKeys {
 	k := passKeys{nodes: make(map[string]uint64, len(in.Fleet.Nodes)), policy: in.Policy.Version, shapes: map[Shape]uint64{}}
 	for _, n := range in.Fleet.Nodes {
 		id := n.Record.NodeID
 		k.nodeSet += maphash.String(m.seed, id)
 		k.nodes[id] = m.nodeKey(n, byNode[id], in.Now)
+		for _, c := range claims[id] {
+			k.nodes[id] += maphash.String(m.seed, "claim\x00"+c.runID)
+		}
 		k.all += k.nodes[id]
 	}
 	k.all += k.nodeSet

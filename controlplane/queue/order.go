@@ -100,15 +100,31 @@ func olderFirst(a, b *schemas.Run) int {
 	return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 }
 
-// serve takes the level's Runs one at a time, each from the tenant with
+// serve takes the level's Runs one at a time: first the preemptors whose
+// recorded wait holds a place (oldest first), whose claims are then as
+// this pass finds them for everyone after; then each from the tenant with
 // the lowest weighted dominant share now (ties: the tenant whose next Run
 // is older). A Run that waits does not stop the next.
 func (p *planner) serve(l level) {
+	var claimants []*schemas.Run
 	active := make([]*tenantState, 0, len(l.tenants))
 	for _, lt := range l.tenants {
 		t := p.tenant(lt.name)
-		t.waiting, t.next = lt.waiting, 0
-		active = append(active, t)
+		t.waiting, t.next = lt.waiting[:0:0], 0
+		for _, r := range lt.waiting {
+			if _, ok := claimedNode(r); ok {
+				claimants = append(claimants, r)
+			} else {
+				t.waiting = append(t.waiting, r)
+			}
+		}
+		if len(t.waiting) > 0 {
+			active = append(active, t)
+		}
+	}
+	slices.SortFunc(claimants, olderFirst)
+	for _, r := range claimants {
+		p.take(p.tenant(r.TenantOf()), r)
 	}
 	for len(active) > 0 {
 		best := 0

@@ -119,6 +119,10 @@ type planner struct {
 	blocked map[Shape]*schemas.BookingDecision
 	// fruitless are the victim searches of this pass that found nothing.
 	fruitless map[searchKey]bool
+	// unclaimed is the fleet without the nodes held for preemptors (those
+	// named by unclaimedKey) against a Run, made when a winner is held.
+	unclaimed    *placement.Fleet
+	unclaimedKey string
 }
 
 func newPlanner(in Input, memo *Memo) *planner {
@@ -140,12 +144,15 @@ func newPlanner(in Input, memo *Memo) *planner {
 			p.freed[r.ID] = true
 		}
 	}
+	// A preemptor's recorded wait holds its place until it is served
+	// again in this pass, which serves it first among its class: only
+	// higher classes, which a claim does not hold back, come before.
 	for _, r := range in.Waiting {
 		if node, ok := claimedNode(r); ok {
-			p.claims[node] = append(p.claims[node], claim{r.ID, r.Request.Resources})
+			p.claims[node] = append(p.claims[node], claim{r.ID, r.Request.Resources, p.class(r).Value})
 		}
 	}
-	p.keys = memo.keysFor(in, p.byNode)
+	p.keys = memo.keysFor(in, p.byNode, p.claims)
 	return p
 }
 

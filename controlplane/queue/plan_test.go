@@ -190,3 +190,50 @@ func TestBudget(t *testing.T) {
 		t.Errorf("placed %v, want beta's Run", placed(res))
 	}
 }
+
+// On a node whose queue leaves no room for a preemptor beside it, the
+// preemptor makes room for itself: the queue's head takes the place, and
+// the preemptor preempts again (room for the rest of the queue and itself,
+// now that there can be) and starts once the queue has drained, at the
+// price of at most one Run more than the queue holds.
+func TestPreemptionThroughAQueue(t *testing.T) {
+	s := newSim(t, schemas.SchedulingPolicy{DefaultPriority: "low", PriorityClasses: []schemas.PriorityClass{
+		{Name: "urgent", Value: 10, Preempts: true}, {Name: "low", Value: 0}}})
+	s.node("n1", 4000, 0, "")
+	preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+	for range 4 {
+		s.hold("x", "n1", 1000, 0, false, preemptible)
+	}
+	for range 4 {
+		s.hold("x", "n1", 1000, 0, true, preemptible)
+	}
+	u := s.submit("y", 1000, 0, func(r *schemas.RunRequest) { r.Priority = "urgent" })
+	victims := 0
+	for range 8 {
+		s.now = s.now.Add(time.Second)
+		res := s.pass()
+		if s.runs[u.ID].Phase != schemas.PhaseAccepted {
+			running := 0
+			for _, r := range s.runs {
+				if r.NodeID == "n1" && !r.Queued && r.Phase != schemas.PhaseAccepted {
+					running++
+				}
+			}
+			if running > 4 {
+				t.Errorf("n1 runs %d Runs of 1000m on 4000m", running)
+			}
+			return
+		}
+		for _, a := range res.Actions {
+			if victims += len(a.Victims); victims > 5 {
+				t.Fatalf("%d Runs preempted for one, behind a queue of 4", victims)
+			}
+		}
+		for _, r := range s.sorted() {
+			if r.Stopping != "" {
+				s.end(r.ID)
+			}
+		}
+	}
+	t.Fatalf("the urgent Run still waits: %q", s.runs[u.ID].Waiting)
+}

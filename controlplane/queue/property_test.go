@@ -113,8 +113,22 @@ func withinQuota(ts map[string]*tenantState, t *tenantState, res schemas.Resourc
 }
 
 // checkedPass plans and applies a pass, checking each action as it is
-// applied and the waiting Runs after.
+// applied, lets some victims stop, and checks the waiting Runs once the
+// passes after settle.
 func (s *sim) checkedPass(rt *rapid.T) {
+	s.checkedPlan(rt)
+	// Victims stop in their own time; some do now.
+	for _, r := range s.sorted() {
+		if r.Stopping != "" && rapid.Bool().Draw(rt, "victim ends") {
+			s.end(r.ID)
+		}
+	}
+	s.noStarvation(rt)
+}
+
+// checkedPlan plans and applies a pass, checking each action as it is
+// applied.
+func (s *sim) checkedPlan(rt *rapid.T) Result {
 	s.startQueued()
 	res := s.planOnly()
 	for _, a := range res.Actions {
@@ -138,23 +152,28 @@ func (s *sim) checkedPass(rt *rapid.T) {
 		}
 		s.apply(a)
 	}
-	// Victims stop in their own time; some do now.
-	for _, r := range s.sorted() {
-		if r.Stopping != "" && rapid.Bool().Draw(rt, "victim ends") {
-			s.end(r.ID)
-		}
-	}
-	s.noStarvation(rt)
+	return res
 }
 
 // noStarvation fails when a waiting Run within its tenant's quota fits a
-// node that is free of queues, with room and cards for it now, after a
-// pass that saw it (one more pass, with nothing changed, settles what the
-// pass's own ends freed).
+// node that is free of queues and not held for a preemptor whose victims
+// still stop, with room and cards for it now, once passes with nothing
+// else happening have settled (a preemptor that gives up the place it
+// held frees it for the Runs after it only in the next pass).
 func (s *sim) noStarvation(rt *rapid.T) {
-	s.pass()
+	for range 4 {
+		if res := s.checkedPlan(rt); len(res.Actions) == 0 {
+			break
+		}
+	}
 	f := s.fleet()
 	ts := s.usageNow()
+	held := map[string]bool{} // nodes held for a preemptor whose victims still stop
+	for _, r := range s.runs {
+		if node, ok := claimedNode(r); ok && r.Phase == schemas.PhaseAccepted {
+			held[node] = true
+		}
+	}
 	for _, r := range s.sorted() {
 		if r.Phase != schemas.PhaseAccepted || !withinQuota(ts, ts[r.TenantOf()], r.Request.Resources) {
 			continue
@@ -164,7 +183,7 @@ func (s *sim) noStarvation(rt *rapid.T) {
 			for _, b := range n.Running {
 				free = free.Sub(b.Resources)
 			}
-			if _, _, cards := n.PickGPUs(r.Request.Resources.GPUCount, nil); len(n.Queued) == 0 && r.Request.Resources.Fits(free) && cards {
+			if _, _, cards := n.PickGPUs(r.Request.Resources.GPUCount, nil); !held[n.Record.NodeID] && len(n.Queued) == 0 && r.Request.Resources.Fits(free) && cards {
 				rt.Fatalf("%s (tenant %s) waits (%q) while %s is free for it", r.ID, r.TenantOf(), r.Waiting, n.Record.NodeID)
 			}
 		}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/warmfleet/warmfleet/controlplane/placement"
@@ -13,11 +14,13 @@ import (
 func (p *planner) take(t *tenantState, r *schemas.Run) {
 	if over, why := p.overBudget(t); over {
 		p.memo.forget(r.ID)
+		p.unclaim(r.ID)
 		p.wait(r, schemas.CodeBudget, "budget: tenant "+t.name+" is past its budget", "tenant "+t.name+" "+why+"; waits for the next period", nil)
 		return
 	}
 	if e := p.quotaExcess(t, r.Request.Resources, requestModel(r)); e != nil {
 		p.memo.forget(r.ID)
+		p.unclaim(r.ID)
 		s, m := e.wait(t.name)
 		p.wait(r, schemas.CodeQuota, s, m, nil)
 		return
@@ -28,6 +31,8 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 		p.res.Skipped++
 		return
 	}
+	// Decided again, r holds a place only if it preempts again.
+	p.unclaim(r.ID)
 	cls := p.class(r)
 	if d := p.blocked[shape]; d != nil && !p.in.DecideAll {
 		p.skipBlocked(t, r, cls, *d, key)
@@ -55,8 +60,19 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 }
 
 // won places r on d's winner, unless its cards' model puts t over quota,
-// or r would only queue there and may preempt instead.
+// or r would only queue there and may preempt instead. A winner held for
+// a preemptor is decided again without the held nodes.
 func (p *planner) won(t *tenantState, r *schemas.Run, cls schemas.PriorityClass, d schemas.BookingDecision) {
+	if by := p.claimedAgainst(r, d); by != "" {
+		held := heldFor(d, by)
+		alt, err := p.in.Decide(r, p.unclaimedFleet(r))
+		p.res.Decisions++
+		if err != nil || alt.Winner == "" {
+			p.res.Actions = append(p.res.Actions, Action{Kind: KindWait, Run: r, Decision: held, Code: schemas.CodeNoCapacity})
+			return
+		}
+		d = alt
+	}
 	model := NodeGPUModel(p.in.Fleet.Node(d.Winner).Record)
 	if e := p.quotaExcess(t, r.Request.Resources, model); e != nil {
 		p.memo.forget(r.ID)
@@ -126,4 +142,55 @@ func requestModel(r *schemas.Run) string {
 		return ""
 	}
 	return r.Request.GPU.Model
+}
+
+// claimedAgainst names a preemptor that d's winner is held for and that
+// r would take the place of ("" when none): r may queue on no claimed
+// node (its queue starts before the preemptor), and start on one only
+// beside every claim, once the Runs stopping there are gone.
+func (p *planner) claimedAgainst(r *schemas.Run, d schemas.BookingDecision) string {
+	i := slices.IndexFunc(p.claims[d.Winner], func(c claim) bool { return p.holds(c, r) })
+	if i < 0 {
+		return ""
+	}
+	if d.WinnerQueued || !p.fitsAfter(p.in.Fleet.Node(d.Winner), r, p.freed, false) {
+		return p.claims[d.Winner][i].runID
+	}
+	return ""
+}
+
+// heldFor is d with its winner refused: the node is held for preemptor by.
+func heldFor(d schemas.BookingDecision, by string) schemas.BookingDecision {
+	d.Candidates = slices.Clone(d.Candidates)
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; c.NodeID == d.Winner {
+			c.Eligible, c.Reason, c.Detail = false, schemas.CodePreempting, "held for "+by+", which preempted Runs here to start"
+		}
+	}
+	d.Winner, d.WinnerQueued, d.GPUs = "", false, nil
+	return d
+}
+
+// unclaimedFleet is the pass's fleet without the nodes held for
+// preemptors against r. It shares the fleet's nodes, so bookings made on
+// either show in both; it is indexed again only when the held nodes change.
+func (p *planner) unclaimedFleet(r *schemas.Run) *placement.Fleet {
+	var held []string
+	for node, cs := range p.claims {
+		if slices.ContainsFunc(cs, func(c claim) bool { return p.holds(c, r) }) {
+			held = append(held, node)
+		}
+	}
+	slices.Sort(held)
+	key := strings.Join(held, "\x00")
+	if p.unclaimed == nil || p.unclaimedKey != key {
+		nodes := make([]*placement.Node, 0, len(p.in.Fleet.Nodes))
+		for _, n := range p.in.Fleet.Nodes {
+			if _, found := slices.BinarySearch(held, n.Record.NodeID); !found {
+				nodes = append(nodes, n)
+			}
+		}
+		p.unclaimed, p.unclaimedKey = placement.NewFleet(nodes), key
+	}
+	return p.unclaimed
 }

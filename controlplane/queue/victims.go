@@ -26,9 +26,15 @@ type victimSet struct {
 	gpuSec, cpuSec float64
 	// stopping are the Runs already stopping there that it waits for.
 	stopping []string
+	// queueFirst: the set makes room for the preemptor but not for the
+	// node's queue too, which takes it first; any other set is better.
+	queueFirst bool
 }
 
 func (a *victimSet) less(b *victimSet) bool {
+	if a.queueFirst != b.queueFirst {
+		return b.queueFirst
+	}
 	return cmp.Or(cmp.Compare(a.gpuSec, b.gpuSec), cmp.Compare(a.cpuSec, b.cpuSec), cmp.Compare(a.node, b.node)) < 0
 }
 
@@ -46,12 +52,9 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 	if reclaim {
 		alike.reclaimFor = t.name
 	}
-	if _, claimed := claimedNode(r); !claimed {
-		if p.fruitless[alike] {
-			return false
-		}
+	if _, claimed := claimedNode(r); !claimed && p.fruitless[alike] {
+		return false
 	}
-	p.unclaim(r.ID)
 	var best *victimSet
 	for _, c := range d.Candidates {
 		if !c.Eligible && c.Reason != schemas.ReasonAtCapacity && c.Reason != schemas.ReasonQueueFull {
@@ -69,7 +72,7 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		p.fruitless[alike] = true
 		return false
 	}
-	p.claims[best.node] = append(p.claims[best.node], claim{r.ID, r.Request.Resources})
+	p.claims[best.node] = append(p.claims[best.node], claim{r.ID, r.Request.Resources, cls.Value})
 	d.Winner, d.WinnerQueued, d.GPUs = "", false, nil
 	if len(best.victims) == 0 {
 		p.wait(r, schemas.CodePreempting, preemptingOn+best.node+": waiting for "+strings.Join(best.stopping, ","),
@@ -93,47 +96,62 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 }
 
 // victimsOn is the fewest GPU-seconds of eligible Runs on n whose stopping
-// makes r fit there, or nil when none does.
+// makes r fit there, or nil when none does. Room is made for n's queue
+// too, which starts first; where that cannot be, room for r alone: the
+// queue's head then takes it, r preempts again (the head, just started,
+// loses least) and the queue drains toward r.
 func (p *planner) victimsOn(t *tenantState, r *schemas.Run, cls schemas.PriorityClass, reclaim bool, n *placement.Node) *victimSet {
-	s := &victimSet{node: n.Record.NodeID}
-	gone := map[string]bool{}
+	var stopping []string
 	var cands []Victim
-	for _, b := range p.byNode[s.node] {
+	for _, b := range p.byNode[n.Record.NodeID] {
 		switch {
 		case b.Queued:
 		case p.freed[b.ID]:
-			gone[b.ID] = true
-			s.stopping = append(s.stopping, b.ID)
+			stopping = append(stopping, b.ID)
 		default:
 			if why := p.why(t, cls, reclaim, b); why != "" {
 				cands = append(cands, p.victim(b, why))
 			}
 		}
 	}
-	if p.fitsAfter(n, r, gone) {
-		if len(s.stopping) == 0 {
-			return nil // it fits without anyone stopping: placement had its reasons
-		}
-		return s
-	}
 	slices.SortFunc(cands, func(a, b Victim) int {
 		return cmp.Or(cmp.Compare(a.GPUSeconds, b.GPUSeconds), cmp.Compare(cpuSeconds(a, p.in.Now), cpuSeconds(b, p.in.Now)),
 			heldSince(b.Run).Compare(heldSince(a.Run)))
 	})
-	fits := false
-	for _, v := range cands {
-		gone[v.RunID], s.victims = true, append(s.victims, v)
-		if fits = p.fitsAfter(n, r, gone); fits {
-			break
+	s := p.cheapest(n, r, stopping, cands, true)
+	if s == nil && len(n.Queued) > 0 {
+		if s = p.cheapest(n, r, stopping, cands, false); s != nil {
+			s.queueFirst = true
 		}
+	}
+	return s
+}
+
+// cheapest takes victims from cands (cheapest first) until r fits on n
+// beside the Runs that stay (and n's queue, withQueue), then drops those
+// the rest make room without; nil when r never fits. With no victim
+// needed, it is the Runs already stopping that make room, or nil when
+// none do (placement had its reasons not to place r there).
+func (p *planner) cheapest(n *placement.Node, r *schemas.Run, stopping []string, cands []Victim, withQueue bool) *victimSet {
+	s := &victimSet{node: n.Record.NodeID, stopping: stopping}
+	gone := map[string]bool{}
+	for _, id := range stopping {
+		gone[id] = true
+	}
+	fits := p.fitsAfter(n, r, gone, withQueue)
+	if fits && len(stopping) == 0 {
+		return nil
+	}
+	for i := 0; !fits && i < len(cands); i++ {
+		gone[cands[i].RunID], s.victims = true, append(s.victims, cands[i])
+		fits = p.fitsAfter(n, r, gone, withQueue)
 	}
 	if !fits {
 		return nil
 	}
-	// Drop the costliest victims the others already make room without.
 	for i := len(s.victims) - 1; i >= 0; i-- {
 		id := s.victims[i].RunID
-		if delete(gone, id); p.fitsAfter(n, r, gone) {
+		if delete(gone, id); p.fitsAfter(n, r, gone, withQueue) {
 			s.victims = slices.Delete(s.victims, i, i+1)
 		} else {
 			gone[id] = true
@@ -186,9 +204,9 @@ func cpuSeconds(v Victim, now time.Time) float64 {
 }
 
 // fitsAfter reports whether r fits on n once the Runs in gone stop,
-// beside what stays, the node's queue (which starts first) and the places
-// earlier preemptors of this pass claimed there.
-func (p *planner) fitsAfter(n *placement.Node, r *schemas.Run, gone map[string]bool) bool {
+// beside what stays, the places other preemptors claimed there, and
+// (withQueue) the node's queue, which starts first.
+func (p *planner) fitsAfter(n *placement.Node, r *schemas.Run, gone map[string]bool, withQueue bool) bool {
 	free, running := n.Record.Capacity, make([]placement.Booking, 0, len(n.Running))
 	for _, b := range n.Running {
 		if !gone[b.RunID] {
@@ -197,10 +215,12 @@ func (p *planner) fitsAfter(n *placement.Node, r *schemas.Run, gone map[string]b
 	}
 	need, count := r.Request.Resources, len(running)+1
 	for _, c := range p.claims[n.Record.NodeID] {
-		need, count = need.Add(c.res), count+1
+		if p.holds(c, r) {
+			need, count = need.Add(c.res), count+1
+		}
 	}
-	for _, q := range n.Queued {
-		need, count = need.Add(q.Resources), count+1
+	for i := 0; withQueue && i < len(n.Queued); i++ {
+		need, count = need.Add(n.Queued[i].Resources), count+1
 	}
 	if !need.Fits(free) {
 		return false
@@ -214,10 +234,17 @@ func (p *planner) fitsAfter(n *placement.Node, r *schemas.Run, gone map[string]b
 	return ok
 }
 
-// claim is a place a preemptor waits for.
+// claim is a place a preemptor waits for. It holds the place against
+// Runs of its class value and below; a higher class may take it.
 type claim struct {
 	runID string
 	res   schemas.Resources
+	value int
+}
+
+// holds reports whether c holds its place against r.
+func (p *planner) holds(c claim, r *schemas.Run) bool {
+	return c.runID != r.ID && c.value >= p.class(r).Value
 }
 
 // preemptingOn begins the wait summary of a preemptor, naming its node.
