@@ -66,6 +66,9 @@ type Request struct {
 	// Artifacts are the Run's artifacts as intake resolved them
 	// (schemas.Run.Artifacts): their sizes price a node that lacks them.
 	Artifacts []schemas.ArtifactMount
+	// Penalties are the nodes an earlier attempt of the Run failed on, each
+	// with why ("attempt 1 failed here: oom_killed").
+	Penalties map[string]string
 }
 
 // Decide scores every node for req and returns the decision: the winner

@@ -7,6 +7,8 @@ import (
 
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -124,7 +126,7 @@ func (s *Scheduler) intakeFleet(now time.Time) *intakeView {
 // Run may be told to wait for a place that freed meanwhile, and the next
 // pass, which decides every Run it has not decided itself, places it.
 func (s *Scheduler) AtIntake(r schemas.Run) lifecycle.Transition {
-	if s.renter != nil {
+	if s.renter != nil || !plainPolicy(s.policy()) {
 		return nil
 	}
 	now := s.cfg.Now()
@@ -133,9 +135,24 @@ func (s *Scheduler) AtIntake(r schemas.Run) lifecycle.Transition {
 		return nil // placement's to decide; intake only records the certain "no"
 	}
 	d, err := s.decide(&r, v.fleet, now)
-	if err != nil || d.Winner != "" || (!s.cfg.WaitForCapacity && unsatisfiable(d)) {
+	if err != nil || d.Winner != "" || (!s.cfg.WaitForCapacity && queue.Unsatisfiable(d)) {
 		return nil
 	}
 	s.stats.DecidedAtIntake.Add(1)
 	return lifecycle.NoNodeFits(d, "")
+}
+
+// plainPolicy reports whether pol treats every Run alike: no classes (none
+// preempts), no quotas, no budgets. Otherwise a Run no node fits may still
+// wait on a quota or a budget, or preempt, which only a pass can tell.
+func plainPolicy(pol *policy.Snapshot) bool {
+	if len(pol.PriorityClasses) > 0 || pol.Default.Quota != nil || pol.Default.Budget != nil {
+		return false
+	}
+	for _, t := range pol.Tenants {
+		if t.Quota != nil || t.Budget != nil {
+			return false
+		}
+	}
+	return true
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -113,7 +116,7 @@ func (e *env) run(id string) schemas.Run {
 }
 
 // pass runs one scheduling pass, deciding every waiting Run afresh.
-func (e *env) pass() { e.sched.pass(e.ctx, newDecisionMemo()) }
+func (e *env) pass() { e.sched.pass(e.ctx, queue.NewMemo()) }
 
 // A pass takes Runs oldest first, whatever order they came in: on a node
 // with room for one, the oldest starts and the rest queue behind it, and
@@ -201,6 +204,9 @@ func TestPassWaitsForRentals(t *testing.T) {
 		{"a rental on its way", &renter{coming: true, renting: "rental rt-1 is requested"},
 			"n1=insufficient_cpu; rental rt-1 is requested", "no node fits now; waiting for capacity: rental rt-1 is requested"},
 		{"the provider fails", &renter{err: errors.New("provider down")}, "n1=insufficient_cpu;", "no node fits now; waiting"},
+		{"the provider refuses for the tenant's budget", &renter{err: fmt.Errorf("renting: %w", &schemas.Refusal{Code: schemas.CodeBudget, Field: "tenant",
+			Reason: "tenant default spent 499.00 of its 500.00 USD budget for day 2026-01-01; a rental would cost 4.00"})},
+			"budget: no rental for tenant default", "no node fits now, and no rental: tenant default spent 499.00 of its 500.00 USD budget for day 2026-01-01; a rental would cost 4.00"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, false, tc.renter)
@@ -284,5 +290,33 @@ func TestAtIntake(t *testing.T) {
 				t.Error("the early decision was not counted")
 			}
 		})
+	}
+}
+
+// A tenant at its quota has its next Run wait on the quota, named in the
+// Run and its event, however many passes see it; the Run it waits behind
+// is placed.
+func TestPassQuotaWait(t *testing.T) {
+	e := newEnv(t, false, nil)
+	one := int64(1)
+	e.sched.cfg.Policy = policy.Static(schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
+		schemas.DefaultTenant: {Quota: &schemas.Quota{Runs: &one}}}}, "v1")
+	e.node("n1", 4000)
+	first, second := e.submit("first", 1000, time.Second), e.submit("second", 1000, 0)
+	e.pass()
+	if r := e.run(first.ID); r.Phase != schemas.PhasePlaced {
+		t.Fatalf("the first Run: %s", r.Phase)
+	}
+	r := e.run(second.ID)
+	if r.Phase != schemas.PhaseAccepted || r.Waiting != "quota: runs 1 of 1" || r.Outbox[0].Code != schemas.CodeQuota ||
+		!strings.HasPrefix(r.Outbox[0].Message, "tenant "+schemas.DefaultTenant+" is at its quota: 1 of 1 Runs") {
+		t.Fatalf("the second Run: %s, waiting %q, event %s %q", r.Phase, r.Waiting, r.Outbox[0].Code, r.Outbox[0].Message)
+	}
+	e.pass()
+	if again := e.run(second.ID); again.EventSeq != r.EventSeq {
+		t.Errorf("the same quota wait was recorded again: events %d → %d", r.EventSeq, again.EventSeq)
+	}
+	if tr := e.sched.AtIntake(schemas.Run{ID: "r-new", Request: schemas.RunRequest{Image: image, Resources: schemas.Resources{CPUMillis: 8000}}}); tr != nil {
+		t.Errorf("intake decided %+v under a policy with quotas", tr)
 	}
 }

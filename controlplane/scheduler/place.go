@@ -3,41 +3,62 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
+	"github.com/warmfleet/warmfleet/controlplane/usage"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// place books an accepted Run on the best node — now, or in a busy node's
-// queue when waiting there beats starting cold elsewhere — or records why
-// none fits (once per distinct answer). A Run no node could ever run fails
-// at once unless the scheduler waits for capacity.
-func (s *Scheduler) place(ctx context.Context, r schemas.Run, fleet *placement.Fleet, now time.Time) error {
-	d, err := s.decide(&r, fleet, now)
-	if err != nil {
-		return err
+// apply carries out a planned pass in its order. A step that fails is
+// logged; the next pass plans again from what is stored.
+func (s *Scheduler) apply(ctx context.Context, actions []queue.Action, pol *policy.Snapshot, fleet *placement.Fleet, now time.Time) {
+	for _, a := range actions {
+		if ctx.Err() != nil {
+			return
+		}
+		var err error
+		switch a.Kind {
+		case queue.KindPlace:
+			err = s.place(ctx, *a.Run, a, pol, fleet)
+		case queue.KindWait:
+			err = s.waitFor(ctx, *a.Run, a)
+		case queue.KindPreempt:
+			err = s.preempt(ctx, a)
+		case queue.KindBudgetStop:
+			err = s.budgetStop(ctx, *a.Run, a.Message)
+		}
+		if err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
+			s.log.Warn("scheduling pass", zap.String("run_id", a.Run.ID), zap.String("action", string(a.Kind)), zap.Error(err))
+		}
 	}
-	if d.Winner == "" {
-		return s.wait(ctx, r, d)
-	}
+}
+
+// place books r on the plan's winner — now, or in a busy node's queue when
+// waiting there beats starting cold elsewhere — priced at the winner's
+// rate for what r holds.
+func (s *Scheduler) place(ctx context.Context, r schemas.Run, a queue.Action, pol *policy.Snapshot, fleet *placement.Fleet) error {
+	d := a.Decision
 	if d.WinnerQueued && s.renter != nil {
 		// Every node that fits is busy: a fresh machine may start it sooner.
-		if renting, err := s.renter.RentBeforeQueueing(ctx, r, d); renting || err != nil {
+		if renting, err := s.renter.RentBeforeQueueing(ctx, r, d); renting || (err != nil && !budgetRefused(err)) {
 			return err
 		}
 	}
 	winner := fleet.Node(d.Winner).Record
 	run, err := s.runs.Advance(ctx, r.ID, lifecycle.Placement{
 		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.WinnerQueued, GPUs: d.GPUs, Decision: d,
+		PricePerHour: usage.Price(winner, r.Request.Resources, a.GPUModel, pol), GPUModel: a.GPUModel,
 	}, false)
 	if err != nil {
 		return err
 	}
-	fleet.Book(winner.NodeID, s.booking(&run, now), run.Queued)
 	s.log.Info("run placed", zap.String("run_id", r.ID), zap.String("node_id", winner.NodeID), zap.Int("attempt", run.Attempt), zap.Bool("queued", run.Queued))
 	if run.Queued {
 		return s.dispatch.Prepare(ctx, run)
@@ -45,13 +66,32 @@ func (s *Scheduler) place(ctx context.Context, r schemas.Run, fleet *placement.F
 	return s.dispatch.Launch(ctx, run)
 }
 
+// waitFor records a planned wait: a capacity one as wait does, any other
+// (quota, budget, preempting) as the plan says.
+func (s *Scheduler) waitFor(ctx context.Context, r schemas.Run, a queue.Action) error {
+	if a.Code == schemas.CodeNoCapacity {
+		return s.wait(ctx, r, a.Decision)
+	}
+	if r.Waiting == a.Summary {
+		return nil
+	}
+	d := a.Decision
+	d.RunID, d.Attempt, d.DecidedAt = r.ID, r.Attempt+1, s.cfg.Now()
+	_, err := s.runs.Advance(ctx, r.ID, lifecycle.Wait{Decision: d, Summary: a.Summary, Code: a.Code, Message: a.Message}, false)
+	return err
+}
+
 // wait records that no node takes r now, renting capacity for it when a
-// provider is configured; it fails r when no node ever could.
+// provider is configured; it fails r when no node ever could. A provider
+// that refuses for r's tenant's budget leaves r waiting on the budget.
 func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDecision) error {
 	coming, renting := false, ""
 	if s.renter != nil {
 		var err error
-		if coming, renting, err = s.renter.RentFor(ctx, r); err != nil {
+		if coming, renting, err = s.renter.RentFor(ctx, r); budgetRefused(err) {
+			return s.waitFor(ctx, r, queue.Action{Code: schemas.CodeBudget, Decision: d, Summary: "budget: no rental for tenant " + r.TenantOf(),
+				Message: "no node fits now, and no rental: " + schemas.AsRefusal(err).Reason})
+		} else if err != nil {
 			s.log.Warn("renting capacity", zap.String("run_id", r.ID), zap.Error(err))
 			coming = true // try again next pass rather than fail the Run
 		}
@@ -59,7 +99,7 @@ func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDe
 	w := lifecycle.NoNodeFits(d, renting)
 	var t lifecycle.Transition = w
 	switch {
-	case !s.cfg.WaitForCapacity && !coming && unsatisfiable(d):
+	case !s.cfg.WaitForCapacity && !coming && queue.Unsatisfiable(d):
 		t = lifecycle.Unsatisfiable{Decision: d, Summary: w.Summary}
 	case r.Waiting == w.Summary:
 		// Same answer as last pass, already recorded: no KV read, no
@@ -69,6 +109,50 @@ func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDe
 	}
 	_, err := s.runs.Advance(ctx, r.ID, t, false)
 	return err
+}
+
+// budgetRefused reports whether err is a capacity provider's refusal for
+// the tenant's budget.
+func budgetRefused(err error) bool {
+	var ref *schemas.Refusal
+	return errors.As(err, &ref) && ref.Code == schemas.CodeBudget
+}
+
+// preempt stops the plan's victims, each with its own grace, and records
+// that the preemptor waits for them.
+func (s *Scheduler) preempt(ctx context.Context, a queue.Action) error {
+	for _, v := range a.Victims {
+		run, err := s.stop(ctx, v.RunID, lifecycle.Preemption{AttemptID: v.Run.AttemptID, By: a.Run.ID, Why: v.Why})
+		if err != nil {
+			return err
+		}
+		s.log.Info("run preempted", zap.String("run_id", v.RunID), zap.String("by", a.Run.ID), zap.String("why", v.Why), zap.String("node_id", run.NodeID))
+	}
+	return s.waitFor(ctx, *a.Run, a)
+}
+
+// budgetStop stops r, whose tenant is past a budget that stops running
+// Runs.
+func (s *Scheduler) budgetStop(ctx context.Context, r schemas.Run, why string) error {
+	_, err := s.stop(ctx, r.ID, lifecycle.BudgetStop{AttemptID: r.AttemptID, Why: why})
+	return err
+}
+
+// deadline ends r, not started by its start deadline: at once when it
+// holds nothing, else by stopping its attempt.
+func (s *Scheduler) deadline(ctx context.Context, r schemas.Run) error {
+	_, err := s.stop(ctx, r.ID, lifecycle.DeadlineExceeded{})
+	return err
+}
+
+// stop applies t, a control-plane stop, to Run runID and, when the Run's
+// attempt is left stopping, asks its node to stop it with the Run's grace.
+func (s *Scheduler) stop(ctx context.Context, runID string, t lifecycle.Transition) (schemas.Run, error) {
+	run, err := s.runs.Advance(ctx, runID, t, false)
+	if err != nil || run.Stopping == "" {
+		return run, err
+	}
+	return run, s.dispatch.Stop(ctx, run, lifecycle.StopReason(run))
 }
 
 // startQueued launches a queued Run once it heads its node's queue and
@@ -109,18 +193,36 @@ func (s *Scheduler) resend(ctx context.Context, r schemas.Run) error {
 }
 
 // decide makes one placement decision for r's next attempt over fleet,
-// and counts it (and a miss, when no node wins).
+// every node an earlier attempt failed on penalised, and counts it (and a
+// miss, when no node wins).
 func (s *Scheduler) decide(r *schemas.Run, fleet *placement.Fleet, now time.Time) (schemas.BookingDecision, error) {
 	ref, err := schemas.ParseImageRef("image", r.Request.Image)
 	if err != nil {
-		return schemas.BookingDecision{}, err
+		return schemas.BookingDecision{}, fmt.Errorf("run %s: %w", r.ID, err)
 	}
 	start := time.Now()
-	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest, Artifacts: r.Artifacts}, fleet, now, s.cfg.Placement)
+	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest, Artifacts: r.Artifacts,
+		Penalties: penalties(r.Attempts)}, fleet, now, s.cfg.Placement)
 	s.stats.DecisionNanos.Add(time.Since(start).Nanoseconds())
 	s.stats.Decisions.Add(1)
 	if d.Winner == "" {
 		s.stats.PlacementMisses.Add(1)
 	}
 	return d, nil
+}
+
+// penalties names each node an earlier attempt failed on, and how (nil
+// when none did): preempted attempts and successes are no failure.
+func penalties(attempts []schemas.AttemptRecord) map[string]string {
+	var p map[string]string
+	for _, a := range attempts {
+		if a.Outcome == "" || a.Outcome == "succeeded" || a.Outcome == schemas.CodePreempted || a.NodeID == "" {
+			continue
+		}
+		if p == nil {
+			p = map[string]string{}
+		}
+		p[a.NodeID] = fmt.Sprintf("attempt %d failed here: %s", a.Attempt, a.Outcome)
+	}
+	return p
 }

@@ -1,8 +1,10 @@
 // Package scheduler drives every Run forward from what is stored: each
 // pass sweeps lapsed node leases, repairs missed event publishes, and gives
-// each active Run the step its lifecycle stage owes (place it, start it
-// from its node's queue, resend or stop). It also makes intake's early
-// decision. Runs are taken oldest first: the queue order lives in pass.
+// each active Run the step its lifecycle stage owes (start it from its
+// node's queue, resend or stop it, end it past its start deadline), then
+// applies what controlplane/queue plans for the waiting ones: who is
+// placed first, who waits on a quota or a budget, whom a preemption
+// stops. It also makes intake's early decision.
 package scheduler
 
 import (
@@ -21,6 +23,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/policy"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -110,7 +113,7 @@ func (s *Scheduler) Poke() {
 func (s *Scheduler) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
-	memo := newDecisionMemo()
+	memo := queue.NewMemo()
 	for {
 		s.pass(ctx, memo)
 		select {
@@ -122,8 +125,17 @@ func (s *Scheduler) Run(ctx context.Context) {
 	}
 }
 
-// pass gives every active Run, oldest first, the step it is due.
-func (s *Scheduler) pass(ctx context.Context, memo *decisionMemo) {
+// policy is the scheduling policy now (the empty one without a Source).
+func (s *Scheduler) policy() *policy.Snapshot {
+	if s.cfg.Policy == nil {
+		return policy.Static(schemas.SchedulingPolicy{}, "")
+	}
+	return s.cfg.Policy.Current()
+}
+
+// pass gives every active Run the step it is due, oldest first, and
+// hands the waiting ones to queue's plan, applied in its order.
+func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 	now := s.cfg.Now()
 	s.stats.Passes.Add(1)
 	active := s.cache.ActiveRuns()
@@ -132,11 +144,6 @@ func (s *Scheduler) pass(ctx context.Context, memo *decisionMemo) {
 	}
 	s.runs.RepairOutboxes(ctx, active)
 	slices.SortFunc(active, func(a, b *schemas.Run) int { return cmp.Compare(a.CreatedAt.UnixNano(), b.CreatedAt.UnixNano()) })
-	// Renting makes a waiting Run's answer move with the rental, not the
-	// fleet, so with a provider every waiting Run is decided every pass.
-	memoOK := s.renter == nil
-	fleetKey := memo.fleetKey(s.cache.NodeVersion(), active)
-	defer memo.endPass()
 	// The snapshot is built only when a pass has something to place.
 	var fleet *placement.Fleet
 	snapshot := func() *placement.Fleet {
@@ -145,37 +152,72 @@ func (s *Scheduler) pass(ctx context.Context, memo *decisionMemo) {
 		}
 		return fleet
 	}
+	var waiting, booked []*schemas.Run
 	for _, rp := range active {
 		if ctx.Err() != nil {
 			return
 		}
-		if rp.Phase == schemas.PhaseAccepted && memoOK && memo.fresh(rp, fleetKey, now) {
-			continue
+		if rp.NodeID != "" && rp.Phase != schemas.PhaseAccepted {
+			booked = append(booked, rp)
 		}
-		r := *rp
-		var token uint64
-		if r.NodeID != "" {
-			if n, ok := s.cache.Node(r.NodeID); ok {
-				token = n.FencingToken
-			}
-		}
-		var err error
-		switch step := lifecycle.Due(r, token, now, s.cfg.Timing); step {
-		case lifecycle.StepPlace:
-			if err = s.place(ctx, r, snapshot(), now); err == nil {
-				memo.decided(r.ID, fleetKey, now)
-			}
-		case lifecycle.StepStartQueued:
-			err = s.startQueued(ctx, r, snapshot())
-		case lifecycle.StepStop:
-			err = s.dispatch.Stop(ctx, r, lifecycle.StopReason(r))
-		case lifecycle.StepResend:
-			err = s.resend(ctx, r)
-		case lifecycle.StepStopOverdue:
-			err = s.dispatch.StopAttempt(ctx, r.NodeID, r.ID, r.AttemptID, 0, string(schemas.CodeMaxRuntime))
-		}
-		if err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
-			s.log.Warn("scheduling pass", zap.String("run_id", r.ID), zap.String("phase", string(r.Phase)), zap.Error(err))
+		if s.step(ctx, rp, now, snapshot) {
+			waiting = append(waiting, rp)
 		}
 	}
+	if len(waiting) == 0 {
+		return
+	}
+	pol := s.policy()
+	plan := s.plan(pol, booked, waiting, snapshot(), now, memo)
+	for _, err := range plan.Errors {
+		s.log.Warn("scheduling pass: no decision", zap.Error(err))
+	}
+	s.apply(ctx, plan.Actions, pol, snapshot(), now)
+}
+
+// plan plans the waiting Runs over fleet (queue.Plan), deciding with this
+// scheduler's placement.
+func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, fleet *placement.Fleet, now time.Time, memo *queue.Memo) queue.Result {
+	return queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: fleet, Booked: booked, Waiting: waiting, Budget: s.budget(now),
+		Decide:         func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) { return s.decide(r, f, now) },
+		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil}, memo)
+}
+
+// step gives r the step it is due, other than placing it; it reports
+// whether r waits for a decision (it is due one and past any backoff).
+func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, snapshot func() *placement.Fleet) bool {
+	r := *rp
+	var token uint64
+	if r.NodeID != "" {
+		if n, ok := s.cache.Node(r.NodeID); ok {
+			token = n.FencingToken
+		}
+	}
+	var err error
+	switch step := lifecycle.Due(r, token, now, s.cfg.Timing); step {
+	case lifecycle.StepPlace:
+		return !now.Before(lifecycle.RetryAt(r))
+	case lifecycle.StepStartQueued:
+		err = s.startQueued(ctx, r, snapshot())
+	case lifecycle.StepStop:
+		err = s.dispatch.Stop(ctx, r, lifecycle.StopReason(r))
+	case lifecycle.StepResend:
+		err = s.resend(ctx, r)
+	case lifecycle.StepStopOverdue:
+		err = s.dispatch.StopAttempt(ctx, r.NodeID, r.ID, r.AttemptID, 0, string(schemas.CodeMaxRuntime))
+	case lifecycle.StepDeadline:
+		err = s.deadline(ctx, r)
+	}
+	if err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
+		s.log.Warn("scheduling pass", zap.String("run_id", r.ID), zap.String("phase", string(r.Phase)), zap.Error(err))
+	}
+	return false
+}
+
+// budget is the plan's view of the tenants' budgets at now (nil: none).
+func (s *Scheduler) budget(now time.Time) func(string) (bool, string) {
+	if s.cfg.Budgets == nil {
+		return nil
+	}
+	return func(tenant string) (bool, string) { return s.cfg.Budgets.Over(tenant, now) }
 }

@@ -1,4 +1,4 @@
-package scheduler
+package queue
 
 import (
 	"testing"
@@ -21,7 +21,7 @@ func TestUnsatisfiable(t *testing.T) {
 		{"one node busy", []schemas.Candidate{refused(schemas.ReasonInsufficientCPU), refused(schemas.ReasonQueueFull)}, false},
 		{"one node eligible", []schemas.Candidate{refused(schemas.ReasonInsufficientCPU), {NodeID: "m", Eligible: true}}, false},
 	} {
-		if got := unsatisfiable(schemas.BookingDecision{Candidates: tc.cands}); got != tc.want {
+		if got := Unsatisfiable(schemas.BookingDecision{Candidates: tc.cands}); got != tc.want {
 			t.Errorf("%s: unsatisfiable = %v, want %v", tc.name, got, tc.want)
 		}
 	}
