@@ -37,7 +37,7 @@ func TestPlacementSimCorpusDecodes(t *testing.T) {
 	for _, tr := range traces {
 		names[tr.Name] = true
 	}
-	for _, want := range []string{"zipf", "huge-images", "artifact-heavy", "bursty"} {
+	for _, want := range []string{"zipf", "huge-images", "artifact-heavy", "bursty", "bursts-over"} {
 		if !names[want] {
 			t.Errorf("corpus lacks trace %q (has %v)", want, names)
 		}
