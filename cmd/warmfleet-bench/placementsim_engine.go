@@ -155,9 +155,13 @@ func (s *simulator) pass(now float64) []int {
 	s.factsChanged(now)
 	var fleet *placement.Fleet
 	skip := map[queue.Shape]bool{}
+	var refused []int
 	left := s.waiting[:0]
 	for _, run := range s.waiting {
 		if !s.due(run, skip) {
+			if skip[s.shapes[run]] {
+				refused = append(refused, run) // its shape's answer stands for it
+			}
 			left = append(left, run)
 			continue
 		}
@@ -173,6 +177,7 @@ func (s *simulator) pass(now float64) []int {
 			// No eligible node: none of its shape would find one now.
 			skip[s.shapes[run]] = true
 			left = append(left, run)
+			refused = append(refused, run)
 			continue
 		}
 		if s.book(run, c, req, fleet, now) {
@@ -180,6 +185,12 @@ func (s *simulator) pass(now float64) []int {
 		}
 	}
 	s.waiting = left
+	for _, run := range refused {
+		// Bookings later in this pass only took capacity: they give a
+		// Run that found no node (itself or by its shape) no reason to be
+		// asked again.
+		s.lastVer[run] = s.ver
+	}
 	// A Run queued behind one that just started may fit too.
 	return s.startQueued(now, started)
 }
