@@ -43,7 +43,8 @@ type Config struct {
 	// FailedNodePenaltySeconds is added to the cost of a node an earlier
 	// attempt of the Run failed on (Request.Penalties): the retry goes
 	// elsewhere unless that node starts it this much sooner, and stays
-	// eligible there (it may be the only node). Negative: no penalty.
+	// eligible there (it may be the only node). Negative: no penalty
+	// (controlplane.Config gives 0 the default).
 	FailedNodePenaltySeconds float64
 	// GPUHourPrice is what a GPU-hour costs, in USD: cards booked while
 	// the Run's bytes still arrive sit idle at this price, which is
