@@ -49,7 +49,7 @@ type Config struct {
 	// GPUHourPrice is what a GPU-hour costs, in USD: cards booked while
 	// the Run's bytes still arrive sit idle at this price, which is
 	// converted into cost seconds at SecondsPerDollarHour (see
-	// idleGPUSeconds). 0: DefaultGPUHourPrice; negative: idle cards cost
+	// idleGPURate). 0: DefaultGPUHourPrice; negative: idle cards cost
 	// nothing.
 	GPUHourPrice float64
 }
