@@ -192,6 +192,9 @@ func (c *Config) defaults() {
 	if p.WholeNodeSeconds == 0 {
 		p.WholeNodeSeconds = def.WholeNodeSeconds
 	}
+	if p.FailedNodePenaltySeconds == 0 {
+		p.FailedNodePenaltySeconds = def.FailedNodePenaltySeconds
+	}
 }
 
 // Metrics is a snapshot of the control plane's counters and of its cached

@@ -19,7 +19,7 @@ import (
 func newPlacementSimCmd(g *globals) *cobra.Command {
 	var traces, policies []string
 	var reseed int
-	var wholeNode float64
+	var wholeNode, gpuHour float64
 	cmd := &cobra.Command{
 		Use:   "placement-sim",
 		Short: "Simulate placement policies (warmfleet, random, least-allocated, bin-pack, image-locality) over a trace corpus",
@@ -41,6 +41,9 @@ the luck of one seed.`,
 			if cmd.Flags().Changed("whole-node-seconds") {
 				cfg.WholeNodeSeconds = wholeNode
 			}
+			if cmd.Flags().Changed("gpu-hour-price") {
+				cfg.GPUHourPrice = gpuHour
+			}
 			rep, err := placementSim(cmd.Context(), traces, policies, reseed, cfg)
 			if err != nil {
 				return err
@@ -58,6 +61,7 @@ the luck of one seed.`,
 	f.StringSliceVar(&traces, "trace", nil, "trace files to run (default: the committed corpus)")
 	f.IntVar(&reseed, "reseed", 0, fmt.Sprintf("also run each trace with this many other seeds (seed×1000+k, named TRACE-sK), up to %d", maxReseed))
 	f.Float64Var(&wholeNode, "whole-node-seconds", placement.DefaultConfig().WholeNodeSeconds, "warmfleet's price for breaking a whole free node (placement.Config.WholeNodeSeconds; 0 or less: none), to A/B it")
+	f.Float64Var(&gpuHour, "gpu-hour-price", 0, "warmfleet's price of a card held idle while bytes arrive, USD per GPU-hour (placement.Config.GPUHourPrice; 0: placement's default, negative: none), to A/B it")
 	f.StringSliceVar(&policies, "policies", nil, "policies to run (default: all of warmfleet, random, least-allocated, bin-pack, image-locality)")
 	return cmd
 }

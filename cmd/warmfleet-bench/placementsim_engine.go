@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -46,17 +47,27 @@ type simulator struct {
 	rng      *rand.Rand
 	events   simEvents
 	waiting  []int // arrived, not booked, in arrival order
-	// decisions counts the policy's choices; bookedBusy those that booked
-	// a Run to start now on a node whose cards were all held.
+	// decisions counts the policy's choices, decided those per Run;
+	// bookedBusy those that booked a Run to start now on a node whose
+	// cards were all held.
 	decisions, bookedBusy int
+	decided               []int
+	// ver is the fleet's version: it moves on with every booking, start,
+	// end and arrival of bytes; lastVer is each Run's at its last
+	// decision (-1: none yet), shapes each Run's queue.Shape.
+	ver      int
+	lastVer  []int
+	shapes   []queue.Shape
+	arrivals simTimes
 }
 
 func newSimulator(t *simTrace, policy simPolicy, cfg placement.Config) *simulator {
 	cat, runs := t.expand()
 	s := &simulator{trace: t, cat: cat, runs: runs, state: make([]simRunState, len(runs)), cfg: cfg, policy: policy,
 		rng: rand.New(rand.NewPCG(t.Seed, 0x5eed)), nodePos: map[string]int{}}
+	s.decided, s.lastVer, s.shapes = make([]int, len(runs)), make([]int, len(runs)), make([]queue.Shape, len(runs))
 	for i := range s.state {
-		s.state[i].node = -1
+		s.state[i].node, s.lastVer[i] = -1, -1
 	}
 	for i := range t.Fleet.Nodes {
 		n := &simNode{id: fmt.Sprintf("node-%03d", i), layers: map[int]*simContent{}, arts: map[int]*simContent{},
@@ -84,6 +95,7 @@ func newSimulator(t *simTrace, policy simPolicy, cfg placement.Config) *simulato
 	}
 	for i, r := range runs {
 		heap.Push(&s.events, simEvent{at: r.arrival, seq: i, run: i, arrive: true})
+		s.shapes[i] = queue.ShapeOf(s.request(i).Run)
 	}
 	return s
 }
@@ -124,6 +136,7 @@ func (s *simulator) end(run int, now float64) {
 	st := &s.state[run]
 	n := s.nodes[st.node]
 	n.release(run)
+	s.ver++
 	s.unpin(n, run, now)
 	st.done = true
 	for i, r := range n.running {
@@ -135,14 +148,20 @@ func (s *simulator) end(run int, now float64) {
 }
 
 // pass starts the Runs queued on nodes that now have their cards free,
-// then offers every waiting Run, oldest first, to the policy. It returns
-// the Runs given cards.
+// then offers waiting Runs, oldest first, to the policy under the
+// re-decision rule (decide). It returns the Runs given cards.
 func (s *simulator) pass(now float64) []int {
 	started := s.startQueued(now, nil)
+	s.factsChanged(now)
 	var fleet *placement.Fleet
+	skip := map[queue.Shape]bool{}
+	var refused []int
 	left := s.waiting[:0]
 	for _, run := range s.waiting {
-		if !s.mayPlace(run) {
+		if !s.due(run, skip) {
+			if skip[s.shapes[run]] {
+				refused = append(refused, run) // its shape's answer stands for it
+			}
 			left = append(left, run)
 			continue
 		}
@@ -151,35 +170,78 @@ func (s *simulator) pass(now float64) []int {
 		}
 		req := s.request(run)
 		s.decisions++
-		node, queued, ok := s.policy.choose(s, fleet, run, req, now)
-		if !ok {
+		s.decided[run]++
+		s.lastVer[run] = s.ver
+		c := s.policy.choose(s, fleet, run, req, now)
+		if !c.ok {
+			// No eligible node: none of its shape would find one now.
+			skip[s.shapes[run]] = true
 			left = append(left, run)
+			refused = append(refused, run)
 			continue
 		}
-		n := s.nodes[node]
-		if !queued && (len(n.queued) > 0 || n.freeCards() < s.runs[run].gpus) {
-			// Booked to start now on a node without the cards: no Run
-			// can start so; it waits there, and the result counts it.
-			s.bookedBusy++
-			queued = true
-		}
-		st := &s.state[run]
-		st.node, st.queued = node, queued
-		st.readyAt, st.pulled, st.fetch = s.fetch(n, run, now)
-		b := placement.Booking{RunID: req.RunID, Resources: req.Run.Resources, Want: req.Run.GPU}
-		if queued {
-			n.queued = append(n.queued, run)
-		} else {
-			s.start(n, run, now)
+		if s.book(run, c, req, fleet, now) {
 			started = append(started, run)
-			b.GPUs = st.cards
 		}
-		b.ExpectedEnd = s.expectedEnd(run, now)
-		fleet.Book(n.id, b, queued)
 	}
 	s.waiting = left
+	for _, run := range refused {
+		// Bookings later in this pass only took capacity: they give a
+		// Run that found no node (itself or by its shape) no reason to be
+		// asked again.
+		s.lastVer[run] = s.ver
+	}
 	// A Run queued behind one that just started may fit too.
 	return s.startQueued(now, started)
+}
+
+// due is the re-decision rule, as the scheduler's pass applies it: a
+// waiting Run is decided again only when the fleet (bookings, cards,
+// facts) changed since its last decision, and not once a Run of its shape
+// found no node at all in this pass.
+func (s *simulator) due(run int, skip map[queue.Shape]bool) bool {
+	return s.lastVer[run] != s.ver && !skip[s.shapes[run]]
+}
+
+// book carries out choice c for run and reports whether it got its cards
+// now.
+func (s *simulator) book(run int, c simChoice, req placement.Request, fleet *placement.Fleet, now float64) bool {
+	n := s.nodes[c.node]
+	queued := c.queued
+	if !queued && (len(n.queued) > 0 || n.freeCards() < s.runs[run].gpus) {
+		// Booked to start now on a node without the cards: no Run
+		// can start so; it waits there, and the result counts it.
+		s.bookedBusy++
+		queued = true
+	}
+	s.ver++
+	st := &s.state[run]
+	st.node, st.queued = c.node, queued
+	st.readyAt, st.pulled, st.fetch = s.fetch(n, run, now)
+	heap.Push(&s.arrivals, st.readyAt)
+	b := placement.Booking{RunID: req.RunID, Resources: req.Run.Resources, Want: req.Run.GPU}
+	if queued {
+		n.queued = append(n.queued, run)
+	} else {
+		s.start(n, run, now)
+		b.GPUs = st.cards
+	}
+	b.ExpectedEnd = s.expectedEnd(run, now)
+	fleet.Book(n.id, b, queued)
+	return !queued
+}
+
+// factsChanged moves the fleet's version on when bytes finished arriving
+// on some node since the last pass: its facts now list them.
+func (s *simulator) factsChanged(now float64) {
+	changed := false
+	for s.arrivals.Len() > 0 && s.arrivals[0] <= now {
+		heap.Pop(&s.arrivals)
+		changed = true
+	}
+	if changed {
+		s.ver++
+	}
 }
 
 // startQueued gives their cards to the Runs at the head of node queues
@@ -189,6 +251,7 @@ func (s *simulator) startQueued(now float64, started []int) []int {
 		for len(n.queued) > 0 && n.freeCards() >= s.runs[n.queued[0]].gpus {
 			run := n.queued[0]
 			n.queued = n.queued[1:]
+			s.ver++
 			s.start(n, run, now)
 			started = append(started, run)
 		}
@@ -203,22 +266,6 @@ func (s *simulator) start(n *simNode, run int, now float64) {
 	st.cardsAt = now
 	st.runningAt = max(now, st.readyAt)
 	n.running = append(n.running, run)
-}
-
-// mayPlace is a cheap necessary condition for any policy to book run now:
-// some node has its cards free with no queue, or (for a policy that
-// queues) some node's queue has room. It only saves Decide calls whose
-// answer would be "wait".
-func (s *simulator) mayPlace(run int) bool {
-	for _, n := range s.nodes {
-		if len(n.queued) == 0 && n.freeCards() >= s.runs[run].gpus {
-			return true
-		}
-		if s.policy.queues() && len(n.queued) < placement.MaxQueued {
-			return true
-		}
-	}
-	return false
 }
 
 // simEvent is a Run arriving or ending; seq keeps the order stable.
@@ -245,4 +292,18 @@ func (h *simEvents) Pop() any {
 	e := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return e
+}
+
+// simTimes is a min-heap of times bytes finish arriving on a node.
+type simTimes []float64
+
+func (h simTimes) Len() int           { return len(h) }
+func (h simTimes) Less(i, j int) bool { return h[i] < h[j] }
+func (h simTimes) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *simTimes) Push(x any)        { *h = append(*h, x.(float64)) }
+func (h *simTimes) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
 }

@@ -7,14 +7,21 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// simPolicy chooses where a Run goes. choose returns the node's position
-// and whether the Run waits in that node's queue; ok is false when the Run
-// stays in the scheduler's queue.
+// simPolicy chooses where a Run goes.
 type simPolicy interface {
 	name() string
 	// queues reports whether the policy may book a Run behind a busy node.
 	queues() bool
-	choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) (node int, queued, ok bool)
+	choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) simChoice
+}
+
+// simChoice is a policy's answer: the node's position and whether the Run
+// waits in that node's queue; ok is false when the Run stays in the
+// scheduler's queue (no node was eligible, or none that the policy would
+// book), which skips the rest of its shape in the pass.
+type simChoice struct {
+	node       int
+	queued, ok bool
 }
 
 // simPolicies are the policies placement-sim compares, by name.
@@ -28,12 +35,12 @@ type warmfleetPolicy struct{ cfg placement.Config }
 func (warmfleetPolicy) name() string { return "warmfleet" }
 func (warmfleetPolicy) queues() bool { return true }
 
-func (p warmfleetPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) (int, bool, bool) {
+func (p warmfleetPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) simChoice {
 	d := placement.Decide(req, fleet, s.clock(now), p.cfg)
 	if d.Winner == "" {
-		return 0, false, false
+		return simChoice{}
 	}
-	return s.nodeIndex(d.Winner), d.WinnerQueued, true
+	return simChoice{node: s.nodeIndex(d.Winner), queued: d.WinnerQueued, ok: true}
 }
 
 func (s *simulator) nodeIndex(id string) int { return s.nodePos[id] }
@@ -86,12 +93,12 @@ type randomPolicy struct{}
 func (randomPolicy) name() string { return "random" }
 func (randomPolicy) queues() bool { return false }
 
-func (randomPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) (int, bool, bool) {
+func (randomPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) simChoice {
 	fits := s.fitsNow(fleet, req, now)
 	if len(fits) == 0 {
-		return 0, false, false
+		return simChoice{}
 	}
-	return fits[s.rng.IntN(len(fits))], false, true
+	return simChoice{node: fits[s.rng.IntN(len(fits))], ok: true}
 }
 
 // leastAllocatedScore is Kubernetes' NodeResourcesFit with its default
@@ -116,10 +123,10 @@ type leastAllocatedPolicy struct{}
 func (leastAllocatedPolicy) name() string { return "least-allocated" }
 func (leastAllocatedPolicy) queues() bool { return false }
 
-func (leastAllocatedPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) (int, bool, bool) {
+func (leastAllocatedPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) simChoice {
 	g := int(req.Run.Resources.GPUCount)
 	i, ok := s.best(s.fitsNow(fleet, req, now), func(i int) float64 { return float64(s.leastAllocatedScore(i, g)) })
-	return i, false, ok
+	return simChoice{node: i, ok: ok}
 }
 
 // binPackPolicy is Nomad's default "binpack" algorithm: ScoreFitBinPack
@@ -131,14 +138,14 @@ type binPackPolicy struct{}
 func (binPackPolicy) name() string { return "bin-pack" }
 func (binPackPolicy) queues() bool { return false }
 
-func (binPackPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) (int, bool, bool) {
+func (binPackPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) simChoice {
 	g := int(req.Run.Resources.GPUCount)
 	i, ok := s.best(s.fitsNow(fleet, req, now), func(i int) float64 {
 		n := s.nodes[i]
 		free := float64(n.freeCards()-g) / float64(len(n.cards)) // cpu and memory free fractions are equal here
 		return min(18, max(0, 20-(math.Pow(10, free)+math.Pow(10, free))))
 	})
-	return i, false, ok
+	return simChoice{node: i, ok: ok}
 }
 
 // Kubernetes ImageLocality's bounds: kubernetes pkg/scheduler/framework/
@@ -181,7 +188,7 @@ type imageLocalityPolicy struct{}
 func (imageLocalityPolicy) name() string { return "image-locality" }
 func (imageLocalityPolicy) queues() bool { return false }
 
-func (imageLocalityPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) (int, bool, bool) {
+func (imageLocalityPolicy) choose(s *simulator, fleet *placement.Fleet, run int, req placement.Request, now float64) simChoice {
 	image := s.runs[run].image
 	var size int64
 	for _, l := range s.cat.images[image].layers {
@@ -198,5 +205,5 @@ func (imageLocalityPolicy) choose(s *simulator, fleet *placement.Fleet, run int,
 		il := imageLocalityScore([]int64{size}, []int{holders}, len(s.nodes), []bool{s.hot(s.nodes[i], image, now)})
 		return float64(il + s.leastAllocatedScore(i, g))
 	})
-	return i, false, ok
+	return simChoice{node: i, ok: ok}
 }

@@ -54,6 +54,10 @@ type simResult struct {
 	QueuedOnNode int `json:"queued_on_node"`
 	Evictions    int `json:"evictions"`
 	Decisions    int `json:"decisions"`
+	// DecisionsPerRun is Decisions over Runs, MaxDecisions the most any
+	// one Run got: the re-decision rule keeps both bounded.
+	DecisionsPerRun float64 `json:"decisions_per_run"`
+	MaxDecisions    int     `json:"max_decisions_per_run"`
 	// BookedBusy are decisions to start a Run now on a node whose cards
 	// were held (the simulator queues it there instead).
 	BookedBusy int `json:"booked_on_busy_node,omitempty"`
@@ -64,7 +68,10 @@ func (r simResult) BytesPulled() int64 { return r.ImageBytes + r.ArtifactBytes }
 
 // result summarises a finished simulation.
 func (s *simulator) result() simResult {
-	res := simResult{Policy: s.policy.name(), Runs: len(s.runs), Decisions: s.decisions, BookedBusy: s.bookedBusy}
+	res := simResult{Policy: s.policy.name(), Runs: len(s.runs), Decisions: s.decisions, BookedBusy: s.bookedBusy, MaxDecisions: slices.Max(append([]int{0}, s.decided...))}
+	if len(s.runs) > 0 {
+		res.DecisionsPerRun = float64(s.decisions) / float64(len(s.runs))
+	}
 	var tts, queue, pull []float64
 	for i, st := range s.state {
 		r := s.runs[i]
@@ -113,11 +120,11 @@ func printSimTables(w io.Writer, results []simTraceResult) error {
 	for _, t := range results {
 		fmt.Fprintf(w, "\ntrace %s — %d nodes, %d GPUs, %d Runs: %s; distinct bytes the Runs use (the least any placement pulls): %.1f GB\n", t.Trace, t.Nodes, t.GPUs, t.Runs, t.Description, gb(t.FloorBytes))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "POLICY\tSTART p50 s\tp95 s\tp99 s\tQUEUE mean s\tp95 s\tPULLED GB\tIMAGE GB\tARTIFACT GB\tGPU-h PULL WAIT\tQUEUED ON NODE\tBOOKED BUSY\tEVICTIONS\t")
+		fmt.Fprintln(tw, "POLICY\tSTART p50 s\tp95 s\tp99 s\tQUEUE mean s\tp95 s\tPULLED GB\tIMAGE GB\tARTIFACT GB\tGPU-h PULL WAIT\tQUEUED ON NODE\tBOOKED BUSY\tEVICTIONS\tDECISIONS/RUN\tMAX\t")
 		for _, p := range t.Policies {
-			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%d\t%d\t%d\t\n", p.Policy,
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%d\t%d\t%d\t%.2f\t%d\t\n", p.Policy,
 				p.TimeToStart.P50, p.TimeToStart.P95, p.TimeToStart.P99, p.QueueDelay.Mean, p.QueueDelay.P95,
-				gb(p.BytesPulled()), gb(p.ImageBytes), gb(p.ArtifactBytes), p.GPUHoursPullWait, p.QueuedOnNode, p.BookedBusy, p.Evictions)
+				gb(p.BytesPulled()), gb(p.ImageBytes), gb(p.ArtifactBytes), p.GPUHoursPullWait, p.QueuedOnNode, p.BookedBusy, p.Evictions, p.DecisionsPerRun, p.MaxDecisions)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/warmfleet/warmfleet/controlplane/placement"
+	"github.com/warmfleet/warmfleet/controlplane/queue"
 )
 
 // shortTrace is a committed corpus trace cut to runs Runs, so a test runs
@@ -37,7 +38,7 @@ func TestPlacementSimCorpusDecodes(t *testing.T) {
 	for _, tr := range traces {
 		names[tr.Name] = true
 	}
-	for _, want := range []string{"zipf", "huge-images", "artifact-heavy", "bursty"} {
+	for _, want := range []string{"zipf", "huge-images", "artifact-heavy", "bursty", "bursts-over"} {
 		if !names[want] {
 			t.Errorf("corpus lacks trace %q (has %v)", want, names)
 		}
@@ -283,5 +284,40 @@ func TestPlacementSimReseed(t *testing.T) {
 	}
 	if base.Name != "zipf" || base.Seed == got[1].Seed {
 		t.Errorf("the original trace changed: %s seed %d", base.Name, base.Seed)
+	}
+}
+
+// TestPlacementSimRedecisionRule: a pass decides a waiting Run again only
+// when the fleet changed since its last decision, and once a Run of a
+// shape finds no node, no other Run of that shape is decided in the pass.
+func TestPlacementSimRedecisionRule(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	for _, p := range []simPolicy{warmfleetPolicy{cfg: cfg}, binPackPolicy{}} {
+		s := newSimulator(shortTrace(t, "bursts-over", 200), p, cfg)
+		shapes := map[queue.Shape]bool{}
+		for i := range s.runs {
+			s.waiting = append(s.waiting, i) // the whole burst arrives at once
+			shapes[s.shapes[i]] = true
+		}
+		s.pass(0)
+		booked := func() int { return len(s.runs) - len(s.waiting) }
+		if booked() == 0 || len(s.waiting) == 0 {
+			t.Fatalf("%s: %d booked, %d waiting: the burst should overflow the fleet", p.name(), booked(), len(s.waiting))
+		}
+		if s.decisions > booked()+len(shapes) {
+			t.Errorf("%s: %d decisions for %d bookings and %d shapes", p.name(), s.decisions, booked(), len(shapes))
+		}
+		before := s.decisions
+		s.pass(0)
+		if s.decisions != before {
+			t.Errorf("%s: a pass over an unchanged fleet made %d decisions", p.name(), s.decisions-before)
+		}
+		run := s.nodes[0].running[0]
+		s.end(run, 1)
+		had := booked()
+		s.pass(1)
+		if got, most := s.decisions-before, booked()-had+len(shapes); got == 0 || got > most {
+			t.Errorf("%s: after a Run ended, %d decisions (want 1..%d)", p.name(), got, most)
+		}
 	}
 }

@@ -40,7 +40,23 @@ type Config struct {
 	// nothing (controlplane.Config gives 0 the default: set it negative
 	// there to turn this off).
 	WholeNodeSeconds float64
+	// FailedNodePenaltySeconds is added to the cost of a node an earlier
+	// attempt of the Run failed on (Request.Penalties): the retry goes
+	// elsewhere unless that node starts it this much sooner, and stays
+	// eligible there (it may be the only node). Negative: no penalty
+	// (controlplane.Config gives 0 the default).
+	FailedNodePenaltySeconds float64
+	// GPUHourPrice is what a GPU-hour costs, in USD: cards booked while
+	// the Run's bytes still arrive sit idle at this price, which is
+	// converted into cost seconds at SecondsPerDollarHour (see
+	// idleGPURate). 0: DefaultGPUHourPrice; negative: idle cards cost
+	// nothing.
+	GPUHourPrice float64
 }
+
+// DefaultGPUHourPrice is the GPU-hour price (USD) placement assumes when
+// its Config names none: about what an H100 rents for on demand.
+const DefaultGPUHourPrice = 2.5
 
 // DefaultConfig is what the control plane uses unless configured.
 func DefaultConfig() Config {
@@ -53,6 +69,9 @@ func DefaultConfig() Config {
 		SecondsPerDollarHour:   60,
 		FactsMaxAge:            2 * time.Minute,
 		WholeNodeSeconds:       30,
+		// Ten minutes: an attempt that failed on a node retries there only
+		// when every other node is that much slower to start it.
+		FailedNodePenaltySeconds: 600,
 	}
 }
 
@@ -66,8 +85,9 @@ type Request struct {
 	// Artifacts are the Run's artifacts as intake resolved them
 	// (schemas.Run.Artifacts): their sizes price a node that lacks them.
 	Artifacts []schemas.ArtifactMount
-	// Penalties are the nodes an earlier attempt of the Run failed on, each
-	// with why ("attempt 1 failed here: oom_killed").
+	// Penalties are the nodes an earlier attempt of the Run failed on, by
+	// node id, each with why ("attempt 1 failed here: oom_killed"): each
+	// costs Config.FailedNodePenaltySeconds more.
 	Penalties map[string]string
 }
 
@@ -108,11 +128,13 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 type scan struct {
 	queued, whole  []bool
 	partlyUsedFits bool
+	// idleRate is the query's (idleGPURate).
+	idleRate float64
 }
 
 // scan evaluates every node into its candidate.
 func (q *query) scan(fleet *Fleet, cands []schemas.Candidate) scan {
-	s := scan{queued: make([]bool, len(fleet.Nodes)), whole: make([]bool, len(fleet.Nodes))}
+	s := scan{queued: make([]bool, len(fleet.Nodes)), whole: make([]bool, len(fleet.Nodes)), idleRate: q.idleRate}
 	gpus := q.req.Run.Resources.GPUCount
 	for i, n := range fleet.Nodes {
 		c := &cands[i]
@@ -131,12 +153,13 @@ type ranking struct {
 	best            int
 	fitsNow         bool
 	soonest, second float64
+	idleRate        float64
 }
 
 // rank adds the whole-node price where it applies and ranks the eligible
 // candidates; gpus is how many cards the Run needs.
 func (s *scan) rank(cands []schemas.Candidate, cfg *Config, gpus int64) ranking {
-	r := ranking{best: -1, soonest: math.Inf(1), second: math.Inf(1)}
+	r := ranking{best: -1, soonest: math.Inf(1), second: math.Inf(1), idleRate: s.idleRate}
 	wholeDetail := ""
 	for i := range cands {
 		c := &cands[i]
@@ -154,13 +177,13 @@ func (s *scan) rank(cands []schemas.Candidate, cfg *Config, gpus int64) ranking 
 					cfg.WholeNodeSeconds, gpus)
 			}
 			c.Cost += cfg.WholeNodeSeconds
-			c.Detail = wholeDetail
+			c.Detail = joinDetail(c.Detail, wholeDetail)
 		}
 		r.fitsNow = r.fitsNow || !s.queued[i]
 		if r.best < 0 || better(c, &cands[r.best]) {
 			r.best = i
 		}
-		if free := costIfFree(c); free < r.soonest {
+		if free := costIfFree(c, s.idleRate); free < r.soonest {
 			r.soonest, r.second = free, r.soonest
 		} else if free < r.second {
 			r.second = free
@@ -179,7 +202,7 @@ func (s *scan) rank(cands []schemas.Candidate, cfg *Config, gpus int64) ranking 
 func (r ranking) queueOrWait(cands []schemas.Candidate) int {
 	w := &cands[r.best]
 	other := r.soonest
-	if costIfFree(w) == r.soonest {
+	if costIfFree(w, r.idleRate) == r.soonest {
 		other = r.second
 	}
 	if w.Cost <= other {
@@ -188,7 +211,7 @@ func (r ranking) queueOrWait(cands []schemas.Candidate) int {
 	for i := range cands {
 		if c := &cands[i]; c.Eligible {
 			c.Eligible, c.Reason = false, schemas.ReasonAtCapacity
-			c.Detail = fmt.Sprintf("busy: the Run would start here in about %.0fs; every node is busy and one could start it in %.0fs were it free, so it waits for the first to free rather than in one node's queue", c.Components.StartSeconds, other)
+			c.Detail = joinDetail(c.Detail, fmt.Sprintf("busy: the Run would start here in about %.0fs; every node is busy and one could start it in %.0fs were it free, so it waits for the first to free rather than in one node's queue", c.Components.StartSeconds, other))
 		}
 	}
 	return -1
@@ -208,9 +231,19 @@ func better(a, b *schemas.Candidate) bool {
 	return a.Cost < b.Cost || (a.Cost == b.Cost && a.NodeID < b.NodeID)
 }
 
-// costIfFree is c's cost were its node free now: its fetches and price,
-// no queue.
-func costIfFree(c *schemas.Candidate) float64 {
-	k := c.Components
-	return c.Cost - k.StartSeconds + k.PullSeconds + k.CacheSeconds + k.ArtifactSeconds
+// costIfFree is c's cost were its node free now: its fetches, with the
+// cards idle through all of them (idleRate, the query's idleGPURate), and
+// its price, no queue.
+func costIfFree(c *schemas.Candidate, idleRate float64) float64 {
+	k := &c.Components
+	fetching := k.PullSeconds + k.CacheSeconds + k.ArtifactSeconds
+	return c.Cost - k.StartSeconds - k.IdleGPUSeconds + fetching + idleRate*fetching
+}
+
+// joinDetail appends detail b to a candidate's detail a.
+func joinDetail(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }

@@ -40,11 +40,14 @@ type query struct {
 	// own; "" when the Run names none or the image is no index.
 	named string
 	hotAs bitset
+	// idleRate prices a second the Run's cards wait on its bytes
+	// (idleGPURate).
+	idleRate float64
 }
 
 // newQuery looks req up in fleet's indexes once for the whole decision.
 func newQuery(req Request, fleet *Fleet, now time.Time, cfg Config) query {
-	q := query{req: req, cfg: cfg, now: now, hot: fleet.hot[req.Digest]}
+	q := query{req: req, cfg: cfg, now: now, hot: fleet.hot[req.Digest], idleRate: idleGPURate(&cfg, req.Run.Resources.GPUCount)}
 	q.ref, q.refKnown = fleet.images[req.Digest]
 	for _, l := range q.ref.layers {
 		q.layerHolders = append(q.layerHolders, fleet.layers[l])
@@ -260,8 +263,35 @@ func (q *query) score(i int, n *Node, c *schemas.Candidate, queue float64, fetch
 	if fetch > 0 && cfg.ArtifactBytesPerSecond > 0 {
 		comp.ArtifactSeconds = float64(fetch) / cfg.ArtifactBytesPerSecond
 	}
-	comp.StartSeconds = max(comp.QueueSeconds, comp.PullSeconds+comp.CacheSeconds+comp.ArtifactSeconds)
-	c.Eligible, c.Cost = true, comp.StartSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+	fetching := comp.PullSeconds + comp.CacheSeconds + comp.ArtifactSeconds
+	comp.StartSeconds = max(comp.QueueSeconds, fetching)
+	// A queued booking prefetches while it waits: its cards sit idle only
+	// for the fetch that outlasts the queue.
+	comp.IdleGPUSeconds = q.idleRate * max(0, fetching-comp.QueueSeconds)
+	c.Eligible, c.Cost = true, comp.StartSeconds+comp.IdleGPUSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+	if len(q.req.Penalties) > 0 && cfg.FailedNodePenaltySeconds >= 0 {
+		if why, ok := q.req.Penalties[c.NodeID]; ok {
+			comp.PenaltySeconds = cfg.FailedNodePenaltySeconds
+			c.Cost += comp.PenaltySeconds
+			c.Detail = fmt.Sprintf("penalised: %s (+%.0fs)", why, comp.PenaltySeconds)
+		}
+	}
+}
+
+// idleGPURate is what one second of fetching on a node costs the Run in
+// cost seconds beyond the second itself: its cards are booked, idle,
+// while the bytes arrive. A GPU-hour at cfg's price is that many dollars,
+// and a dollar is SecondsPerDollarHour seconds, as the node's price is
+// weighed (a node $1/hour dearer, held an hour, costs a dollar more).
+func idleGPURate(cfg *Config, gpus int64) float64 {
+	price := cfg.GPUHourPrice
+	if price == 0 {
+		price = DefaultGPUHourPrice
+	}
+	if price < 0 || gpus <= 0 {
+		return 0
+	}
+	return float64(gpus) * price / 3600 * cfg.SecondsPerDollarHour
 }
 
 // artifactFetch returns the bytes of the Run's artifacts node i would

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,9 @@ type scenario struct {
 	Run schemas.RunRequest `json:"run"`
 	// Artifacts is the catalog the Run's artifacts resolve in, by name.
 	Artifacts map[string]scenarioArtifact `json:"artifacts"`
+	// Penalties are the nodes an earlier attempt failed on, with why
+	// (Request.Penalties).
+	Penalties map[string]string `json:"penalties"`
 	Expect    struct {
 		Winner  string                  `json:"winner"`
 		Queued  bool                    `json:"queued"`
@@ -34,6 +38,12 @@ type scenario struct {
 		// ArtifactFetchBytes are the bytes each named candidate would
 		// fetch, as its decision entry must say.
 		ArtifactFetchBytes map[string]int64 `json:"artifact_fetch_bytes"`
+		// PenaltySeconds and IdleGPUSeconds are what each named
+		// candidate's components must say (to 0.01 s), DetailContains a
+		// text its detail must hold.
+		PenaltySeconds map[string]float64 `json:"penalty_seconds"`
+		IdleGPUSeconds map[string]float64 `json:"idle_gpu_seconds"`
+		DetailContains map[string]string  `json:"detail_contains"`
 	} `json:"expect"`
 }
 
@@ -154,7 +164,7 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		t.Fatalf("scenario run is invalid: %v", err)
 	}
 	ref, _ := schemas.ParseImageRef("image", run.Image)
-	req := Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest}
+	req := Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest, Penalties: s.Penalties}
 	for _, u := range run.Artifacts {
 		a, ok := s.Artifacts[u.Name]
 		if !ok {
@@ -237,12 +247,28 @@ func TestAcceptance_PlacementScenarios(t *testing.T) {
 				if want, ok := s.Expect.ArtifactFetchBytes[c.NodeID]; ok && c.Components.ArtifactFetchBytes != want {
 					t.Errorf("%s: would fetch %d artifact bytes, want %d", c.NodeID, c.Components.ArtifactFetchBytes, want)
 				}
+				checkComponents(t, s, c)
 			}
 			if t.Failed() {
 				out, _ := json.MarshalIndent(d, "", "  ")
 				t.Logf("decision:\n%s", out)
 			}
 		})
+	}
+}
+
+// checkComponents checks c against the scenario's expected penalty, idle
+// cards and detail.
+func checkComponents(t *testing.T, s scenario, c schemas.Candidate) {
+	t.Helper()
+	if want, ok := s.Expect.PenaltySeconds[c.NodeID]; ok && math.Abs(c.Components.PenaltySeconds-want) > 0.01 {
+		t.Errorf("%s: penalty %.2fs, want %.2fs", c.NodeID, c.Components.PenaltySeconds, want)
+	}
+	if want, ok := s.Expect.IdleGPUSeconds[c.NodeID]; ok && math.Abs(c.Components.IdleGPUSeconds-want) > 0.01 {
+		t.Errorf("%s: idle GPU seconds %.3f, want %.3f", c.NodeID, c.Components.IdleGPUSeconds, want)
+	}
+	if want, ok := s.Expect.DetailContains[c.NodeID]; ok && !strings.Contains(c.Detail, want) {
+		t.Errorf("%s: detail %q lacks %q", c.NodeID, c.Detail, want)
 	}
 }
 
