@@ -200,9 +200,13 @@ func (s *Scheduler) decide(r *schemas.Run, fleet *placement.Fleet, now time.Time
 	if err != nil {
 		return schemas.BookingDecision{}, fmt.Errorf("run %s: %w", r.ID, err)
 	}
+	cfg := s.cfg.Placement
+	if price := s.policy().GPUHourPrice; price > 0 {
+		cfg.GPUHourPrice = price // the policy's price of a card held idle
+	}
 	start := time.Now()
 	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest, Artifacts: r.Artifacts,
-		Penalties: penalties(r.Attempts)}, fleet, now, s.cfg.Placement)
+		Penalties: penalties(r.Attempts)}, fleet, now, cfg)
 	s.stats.DecisionNanos.Add(time.Since(start).Nanoseconds())
 	s.stats.Decisions.Add(1)
 	if d.Winner == "" {
