@@ -1,6 +1,9 @@
 package schemas
 
-import "math"
+import (
+	"math"
+	"unicode/utf8"
+)
 
 // Validate checks a usage record read back from WF_USAGE: it names a
 // tenant-shaped tenant, its Run and attempt, and finite, non-negative
@@ -14,6 +17,10 @@ func (u UsageRecord) Validate() error {
 	}
 	if u.AttemptID == "" || len(u.AttemptID) > 256 {
 		return refuse(CodeMalformed, "attempt_id", "a usage record names its attempt (at most 256 bytes)")
+	}
+	if len(u.GPUModel) > 256 || !utf8.ValidString(u.GPUModel) {
+		// It becomes a Prometheus label, which must be valid UTF-8.
+		return refuse(CodeMalformed, "gpu_model", "at most 256 bytes of valid UTF-8")
 	}
 	if u.GPUs < 0 {
 		return refuse(CodeMalformed, "gpus", "must not be negative")

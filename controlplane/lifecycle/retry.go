@@ -87,7 +87,11 @@ type ending struct {
 // the ending, else to e's phase. It returns the phase event.
 func endAttempt(r *schemas.Run, from schemas.Phase, e ending, lossMax int) (schemas.RunEvent, error) {
 	reason := e.code
-	switch r.Stopping {
+	stop := r.Stopping
+	if e.phase == schemas.PhaseSucceeded {
+		stop = "" // it finished its work before the stop took effect: never run again, never failed late
+	}
+	switch stop {
 	case schemas.CodePreempted:
 		return requeue(r, from, schemas.CodePreempted, "stopped for preemption ("+e.msg+")", 0)
 	case schemas.CodeDeadlineExceeded, schemas.CodeBudgetExceeded:
@@ -107,7 +111,7 @@ func endAttempt(r *schemas.Run, from schemas.Phase, e ending, lossMax int) (sche
 	if err := move(r, e.phase); err != nil {
 		return schemas.RunEvent{}, err
 	}
-	r.Reason, r.Stopping = string(reason), ""
+	r.Reason = string(reason)
 	return phaseEvent(r, from, e.code, e.msg), nil
 }
 
@@ -119,7 +123,7 @@ func requeue(r *schemas.Run, from schemas.Phase, code schemas.Code, what string,
 	if err := move(r, schemas.PhaseAccepted); err != nil {
 		return schemas.RunEvent{}, err
 	}
-	r.Reason, r.Stopping = string(code), ""
+	r.Reason = string(code)
 	msg := fmt.Sprintf("attempt %d on %s: %s; ", r.Attempt, node, what)
 	if code == schemas.CodePreempted {
 		r.Preemptions++

@@ -21,6 +21,25 @@ func preemptible(r schemas.Run) schemas.Run {
 
 // attemptEnds are the ways attempt 1 of a Run on n1 can end: any exit,
 // a failed start, a failed command, the loss of its node.
+// stoppedEnds are attemptEnds but exit 0: an attempt that finished its
+// work before a stop took effect succeeds, whatever the stop was for
+// (finishedWhileStopping checks that).
+func stoppedEnds() map[string]Transition {
+	ends := attemptEnds()
+	delete(ends, "exit 0")
+	return ends
+}
+
+// finishedWhileStopping checks that an attempt exiting 0 while the control
+// plane stops it succeeds: it is neither run again nor failed late.
+func finishedWhileStopping(t *testing.T, stopping schemas.Run) {
+	t.Helper()
+	got, evs, err := exitOf(1, exitsZero).Apply(stopping)
+	if err != nil || got.Phase != schemas.PhaseSucceeded || got.Stopping != "" || got.Preemptions != 0 || len(evs) != 1 {
+		t.Errorf("exit 0 while stopping for %s: %s %q %+v %v; want succeeded", stopping.Stopping, got.Phase, got.Reason, evs, err)
+	}
+}
+
 func attemptEnds() map[string]Transition {
 	return map[string]Transition{
 		"exit 0":         exitOf(1, exitsZero),
@@ -34,7 +53,8 @@ func attemptEnds() map[string]Transition {
 }
 
 // TestPreemption: a booked attempt that holds its place is marked
-// stopping with its grace; however it then ends, the Run goes back to
+// stopping with its grace; however it then ends (but exit 0, when it
+// finished first), the Run goes back to
 // accepted with reason preempted, Preemptions counted, not a failure (no
 // backoff, no retry spent, even under a policy that never retries).
 func TestPreemption(t *testing.T) {
@@ -57,7 +77,8 @@ func TestPreemption(t *testing.T) {
 	if g, _, _ := preempt(booked(schemas.PhaseRunning)).Apply(preemptible(booked(schemas.PhaseRunning))); g.GraceSeconds != schemas.DefaultGraceSeconds {
 		t.Errorf("grace %d, want the default", g.GraceSeconds)
 	}
-	for name, end := range attemptEnds() {
+	finishedWhileStopping(t, got)
+	for name, end := range stoppedEnds() {
 		req, evs, err := end.Apply(got)
 		if err != nil || req.Phase != schemas.PhaseAccepted || req.Reason != string(schemas.CodePreempted) || req.Preemptions != 1 ||
 			req.Stopping != "" || req.NodeID != "" || req.GPUs != nil || req.WaitCode != "" || !RetryAt(req).IsZero() {
@@ -149,7 +170,8 @@ func TestDeadlineExceeded(t *testing.T) {
 		if run, _, err := report(schemas.WorkloadRunning, nil).Apply(got); err != nil || run.Stopping != schemas.CodeDeadlineExceeded {
 			t.Errorf("running while stopping: %+v %v", run, err)
 		}
-		for name, end := range attemptEnds() {
+		finishedWhileStopping(t, got)
+		for name, end := range stoppedEnds() {
 			e, evs, err := end.Apply(got)
 			if err != nil || e.Phase != schemas.PhaseFailed || e.Reason != string(schemas.CodeDeadlineExceeded) || e.Stopping != "" || len(evs) != 1 || evs[0].Code != schemas.CodeDeadlineExceeded {
 				t.Errorf("%s, %s: %s %q %+v %v; want failed deadline_exceeded", p, name, e.Phase, e.Reason, evs, err)
@@ -182,7 +204,8 @@ func TestBudgetStop(t *testing.T) {
 	if err != nil || got.Stopping != schemas.CodeBudgetExceeded || len(evs) != 1 || !strings.Contains(evs[0].Message, "spent 512.40 of 500.00 USD") {
 		t.Fatalf("budget stop: %+v %+v %v", got, evs, err)
 	}
-	for name, end := range attemptEnds() {
+	finishedWhileStopping(t, got)
+	for name, end := range stoppedEnds() {
 		if e, _, err := end.Apply(got); err != nil || e.Phase != schemas.PhaseFailed || e.Reason != string(schemas.CodeBudgetExceeded) {
 			t.Errorf("%s: %s %q %v; want failed budget_exceeded", name, e.Phase, e.Reason, err)
 		}

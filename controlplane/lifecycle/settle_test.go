@@ -84,7 +84,7 @@ func TestSettleOutcomes(t *testing.T) {
 	}
 	running := place(false)
 	stopping, _ := step(t, running, preempt(running), t0.Add(time.Hour))
-	r, evs = step(t, stopping, exitOf(1, exitsZero), t0.Add(90*time.Minute))
+	r, evs = step(t, stopping, exitOf(1, exitsOne), t0.Add(90*time.Minute))
 	if a := r.Attempts[0]; len(evs) != 1 || a.Outcome != schemas.CodePreempted || !near(a.CostUSD, 15) {
 		t.Errorf("preempted: %+v; want outcome preempted, 1.5h at 10 USD/h", a)
 	}

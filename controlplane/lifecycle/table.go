@@ -100,5 +100,8 @@ func move(r *schemas.Run, to schemas.Phase) error {
 	if to != schemas.PhaseAccepted {
 		r.WaitCode = "" // a Run waits in accepted alone
 	}
+	if to == schemas.PhaseAccepted || to.Terminal() {
+		r.Stopping = "" // a stop belongs to the attempt that ended
+	}
 	return nil
 }

@@ -229,7 +229,7 @@ func (p Report) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 			return r, nil, err
 		}
 		if to.Terminal() {
-			r.Reason, r.Stopping = string(code), ""
+			r.Reason = string(code)
 		}
 		ev = phaseEvent(&r, from, code, msg)
 	}
@@ -340,7 +340,7 @@ func (f ReceiptFailure) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, e
 		if err := move(&r, schemas.PhaseCancelled); err != nil {
 			return r, nil, err
 		}
-		r.Reason, r.Stopping = string(schemas.CodeCancelled), ""
+		r.Reason = string(schemas.CodeCancelled)
 		return r, []schemas.RunEvent{phaseEvent(&r, from, schemas.CodeCancelled, msg)}, nil
 	}
 	ev, err := endAttempt(&r, from, ending{phase: schemas.PhaseFailed, code: failureCode(rc.Code), msg: msg}, 0)
@@ -378,7 +378,7 @@ func (l Loss) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
 		if err := move(&r, schemas.PhaseCancelled); err != nil {
 			return r, nil, err
 		}
-		r.Reason, r.Stopping = string(cause), ""
+		r.Reason = string(cause)
 		return r, []schemas.RunEvent{phaseEvent(&r, from, cause, l.Why)}, nil
 	}
 	ev, err := endAttempt(&r, from, ending{phase: schemas.PhaseLost, code: cause, msg: l.Why, exhausted: schemas.CodeAttemptsExhausted}, l.MaxAttempts)

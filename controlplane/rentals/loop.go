@@ -158,7 +158,7 @@ func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time)
 				booked = append(booked, r)
 			}
 		}
-		m.runs.LoseAttempts(ctx, booked, lossCause(to), func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
+		m.runs.LoseAttempts(ctx, booked, lossCause(rt.State, to), func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
 	}
 	return m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
 		if s.State != rt.State {
@@ -168,11 +168,12 @@ func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time)
 	})
 }
 
-// lossCause is why a rental's move to state ends its node's attempts: a
-// provider taking the machine back interrupts them (a retry policy's
-// "interrupted"); a machine that failed or is gone loses them.
-func lossCause(to schemas.RentalState) schemas.Code {
-	if to == schemas.RentalInterrupted {
+// lossCause is why a rental's move from → to ends its node's attempts: a
+// provider taking the machine back (interrupted, or terminated without
+// our asking) interrupts them (a retry policy's "interrupted"); a machine
+// that failed, or that we were terminating, loses them.
+func lossCause(from, to schemas.RentalState) schemas.Code {
+	if to == schemas.RentalInterrupted || (to == schemas.RentalTerminated && from != schemas.RentalTerminating) {
 		return schemas.CodeInterrupted
 	}
 	return schemas.CodeNodeLost

@@ -95,16 +95,21 @@ func TestRentalTransitions_ResumeCycle(t *testing.T) {
 	}
 }
 
-// TestLossCause: attempts on a rental its provider interrupted end
-// interrupted; on one terminated or failed, node_lost.
+// TestLossCause: attempts on a rental its provider interrupted, or
+// terminated without being asked, end interrupted; on one we were
+// terminating, or that failed, node_lost.
 func TestLossCause(t *testing.T) {
-	for to, want := range map[schemas.RentalState]schemas.Code{
-		schemas.RentalInterrupted: schemas.CodeInterrupted,
-		schemas.RentalTerminated:  schemas.CodeNodeLost,
-		schemas.RentalFailed:      schemas.CodeNodeLost,
+	for _, c := range []struct {
+		from, to schemas.RentalState
+		want     schemas.Code
+	}{
+		{schemas.RentalReady, schemas.RentalInterrupted, schemas.CodeInterrupted},
+		{schemas.RentalReady, schemas.RentalTerminated, schemas.CodeInterrupted},
+		{schemas.RentalTerminating, schemas.RentalTerminated, schemas.CodeNodeLost},
+		{schemas.RentalReady, schemas.RentalFailed, schemas.CodeNodeLost},
 	} {
-		if got := lossCause(to); got != want {
-			t.Errorf("%s: %s, want %s", to, got, want)
+		if got := lossCause(c.from, c.to); got != c.want {
+			t.Errorf("%s → %s: %s, want %s", c.from, c.to, got, c.want)
 		}
 	}
 }

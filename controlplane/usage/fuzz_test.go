@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -21,6 +22,12 @@ func FuzzDecodeUsageRecord(f *testing.F) {
 	f.Add("application/json", []byte(`{"run_id":"r-1","tenant":"acme","attempt_id":"r-1-a1","cost_usd":-1}`))
 	f.Add("", []byte(`{"run_id":`))
 	f.Add("application/msgpack", []byte{0x81, 0xa6, 't', 'e', 'n', 'a', 'n', 't', 0xa4, 'a', 'c', 'm', 'e'})
+	// A gpu_model that is not UTF-8 would panic the Prometheus collector.
+	f.Add("application/msgpack", append([]byte{0x84,
+		0xa6, 't', 'e', 'n', 'a', 'n', 't', 0xa4, 'a', 'c', 'm', 'e',
+		0xa6, 'r', 'u', 'n', '_', 'i', 'd', 0xa3, 'r', '-', '1',
+		0xaa, 'a', 't', 't', 'e', 'm', 'p', 't', '_', 'i', 'd', 0xa6, 'r', '-', '1', '-', 'a', '1',
+		0xa9, 'g', 'p', 'u', '_', 'm', 'o', 'd', 'e', 'l', 0xa1}, 0xff))
 	f.Fuzz(func(t *testing.T, contentType string, data []byte) {
 		h := nats.Header{}
 		if contentType != "" {
@@ -30,7 +37,7 @@ func FuzzDecodeUsageRecord(f *testing.F) {
 		if DecodeRecord(h, data, &rec) != nil {
 			return
 		}
-		if rec.Tenant == "" || rec.AttemptID == "" || rec.GPUs < 0 || !(rec.CostUSD >= 0) || !(rec.Seconds >= 0) ||
+		if rec.Tenant == "" || rec.AttemptID == "" || rec.GPUs < 0 || !utf8.ValidString(rec.GPUModel) || !(rec.CostUSD >= 0) || !(rec.Seconds >= 0) ||
 			math.IsInf(rec.CostUSD, 0) || math.IsInf(rec.Seconds, 0) {
 			t.Fatalf("accepted %+v", rec)
 		}
