@@ -260,6 +260,21 @@ func (l *Ledger) Over(tenant string, now time.Time) (bool, string) {
 	return false, ""
 }
 
+// Stops reports whether tenant's running Runs are to be stopped: its
+// budget stops running Runs and its spend, read in full, has reached it.
+// Unlike Over, a spend not read yet never stops anything: waiting is
+// undone by the next pass, a stopped Run is not.
+func (l *Ledger) Stops(tenant string, now time.Time) (bool, string) {
+	b := l.policy.Current().Tenant(tenant).Budget
+	if b == nil || !b.StopRunning {
+		return false, ""
+	}
+	if spent, _, synced := l.Spend(tenant, *b, now); !synced || spent < b.AmountUSD {
+		return false, ""
+	}
+	return l.Over(tenant, now)
+}
+
 // Allows reports whether tenant may start spending expectedUSD more (a
 // rental for one of its Runs) within its budget, and why not.
 func (l *Ledger) Allows(tenant string, expectedUSD float64, now time.Time) (bool, string) {

@@ -107,6 +107,7 @@ func TestLedgerBudgets(t *testing.T) {
 	pol := policy.Static(schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
 		"acme": {Budget: &schemas.Budget{AmountUSD: 500, Period: PeriodDay}},
 		"beta": {Budget: &schemas.Budget{AmountUSD: 100, Period: PeriodWeek}},
+		"delta": {Budget: &schemas.Budget{AmountUSD: 10, Period: PeriodDay, StopRunning: true}},
 	}}, "v1")
 	active := &runs{}
 	l := NewLedger(conn.JS, pol, active, func() time.Time { return now }, zaptest.NewLogger(t))
@@ -116,11 +117,16 @@ func TestLedgerBudgets(t *testing.T) {
 	publishRecord(t, ctx, conn.JS, record("acme", "r-a2", "A100", 1000, now.Add(-13*time.Hour)))
 	publishRecord(t, ctx, conn.JS, record("beta", "r-b1", "", 60, now.Add(-13*time.Hour)))
 	publishRecord(t, ctx, conn.JS, record("gamma", "r-c1", "H100", 5000, now.Add(-time.Hour)))
+	publishRecord(t, ctx, conn.JS, record("delta", "r-d1", "", 50, now.Add(-time.Hour)))
 
 	// Before the ledger has read the stream a budgeted tenant waits; one
 	// without a budget never does.
 	if over, why := l.Over("acme", now); !over || !strings.Contains(why, "still reading WF_USAGE") {
 		t.Fatalf("unread ledger: over %v %q", over, why)
+	}
+	// Nor is a running Run stopped on a spend not read yet.
+	if stops, why := l.Stops("delta", now); stops {
+		t.Fatalf("unread ledger stops delta's running Runs: %s", why)
 	}
 	if ok, _ := l.Allows("gamma", 1e6, now); !ok {
 		t.Fatal("a tenant without a budget was refused")
@@ -139,6 +145,9 @@ func TestLedgerBudgets(t *testing.T) {
 	}
 	if over, why := l.Over("acme", now); over {
 		t.Errorf("acme at 300 of 500 is over: %s", why)
+	}
+	if stops, why := l.Stops("delta", now); !stops || !strings.Contains(why, "spent 50.00 of its 10.00 USD") {
+		t.Errorf("delta past a stop_running budget: stops %v %q", stops, why)
 	}
 	// A running attempt of acme's, held 2.5 hours at 100/h, makes 550.
 	later := now.Add(2 * time.Second) // past the accrual's memo
@@ -170,11 +179,11 @@ func TestLedgerBudgets(t *testing.T) {
 
 	f := l.Figures(later)
 	wantUSD := []metrics.CostUSD{{Tenant: "acme", GPUModel: "A100", USD: 1000}, {Tenant: "acme", GPUModel: "H100", USD: 300},
-		{Tenant: "beta", USD: 100}, {Tenant: "gamma", GPUModel: "H100", USD: 5000}}
+		{Tenant: "beta", USD: 100}, {Tenant: "delta", USD: 50}, {Tenant: "gamma", GPUModel: "H100", USD: 5000}}
 	if !slicesEqual(f.USD, wantUSD) {
 		t.Errorf("cost figures %+v, want %+v", f.USD, wantUSD)
 	}
-	wantSpend := []metrics.TenantSpend{{Tenant: "acme", SpendUSD: 550, BudgetUSD: 500}, {Tenant: "beta", SpendUSD: 40, BudgetUSD: 100}}
+	wantSpend := []metrics.TenantSpend{{Tenant: "acme", SpendUSD: 550, BudgetUSD: 500}, {Tenant: "beta", SpendUSD: 40, BudgetUSD: 100}, {Tenant: "delta", SpendUSD: 50, BudgetUSD: 10}}
 	if !slicesEqual(f.Tenants, wantSpend) {
 		t.Errorf("spend figures %+v, want %+v", f.Tenants, wantSpend)
 	}
