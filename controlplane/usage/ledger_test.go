@@ -105,8 +105,8 @@ func TestLedgerBudgets(t *testing.T) {
 	defer cancel()
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC) // a Monday
 	pol := policy.Static(schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
-		"acme": {Budget: &schemas.Budget{AmountUSD: 500, Period: PeriodDay}},
-		"beta": {Budget: &schemas.Budget{AmountUSD: 100, Period: PeriodWeek}},
+		"acme":  {Budget: &schemas.Budget{AmountUSD: 500, Period: PeriodDay}},
+		"beta":  {Budget: &schemas.Budget{AmountUSD: 100, Period: PeriodWeek}},
 		"delta": {Budget: &schemas.Budget{AmountUSD: 10, Period: PeriodDay, StopRunning: true}},
 	}}, "v1")
 	active := &runs{}
