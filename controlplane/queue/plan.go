@@ -176,12 +176,12 @@ func NodeGPUModel(rec schemas.NodeRecord) string {
 	return ""
 }
 
-// budgetStops stops the booked, running Runs of tenants past a budget
-// that stops running Runs.
+// budgetStops stops the booked Runs of tenants past a budget that stops
+// running Runs: a queued one ends at once, holding nothing.
 func (p *planner) budgetStops() {
 	for _, r := range p.in.Booked {
 		t := p.tenant(r.TenantOf())
-		if r.Queued || r.Stopping != "" || r.CancelRequested || t.pol.Budget == nil || !t.pol.Budget.StopRunning {
+		if r.Stopping != "" || r.CancelRequested || t.pol.Budget == nil || !t.pol.Budget.StopRunning {
 			continue
 		}
 		if over, why := p.overBudget(t); over {

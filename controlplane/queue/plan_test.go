@@ -169,7 +169,7 @@ func TestReclaimFromBorrower(t *testing.T) {
 }
 
 // A tenant past its budget waits on it; one whose budget stops running
-// Runs has them stopped.
+// Runs has them stopped, queued ones too.
 func TestBudget(t *testing.T) {
 	s := newSim(t, schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
 		"acme": {Budget: &schemas.Budget{AmountUSD: 500, Period: "day", StopRunning: true}}, "beta": {}}})
@@ -178,10 +178,16 @@ func TestBudget(t *testing.T) {
 	}
 	s.node("n1", 64000, 0, "")
 	running := s.hold("acme", "n1", 1000, 0, false)
+	s.node("n2", 1000, 0, "")
+	s.hold("beta", "n2", 1000, 0, false)
+	queued := s.hold("acme", "n2", 1000, 0, true) // behind beta's Run: it stays queued
 	w, b := s.submit("acme", 1000, 0), s.submit("beta", 1000, 0)
 	res := s.pass()
 	if a := action(t, res, running.ID); a.Kind != KindBudgetStop {
 		t.Errorf("the running Run: %+v", a)
+	}
+	if a := action(t, res, queued.ID); a.Kind != KindBudgetStop {
+		t.Errorf("the queued Run: %+v", a)
 	}
 	if a := action(t, res, w.ID); a.Kind != KindWait || a.Code != schemas.CodeBudget || !strings.Contains(a.Message, "spent 512.40") {
 		t.Errorf("the waiting Run: %+v", a)
