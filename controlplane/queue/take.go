@@ -53,7 +53,7 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 	if noneEligible(&d) {
 		p.blocked[shape] = &d
 	}
-	if p.mayPreempt(t, r, cls) && p.preempt(t, r, cls, d) {
+	if p.preempt(t, r, cls, d) {
 		return
 	}
 	p.res.Actions = append(p.res.Actions, Action{Kind: KindWait, Run: r, Decision: d, Code: schemas.CodeNoCapacity})
@@ -80,7 +80,7 @@ func (p *planner) won(t *tenantState, r *schemas.Run, cls schemas.PriorityClass,
 		p.wait(r, schemas.CodeQuota, s, m, &d)
 		return
 	}
-	if d.WinnerQueued && p.mayPreempt(t, r, cls) && p.preempt(t, r, cls, d) {
+	if d.WinnerQueued && p.preempt(t, r, cls, d) {
 		return
 	}
 	hold := p.in.UnknownRuntime
@@ -101,7 +101,7 @@ func (p *planner) skipBlocked(t *tenantState, r *schemas.Run, cls schemas.Priori
 	p.res.Skipped++
 	p.memo.decided(r.ID, key, p.in.Now)
 	d.RunID, d.Attempt = r.ID, r.Attempt+1
-	if p.mayPreempt(t, r, cls) && p.preempt(t, r, cls, d) {
+	if p.preempt(t, r, cls, d) {
 		return
 	}
 	if !capacityWait(r) {

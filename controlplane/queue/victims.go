@@ -13,12 +13,6 @@ import (
 
 func secondsOf(s int64) time.Duration { return time.Duration(s) * time.Second }
 
-// mayPreempt reports whether r may stop other Runs at all: its class
-// preempts, or its tenant reclaims quota it lent.
-func (p *planner) mayPreempt(t *tenantState, r *schemas.Run, cls schemas.PriorityClass) bool {
-	return cls.Preempts || withinNominal(t, r.Request.Resources, requestModel(r))
-}
-
 // victimSet is one node's way to make room for a preemptor.
 type victimSet struct {
 	node           string
@@ -40,11 +34,16 @@ func (a *victimSet) less(b *victimSet) bool {
 
 // preempt looks, on every node d found only busy, for the victims whose
 // stopping makes r fit, and takes the set losing the fewest GPU-seconds.
-// Runs already stopping count as gone: a node where they make room needs
-// no new victim, and r waits for them. It reports whether r preempts (or
-// waits on a preemption); false leaves r to wait as decided.
+// r may stop other Runs only when its class preempts or its tenant
+// reclaims quota it lent. Runs already stopping count as gone: a node
+// where they make room needs no new victim, and r waits for them. It
+// reports whether r preempts (or waits on a preemption); false leaves r
+// to wait as decided.
 func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityClass, d schemas.BookingDecision) bool {
 	reclaim := withinNominal(t, r.Request.Resources, requestModel(r))
+	if !cls.Preempts && !reclaim {
+		return false
+	}
 	// Within a pass victims only go and claims only grow, so a search
 	// that found nothing finds nothing again for a Run alike (one with a
 	// claim of its own to give up excepted).
