@@ -147,6 +147,34 @@ func TestPreemptionVictims(t *testing.T) {
 	}
 }
 
+// Victims are chosen only on a node whose cards keep the preemptor's
+// tenant within quota: on an H100 node a tenant at its H100 quota would
+// only wait on the quota once they stopped.
+func TestPreemptionKeepsToQuotaOfVictimsNode(t *testing.T) {
+	s := newSim(t, schemas.SchedulingPolicy{DefaultPriority: "low", PriorityClasses: []schemas.PriorityClass{
+		{Name: "urgent", Value: 10, Preempts: true}, {Name: "low", Value: 0}},
+		Tenants: map[string]schemas.TenantPolicy{"acme": {Quota: &schemas.Quota{GPUs: map[string]int64{"h100": 1}}}}})
+	s.node("h", 64000, 2, "NVIDIA H100")
+	s.node("a", 64000, 1, "NVIDIA A100")
+	preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+	s.now = s.now.Add(-time.Hour)
+	older := s.hold("x", "a", 1000, 1, false, preemptible) // 1 card × 1h
+	s.now = s.now.Add(50 * time.Minute)
+	s.hold("acme", "h", 1000, 1, false)                      // acme's one H100
+	cheaper := s.hold("x", "h", 1000, 1, false, preemptible) // 1 card × 10 min
+	s.now = s.now.Add(10 * time.Minute)
+	for _, n := range []string{"h", "a"} {
+		for range 4 {
+			s.hold("x", n, 1000, 0, true)
+		}
+	}
+	u := s.submit("acme", 1000, 1, func(r *schemas.RunRequest) { r.Priority = "urgent" })
+	a := action(t, s.pass(), u.ID)
+	if a.Kind != KindPreempt || len(a.Victims) != 1 || a.Victims[0].RunID != older.ID {
+		t.Fatalf("preemption %+v, want %s on the A100 node, not %s on the H100 one", a, older.ID, cheaper.ID)
+	}
+}
+
 // A lender within its nominal reclaims from a cohort borrower over its
 // own: the borrower's preemptible Run is the victim, whatever its class.
 func TestReclaimFromBorrower(t *testing.T) {

@@ -59,8 +59,10 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		if !c.Eligible && c.Reason != schemas.ReasonAtCapacity && c.Reason != schemas.ReasonQueueFull {
 			continue
 		}
+		// A node whose cards put t over quota would only make r wait on
+		// the quota once its victims are gone.
 		n := p.in.Fleet.Node(c.NodeID)
-		if n == nil {
+		if n == nil || p.quotaExcess(t, r.Request.Resources, NodeGPUModel(n.Record)) != nil {
 			continue
 		}
 		if s := p.victimsOn(t, r, cls, reclaim, n); s != nil && (best == nil || s.less(best)) {
