@@ -175,6 +175,31 @@ func TestPreemptionKeepsToQuotaOfVictimsNode(t *testing.T) {
 	}
 }
 
+// A preemptor's demand counts against its tenant's quota for the rest of
+// the pass: of two preemptors with room for one, only the first stops
+// victims; the other waits on the quota.
+func TestPreemptorsShareTheirQuota(t *testing.T) {
+	s := newSim(t, schemas.SchedulingPolicy{DefaultPriority: "low", PriorityClasses: []schemas.PriorityClass{
+		{Name: "urgent", Value: 10, Preempts: true}, {Name: "low", Value: 0}},
+		Tenants: map[string]schemas.TenantPolicy{"acme": {Quota: &schemas.Quota{GPUs: map[string]int64{"*": 1}}}}})
+	s.node("n1", 64000, 2, "NVIDIA H100")
+	preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+	s.hold("x", "n1", 1000, 1, false, preemptible)
+	s.hold("x", "n1", 1000, 1, false, preemptible)
+	for range 4 {
+		s.hold("x", "n1", 1000, 0, true)
+	}
+	urgent := func(r *schemas.RunRequest) { r.Priority = "urgent" }
+	u1, u2 := s.submit("acme", 1000, 1, urgent), s.submit("acme", 1000, 1, urgent)
+	res := s.pass()
+	if a := action(t, res, u1.ID); a.Kind != KindPreempt || len(a.Victims) != 1 {
+		t.Fatalf("the first preemptor: %+v", a)
+	}
+	if a := action(t, res, u2.ID); a.Kind != KindWait || a.Code != schemas.CodeQuota {
+		t.Fatalf("the second preemptor, past acme's quota beside the first: %+v", a)
+	}
+}
+
 // A lender within its nominal reclaims from a cohort borrower over its
 // own: the borrower's preemptible Run is the victim, whatever its class.
 func TestReclaimFromBorrower(t *testing.T) {

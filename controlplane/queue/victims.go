@@ -74,6 +74,9 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		return false
 	}
 	p.claims[best.node] = append(p.claims[best.node], claim{r.ID, r.Request.Resources, cls.Value})
+	// Its place is as good as held: the tenant's next preemptor must
+	// fit its quota beside it.
+	t.hold(r.Request.Resources, NodeGPUModel(p.in.Fleet.Node(best.node).Record), 1)
 	d.Winner, d.WinnerQueued, d.GPUs = "", false, nil
 	if len(best.victims) == 0 {
 		p.wait(r, schemas.CodePreempting, preemptingOn+best.node+": waiting for "+strings.Join(best.stopping, ","),
