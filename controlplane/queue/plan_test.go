@@ -165,7 +165,7 @@ func TestPreemptionKeepsToQuotaOfVictimsNode(t *testing.T) {
 	s.now = s.now.Add(10 * time.Minute)
 	for _, n := range []string{"h", "a"} {
 		for range 4 {
-			s.hold("x", n, 1000, 0, true)
+			s.hold("x", n, 1000, 1, true) // a full queue: no node can queue it either
 		}
 	}
 	u := s.submit("acme", 1000, 1, func(r *schemas.RunRequest) { r.Priority = "urgent" })
@@ -187,7 +187,7 @@ func TestPreemptorsShareTheirQuota(t *testing.T) {
 	s.hold("x", "n1", 1000, 1, false, preemptible)
 	s.hold("x", "n1", 1000, 1, false, preemptible)
 	for range 4 {
-		s.hold("x", "n1", 1000, 0, true)
+		s.hold("x", "n1", 1000, 1, true) // a full queue: no node can queue it either
 	}
 	urgent := func(r *schemas.RunRequest) { r.Priority = "urgent" }
 	u1, u2 := s.submit("acme", 1000, 1, urgent), s.submit("acme", 1000, 1, urgent)
