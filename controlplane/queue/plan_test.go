@@ -221,6 +221,44 @@ func TestReclaimFromBorrower(t *testing.T) {
 	}
 }
 
+// Reclaim stops no more than a borrower borrows: a borrower over its
+// nominal by one card loses one Run, whether a second reclaimer comes in
+// the same pass or one reclaimer needs more.
+func TestReclaimTakesOnlyWhatIsBorrowed(t *testing.T) {
+	q := func(gpus int64) schemas.TenantPolicy {
+		return schemas.TenantPolicy{Cohort: "research", Quota: &schemas.Quota{GPUs: map[string]int64{"*": gpus}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		demands []int64 // the lender's Runs, in cards
+	}{
+		{"two reclaimers of a card each", []int64{1, 1}},
+		{"one reclaimer of two cards", []int64{2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{"lender": q(2), "borrower": q(2)}})
+			s.node("n1", 64000, 3, "H100")
+			preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+			for range 3 {
+				s.hold("borrower", "n1", 1000, 1, false, preemptible) // one card over its 2
+			}
+			for range 4 {
+				s.hold("x", "n1", 1000, 1, true) // a full queue: no node can queue it either
+			}
+			for _, g := range tc.demands {
+				s.submit("lender", 1000, g)
+			}
+			victims := 0
+			for _, a := range s.pass().Actions {
+				victims += len(a.Victims)
+			}
+			if victims > 1 {
+				t.Fatalf("%d of the borrower's Runs stopped; it borrowed one card", victims)
+			}
+		})
+	}
+}
+
 // A tenant past its budget waits on it; one whose budget stops running
 // Runs has them stopped, queued ones too.
 func TestBudget(t *testing.T) {

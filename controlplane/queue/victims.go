@@ -85,7 +85,7 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 	}
 	names := make([]string, len(best.victims))
 	for i, v := range best.victims {
-		p.freed[v.RunID] = true
+		p.free(v.Run)
 		d.Victims = append(d.Victims, v.Victim)
 		names[i] = fmt.Sprintf("%s (%s, %.0f GPU-seconds)", v.RunID, v.Why, v.GPUSeconds)
 	}
@@ -146,8 +146,22 @@ func (p *planner) cheapest(n *placement.Node, r *schemas.Run, stopping []string,
 	if fits && len(stopping) == 0 {
 		return nil
 	}
+	taken := map[string]*usage{} // by tenant: what its victims here hold
 	for i := 0; !fits && i < len(cands); i++ {
-		gone[cands[i].RunID], s.victims = true, append(s.victims, cands[i])
+		c := cands[i]
+		if c.Why == "reclaim" {
+			// Reclaim takes no more than a borrower borrows.
+			u := taken[c.Tenant]
+			if u == nil {
+				u = &usage{}
+				taken[c.Tenant] = u
+			}
+			if !overNominal(p.tenant(c.Tenant), u) {
+				continue
+			}
+			u.add(c.Run.Request.Resources, NodeGPUModel(n.Record), 1)
+		}
+		gone[c.RunID], s.victims = true, append(s.victims, c)
 		fits = p.fitsAfter(n, r, gone, withQueue)
 	}
 	if !fits {
@@ -178,7 +192,7 @@ func (p *planner) why(t *tenantState, cls schemas.PriorityClass, reclaim bool, b
 	if cls.Preempts && p.class(b).Value < cls.Value {
 		return "priority"
 	}
-	if bt := p.tenant(b.TenantOf()); reclaim && bt != t && bt.pol.Cohort == t.pol.Cohort && overNominal(bt) {
+	if bt := p.tenant(b.TenantOf()); reclaim && bt != t && bt.pol.Cohort == t.pol.Cohort && overNominal(bt, nil) {
 		return "reclaim"
 	}
 	return ""
