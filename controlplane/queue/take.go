@@ -26,7 +26,7 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 		return
 	}
 	shape := ShapeOf(r.Request)
-	key := p.memo.runKey(&p.keys, r, shape, t.over)
+	key := p.memo.runKey(&p.keys, r, shape)
 	if !p.in.DecideAll && p.memo.fresh(r, key, p.in.Now) {
 		p.res.Skipped++
 		return
@@ -45,7 +45,7 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 		return
 	}
 	p.memo.dependsOn(&p.keys, shape, &d)
-	p.memo.decided(r.ID, p.memo.runKey(&p.keys, r, shape, t.over), p.in.Now)
+	p.memo.decided(r.ID, p.memo.runKey(&p.keys, r, shape), p.in.Now)
 	if d.Winner != "" {
 		p.won(t, r, cls, d)
 		return
