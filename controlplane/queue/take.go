@@ -109,20 +109,11 @@ func (p *planner) skipBlocked(t *tenantState, r *schemas.Run, cls schemas.Priori
 	}
 }
 
-// capacityWait reports whether r's recorded wait is a capacity one.
+// capacityWait reports whether r's recorded wait is a capacity one. Every
+// wait is recorded with its code (lifecycle.Wait); one without is from
+// before wait codes, when waits were capacity ones.
 func capacityWait(r *schemas.Run) bool {
-	if r.Waiting == "" {
-		return false
-	}
-	if r.WaitCode != "" {
-		return r.WaitCode == schemas.CodeNoCapacity
-	}
-	for _, p := range []string{"quota:", "budget:", "preempting"} {
-		if strings.HasPrefix(r.Waiting, p) {
-			return false
-		}
-	}
-	return true
+	return r.Waiting != "" && (r.WaitCode == "" || r.WaitCode == schemas.CodeNoCapacity)
 }
 
 // wait records a wait that is not a capacity one, unless r has it already.
