@@ -164,10 +164,10 @@ func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 			waiting = append(waiting, rp)
 		}
 	}
-	if len(waiting) == 0 {
+	pol := s.policy()
+	if len(waiting) == 0 && !s.budgetStopsPossible(pol, booked) {
 		return
 	}
-	pol := s.policy()
 	plan := s.plan(pol, booked, waiting, snapshot(), now, memo)
 	for _, err := range plan.Errors {
 		s.log.Warn("scheduling pass: no decision", zap.Error(err))
@@ -210,6 +210,21 @@ func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, sn
 	}
 	if err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
 		s.log.Warn("scheduling pass", zap.String("run_id", r.ID), zap.String("phase", string(r.Phase)), zap.Error(err))
+	}
+	return false
+}
+
+// budgetStopsPossible reports whether a booked Run's tenant has a budget
+// that stops running Runs: the plan must then run even with no Run
+// waiting, to stop them once the tenant is past it.
+func (s *Scheduler) budgetStopsPossible(pol *policy.Snapshot, booked []*schemas.Run) bool {
+	if s.cfg.Budgets == nil {
+		return false
+	}
+	for _, r := range booked {
+		if b := pol.Tenant(r.TenantOf()).Budget; b != nil && b.StopRunning && r.Stopping == "" {
+			return true
+		}
 	}
 	return false
 }
