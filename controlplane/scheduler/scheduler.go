@@ -184,7 +184,7 @@ func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, f
 }
 
 // step gives r the step it is due, other than placing it; it reports
-// whether r waits for a decision (it is due one and past any backoff).
+// whether r waits for a decision.
 func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, snapshot func() *placement.Fleet) bool {
 	r := *rp
 	var token uint64
@@ -196,7 +196,7 @@ func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, sn
 	var err error
 	switch step := lifecycle.Due(r, token, now, s.cfg.Timing); step {
 	case lifecycle.StepPlace:
-		return !now.Before(lifecycle.RetryAt(r))
+		return true // Due owes no place before the backoff ends
 	case lifecycle.StepStartQueued:
 		err = s.startQueued(ctx, r, snapshot())
 	case lifecycle.StepStop:
