@@ -179,7 +179,9 @@ func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 // scheduler's placement.
 func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, fleet *placement.Fleet, now time.Time, memo *queue.Memo) queue.Result {
 	return queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: fleet, Booked: booked, Waiting: waiting, Budget: s.budget(now),
-		Decide:         func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) { return s.decide(r, f, now) },
+		Decide: func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) {
+			return s.decide(r, f, pol, now)
+		},
 		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil}, memo)
 }
 
