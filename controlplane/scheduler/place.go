@@ -18,7 +18,7 @@ import (
 
 // apply carries out a planned pass in its order. A step that fails is
 // logged; the next pass plans again from what is stored.
-func (s *Scheduler) apply(ctx context.Context, actions []queue.Action, pol *policy.Snapshot, fleet *placement.Fleet, now time.Time) {
+func (s *Scheduler) apply(ctx context.Context, actions []queue.Action, pol *policy.Snapshot, fleet *placement.Fleet) {
 	for _, a := range actions {
 		if ctx.Err() != nil {
 			return

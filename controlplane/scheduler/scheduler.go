@@ -172,7 +172,7 @@ func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 	for _, err := range plan.Errors {
 		s.log.Warn("scheduling pass: no decision", zap.Error(err))
 	}
-	s.apply(ctx, plan.Actions, pol, snapshot(), now)
+	s.apply(ctx, plan.Actions, pol, snapshot())
 }
 
 // plan plans the waiting Runs over fleet (queue.Plan), deciding with this
