@@ -18,10 +18,10 @@ const memoMaxAge = 5 * time.Second
 // waiting Run is decided again only when something its last decision
 // depended on changed. That is a key per Run over the nodes its Shape's
 // last decision could use (a node that refused the shape for good is not
-// one), each node's record and bookings, the policy's version, the Run's
-// attempt and its tenant's budget state. Quotas are checked every pass
-// without a decision, and a Run that waits on one is forgotten here, so
-// the quota's move needs no key.
+// one), each node's record and bookings, the policy's version and the
+// Run's attempt. Quotas and budgets are checked every pass without a
+// decision, and a Run that waits on either is forgotten here, so their
+// move needs no key.
 type Memo struct {
 	seed  maphash.Seed
 	pass  uint64
@@ -120,12 +120,11 @@ func (m *Memo) shapeKey(k *passKeys, s Shape) uint64 {
 }
 
 // runKey is what r's decision depends on in this pass.
-func (m *Memo) runKey(k *passKeys, r *schemas.Run, s Shape, overBudget bool) uint64 {
+func (m *Memo) runKey(k *passKeys, r *schemas.Run, s Shape) uint64 {
 	var buf [128]byte
 	b := strconv.AppendUint(buf[:0], m.shapeKey(k, s), 10)
 	b = append(append(b, 0), k.policy...)
 	b = strconv.AppendInt(append(b, 0), int64(r.Attempt), 10)
-	b = strconv.AppendBool(b, overBudget)
 	return maphash.Bytes(m.seed, b)
 }
 

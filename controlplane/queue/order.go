@@ -11,9 +11,12 @@ import (
 // tenantState is one tenant in a pass: its policy, what it holds, its
 // budget answer and its waiting Runs of the level being served.
 type tenantState struct {
-	name    string
-	pol     schemas.TenantPolicy
-	use     usage
+	name string
+	pol  schemas.TenantPolicy
+	use  usage
+	// freed is the part of use held by Runs that stop or were chosen to
+	// in this pass.
+	freed   usage
 	waiting []*schemas.Run // of the level being served, oldest first
 	next    int
 

@@ -134,14 +134,10 @@ func newPlanner(in Input, memo *Memo) *planner {
 		}
 	}
 	for _, r := range in.Booked {
-		model := ""
-		if n := in.Fleet.Node(r.NodeID); n != nil {
-			model = NodeGPUModel(n.Record)
-		}
-		p.tenant(r.TenantOf()).hold(r.Request.Resources, model, 1)
+		p.tenant(r.TenantOf()).hold(r.Request.Resources, p.bookedModel(r), 1)
 		p.byNode[r.NodeID] = append(p.byNode[r.NodeID], r)
 		if r.Stopping != "" {
-			p.freed[r.ID] = true
+			p.free(r)
 		}
 	}
 	// A preemptor's recorded wait holds its place until it is served
@@ -154,6 +150,24 @@ func newPlanner(in Input, memo *Memo) *planner {
 	}
 	p.keys = memo.keysFor(in, p.byNode, p.claims)
 	return p
+}
+
+// free counts booked Run r as stopping: its place is free for victim
+// searches, and what it holds no longer makes its tenant a borrower.
+func (p *planner) free(r *schemas.Run) {
+	if p.freed[r.ID] {
+		return
+	}
+	p.freed[r.ID] = true
+	p.tenant(r.TenantOf()).freed.add(r.Request.Resources, p.bookedModel(r), 1)
+}
+
+// bookedModel is the model of the cards of booked Run r's node.
+func (p *planner) bookedModel(r *schemas.Run) string {
+	if n := p.in.Fleet.Node(r.NodeID); n != nil {
+		return NodeGPUModel(n.Record)
+	}
+	return ""
 }
 
 // NodeGPUModel is the model of a node's cards ("" without any): what a
@@ -176,16 +190,16 @@ func NodeGPUModel(rec schemas.NodeRecord) string {
 	return ""
 }
 
-// budgetStops stops the booked, running Runs of tenants past a budget
-// that stops running Runs.
+// budgetStops stops the booked Runs of tenants past a budget that stops
+// running Runs: a queued one ends at once, holding nothing.
 func (p *planner) budgetStops() {
 	for _, r := range p.in.Booked {
 		t := p.tenant(r.TenantOf())
-		if r.Queued || r.Stopping != "" || r.CancelRequested || t.pol.Budget == nil || !t.pol.Budget.StopRunning {
+		if r.Stopping != "" || r.CancelRequested || t.pol.Budget == nil || !t.pol.Budget.StopRunning {
 			continue
 		}
 		if over, why := p.overBudget(t); over {
-			p.freed[r.ID] = true
+			p.free(r)
 			p.res.Actions = append(p.res.Actions, Action{Kind: KindBudgetStop, Run: r, Code: schemas.CodeBudgetExceeded,
 				Message: "tenant " + t.name + " " + why + "; its budget stops running Runs"})
 		}

@@ -147,6 +147,59 @@ func TestPreemptionVictims(t *testing.T) {
 	}
 }
 
+// Victims are chosen only on a node whose cards keep the preemptor's
+// tenant within quota: on an H100 node a tenant at its H100 quota would
+// only wait on the quota once they stopped.
+func TestPreemptionKeepsToQuotaOfVictimsNode(t *testing.T) {
+	s := newSim(t, schemas.SchedulingPolicy{DefaultPriority: "low", PriorityClasses: []schemas.PriorityClass{
+		{Name: "urgent", Value: 10, Preempts: true}, {Name: "low", Value: 0}},
+		Tenants: map[string]schemas.TenantPolicy{"acme": {Quota: &schemas.Quota{GPUs: map[string]int64{"h100": 1}}}}})
+	s.node("h", 64000, 2, "NVIDIA H100")
+	s.node("a", 64000, 1, "NVIDIA A100")
+	preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+	s.now = s.now.Add(-time.Hour)
+	older := s.hold("x", "a", 1000, 1, false, preemptible) // 1 card × 1h
+	s.now = s.now.Add(50 * time.Minute)
+	s.hold("acme", "h", 1000, 1, false)                      // acme's one H100
+	cheaper := s.hold("x", "h", 1000, 1, false, preemptible) // 1 card × 10 min
+	s.now = s.now.Add(10 * time.Minute)
+	for _, n := range []string{"h", "a"} {
+		for range 4 {
+			s.hold("x", n, 1000, 1, true) // a full queue: no node can queue it either
+		}
+	}
+	u := s.submit("acme", 1000, 1, func(r *schemas.RunRequest) { r.Priority = "urgent" })
+	a := action(t, s.pass(), u.ID)
+	if a.Kind != KindPreempt || len(a.Victims) != 1 || a.Victims[0].RunID != older.ID {
+		t.Fatalf("preemption %+v, want %s on the A100 node, not %s on the H100 one", a, older.ID, cheaper.ID)
+	}
+}
+
+// A preemptor's demand counts against its tenant's quota for the rest of
+// the pass: of two preemptors with room for one, only the first stops
+// victims; the other waits on the quota.
+func TestPreemptorsShareTheirQuota(t *testing.T) {
+	s := newSim(t, schemas.SchedulingPolicy{DefaultPriority: "low", PriorityClasses: []schemas.PriorityClass{
+		{Name: "urgent", Value: 10, Preempts: true}, {Name: "low", Value: 0}},
+		Tenants: map[string]schemas.TenantPolicy{"acme": {Quota: &schemas.Quota{GPUs: map[string]int64{"*": 1}}}}})
+	s.node("n1", 64000, 2, "NVIDIA H100")
+	preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+	s.hold("x", "n1", 1000, 1, false, preemptible)
+	s.hold("x", "n1", 1000, 1, false, preemptible)
+	for range 4 {
+		s.hold("x", "n1", 1000, 1, true) // a full queue: no node can queue it either
+	}
+	urgent := func(r *schemas.RunRequest) { r.Priority = "urgent" }
+	u1, u2 := s.submit("acme", 1000, 1, urgent), s.submit("acme", 1000, 1, urgent)
+	res := s.pass()
+	if a := action(t, res, u1.ID); a.Kind != KindPreempt || len(a.Victims) != 1 {
+		t.Fatalf("the first preemptor: %+v", a)
+	}
+	if a := action(t, res, u2.ID); a.Kind != KindWait || a.Code != schemas.CodeQuota {
+		t.Fatalf("the second preemptor, past acme's quota beside the first: %+v", a)
+	}
+}
+
 // A lender within its nominal reclaims from a cohort borrower over its
 // own: the borrower's preemptible Run is the victim, whatever its class.
 func TestReclaimFromBorrower(t *testing.T) {
@@ -168,8 +221,46 @@ func TestReclaimFromBorrower(t *testing.T) {
 	}
 }
 
+// Reclaim stops no more than a borrower borrows: a borrower over its
+// nominal by one card loses one Run, whether a second reclaimer comes in
+// the same pass or one reclaimer needs more.
+func TestReclaimTakesOnlyWhatIsBorrowed(t *testing.T) {
+	q := func(gpus int64) schemas.TenantPolicy {
+		return schemas.TenantPolicy{Cohort: "research", Quota: &schemas.Quota{GPUs: map[string]int64{"*": gpus}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		demands []int64 // the lender's Runs, in cards
+	}{
+		{"two reclaimers of a card each", []int64{1, 1}},
+		{"one reclaimer of two cards", []int64{2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{"lender": q(2), "borrower": q(2)}})
+			s.node("n1", 64000, 3, "H100")
+			preemptible := func(r *schemas.RunRequest) { r.Preemptible = true }
+			for range 3 {
+				s.hold("borrower", "n1", 1000, 1, false, preemptible) // one card over its 2
+			}
+			for range 4 {
+				s.hold("x", "n1", 1000, 1, true) // a full queue: no node can queue it either
+			}
+			for _, g := range tc.demands {
+				s.submit("lender", 1000, g)
+			}
+			victims := 0
+			for _, a := range s.pass().Actions {
+				victims += len(a.Victims)
+			}
+			if victims > 1 {
+				t.Fatalf("%d of the borrower's Runs stopped; it borrowed one card", victims)
+			}
+		})
+	}
+}
+
 // A tenant past its budget waits on it; one whose budget stops running
-// Runs has them stopped.
+// Runs has them stopped, queued ones too.
 func TestBudget(t *testing.T) {
 	s := newSim(t, schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
 		"acme": {Budget: &schemas.Budget{AmountUSD: 500, Period: "day", StopRunning: true}}, "beta": {}}})
@@ -178,10 +269,16 @@ func TestBudget(t *testing.T) {
 	}
 	s.node("n1", 64000, 0, "")
 	running := s.hold("acme", "n1", 1000, 0, false)
+	s.node("n2", 1000, 0, "")
+	s.hold("beta", "n2", 1000, 0, false)
+	queued := s.hold("acme", "n2", 1000, 0, true) // behind beta's Run: it stays queued
 	w, b := s.submit("acme", 1000, 0), s.submit("beta", 1000, 0)
 	res := s.pass()
 	if a := action(t, res, running.ID); a.Kind != KindBudgetStop {
 		t.Errorf("the running Run: %+v", a)
+	}
+	if a := action(t, res, queued.ID); a.Kind != KindBudgetStop {
+		t.Errorf("the queued Run: %+v", a)
 	}
 	if a := action(t, res, w.ID); a.Kind != KindWait || a.Code != schemas.CodeBudget || !strings.Contains(a.Message, "spent 512.40") {
 		t.Errorf("the waiting Run: %+v", a)

@@ -155,11 +155,12 @@ func (s *sim) checkedPlan(rt *rapid.T) Result {
 	return res
 }
 
-// noStarvation fails when a waiting Run within its tenant's quota fits a
-// node that is free of queues and not held for a preemptor whose victims
-// still stop, with room and cards for it now, once passes with nothing
-// else happening have settled (a preemptor that gives up the place it
-// held frees it for the Runs after it only in the next pass).
+// noStarvation fails when a waiting Run within its tenant's quota (its
+// preemptors waiting for their victims counted in) fits a node that is
+// free of queues and not held for a preemptor whose victims still stop,
+// with room and cards for it now, once passes with nothing else happening
+// have settled (a preemptor that gives up the place it held frees it for
+// the Runs after it only in the next pass).
 func (s *sim) noStarvation(rt *rapid.T) {
 	for range 4 {
 		if res := s.checkedPlan(rt); len(res.Actions) == 0 {
@@ -172,6 +173,9 @@ func (s *sim) noStarvation(rt *rapid.T) {
 	for _, r := range s.runs {
 		if node, ok := claimedNode(r); ok && r.Phase == schemas.PhaseAccepted {
 			held[node] = true
+			// The pass that chose its victims held its demand against
+			// its tenant's quota: the tenant's other Runs may wait on it.
+			ts[r.TenantOf()].use.add(r.Request.Resources, "NVIDIA H100", 1)
 		}
 	}
 	for _, r := range s.sorted() {

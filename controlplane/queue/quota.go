@@ -160,19 +160,27 @@ func withinNominal(t *tenantState, res schemas.Resources, model string) bool {
 }
 
 // overNominal reports whether t holds more than its own nominal on any
-// dimension it limits: it borrows from its cohort.
-func overNominal(t *tenantState) bool {
+// dimension it limits, besides what its stopping Runs hold and taken (nil:
+// nothing) more: it borrows from its cohort.
+func overNominal(t *tenantState, taken *usage) bool {
 	q := t.pol.Quota
 	if q == nil || t.pol.Cohort == "" {
 		return false
 	}
+	held := func(dim, key string) int64 {
+		v := t.use.value(dim, key) - t.freed.value(dim, key)
+		if taken != nil {
+			v -= taken.value(dim, key)
+		}
+		return v
+	}
 	for _, dim := range []string{dimRuns, dimCPU, dimMemory} {
-		if lim, ok := limit(q, dim, ""); ok && t.use.value(dim, "") > lim {
+		if lim, ok := limit(q, dim, ""); ok && held(dim, "") > lim {
 			return true
 		}
 	}
 	for k, lim := range q.GPUs {
-		if t.use.value(dimGPUs, k) > lim {
+		if held(dimGPUs, k) > lim {
 			return true
 		}
 	}

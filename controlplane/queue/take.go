@@ -26,7 +26,7 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 		return
 	}
 	shape := ShapeOf(r.Request)
-	key := p.memo.runKey(&p.keys, r, shape, t.over)
+	key := p.memo.runKey(&p.keys, r, shape)
 	if !p.in.DecideAll && p.memo.fresh(r, key, p.in.Now) {
 		p.res.Skipped++
 		return
@@ -45,7 +45,7 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 		return
 	}
 	p.memo.dependsOn(&p.keys, shape, &d)
-	p.memo.decided(r.ID, p.memo.runKey(&p.keys, r, shape, t.over), p.in.Now)
+	p.memo.decided(r.ID, p.memo.runKey(&p.keys, r, shape), p.in.Now)
 	if d.Winner != "" {
 		p.won(t, r, cls, d)
 		return
@@ -53,7 +53,7 @@ func (p *planner) take(t *tenantState, r *schemas.Run) {
 	if noneEligible(&d) {
 		p.blocked[shape] = &d
 	}
-	if p.mayPreempt(t, r, cls) && p.preempt(t, r, cls, d) {
+	if p.preempt(t, r, cls, d) {
 		return
 	}
 	p.res.Actions = append(p.res.Actions, Action{Kind: KindWait, Run: r, Decision: d, Code: schemas.CodeNoCapacity})
@@ -80,7 +80,7 @@ func (p *planner) won(t *tenantState, r *schemas.Run, cls schemas.PriorityClass,
 		p.wait(r, schemas.CodeQuota, s, m, &d)
 		return
 	}
-	if d.WinnerQueued && p.mayPreempt(t, r, cls) && p.preempt(t, r, cls, d) {
+	if d.WinnerQueued && p.preempt(t, r, cls, d) {
 		return
 	}
 	hold := p.in.UnknownRuntime
@@ -101,7 +101,7 @@ func (p *planner) skipBlocked(t *tenantState, r *schemas.Run, cls schemas.Priori
 	p.res.Skipped++
 	p.memo.decided(r.ID, key, p.in.Now)
 	d.RunID, d.Attempt = r.ID, r.Attempt+1
-	if p.mayPreempt(t, r, cls) && p.preempt(t, r, cls, d) {
+	if p.preempt(t, r, cls, d) {
 		return
 	}
 	if !capacityWait(r) {
@@ -109,20 +109,11 @@ func (p *planner) skipBlocked(t *tenantState, r *schemas.Run, cls schemas.Priori
 	}
 }
 
-// capacityWait reports whether r's recorded wait is a capacity one.
+// capacityWait reports whether r's recorded wait is a capacity one. Every
+// wait is recorded with its code (lifecycle.Wait); one without is from
+// before wait codes, when waits were capacity ones.
 func capacityWait(r *schemas.Run) bool {
-	if r.Waiting == "" {
-		return false
-	}
-	if r.WaitCode != "" {
-		return r.WaitCode == schemas.CodeNoCapacity
-	}
-	for _, p := range []string{"quota:", "budget:", "preempting"} {
-		if strings.HasPrefix(r.Waiting, p) {
-			return false
-		}
-	}
-	return true
+	return r.Waiting != "" && (r.WaitCode == "" || r.WaitCode == schemas.CodeNoCapacity)
 }
 
 // wait records a wait that is not a capacity one, unless r has it already.

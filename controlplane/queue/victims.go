@@ -13,12 +13,6 @@ import (
 
 func secondsOf(s int64) time.Duration { return time.Duration(s) * time.Second }
 
-// mayPreempt reports whether r may stop other Runs at all: its class
-// preempts, or its tenant reclaims quota it lent.
-func (p *planner) mayPreempt(t *tenantState, r *schemas.Run, cls schemas.PriorityClass) bool {
-	return cls.Preempts || withinNominal(t, r.Request.Resources, requestModel(r))
-}
-
 // victimSet is one node's way to make room for a preemptor.
 type victimSet struct {
 	node           string
@@ -40,11 +34,16 @@ func (a *victimSet) less(b *victimSet) bool {
 
 // preempt looks, on every node d found only busy, for the victims whose
 // stopping makes r fit, and takes the set losing the fewest GPU-seconds.
-// Runs already stopping count as gone: a node where they make room needs
-// no new victim, and r waits for them. It reports whether r preempts (or
-// waits on a preemption); false leaves r to wait as decided.
+// r may stop other Runs only when its class preempts or its tenant
+// reclaims quota it lent. Runs already stopping count as gone: a node
+// where they make room needs no new victim, and r waits for them. It
+// reports whether r preempts (or waits on a preemption); false leaves r
+// to wait as decided.
 func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityClass, d schemas.BookingDecision) bool {
 	reclaim := withinNominal(t, r.Request.Resources, requestModel(r))
+	if !cls.Preempts && !reclaim {
+		return false
+	}
 	// Within a pass victims only go and claims only grow, so a search
 	// that found nothing finds nothing again for a Run alike (one with a
 	// claim of its own to give up excepted).
@@ -60,8 +59,10 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		if !c.Eligible && c.Reason != schemas.ReasonAtCapacity && c.Reason != schemas.ReasonQueueFull {
 			continue
 		}
+		// A node whose cards put t over quota would only make r wait on
+		// the quota once its victims are gone.
 		n := p.in.Fleet.Node(c.NodeID)
-		if n == nil {
+		if n == nil || p.quotaExcess(t, r.Request.Resources, NodeGPUModel(n.Record)) != nil {
 			continue
 		}
 		if s := p.victimsOn(t, r, cls, reclaim, n); s != nil && (best == nil || s.less(best)) {
@@ -73,6 +74,9 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 		return false
 	}
 	p.claims[best.node] = append(p.claims[best.node], claim{r.ID, r.Request.Resources, cls.Value})
+	// Its place is as good as held: the tenant's next preemptor must
+	// fit its quota beside it.
+	t.hold(r.Request.Resources, NodeGPUModel(p.in.Fleet.Node(best.node).Record), 1)
 	d.Winner, d.WinnerQueued, d.GPUs = "", false, nil
 	if len(best.victims) == 0 {
 		p.wait(r, schemas.CodePreempting, preemptingOn+best.node+": waiting for "+strings.Join(best.stopping, ","),
@@ -81,7 +85,7 @@ func (p *planner) preempt(t *tenantState, r *schemas.Run, cls schemas.PriorityCl
 	}
 	names := make([]string, len(best.victims))
 	for i, v := range best.victims {
-		p.freed[v.RunID] = true
+		p.free(v.Run)
 		d.Victims = append(d.Victims, v.Victim)
 		names[i] = fmt.Sprintf("%s (%s, %.0f GPU-seconds)", v.RunID, v.Why, v.GPUSeconds)
 	}
@@ -142,8 +146,22 @@ func (p *planner) cheapest(n *placement.Node, r *schemas.Run, stopping []string,
 	if fits && len(stopping) == 0 {
 		return nil
 	}
+	taken := map[string]*usage{} // by tenant: what its victims here hold
 	for i := 0; !fits && i < len(cands); i++ {
-		gone[cands[i].RunID], s.victims = true, append(s.victims, cands[i])
+		c := cands[i]
+		if c.Why == "reclaim" {
+			// Reclaim takes no more than a borrower borrows.
+			u := taken[c.Tenant]
+			if u == nil {
+				u = &usage{}
+				taken[c.Tenant] = u
+			}
+			if !overNominal(p.tenant(c.Tenant), u) {
+				continue
+			}
+			u.add(c.Run.Request.Resources, NodeGPUModel(n.Record), 1)
+		}
+		gone[c.RunID], s.victims = true, append(s.victims, c)
 		fits = p.fitsAfter(n, r, gone, withQueue)
 	}
 	if !fits {
@@ -174,7 +192,7 @@ func (p *planner) why(t *tenantState, cls schemas.PriorityClass, reclaim bool, b
 	if cls.Preempts && p.class(b).Value < cls.Value {
 		return "priority"
 	}
-	if bt := p.tenant(b.TenantOf()); reclaim && bt != t && bt.pol.Cohort == t.pol.Cohort && overNominal(bt) {
+	if bt := p.tenant(b.TenantOf()); reclaim && bt != t && bt.pol.Cohort == t.pol.Cohort && overNominal(bt, nil) {
 		return "reclaim"
 	}
 	return ""

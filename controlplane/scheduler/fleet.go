@@ -126,7 +126,8 @@ func (s *Scheduler) intakeFleet(now time.Time) *intakeView {
 // Run may be told to wait for a place that freed meanwhile, and the next
 // pass, which decides every Run it has not decided itself, places it.
 func (s *Scheduler) AtIntake(r schemas.Run) lifecycle.Transition {
-	if s.renter != nil || !plainPolicy(s.policy()) {
+	pol := s.policy()
+	if s.renter != nil || !plainPolicy(pol) {
 		return nil
 	}
 	now := s.cfg.Now()
@@ -134,7 +135,7 @@ func (s *Scheduler) AtIntake(r schemas.Run) lifecycle.Transition {
 	if v.fleet.MayWin(r.Request.Resources, now) {
 		return nil // placement's to decide; intake only records the certain "no"
 	}
-	d, err := s.decide(&r, v.fleet, now)
+	d, err := s.decide(&r, v.fleet, pol, now)
 	if err != nil || d.Winner != "" || (!s.cfg.WaitForCapacity && queue.Unsatisfiable(d)) {
 		return nil
 	}

@@ -320,3 +320,31 @@ func TestPassQuotaWait(t *testing.T) {
 		t.Errorf("intake decided %+v under a policy with quotas", tr)
 	}
 }
+
+// budgets reports every tenant past its budget while over is set.
+type budgets struct{ over bool }
+
+func (b *budgets) Over(string, time.Time) (bool, string) {
+	return b.over, "spent 512.40 of its 500.00 USD budget for day 2026-01-01"
+}
+
+// A budget that stops running Runs stops them once the tenant is past it,
+// in a pass with no Run waiting.
+func TestPassBudgetStopsWithNoneWaiting(t *testing.T) {
+	e := newEnv(t, false, nil)
+	b := &budgets{}
+	e.sched.cfg.Budgets = b
+	e.sched.cfg.Policy = policy.Static(schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
+		schemas.DefaultTenant: {Budget: &schemas.Budget{AmountUSD: 500, Period: "day", StopRunning: true}}}}, "v1")
+	e.node("n1", 4000)
+	r := e.submit("spender", 1000, 0)
+	e.pass()
+	if got := e.run(r.ID); got.Phase != schemas.PhasePlaced || got.Stopping != "" {
+		t.Fatalf("within budget: %s, stopping %q", got.Phase, got.Stopping)
+	}
+	b.over = true
+	e.pass()
+	if got := e.run(r.ID); got.Stopping != schemas.CodeBudgetExceeded {
+		t.Fatalf("past its budget, with no Run waiting: %s, stopping %q; want stopping %s", got.Phase, got.Stopping, schemas.CodeBudgetExceeded)
+	}
+}

@@ -18,7 +18,7 @@ import (
 
 // apply carries out a planned pass in its order. A step that fails is
 // logged; the next pass plans again from what is stored.
-func (s *Scheduler) apply(ctx context.Context, actions []queue.Action, pol *policy.Snapshot, fleet *placement.Fleet, now time.Time) {
+func (s *Scheduler) apply(ctx context.Context, actions []queue.Action, pol *policy.Snapshot, fleet *placement.Fleet) {
 	for _, a := range actions {
 		if ctx.Err() != nil {
 			return
@@ -192,16 +192,16 @@ func (s *Scheduler) resend(ctx context.Context, r schemas.Run) error {
 	return s.dispatch.Launch(ctx, run)
 }
 
-// decide makes one placement decision for r's next attempt over fleet,
-// every node an earlier attempt failed on penalised, and counts it (and a
-// miss, when no node wins).
-func (s *Scheduler) decide(r *schemas.Run, fleet *placement.Fleet, now time.Time) (schemas.BookingDecision, error) {
+// decide makes one placement decision for r's next attempt over fleet
+// under pol, every node an earlier attempt failed on penalised, and counts
+// it (and a miss, when no node wins).
+func (s *Scheduler) decide(r *schemas.Run, fleet *placement.Fleet, pol *policy.Snapshot, now time.Time) (schemas.BookingDecision, error) {
 	ref, err := schemas.ParseImageRef("image", r.Request.Image)
 	if err != nil {
 		return schemas.BookingDecision{}, fmt.Errorf("run %s: %w", r.ID, err)
 	}
 	cfg := s.cfg.Placement
-	if price := s.policy().GPUHourPrice; price > 0 {
+	if price := pol.GPUHourPrice; price > 0 {
 		cfg.GPUHourPrice = price // the policy's price of a card held idle
 	}
 	start := time.Now()

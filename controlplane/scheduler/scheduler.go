@@ -164,27 +164,29 @@ func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 			waiting = append(waiting, rp)
 		}
 	}
-	if len(waiting) == 0 {
+	pol := s.policy()
+	if len(waiting) == 0 && !s.budgetStopsPossible(pol, booked) {
 		return
 	}
-	pol := s.policy()
 	plan := s.plan(pol, booked, waiting, snapshot(), now, memo)
 	for _, err := range plan.Errors {
 		s.log.Warn("scheduling pass: no decision", zap.Error(err))
 	}
-	s.apply(ctx, plan.Actions, pol, snapshot(), now)
+	s.apply(ctx, plan.Actions, pol, snapshot())
 }
 
 // plan plans the waiting Runs over fleet (queue.Plan), deciding with this
 // scheduler's placement.
 func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, fleet *placement.Fleet, now time.Time, memo *queue.Memo) queue.Result {
 	return queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: fleet, Booked: booked, Waiting: waiting, Budget: s.budget(now),
-		Decide:         func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) { return s.decide(r, f, now) },
+		Decide: func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) {
+			return s.decide(r, f, pol, now)
+		},
 		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil}, memo)
 }
 
 // step gives r the step it is due, other than placing it; it reports
-// whether r waits for a decision (it is due one and past any backoff).
+// whether r waits for a decision.
 func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, snapshot func() *placement.Fleet) bool {
 	r := *rp
 	var token uint64
@@ -196,7 +198,7 @@ func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, sn
 	var err error
 	switch step := lifecycle.Due(r, token, now, s.cfg.Timing); step {
 	case lifecycle.StepPlace:
-		return !now.Before(lifecycle.RetryAt(r))
+		return true // Due owes no place before the backoff ends
 	case lifecycle.StepStartQueued:
 		err = s.startQueued(ctx, r, snapshot())
 	case lifecycle.StepStop:
@@ -210,6 +212,21 @@ func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, sn
 	}
 	if err != nil && !errors.Is(err, lifecycle.ErrNoChange) {
 		s.log.Warn("scheduling pass", zap.String("run_id", r.ID), zap.String("phase", string(r.Phase)), zap.Error(err))
+	}
+	return false
+}
+
+// budgetStopsPossible reports whether a booked Run's tenant has a budget
+// that stops running Runs: the plan must then run even with no Run
+// waiting, to stop them once the tenant is past it.
+func (s *Scheduler) budgetStopsPossible(pol *policy.Snapshot, booked []*schemas.Run) bool {
+	if s.cfg.Budgets == nil {
+		return false
+	}
+	for _, r := range booked {
+		if b := pol.Tenant(r.TenantOf()).Budget; b != nil && b.StopRunning && r.Stopping == "" {
+			return true
+		}
 	}
 	return false
 }
