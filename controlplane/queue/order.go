@@ -27,6 +27,10 @@ type tenantState struct {
 	budgetAsked bool
 	over        bool
 	overWhy     string
+	// stopAsked, stop and stopWhy cache BudgetStops' answer for the pass.
+	stopAsked bool
+	stop      bool
+	stopWhy   string
 }
 
 // tenant returns t's state, made on first use.

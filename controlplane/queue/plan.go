@@ -21,6 +21,10 @@ type Input struct {
 	// Budget reports whether a tenant is past its budget, and why (what
 	// it spent of what, for which period); nil: no budgets.
 	Budget func(tenant string) (over bool, why string)
+	// BudgetStops reports whether a tenant's booked Runs are to be stopped:
+	// its spend, read in full, is past a budget that stops running Runs
+	// (a spend not read yet makes Runs wait, never stops one); nil: none.
+	BudgetStops func(tenant string) (stop bool, why string)
 	// Decide makes one placement decision for r over fleet.
 	Decide func(r *schemas.Run, fleet *placement.Fleet) (schemas.BookingDecision, error)
 	// UnknownRuntime is how long a booking without a max runtime holds
@@ -198,12 +202,24 @@ func (p *planner) budgetStops() {
 		if r.Stopping != "" || r.CancelRequested || t.pol.Budget == nil || !t.pol.Budget.StopRunning {
 			continue
 		}
-		if over, why := p.overBudget(t); over {
+		if stop, why := p.stopsBudget(t); stop {
 			p.free(r)
-			p.res.Actions = append(p.res.Actions, Action{Kind: KindBudgetStop, Run: r, Code: schemas.CodeBudgetExceeded,
-				Message: "tenant " + t.name + " " + why + "; its budget stops running Runs"})
+			p.res.Actions = append(p.res.Actions, Action{Kind: KindBudgetStop, Run: r, Code: schemas.CodeBudgetExceeded, Message: why})
 		}
 	}
+}
+
+// stopsBudget asks once per pass whether t's booked Runs are to be
+// stopped for its budget.
+func (p *planner) stopsBudget(t *tenantState) (bool, string) {
+	if p.in.BudgetStops == nil {
+		return false, ""
+	}
+	if !t.stopAsked {
+		t.stopAsked = true
+		t.stop, t.stopWhy = p.in.BudgetStops(t.name)
+	}
+	return t.stop, t.stopWhy
 }
 
 // overBudget asks once per pass whether t is past its budget.

@@ -138,7 +138,7 @@ func (s *sim) planOnly() Result {
 	}
 	start := time.Now()
 	defer func() { s.planTime += time.Since(start) }()
-	res := Plan(Input{Now: s.now, Policy: s.pol, Fleet: s.fleet(), Booked: booked, Waiting: waiting, Budget: s.budget,
+	res := Plan(Input{Now: s.now, Policy: s.pol, Fleet: s.fleet(), Booked: booked, Waiting: waiting, Budget: s.budget, BudgetStops: s.budget,
 		Decide: func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) {
 			return placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: digest}, f, s.now, s.cfg), nil
 		}, UnknownRuntime: 10 * time.Minute}, s.memo)

@@ -328,6 +328,10 @@ func (b *budgets) Over(string, time.Time) (bool, string) {
 	return b.over, "spent 512.40 of its 500.00 USD budget for day 2026-01-01"
 }
 
+func (b *budgets) Stops(string, time.Time) (bool, string) {
+	return b.over, "spent 512.40 of its 500.00 USD budget for day 2026-01-01, which stops its running Runs"
+}
+
 // A budget that stops running Runs stops them once the tenant is past it,
 // in a pass with no Run waiting.
 func TestPassBudgetStopsWithNoneWaiting(t *testing.T) {

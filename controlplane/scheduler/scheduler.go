@@ -51,6 +51,10 @@ type Budgets interface {
 	// Over reports whether tenant is past its budget at now, and why
 	// (amount spent of the budget, the period), for the Run's wait.
 	Over(tenant string, now time.Time) (bool, string)
+	// Stops reports whether tenant's running Runs are to be stopped: its
+	// spend, read in full, is past a budget that stops running Runs. A
+	// spend not known yet never stops one.
+	Stops(tenant string, now time.Time) (bool, string)
 }
 
 // Renter rents machines for Runs the fleet cannot take now.
@@ -178,7 +182,7 @@ func (s *Scheduler) pass(ctx context.Context, memo *queue.Memo) {
 // plan plans the waiting Runs over fleet (queue.Plan), deciding with this
 // scheduler's placement.
 func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, fleet *placement.Fleet, now time.Time, memo *queue.Memo) queue.Result {
-	return queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: fleet, Booked: booked, Waiting: waiting, Budget: s.budget(now),
+	return queue.Plan(queue.Input{Now: now, Policy: pol, Fleet: fleet, Booked: booked, Waiting: waiting, Budget: s.budget(now), BudgetStops: s.budgetStops(now),
 		Decide: func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) {
 			return s.decide(r, f, pol, now)
 		},
@@ -229,6 +233,15 @@ func (s *Scheduler) budgetStopsPossible(pol *policy.Snapshot, booked []*schemas.
 		}
 	}
 	return false
+}
+
+// budgetStops is the plan's view of whose booked Runs their budgets stop
+// at now (nil: no budgets).
+func (s *Scheduler) budgetStops(now time.Time) func(string) (bool, string) {
+	if s.cfg.Budgets == nil {
+		return nil
+	}
+	return func(tenant string) (bool, string) { return s.cfg.Budgets.Stops(tenant, now) }
 }
 
 // budget is the plan's view of the tenants' budgets at now (nil: none).

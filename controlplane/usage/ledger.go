@@ -269,10 +269,12 @@ func (l *Ledger) Stops(tenant string, now time.Time) (bool, string) {
 	if b == nil || !b.StopRunning {
 		return false, ""
 	}
-	if spent, _, synced := l.Spend(tenant, *b, now); !synced || spent < b.AmountUSD {
+	spent, start, synced := l.Spend(tenant, *b, now)
+	if !synced || spent < b.AmountUSD {
 		return false, ""
 	}
-	return l.Over(tenant, now)
+	return true, fmt.Sprintf("tenant %s spent %.2f of its %.2f USD budget for %s, which stops its running Runs",
+		tenant, spent, b.AmountUSD, PeriodName(b.Period, start))
 }
 
 // Allows reports whether tenant may start spending expectedUSD more (a
