@@ -247,3 +247,12 @@ func joinDetail(a, b string) string {
 	}
 	return a + "; " + b
 }
+
+// Hold is how long a booking of req is expected to hold its place: its
+// max_runtime_seconds, else unknown (Config.UnknownRuntime).
+func Hold(req schemas.RunRequest, unknown time.Duration) time.Duration {
+	if req.MaxRuntimeSeconds > 0 {
+		return time.Duration(req.MaxRuntimeSeconds) * time.Second
+	}
+	return unknown
+}

@@ -83,11 +83,7 @@ func (p *planner) won(t *tenantState, r *schemas.Run, cls schemas.PriorityClass,
 	if d.WinnerQueued && p.preempt(t, r, cls, d) {
 		return
 	}
-	hold := p.in.UnknownRuntime
-	if m := r.Request.MaxRuntimeSeconds; m > 0 {
-		hold = secondsOf(m)
-	}
-	p.in.Fleet.Book(d.Winner, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: p.in.Now.Add(hold),
+	p.in.Fleet.Book(d.Winner, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: p.in.Now.Add(placement.Hold(r.Request, p.in.UnknownRuntime)),
 		GPUs: d.GPUs, Want: r.Request.GPU}, d.WinnerQueued)
 	t.hold(r.Request.Resources, model, 1)
 	p.res.Actions = append(p.res.Actions, Action{Kind: KindPlace, Run: r, Decision: d, GPUModel: model})

@@ -11,8 +11,6 @@ import (
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-func secondsOf(s int64) time.Duration { return time.Duration(s) * time.Second }
-
 // victimSet is one node's way to make room for a preemptor.
 type victimSet struct {
 	node           string
@@ -209,8 +207,8 @@ func (p *planner) victim(b *schemas.Run, why string) Victim {
 
 // heldSince is when b began to hold its place.
 func heldSince(b *schemas.Run) time.Time {
-	if b.StartedAt != nil {
-		return *b.StartedAt
+	if n := len(b.Attempts); n > 0 && b.Attempts[n-1].Attempt == b.Attempt && b.Attempts[n-1].HeldFrom != nil {
+		return *b.Attempts[n-1].HeldFrom // the current attempt's; StartedAt may be an earlier attempt's
 	}
 	return b.PhaseSince
 }

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -20,11 +21,7 @@ type Budget interface {
 // expectedCost is what renting at pricePerHour for r is expected to cost:
 // r's max_runtime_seconds, else placement's UnknownRuntime, at that price.
 func (m *Manager) expectedCost(r schemas.Run, pricePerHour float64) float64 {
-	d := m.placement.UnknownRuntime
-	if r.Request.MaxRuntimeSeconds > 0 {
-		d = time.Duration(r.Request.MaxRuntimeSeconds) * time.Second
-	}
-	return pricePerHour * d.Hours()
+	return pricePerHour * placement.Hold(r.Request, m.placement.UnknownRuntime).Hours()
 }
 
 // withinBudget refuses, with a CodeBudget refusal naming the tenant, its

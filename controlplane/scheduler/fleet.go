@@ -73,11 +73,7 @@ func (s *Scheduler) booking(r *schemas.Run, now time.Time) placement.Booking {
 	if r.Queued || start.IsZero() {
 		start = now
 	}
-	hold := s.cfg.Placement.UnknownRuntime
-	if r.Request.MaxRuntimeSeconds > 0 {
-		hold = time.Duration(r.Request.MaxRuntimeSeconds) * time.Second
-	}
-	return placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: start.Add(hold), GPUs: r.GPUs, Want: r.Request.GPU}
+	return placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: start.Add(placement.Hold(r.Request, s.cfg.Placement.UnknownRuntime)), GPUs: r.GPUs, Want: r.Request.GPU}
 }
 
 // intakeViewMaxAge bounds how old the fleet intake decides on may be.
