@@ -187,3 +187,25 @@ func TestServeRefusesBadPolicyFile(t *testing.T) {
 		t.Fatal("serve made its data directory before refusing the policy")
 	}
 }
+
+// A Run waiting out a retry's backoff shows the retry, not the decision
+// that placed the failed attempt before it; a later decision wins again.
+func TestWaitNoteRetryBackoff(t *testing.T) {
+	evs := []schemas.RunEvent{
+		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, Message: "no node has 8 free GPUs"},
+		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: "n1", Message: "booked"},
+		{Type: schemas.EventPhase, From: schemas.PhaseAccepted, Phase: schemas.PhasePlaced, NodeID: "n1", Message: "booked on n1"},
+		{Type: schemas.EventPhase, From: schemas.PhaseRunning, Phase: schemas.PhaseAccepted, NodeID: "n1", Code: schemas.CodeOOMKilled,
+			Message: "attempt 1 on n1: oom; retry 1 of 2 after a backoff of 30s"},
+	}
+	var msg string
+	for _, ev := range evs {
+		msg = waitNote(msg, ev)
+	}
+	if !strings.Contains(msg, "backoff of 30s") {
+		t.Fatalf("wait message after a retry = %q", msg)
+	}
+	if msg = waitNote(msg, schemas.RunEvent{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, Message: "tenant at its quota"}); msg != "tenant at its quota" {
+		t.Fatalf("a later decision = %q", msg)
+	}
+}
