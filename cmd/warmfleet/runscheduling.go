@@ -75,6 +75,10 @@ func printAttempts(w io.Writer, r schemas.Run, now time.Time) {
 		return
 	}
 	fmt.Fprintln(w)
+	if hidden := r.Attempts[0].Attempt - 1; hidden > 0 {
+		// Records are bounded (schemas.MaxAttemptRecords); Cost still counts these.
+		fmt.Fprintf(w, "(%d earlier attempts not shown)\n", hidden)
+	}
 	fmt.Fprintln(w, "ATTEMPT\tNODE\tGPUS\tOUTCOME\tHELD\t$/H\tCOST")
 	for _, a := range r.Attempts {
 		held := "-"
