@@ -209,3 +209,15 @@ func TestWaitNoteRetryBackoff(t *testing.T) {
 		t.Fatalf("a later decision = %q", msg)
 	}
 }
+
+// policy check reads the file as the control plane does: a path that is
+// no regular file is refused for that, not read.
+func TestPolicyCheckNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr syncBuffer
+	err := cliOut("nats://127.0.0.1:1", &stdout, &stderr, "policy", "check", dir)
+	var msg bytes.Buffer
+	if code := exitCode(&msg, err); code != 1 || !strings.Contains(msg.String(), "is not a regular file") {
+		t.Fatalf("policy check of a directory: exit %d, %q", code, msg.String())
+	}
+}
