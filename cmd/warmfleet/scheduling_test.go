@@ -221,3 +221,18 @@ func TestPolicyCheckNotRegular(t *testing.T) {
 		t.Fatalf("policy check of a directory: exit %d, %q", code, msg.String())
 	}
 }
+
+// run get says how many attempts' records a Run no longer keeps.
+func TestPrintAttemptsEarlierNotShown(t *testing.T) {
+	r := schemas.Run{Attempt: 3, Attempts: []schemas.AttemptRecord{{Attempt: 3, NodeID: "n1"}}}
+	var out bytes.Buffer
+	printAttempts(&out, r, time.Now())
+	if !strings.Contains(out.String(), "(2 earlier attempts not shown)") {
+		t.Fatalf("attempts:\n%s", out.String())
+	}
+	r.Attempts[0].Attempt, r.Attempt = 1, 1
+	out.Reset()
+	if printAttempts(&out, r, time.Now()); strings.Contains(out.String(), "not shown") {
+		t.Fatalf("all attempts kept:\n%s", out.String())
+	}
+}
