@@ -20,10 +20,10 @@ const (
 	MaxGPUModelKeyBytes = 128
 )
 
-// Budget periods.
+// Budget periods (Budget.Period), UTC calendar.
 const (
 	BudgetDay   = "day"
-	BudgetWeek  = "week"
+	BudgetWeek  = "week" // from Monday
 	BudgetMonth = "month"
 )
 

@@ -72,7 +72,8 @@ type Run struct {
 	// request's, else its tenant's default); nil retries node loss alone,
 	// up to the control plane's MaxAttempts.
 	Retry *RetryPolicy `json:"retry,omitempty"`
-	// Attempts records every attempt: node, cards, price, cost, outcome.
+	// Attempts records the latest MaxAttemptRecords attempts: node,
+	// cards, price, cost, outcome.
 	Attempts []AttemptRecord `json:"attempts,omitempty"`
 	// CostUSD is the sum of the attempts' cost so far.
 	CostUSD float64 `json:"cost_usd,omitempty"`

@@ -80,8 +80,9 @@ type RunRequest struct {
 	// started running this long after it was accepted (0: no deadline).
 	StartDeadlineSeconds int64 `json:"start_deadline_seconds,omitempty"`
 	// GraceSeconds is how long the Run is given to stop when the control
-	// plane stops it (preemption, deadline, budget, max runtime) before it
-	// is killed; 0 is DefaultGraceSeconds.
+	// plane stops it (preemption, deadline, budget) before it is killed;
+	// 0 is DefaultGraceSeconds. A max-runtime stop uses the node's own
+	// stop grace.
 	GraceSeconds int64 `json:"grace_seconds,omitempty"`
 }
 

@@ -58,6 +58,11 @@ const (
 	MaxRetryAttempts        = 20
 	MaxRetryBackoff         = time.Hour
 	MaxStartDeadlineSeconds = 30 * 24 * 3600
+	// MaxAttemptRecords bounds Run.Attempts: preempted attempts never
+	// count against a retry policy, so only this keeps a Run's record
+	// small. The oldest ended records go; their cost stays in
+	// Run.CostUSD and WF_USAGE.
+	MaxAttemptRecords = 64
 )
 
 // RetryPolicy says which attempt endings are retried and how often.

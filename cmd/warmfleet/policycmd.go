@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -22,10 +21,11 @@ func newPolicyCmd(g *globals) *cobra.Command {
 		Short: "Validate a scheduling policy file offline: OK and a summary, or the refusal naming the field (exit 1)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, version, err := readPolicyFile(args[0])
+			snap, err := policy.Read(args[0])
 			if err != nil {
 				return err
 			}
+			p, version := snap.SchedulingPolicy, snap.Version
 			if g.output == "json" {
 				return g.render(cmd.OutOrStdout(), struct {
 					OK      bool                     `json:"ok"`
@@ -37,25 +37,6 @@ func newPolicyCmd(g *globals) *cobra.Command {
 		},
 	})
 	return cmd
-}
-
-// readPolicyFile reads and validates a policy file as the control plane
-// does, and gives its version (the sha256 of its bytes).
-func readPolicyFile(path string) (schemas.SchedulingPolicy, string, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return schemas.SchedulingPolicy{}, "", err
-	}
-	defer fh.Close()
-	data, err := io.ReadAll(io.LimitReader(fh, schemas.MaxPolicyBytes+1))
-	if err != nil {
-		return schemas.SchedulingPolicy{}, "", fmt.Errorf("%s: %w", path, err)
-	}
-	p, err := schemas.ParseSchedulingPolicy(data)
-	if err != nil {
-		return p, "", fmt.Errorf("%s: %w", path, err)
-	}
-	return p, policy.Version(data), nil
 }
 
 // printPolicySummary says what the control plane would schedule by.

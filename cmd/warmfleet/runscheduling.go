@@ -37,7 +37,8 @@ func schedulingRows(r schemas.Run, waitMessage string) [][2]string {
 }
 
 // waitMessage is why a waiting Run waits, in words: the message of its
-// latest decision ("" for a Run that does not wait).
+// latest decision, or of the retry it waits for ("" for a Run that does
+// not wait).
 func waitMessage(ctx context.Context, h history, r schemas.Run) (string, error) {
 	if r.Phase != schemas.PhaseAccepted || (r.Waiting == "" && r.WaitCode == "") {
 		return "", nil
@@ -46,14 +47,25 @@ func waitMessage(ctx context.Context, h history, r schemas.Run) (string, error) 
 	defer cancel()
 	var msg string
 	err := readEvents(ctx, h.events(r.ID), nil, func(ev schemas.RunEvent) {
-		if ev.Decided() && ev.NodeID == "" {
-			msg = ev.Message
-		}
+		msg = waitNote(msg, ev)
 	})
 	if err != nil {
 		return "", fmt.Errorf("wait message of %s: %w", r.ID, err)
 	}
 	return msg, nil
+}
+
+// waitNote is the wait message after ev, given msg before it: a decision
+// with no node, or a requeue back to accepted (a retry's backoff follows
+// a failed attempt, so the decisions before it are stale); latest wins.
+func waitNote(msg string, ev schemas.RunEvent) string {
+	switch {
+	case ev.Decided() && ev.NodeID == "":
+		return ev.Message
+	case ev.Type == schemas.EventPhase && ev.Phase == schemas.PhaseAccepted && ev.From != "" && ev.From != schemas.PhaseAccepted:
+		return ev.Message
+	}
+	return msg
 }
 
 // printAttempts writes run get's attempts: where each ran, what it held,
@@ -63,6 +75,10 @@ func printAttempts(w io.Writer, r schemas.Run, now time.Time) {
 		return
 	}
 	fmt.Fprintln(w)
+	if hidden := r.Attempts[0].Attempt - 1; hidden > 0 {
+		// Records are bounded (schemas.MaxAttemptRecords); Cost still counts these.
+		fmt.Fprintf(w, "(%d earlier attempts not shown)\n", hidden)
+	}
 	fmt.Fprintln(w, "ATTEMPT\tNODE\tGPUS\tOUTCOME\tHELD\t$/H\tCOST")
 	for _, a := range r.Attempts {
 		held := "-"

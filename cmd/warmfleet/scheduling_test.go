@@ -187,3 +187,52 @@ func TestServeRefusesBadPolicyFile(t *testing.T) {
 		t.Fatal("serve made its data directory before refusing the policy")
 	}
 }
+
+// A Run waiting out a retry's backoff shows the retry, not the decision
+// that placed the failed attempt before it; a later decision wins again.
+func TestWaitNoteRetryBackoff(t *testing.T) {
+	evs := []schemas.RunEvent{
+		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, Message: "no node has 8 free GPUs"},
+		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: "n1", Message: "booked"},
+		{Type: schemas.EventPhase, From: schemas.PhaseAccepted, Phase: schemas.PhasePlaced, NodeID: "n1", Message: "booked on n1"},
+		{Type: schemas.EventPhase, From: schemas.PhaseRunning, Phase: schemas.PhaseAccepted, NodeID: "n1", Code: schemas.CodeOOMKilled,
+			Message: "attempt 1 on n1: oom; retry 1 of 2 after a backoff of 30s"},
+	}
+	var msg string
+	for _, ev := range evs {
+		msg = waitNote(msg, ev)
+	}
+	if !strings.Contains(msg, "backoff of 30s") {
+		t.Fatalf("wait message after a retry = %q", msg)
+	}
+	if msg = waitNote(msg, schemas.RunEvent{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, Message: "tenant at its quota"}); msg != "tenant at its quota" {
+		t.Fatalf("a later decision = %q", msg)
+	}
+}
+
+// policy check reads the file as the control plane does: a path that is
+// no regular file is refused for that, not read.
+func TestPolicyCheckNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr syncBuffer
+	err := cliOut("nats://127.0.0.1:1", &stdout, &stderr, "policy", "check", dir)
+	var msg bytes.Buffer
+	if code := exitCode(&msg, err); code != 1 || !strings.Contains(msg.String(), "is not a regular file") {
+		t.Fatalf("policy check of a directory: exit %d, %q", code, msg.String())
+	}
+}
+
+// run get says how many attempts' records a Run no longer keeps.
+func TestPrintAttemptsEarlierNotShown(t *testing.T) {
+	r := schemas.Run{Attempt: 3, Attempts: []schemas.AttemptRecord{{Attempt: 3, NodeID: "n1"}}}
+	var out bytes.Buffer
+	printAttempts(&out, r, time.Now())
+	if !strings.Contains(out.String(), "(2 earlier attempts not shown)") {
+		t.Fatalf("attempts:\n%s", out.String())
+	}
+	r.Attempts[0].Attempt, r.Attempt = 1, 1
+	out.Reset()
+	if printAttempts(&out, r, time.Now()); strings.Contains(out.String(), "not shown") {
+		t.Fatalf("all attempts kept:\n%s", out.String())
+	}
+}

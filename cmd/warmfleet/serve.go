@@ -11,6 +11,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/policy"
 	"github.com/warmfleet/warmfleet/internal/logging"
 	"github.com/warmfleet/warmfleet/internal/metrics"
 )
@@ -47,7 +48,7 @@ func newServe(g *globals) *cobra.Command {
 			}
 			// A bad policy file stops serve before anything starts.
 			if policyFile != "" {
-				if _, _, err := readPolicyFile(policyFile); err != nil {
+				if _, err := policy.Read(policyFile); err != nil {
 					return fmt.Errorf("--scheduling-policy-file: %w", err)
 				}
 			}

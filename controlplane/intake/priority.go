@@ -3,7 +3,6 @@ package intake
 import (
 	"slices"
 
-	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/policy"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -39,36 +38,4 @@ func retryOf(p *policy.Snapshot, tenant string, req schemas.RunRequest) *schemas
 	c := *r
 	c.On = slices.Clone(r.On)
 	return &c
-}
-
-// withRetry stores a new Run's effective retry policy in the same write as
-// its first decision (runs.Store.Create keeps the Run undecided when the
-// decision does not apply, so neither does this: the retry policy stays).
-type withRetry struct {
-	retry *schemas.RetryPolicy
-	first lifecycle.Transition
-}
-
-func (w withRetry) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error) {
-	r.Retry = w.retry
-	if w.first == nil {
-		return r, nil, nil
-	}
-	next, evs, err := w.first.Apply(r)
-	if err != nil {
-		return r, nil, nil
-	}
-	return next, evs, nil
-}
-
-// firstOf is what Create applies to a new Run: the scheduler's decision at
-// intake, with the Run's retry policy set first.
-func (in *Intake) firstOf(retry *schemas.RetryPolicy) func(schemas.Run) lifecycle.Transition {
-	if retry == nil {
-		return in.sched.AtIntake
-	}
-	return func(r schemas.Run) lifecycle.Transition {
-		r.Retry = retry
-		return withRetry{retry: retry, first: in.sched.AtIntake(r)}
-	}
 }

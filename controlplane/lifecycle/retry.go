@@ -41,12 +41,12 @@ func retryLimit(r schemas.Run, code schemas.Code, lossMax int) (int, bool) {
 // backoff is the wait before r's retry-th retry: the policy's backoff,
 // doubled for each retry after the first, at most schemas.MaxRetryBackoff.
 func backoff(r schemas.Run, retry int) time.Duration {
-	if r.Retry == nil || r.Retry.Backoff == "" {
+	if r.Retry == nil {
 		return 0
 	}
-	d, err := time.ParseDuration(r.Retry.Backoff)
+	d, err := r.Retry.BackoffDuration()
 	if err != nil || d <= 0 {
-		return 0 // intake refuses both; a stored Run is never refused
+		return 0 // intake refuses a bad one; a stored Run is never refused
 	}
 	for i := 1; i < retry && d < schemas.MaxRetryBackoff; i++ {
 		d *= 2

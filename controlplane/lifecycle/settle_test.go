@@ -98,3 +98,30 @@ func TestSettleOutcomes(t *testing.T) {
 		t.Errorf("lost: %+v %s", a, r.Phase)
 	}
 }
+
+// TestPlacementBoundsAttemptRecords: past schemas.MaxAttemptRecords the
+// oldest ended records go, the Run's cost stays, the Run the transition
+// was given keeps its records, and an open record is never dropped.
+func TestPlacementBoundsAttemptRecords(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	r := schemas.Run{ID: "r-1", Phase: schemas.PhaseAccepted, CostUSD: 64, Attempt: schemas.MaxAttemptRecords, Preemptions: schemas.MaxAttemptRecords}
+	for i := 1; i <= schemas.MaxAttemptRecords; i++ {
+		ended := t0.Add(time.Duration(i) * time.Minute)
+		r.Attempts = append(r.Attempts, schemas.AttemptRecord{Attempt: i, NodeID: "n1", EndedAt: &ended, Outcome: schemas.CodePreempted, CostUSD: 1})
+	}
+	got, _, err := Placement{NodeID: "n2"}.Apply(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(got.Attempts)
+	if n != schemas.MaxAttemptRecords || got.Attempts[0].Attempt != 2 || got.Attempts[n-1].Attempt != schemas.MaxAttemptRecords+1 || got.Attempts[n-1].NodeID != "n2" {
+		t.Fatalf("%d records, first %d, last %+v; want %d, 2..%d", n, got.Attempts[0].Attempt, got.Attempts[n-1], schemas.MaxAttemptRecords, schemas.MaxAttemptRecords+1)
+	}
+	if got.CostUSD != 64 || len(r.Attempts) != schemas.MaxAttemptRecords || r.Attempts[0].Attempt != 1 {
+		t.Fatalf("cost %v, given Run's records %d from %d; want 64 and untouched", got.CostUSD, len(r.Attempts), r.Attempts[0].Attempt)
+	}
+	r.Attempts[0].EndedAt = nil // an open record: kept whatever the count
+	if got, _, _ = (Placement{NodeID: "n2"}).Apply(r); len(got.Attempts) != schemas.MaxAttemptRecords+1 || got.Attempts[0].Attempt != 1 {
+		t.Fatalf("open first record: %d records from %d; want it kept", len(got.Attempts), got.Attempts[0].Attempt)
+	}
+}

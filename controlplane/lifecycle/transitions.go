@@ -54,7 +54,7 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 	r.NodeID, r.AttemptID, r.Waiting, r.Queued = p.NodeID, schemas.WorkloadID(r.ID, r.Attempt), "", p.Queued
 	r.FencingToken, r.Generation = p.FencingToken, p.Generation
 	r.GPUs = slices.Clone(p.GPUs)
-	r.Attempts = append(slices.Clone(r.Attempts), schemas.AttemptRecord{
+	r.Attempts = append(keptAttempts(r.Attempts), schemas.AttemptRecord{
 		Attempt: r.Attempt, NodeID: p.NodeID, GPUs: r.Request.Resources.GPUCount, GPUModel: p.GPUModel, PricePerHour: p.PricePerHour,
 	})
 	d := p.Decision
@@ -71,6 +71,17 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 		{Type: schemas.EventDecided, Phase: schemas.PhaseAccepted, NodeID: p.NodeID, Attempt: r.Attempt, GPUs: r.GPUs, Decision: &d},
 		booked,
 	}, nil
+}
+
+// keptAttempts is a copy of records with room for one more under
+// schemas.MaxAttemptRecords: the oldest ended records go (their cost is in
+// Run.CostUSD and WF_USAGE already); an open one is never dropped.
+func keptAttempts(records []schemas.AttemptRecord) []schemas.AttemptRecord {
+	drop := 0
+	for len(records)-drop >= schemas.MaxAttemptRecords && drop < len(records) && records[drop].EndedAt != nil {
+		drop++
+	}
+	return slices.Clone(records[drop:])
 }
 
 // Wait records why no node takes an accepted Run now: Summary condenses

@@ -78,9 +78,6 @@ func (f *File) Current() *Snapshot {
 // unreadable, gone), each once until the file changes again.
 func (f *File) ReloadFailures() int64 { return f.failures.Load() }
 
-// Path is the policy file's path.
-func (f *File) Path() string { return f.path }
-
 // check reads the file again when it changed; f.mu is held. A failure
 // is reported once: a file gone or unreadable until it is back, a bad file
 // until it changes.
@@ -120,6 +117,13 @@ func (f *File) check() {
 	f.snap.Store(snap)
 	f.log.Info("scheduling policy read again", zap.String("path", f.path), zap.String("version", snap.Version),
 		zap.String("previous", old.Version), zap.Int("priority_classes", len(snap.PriorityClasses)), zap.Int("tenants", len(snap.Tenants)))
+}
+
+// Read reads and validates the policy file at path once, as Load and
+// every reload do: `policy check` and serve's check before it starts.
+func Read(path string) (*Snapshot, error) {
+	snap, _, err := readFile(path)
+	return snap, err
 }
 
 // readFile reads and validates path; st is what was read (non-nil when

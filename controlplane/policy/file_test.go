@@ -70,7 +70,7 @@ func TestFileReloadsOnChange(t *testing.T) {
 	if s1.Version != Version([]byte(policyV1)) || s1.DefaultPriority != "batch" || len(s1.PriorityClasses) != 2 {
 		t.Fatalf("loaded %+v", s1)
 	}
-	replace(t, f.Path(), policyV2)
+	replace(t, f.path, policyV2)
 	if got := f.Current(); got != s1 {
 		t.Fatalf("read again within %s of the last look", StatInterval)
 	}
@@ -83,7 +83,7 @@ func TestFileReloadsOnChange(t *testing.T) {
 		t.Fatalf("logs: %v", logs.All())
 	}
 	// The same bytes written again: the same Snapshot.
-	replace(t, f.Path(), policyV2)
+	replace(t, f.path, policyV2)
 	c.add(StatInterval)
 	if f.Current() != s2 || f.ReloadFailures() != 0 {
 		t.Fatal("an unchanged policy was taken as a new one")
@@ -93,7 +93,7 @@ func TestFileReloadsOnChange(t *testing.T) {
 func TestFileBadNewFileKeepsOld(t *testing.T) {
 	f, c, logs := loadTest(t, policyV1)
 	s1 := f.Current()
-	replace(t, f.Path(), policyBad)
+	replace(t, f.path, policyBad)
 	c.add(StatInterval)
 	if f.Current() != s1 || f.ReloadFailures() != 1 {
 		t.Fatalf("a bad file replaced the policy, or was not counted (%d)", f.ReloadFailures())
@@ -111,7 +111,7 @@ func TestFileBadNewFileKeepsOld(t *testing.T) {
 	if f.Current() != s1 || f.ReloadFailures() != 1 {
 		t.Fatalf("the bad file was counted again: %d", f.ReloadFailures())
 	}
-	replace(t, f.Path(), policyV3)
+	replace(t, f.path, policyV3)
 	c.add(StatInterval)
 	if got := f.Current(); got.Version != Version([]byte(policyV3)) {
 		t.Fatalf("a good file after a bad one was not read: %+v", got)
@@ -121,7 +121,7 @@ func TestFileBadNewFileKeepsOld(t *testing.T) {
 func TestFileVanishedKeepsOld(t *testing.T) {
 	f, c, logs := loadTest(t, policyV1)
 	s1 := f.Current()
-	if err := os.Remove(f.Path()); err != nil {
+	if err := os.Remove(f.path); err != nil {
 		t.Fatal(err)
 	}
 	c.add(StatInterval)
@@ -132,7 +132,7 @@ func TestFileVanishedKeepsOld(t *testing.T) {
 	if f.Current() != s1 || f.ReloadFailures() != 1 || logs.FilterLevelExact(zapcore.WarnLevel).Len() != 1 {
 		t.Fatalf("a file still gone was counted or logged again: %d", f.ReloadFailures())
 	}
-	replace(t, f.Path(), policyV2)
+	replace(t, f.path, policyV2)
 	c.add(StatInterval)
 	if got := f.Current(); got.Version != Version([]byte(policyV2)) {
 		t.Fatalf("the file back was not read: %+v", got)
@@ -175,10 +175,10 @@ func TestLoadRefusesBadFile(t *testing.T) {
 func TestFileUnreadableCountedOnce(t *testing.T) {
 	f, c, _ := loadTest(t, policyV1)
 	s1 := f.Current()
-	if err := os.Remove(f.Path()); err != nil {
+	if err := os.Remove(f.path); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Mkdir(f.Path(), 0o755); err != nil {
+	if err := os.Mkdir(f.path, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {

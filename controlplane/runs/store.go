@@ -124,11 +124,11 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 // event. When first returns a transition, it is applied in the same write (intake's
 // early decision). It reports true, with the stored Run, when the Run
 // already existed.
-func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas.RunRequest, artifacts []schemas.ArtifactMount, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
+func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas.RunRequest, artifacts []schemas.ArtifactMount, retry *schemas.RetryPolicy, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
 	now := s.cfg.Now()
 	run := schemas.Run{
 		ID: schemas.RunIDFor(tenant, req.RequestID), Tenant: tenant, SubmittedBy: identity, Request: req, Phase: schemas.PhaseAccepted,
-		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts,
+		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts, Retry: retry,
 	}
 	accepted := schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted}
 	var more []schemas.RunEvent

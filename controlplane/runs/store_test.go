@@ -102,7 +102,7 @@ func (e *storeEnv) replica() (*Store, *cache.Cache) {
 
 func (e *storeEnv) create(t *testing.T, requestID string) schemas.Run {
 	t.Helper()
-	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, func(schemas.Run) lifecycle.Transition { return nil })
+	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, nil, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil || existed {
 		t.Fatalf("create %s: existed %v, %v", requestID, existed, err)
 	}
@@ -303,21 +303,28 @@ func TestRepairOutboxesPublishesWhatIsMissing(t *testing.T) {
 }
 
 // A submit seen twice creates the Run once; an early decision that leaves
-// it waiting rides in its accepted event.
+// it waiting rides in its accepted event; the retry policy is the Run's
+// before its first decision.
 func TestCreate(t *testing.T) {
 	e := newStoreEnv(t)
 	req := schemas.RunRequest{RequestID: "twice"}
+	retry := &schemas.RetryPolicy{On: []schemas.RetryEvent{schemas.RetryOOM}, MaxAttempts: 2}
+	var decidedWith *schemas.RetryPolicy
 	first := func(r schemas.Run) lifecycle.Transition {
+		decidedWith = r.Retry
 		return lifecycle.NoNodeFits(schemas.BookingDecision{RunID: r.ID}, "")
 	}
-	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, first)
+	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, retry, first)
 	if err != nil || existed {
 		t.Fatalf("create: existed %v, %v", existed, err)
+	}
+	if decidedWith != retry || r.Retry != retry {
+		t.Fatalf("retry policy: decided with %v, stored %v; want %v", decidedWith, r.Retry, retry)
 	}
 	if r.Waiting != "no nodes enrolled" || len(r.Outbox) != 1 || r.Outbox[0].Decision == nil || r.Outbox[0].Code != schemas.CodeNoCapacity {
 		t.Fatalf("the wait is not folded into the accepted event: %+v", r)
 	}
-	again, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, func(schemas.Run) lifecycle.Transition { return lifecycle.Cancellation{} })
+	again, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, nil, func(schemas.Run) lifecycle.Transition { return lifecycle.Cancellation{} })
 	if err != nil || !existed || again.Phase != schemas.PhaseAccepted || again.EventSeq != 1 {
 		t.Fatalf("second create: existed %v, %+v, %v", existed, again, err)
 	}

@@ -99,7 +99,7 @@ func (e *env) submit(requestID string, cpu int64, age time.Duration) schemas.Run
 	e.now = now.Add(-age)
 	defer func() { e.now = now }()
 	r, _, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID, Image: image, Resources: schemas.Resources{CPUMillis: cpu}},
-		nil, func(schemas.Run) lifecycle.Transition { return nil })
+		nil, nil, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -28,12 +28,12 @@ func TestPeriodStart(t *testing.T) {
 		want   time.Time
 		name   string
 	}{
-		{PeriodDay, sunday, time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC), "day 2026-12-06"},
-		{PeriodWeek, sunday, time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), "week 2026-11-30"},
-		{PeriodWeek, monday, monday, "week 2026-12-07"},
-		{PeriodMonth, sunday, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), "month 2026-12"},
+		{schemas.BudgetDay, sunday, time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC), "day 2026-12-06"},
+		{schemas.BudgetWeek, sunday, time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), "week 2026-11-30"},
+		{schemas.BudgetWeek, monday, monday, "week 2026-12-07"},
+		{schemas.BudgetMonth, sunday, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), "month 2026-12"},
 		// Another zone's clock is read in UTC.
-		{PeriodDay, time.Date(2026, 12, 7, 1, 0, 0, 0, time.FixedZone("x", 3*3600)), time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC), "day 2026-12-06"},
+		{schemas.BudgetDay, time.Date(2026, 12, 7, 1, 0, 0, 0, time.FixedZone("x", 3*3600)), time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC), "day 2026-12-06"},
 	} {
 		got := PeriodStart(tc.period, tc.at)
 		if !got.Equal(tc.want) || PeriodName(tc.period, got) != tc.name {
@@ -105,9 +105,9 @@ func TestLedgerBudgets(t *testing.T) {
 	defer cancel()
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC) // a Monday
 	pol := policy.Static(schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{
-		"acme":  {Budget: &schemas.Budget{AmountUSD: 500, Period: PeriodDay}},
-		"beta":  {Budget: &schemas.Budget{AmountUSD: 100, Period: PeriodWeek}},
-		"delta": {Budget: &schemas.Budget{AmountUSD: 10, Period: PeriodDay, StopRunning: true}},
+		"acme":  {Budget: &schemas.Budget{AmountUSD: 500, Period: schemas.BudgetDay}},
+		"beta":  {Budget: &schemas.Budget{AmountUSD: 100, Period: schemas.BudgetWeek}},
+		"delta": {Budget: &schemas.Budget{AmountUSD: 10, Period: schemas.BudgetDay, StopRunning: true}},
 	}}, "v1")
 	active := &runs{}
 	l := NewLedger(conn.JS, pol, active, func() time.Time { return now }, zaptest.NewLogger(t))
@@ -137,10 +137,10 @@ func TestLedgerBudgets(t *testing.T) {
 	defer func() { stop(); <-done }()
 	waitUntil(t, "the ledger to read WF_USAGE", func() bool { over, _ := l.Over("beta", now); return !over })
 
-	if got := l.Spent("acme", PeriodStart(PeriodDay, now)); got != 300 {
+	if got := l.Spent("acme", PeriodStart(schemas.BudgetDay, now)); got != 300 {
 		t.Errorf("acme spent %.2f today, want 300 (the same record twice counts once; yesterday's is not today's)", got)
 	}
-	if got := l.Spent("beta", PeriodStart(PeriodWeek, now)); got != 0 {
+	if got := l.Spent("beta", PeriodStart(schemas.BudgetWeek, now)); got != 0 {
 		t.Errorf("beta spent %.2f this week, want 0: its record ended on Sunday", got)
 	}
 	if over, why := l.Over("acme", now); over {
@@ -175,7 +175,7 @@ func TestLedgerBudgets(t *testing.T) {
 	}
 	// A record stored now counts, and the tenant's spend follows.
 	publishRecord(t, ctx, conn.JS, record("beta", "r-b3", "", 40, now))
-	waitUntil(t, "beta's new record", func() bool { return l.Spent("beta", PeriodStart(PeriodWeek, now)) == 40 })
+	waitUntil(t, "beta's new record", func() bool { return l.Spent("beta", PeriodStart(schemas.BudgetWeek, now)) == 40 })
 
 	f := l.Figures(later)
 	wantUSD := []metrics.CostUSD{{Tenant: "acme", GPUModel: "A100", USD: 1000}, {Tenant: "acme", GPUModel: "H100", USD: 300},

@@ -1,12 +1,9 @@
 package usage
 
-import "time"
+import (
+	"time"
 
-// Budget periods (schemas.Budget.Period), UTC calendar.
-const (
-	PeriodDay   = "day"
-	PeriodWeek  = "week" // from Monday
-	PeriodMonth = "month"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // PeriodStart is the start of the period (day, week from Monday, month;
@@ -16,10 +13,10 @@ func PeriodStart(period string, at time.Time) time.Time {
 	y, m, d := at.UTC().Date()
 	day := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
 	switch period {
-	case PeriodWeek:
+	case schemas.BudgetWeek:
 		back := (int(day.Weekday()) + 6) % 7 // days since Monday
 		return day.AddDate(0, 0, -back)
-	case PeriodMonth:
+	case schemas.BudgetMonth:
 		return time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
 	}
 	return day
@@ -29,9 +26,9 @@ func PeriodStart(period string, at time.Time) time.Time {
 // "day 2026-12-07", "week 2026-12-07" (its Monday), "month 2026-12".
 func PeriodName(period string, start time.Time) string {
 	switch period {
-	case PeriodWeek:
+	case schemas.BudgetWeek:
 		return "week " + start.Format(time.DateOnly)
-	case PeriodMonth:
+	case schemas.BudgetMonth:
 		return "month " + start.Format("2006-01")
 	}
 	return "day " + start.Format(time.DateOnly)
@@ -42,7 +39,7 @@ func PeriodName(period string, start time.Time) string {
 // or the week's Monday in the month before). It is the same for every
 // replica started in one week, so their cost totals agree.
 func WindowStart(now time.Time) time.Time {
-	month, week := PeriodStart(PeriodMonth, now), PeriodStart(PeriodWeek, now)
+	month, week := PeriodStart(schemas.BudgetMonth, now), PeriodStart(schemas.BudgetWeek, now)
 	if week.Before(month) {
 		return week
 	}
