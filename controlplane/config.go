@@ -99,6 +99,9 @@ type Config struct {
 	RetentionInterval time.Duration
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
+	// SchedulingPolicyFile is the scheduling policy file (serve's
+	// --scheduling-policy-file); empty: no policy.
+	SchedulingPolicyFile string
 }
 
 // DefaultRunRetention is how long an ended Run stays in wf_runs.
