@@ -118,7 +118,7 @@ func testCohortReclaim(t *testing.T) {
 		borrowed = append(borrowed, f.waitPhase(f.submitAs("borrow", req), schemas.PhaseRunning, 30*time.Second))
 	}
 	// lend, within its own quota, finds no card free: it takes one back.
-	lender := f.submitAs("lend", gpuRun("lender-1", exitAfter(2*time.Second)))
+	lender := f.submitAs("lend", gpuRun("lender-1", exitAfter(4*time.Second)))
 	f.waitPhase(lender, schemas.PhaseRunning, 30*time.Second)
 	var victims []schemas.Run
 	f.eventually(20*time.Second, "a borrowed Run requeued as preempted", func() bool {
