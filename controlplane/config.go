@@ -71,6 +71,11 @@ type Config struct {
 	// Empty serves no secrets: no secret service answers and Secrets is
 	// nil.
 	SecretsKeyFile string
+	// SchedulingPolicyFile is the scheduling policy (priority classes,
+	// tenants' quotas, weights, budgets and default retry; serve's
+	// --scheduling-policy-file), read again when it changes; New refuses
+	// one that does not load. Empty: the empty policy.
+	SchedulingPolicyFile string
 	// RegistryAuth holds the registry credentials nodes are given at pull
 	// time (controlplane/registryauth); nil pulls every image anonymously.
 	RegistryAuth *registryauth.Source
@@ -99,9 +104,6 @@ type Config struct {
 	RetentionInterval time.Duration
 	// Now is the control plane's clock; tests may replace it.
 	Now func() time.Time
-	// SchedulingPolicyFile is the scheduling policy file (serve's
-	// --scheduling-policy-file); empty: no policy.
-	SchedulingPolicyFile string
 }
 
 // DefaultRunRetention is how long an ended Run stays in wf_runs.
