@@ -60,8 +60,8 @@ func TestAcceptance_FairShare(t *testing.T) {
 	if v.lateBookings != len(late) || v.maxLateHeld < 2 {
 		t.Errorf("late was booked %d times (want %d) and held at most %d slots at once (want its share, 2)", v.lateBookings, len(late), v.maxLateHeld)
 	}
-	t.Logf("late: %d bookings, at most %d slots; flood: %d bookings while late had Runs waiting, %d Runs still waiting at the end",
-		v.lateBookings, v.maxLateHeld, v.floodBookingsDuring, v.floodWaitingAtEnd)
+	t.Logf("late: %d bookings, at most %d slots, below its share with a Run waiting for at most %s; flood: %d bookings while late had Runs waiting, %d Runs still waiting at the end",
+		v.lateBookings, v.maxLateHeld, v.longestBelow, v.floodBookingsDuring, v.floodWaitingAtEnd)
 }
 
 func lateRuns(ids []string) map[string]bool {
@@ -92,6 +92,9 @@ type fairShareCheck struct {
 	maxLateHeld         int
 	floodBookingsDuring int
 	floodWaitingAtEnd   int
+	// longestBelow is the longest late was below its share with a Run
+	// waiting before one of its Runs was booked.
+	longestBelow time.Duration
 }
 
 // checkFairShare replays evs (both tenants', by time): a Run of late (the
@@ -144,6 +147,9 @@ func checkFairShare(evs []schemas.RunEvent, late map[string]bool, share int) fai
 			lateWaiting[ev.RunID] = true
 		}
 		if booking {
+			if !below.IsZero() {
+				c.longestBelow = max(c.longestBelow, ev.At.Sub(below))
+			}
 			delete(lateWaiting, ev.RunID)
 			lateHeld[ev.RunID] = true
 			c.lateBookings++
