@@ -17,7 +17,8 @@ const fairShareLag = 300 * time.Millisecond
 // Runs of about 300 ms each, then tenant late (equal weight) submits 10.
 // From then on, whenever late holds fewer than its share (half the fleet:
 // two slots) and has a Run waiting, the next slot that frees goes to one
-// of late's Runs: no Run of flood is booked meanwhile. The order of
+// of late's Runs: no Run of flood is booked meanwhile (unless flood holds
+// no more than late, when the fleet emptied at once). The order of
 // bookings is read from both tenants' events.
 func TestAcceptance_FairShare(t *testing.T) {
 	pol := schemas.SchedulingPolicy{Tenants: map[string]schemas.TenantPolicy{"flood": {Weight: 1}, "late": {Weight: 1}}}
@@ -97,76 +98,76 @@ type fairShareCheck struct {
 	longestBelow time.Duration
 }
 
-// checkFairShare replays evs (both tenants', by time): a Run of late (the
-// ids in late) is waiting from its acceptance (or requeue) to its booking
-// and holds a slot from its booking to its attempt's end. A booking of
-// any other Run while late held fewer than share slots and had a Run
-// waiting, for longer than fairShareLag, is a violation.
+// checkFairShare replays evs (both tenants', by time): a Run is waiting
+// from its acceptance (or requeue) to its booking and holds a slot from
+// its booking to its attempt's end. late (the ids in late) is starved
+// while it has a Run waiting and holds fewer than share slots and fewer
+// than the other tenant: weighted dominant-resource share then serves it
+// first (when the other holds no more, either may be served: the lower
+// share, ties to the older wait). A booking of the other tenant's Run
+// while late has been starved for longer than fairShareLag is a violation.
 func checkFairShare(evs []schemas.RunEvent, late map[string]bool, share int) fairShareCheck {
 	var (
 		c            fairShareCheck
 		lateWaiting  = map[string]bool{}
 		lateHeld     = map[string]bool{}
 		floodWaiting = map[string]bool{}
-		below        time.Time // since when late has been below its share with a Run waiting
+		floodHeld    = map[string]bool{}
+		below        time.Time // since when late has been starved
 	)
-	update := func(at time.Time, booked bool) {
-		starved := len(lateWaiting) > 0 && len(lateHeld) < share
-		switch {
-		case !starved:
-			below = time.Time{}
-		case booked || below.IsZero():
-			below = at
-		}
-	}
 	for _, ev := range evs {
 		booking := ev.Type == schemas.EventPhase && ev.From == schemas.PhaseAccepted && ev.Phase == schemas.PhasePlaced
 		waits := (ev.Type == schemas.EventAccepted && ev.Phase == schemas.PhaseAccepted) ||
 			(ev.Type == schemas.EventPhase && ev.Phase == schemas.PhaseAccepted && ev.From != schemas.PhaseAccepted && ev.From != "")
 		ends := ev.Type == schemas.EventPhase && ev.From != schemas.PhaseAccepted && ev.From != "" && (ev.Phase.Terminal() || ev.Phase == schemas.PhaseAccepted)
-		if !late[ev.RunID] {
-			switch {
-			case waits:
-				floodWaiting[ev.RunID] = true
-			case booking:
-				delete(floodWaiting, ev.RunID)
+		if !booking && !waits && !ends {
+			continue
+		}
+		waiting, held := floodWaiting, floodHeld
+		if late[ev.RunID] {
+			waiting, held = lateWaiting, lateHeld
+		}
+		if ends {
+			delete(held, ev.RunID)
+		}
+		if waits {
+			waiting[ev.RunID] = true
+		}
+		if booking {
+			if late[ev.RunID] {
+				if !below.IsZero() {
+					c.longestBelow = max(c.longestBelow, ev.At.Sub(below))
+				}
+				c.lateBookings++
+				c.floodWaitingAtEnd = len(floodWaiting)
+			} else {
 				if len(lateWaiting) > 0 {
 					c.floodBookingsDuring++
 				}
 				if !below.IsZero() && ev.At.Sub(below) > fairShareLag {
-					c.violations = append(c.violations, fmt.Sprintf("%s booked at %s while late held %d slots (< %d) with %d Runs waiting since %s",
-						ev.RunID, ev.At.Format("15:04:05.000"), len(lateHeld), share, len(lateWaiting), below.Format("15:04:05.000")))
+					c.violations = append(c.violations, fmt.Sprintf("%s booked at %s while late held %d slots (< %d, and < the other tenant's %d) with %d Runs waiting since %s",
+						ev.RunID, ev.At.Format("15:04:05.000"), len(lateHeld), share, len(floodHeld), len(lateWaiting), below.Format("15:04:05.000")))
 				}
 			}
-			continue
-		}
-		if ends {
-			delete(lateHeld, ev.RunID)
-		}
-		if waits {
-			lateWaiting[ev.RunID] = true
-		}
-		if booking {
-			if !below.IsZero() {
-				c.longestBelow = max(c.longestBelow, ev.At.Sub(below))
-			}
-			delete(lateWaiting, ev.RunID)
-			lateHeld[ev.RunID] = true
-			c.lateBookings++
+			delete(waiting, ev.RunID)
+			held[ev.RunID] = true
 			c.maxLateHeld = max(c.maxLateHeld, len(lateHeld))
-			c.floodWaitingAtEnd = len(floodWaiting)
 		}
-		if ends || waits || booking {
-			update(ev.At, booking)
+		starved := len(lateWaiting) > 0 && len(lateHeld) < share && len(lateHeld) < len(floodHeld)
+		switch {
+		case !starved:
+			below = time.Time{}
+		case (booking && late[ev.RunID]) || below.IsZero():
+			below = ev.At
 		}
 	}
 	return c
 }
 
 // TestFairShareCheck: the replay behind TestAcceptance_FairShare flags a
-// booking of the flood while late is below its share past the lag, and
-// none when late's Runs are booked first or the flood's booking falls
-// within the lag.
+// booking of the flood while late is below its share and the flood's
+// holding past the lag, and none when late's Runs are booked first, the
+// flood's booking falls within the lag, or the flood holds no more.
 func TestFairShareCheck(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 4, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -190,9 +191,18 @@ func TestFairShareCheck(t *testing.T) {
 		t.Errorf("fair replay: %+v", c)
 	}
 	starved := []schemas.RunEvent{
-		accepted("f1", 0), accepted("f2", 0), accepted("l1", 100), booked("f1", 1000), booked("l1", 1100),
+		accepted("f0", 0), booked("f0", 0), accepted("f1", 0), accepted("f2", 0), accepted("l1", 100), booked("f1", 1000), booked("l1", 1100),
 	}
 	if c := checkFairShare(starved, late, 2); len(c.violations) != 1 {
 		t.Errorf("starving replay: %+v, want one violation", c)
+	}
+	// An empty fleet: the flood holds no more than late, so it may be
+	// served first.
+	even := []schemas.RunEvent{
+		accepted("f1", 0), accepted("f2", 0), accepted("l1", 100), accepted("l2", 100), booked("l1", 200), ended("l1", 300),
+		booked("f1", 1000), booked("l2", 1100),
+	}
+	if c := checkFairShare(even, late, 2); len(c.violations) != 0 {
+		t.Errorf("even replay: %+v, want no violation", c)
 	}
 }
