@@ -1,7 +1,9 @@
 // Package noopruntime is a noderuntime.Runtime that runs nothing: it keeps
 // images and workloads as records in memory. Benchmarks use it to time the
 // control plane and the agent without a container runtime in the way; the
-// optional delays stand in for an image pull or a container start.
+// optional delays stand in for an image pull or a container start. A
+// workload's own environment may say how it ends (behaviour.go), so one
+// fleet's Runs can differ.
 package noopruntime
 
 import (
@@ -27,7 +29,8 @@ type Options struct {
 	// LaunchDelay is how long Launch takes.
 	LaunchDelay time.Duration
 	// ExitAfter ends every workload with exit code 0 this long after it
-	// started; 0 keeps workloads running until they are stopped.
+	// started, unless its environment says otherwise (EnvExitAfter and the
+	// others); 0 keeps workloads running until they are stopped.
 	ExitAfter time.Duration
 	// Images are held from the start (manifest digests, "sha256:<hex>").
 	Images []string
@@ -118,6 +121,10 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	if exists {
 		return noderuntime.WorkloadStatus{}, noderuntime.ErrWorkloadExists
 	}
+	b, err := behaviourOf(spec.Env)
+	if err != nil {
+		return noderuntime.WorkloadStatus{}, err
+	}
 	if err := sleep(ctx, r.opts.LaunchDelay); err != nil {
 		return noderuntime.WorkloadStatus{}, err
 	}
@@ -140,14 +147,14 @@ func (r *Runtime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (no
 	}
 	r.workloads[spec.ID] = w
 	r.launches++
-	if r.opts.ExitAfter > 0 {
-		w.timer = time.AfterFunc(r.opts.ExitAfter, func() { r.exit(spec.ID, 0) })
+	if after, ok := b.exitAfter(r.opts.ExitAfter); ok {
+		w.timer = time.AfterFunc(after, func() { r.exit(spec.ID, b.code, b.oom) })
 	}
 	return copyStatus(w.st), nil
 }
 
-// exit ends a running workload with code.
-func (r *Runtime) exit(id string, code int) {
+// exit ends a running workload with code, as an OOM kill when oom.
+func (r *Runtime) exit(id string, code int, oom bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w, ok := r.workloads[id]
@@ -157,7 +164,7 @@ func (r *Runtime) exit(id string, code int) {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	w.st.State, w.st.ExitCode, w.st.FinishedAt = noderuntime.WorkloadExited, code, r.opts.Now()
+	w.st.State, w.st.ExitCode, w.st.OOMKilled, w.st.FinishedAt = noderuntime.WorkloadExited, code, oom, r.opts.Now()
 	close(w.done)
 }
 
@@ -199,7 +206,7 @@ func (r *Runtime) Stop(_ context.Context, id string, _ time.Duration) error {
 	if !ok {
 		return noderuntime.ErrWorkloadNotFound
 	}
-	r.exit(id, 143)
+	r.exit(id, 143, false)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package noopruntime
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,5 +69,56 @@ func TestExitAfter(t *testing.T) {
 	list, _ := r.List(ctx)
 	if len(list) != 1 {
 		t.Fatalf("list: %+v", list)
+	}
+}
+
+// TestBehaviourFromEnv: a workload's environment says when and how it ends,
+// over the runtime's default; a malformed value fails the launch.
+func TestBehaviourFromEnv(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r := New(Options{ExitAfter: time.Hour})
+	for _, c := range []struct {
+		name string
+		env  []string
+		code int
+		oom  bool
+	}{
+		{"exit code", []string{"NOOP_EXIT_AFTER=20ms", "NOOP_EXIT_CODE=3"}, 3, false},
+		{"oom", []string{"NOOP_OOM=1", "NOOP_EXIT_AFTER=10ms"}, 137, true},
+		{"oom on this node", []string{"NOOP_OOM_ON=a,b", "WARMFLEET_NODE_ID=b", "NOOP_EXIT_AFTER=10ms"}, 137, true},
+		{"oom elsewhere", []string{"NOOP_OOM_ON=a", "WARMFLEET_NODE_ID=b", "NOOP_EXIT_AFTER=10ms"}, 0, false},
+	} {
+		t0 := time.Now()
+		if _, err := r.Launch(ctx, noderuntime.WorkloadSpec{ID: c.name, Env: c.env}); err != nil {
+			t.Fatalf("%s: launch: %v", c.name, err)
+		}
+		st, err := r.Wait(ctx, c.name)
+		if err != nil || st.ExitCode != c.code || st.OOMKilled != c.oom {
+			t.Errorf("%s: ended %+v (%v), want exit code %d, oom %v", c.name, st, err, c.code, c.oom)
+		}
+		if time.Since(t0) > 2*time.Second {
+			t.Errorf("%s: took the runtime's default exit, not its own", c.name)
+		}
+	}
+	for _, env := range []string{"NOOP_EXIT_AFTER=soon", "NOOP_EXIT_AFTER=-1s", "NOOP_EXIT_CODE=256", "NOOP_OOM=yes"} {
+		if _, err := r.Launch(ctx, noderuntime.WorkloadSpec{ID: "bad-" + env, Env: []string{env}}); err == nil || !strings.Contains(err.Error(), strings.Split(env, "=")[0]) {
+			t.Errorf("launch with %s: %v, want an error naming the variable", env, err)
+		}
+	}
+	// Told how to end but not when, on a runtime with no default: at once.
+	once := New(Options{})
+	if _, err := once.Launch(ctx, noderuntime.WorkloadSpec{ID: "at-once", Env: []string{"NOOP_OOM=1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := once.Wait(ctx, "at-once"); err != nil || !st.OOMKilled || st.ExitCode != 137 {
+		t.Errorf("an OOM told no delay: %+v (%v), want killed at once", st, err)
+	}
+	// Told nothing, a workload keeps the runtime's default: it still runs.
+	if _, err := r.Launch(ctx, noderuntime.WorkloadSpec{ID: "default"}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := r.Inspect(ctx, "default"); st.State != noderuntime.WorkloadRunning {
+		t.Errorf("a workload told nothing: %+v, want running", st)
 	}
 }
