@@ -225,10 +225,18 @@ func wholeNode(c *schemas.Candidate, busy bool, n *Node, gpus int64) bool {
 }
 
 // better reports whether candidate a beats b: the lower cost, then the
-// lower id. Candidates are read through pointers: copying two of them per
-// node cost more than comparing them.
+// fewer free GPUs left (the fuller node: among equal costs, filling it
+// leaves the roomier nodes free for a later, larger or warm-elsewhere
+// Run), then the lower id. Candidates are read through pointers: copying
+// two of them per node cost more than comparing them.
 func better(a, b *schemas.Candidate) bool {
-	return a.Cost < b.Cost || (a.Cost == b.Cost && a.NodeID < b.NodeID)
+	if a.Cost != b.Cost {
+		return a.Cost < b.Cost
+	}
+	if a.Free.GPUCount != b.Free.GPUCount {
+		return a.Free.GPUCount < b.Free.GPUCount
+	}
+	return a.NodeID < b.NodeID
 }
 
 // costIfFree is c's cost were its node free now: its fetches, with the

@@ -41,8 +41,10 @@ func TestWholeNodePrice(t *testing.T) {
 	off := cfg
 	off.WholeNodeSeconds = -1
 	fleet, req = s.fleet(t)
-	if d := Decide(req, fleet, scenarioNow, off); d.Winner != "a-whole" {
-		t.Errorf("price off: winner %q, want a-whole (the lower id among equal costs)", d.Winner)
+	d = Decide(req, fleet, scenarioNow, off)
+	whole, part = candidate(t, d.Candidates, "a-whole"), candidate(t, d.Candidates, "b-part")
+	if whole.Cost != part.Cost || d.Winner != "b-part" {
+		t.Errorf("price off: costs whole %.1f, part %.1f, winner %q; want equal costs, the tie to the fuller b-part", whole.Cost, part.Cost, d.Winner)
 	}
 
 	fleet, req = s.fleet(t)
@@ -51,5 +53,29 @@ func TestWholeNodePrice(t *testing.T) {
 	whole = candidate(t, d.Candidates, "a-whole")
 	if d.Winner != "a-whole" || d.WinnerQueued || whole.Cost != whole.Components.StartSeconds || whole.Detail != "" {
 		t.Errorf("8-GPU Run: winner %q queued %v, whole node cost %.1f (start %.1f) detail %q; want it unpriced", d.Winner, d.WinnerQueued, whole.Cost, whole.Components.StartSeconds, whole.Detail)
+	}
+}
+
+// TestTieGoesToFullerNode: among equal costs the node left with fewer free
+// GPUs wins, then the lower id; a lower cost always wins.
+func TestTieGoesToFullerNode(t *testing.T) {
+	cand := func(id string, cost float64, free int64) *schemas.Candidate {
+		return &schemas.Candidate{NodeID: id, Cost: cost, Free: schemas.Resources{GPUCount: free}}
+	}
+	cases := []struct {
+		a, b *schemas.Candidate
+		want bool
+	}{
+		{cand("b", 10, 2), cand("a", 10, 6), true},
+		{cand("a", 10, 6), cand("b", 10, 2), false},
+		{cand("a", 10, 2), cand("b", 10, 2), true},
+		{cand("b", 10, 2), cand("a", 10, 2), false},
+		{cand("a", 9, 8), cand("b", 10, 1), true},
+	}
+	for _, c := range cases {
+		if got := better(c.a, c.b); got != c.want {
+			t.Errorf("better(%s cost %.0f free %d, %s cost %.0f free %d) = %v, want %v",
+				c.a.NodeID, c.a.Cost, c.a.Free.GPUCount, c.b.NodeID, c.b.Cost, c.b.Free.GPUCount, got, c.want)
+		}
 	}
 }
