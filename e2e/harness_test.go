@@ -326,14 +326,19 @@ func holdsSeqs(evs []schemas.RunEvent, n uint64) bool {
 // storedEvents reads what WF_EVENTS holds for a Run now, whichever
 // tenant's it is (Run ids differ across tenants).
 func (f *fleet) storedEvents(runID string) []schemas.RunEvent {
+	return f.eventsOn(bus.RunEventsSubject("*", runID))
+}
+
+// eventsOn reads every event WF_EVENTS holds now on subject, in stream
+// order.
+func (f *fleet) eventsOn(subject string) []schemas.RunEvent {
 	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := f.conn.JS.Stream(ctx, bus.StreamEvents)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	subject := bus.RunEventsSubject("*", runID)
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
 	if err != nil {
 		f.t.Fatal(err)
@@ -351,15 +356,22 @@ func (f *fleet) storedEvents(runID string) []schemas.RunEvent {
 		f.t.Fatal(err)
 	}
 	for len(out) < want {
-		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		batch, err := c.Fetch(min(want-len(out), 500), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			f.t.Fatalf("read events of %s: %v", runID, err)
+			f.t.Fatalf("read events on %s: %v", subject, err)
 		}
-		var ev schemas.RunEvent
-		if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &ev); err != nil {
-			f.t.Fatalf("decode event: %v", err)
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev schemas.RunEvent
+			if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &ev); err != nil {
+				f.t.Fatalf("decode event: %v", err)
+			}
+			out = append(out, ev)
 		}
-		out = append(out, ev)
+		if err := batch.Error(); err != nil || n == 0 {
+			f.t.Fatalf("read events on %s: %d of %d read (%v)", subject, len(out), want, err)
+		}
 	}
 	return out
 }

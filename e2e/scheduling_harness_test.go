@@ -15,7 +15,6 @@ import (
 
 	"github.com/warmfleet/warmfleet/agent"
 	"github.com/warmfleet/warmfleet/bus"
-	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/internal/noopruntime"
 	"github.com/warmfleet/warmfleet/noderuntime"
@@ -198,48 +197,7 @@ func holds(r schemas.Run) bool {
 // ordered by when the control plane recorded them (stream order among
 // equal times).
 func (f *fleet) tenantEvents(tenant string) []schemas.RunEvent {
-	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	subject := bus.RunEventsSubject(tenant, "*")
-	s, err := f.conn.JS.Stream(ctx, bus.StreamEvents)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	want := 0
-	for _, n := range info.State.Subjects {
-		want += int(n)
-	}
-	var out []schemas.RunEvent
-	if want == 0 {
-		return out
-	}
-	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for len(out) < want {
-		batch, err := c.Fetch(min(want-len(out), 500), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			f.t.Fatalf("read %s's events: %v", tenant, err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var ev schemas.RunEvent
-			if err := codec.Decode(codec.Detect(m.Headers(), m.Data()), m.Data(), &ev); err != nil {
-				f.t.Fatalf("decode event: %v", err)
-			}
-			out = append(out, ev)
-		}
-		if err := batch.Error(); err != nil || n == 0 {
-			f.t.Fatalf("read %s's events: %d of %d read (%v)", tenant, len(out), want, err)
-		}
-	}
+	out := f.eventsOn(bus.RunEventsSubject(tenant, "*"))
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out
 }
