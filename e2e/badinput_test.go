@@ -41,7 +41,7 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		{"malformed msgpack", "", []byte{0xc1, 0x00, 0xff}, schemas.CodeMalformed, ""},
 		{"json array", "", []byte(`{"request_id":["x"]}`), schemas.CodeMalformed, ""},
 		{"unknown field", "bad-4", []byte(`{"request_id":"bad-4","image":"` + img + `","gpu_model":"h100"}`), schemas.CodeUnknownField, "gpu_model"},
-		{"unknown field msgpack", "", mp(map[string]any{"request_id": "bad-5", "image": img, "priority": 9}), schemas.CodeUnknownField, "priority"},
+		{"unknown field msgpack", "", mp(map[string]any{"request_id": "bad-5", "image": img, "urgency": 9}), schemas.CodeUnknownField, "urgency"},
 		{"missing request id", "", []byte(`{"image":"` + img + `"}`), schemas.CodeMissingField, "request_id"},
 		{"bad request id", "", []byte(`{"request_id":"has spaces","image":"` + img + `"}`), schemas.CodeInvalidRequestID, "request_id"},
 		{"missing image", "bad-8", []byte(`{"request_id":"bad-8"}`), schemas.CodeMissingField, "image"},
@@ -60,6 +60,9 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		{"unknown ulimit", "bad-21", []byte(`{"request_id":"bad-21","image":"` + img + `","ulimits":[{"name":"files","soft":1,"hard":1}]}`), schemas.CodeInvalidUlimit, "ulimits[0].name"},
 		{"ulimit soft above hard", "bad-22", []byte(`{"request_id":"bad-22","image":"` + img + `","ulimits":[{"name":"nofile","soft":4096,"hard":1024}]}`), schemas.CodeInvalidUlimit, "ulimits[0].soft"},
 		{"negative shm", "bad-23", []byte(`{"request_id":"bad-23","image":"` + img + `","shm_bytes":-1}`), schemas.CodeInvalidShm, "shm_bytes"},
+		{"unknown retry event", "bad-24", []byte(`{"request_id":"bad-24","image":"` + img + `","retry":{"on":["segfault"],"max_attempts":2}}`), schemas.CodeInvalidRetry, "retry.on[0]"},
+		{"negative start deadline", "bad-25", []byte(`{"request_id":"bad-25","image":"` + img + `","start_deadline_seconds":-1}`), schemas.CodeInvalidDeadline, "start_deadline_seconds"},
+		{"unknown priority class", "bad-26", []byte(`{"request_id":"bad-26","image":"` + img + `","priority":"urgent"}`), schemas.CodePriorityUnknown, "priority"},
 		{"empty body", "", []byte(` `), schemas.CodeMalformed, ""},
 	}
 	before := f.rejectedCount()

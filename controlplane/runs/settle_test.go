@@ -36,8 +36,8 @@ func TestAdvanceSettlesAttempts(t *testing.T) {
 	if a.EndedAt == nil || !a.EndedAt.Equal(t0.Add(time.Hour)) || a.Outcome != "succeeded" || math.Abs(a.CostUSD-3.6) > 1e-9 || math.Abs(stored.CostUSD-3.6) > 1e-9 {
 		t.Fatalf("stored record %+v, cost %v; want ended at t0+1h, 3.6 USD", a, stored.CostUSD)
 	}
-	if len(stored.Outbox) != 2 || stored.Outbox[0].Type != schemas.EventPhase || stored.Outbox[1].Type != schemas.EventAttemptEnded || stored.Outbox[1].Seq != stored.Outbox[0].Seq+1 {
-		t.Fatalf("outbox %+v; want the phase event, then attempt_ended numbered after it", stored.Outbox)
+	if len(stored.Outbox) != 2 || stored.Outbox[0].Type != schemas.EventAttemptEnded || stored.Outbox[1].Type != schemas.EventPhase || stored.Outbox[1].Seq != stored.Outbox[0].Seq+1 {
+		t.Fatalf("outbox %+v; want attempt_ended, then the terminal phase event numbered after it (a Run's last)", stored.Outbox)
 	}
 	evs := e.events(t, r.ID)
 	var told []schemas.RunEvent

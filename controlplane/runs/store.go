@@ -87,7 +87,9 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 		next.Outbox = nil
 		// The attempts' records are stamped by the same write: when
 		// one began to hold its place, the end and cost of one that ended.
-		evs = append(evs, lifecycle.Settle(&next, now)...)
+		// An attempt's end is told before the phase it moves the Run to,
+		// so a terminal phase stays the Run's last event.
+		evs = append(lifecycle.Settle(&next, now), evs...)
 		for _, ev := range evs {
 			s.appendEvent(&next, ev, now)
 		}
@@ -135,7 +137,7 @@ func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas
 	if t := first(run); t != nil {
 		if next, evs, err := t.Apply(run); err == nil {
 			run = next
-			more = foldDecision(&accepted, append(evs, lifecycle.Settle(&run, now)...))
+			more = foldDecision(&accepted, append(lifecycle.Settle(&run, now), evs...))
 		}
 	}
 	s.appendEvent(&run, accepted, now)
