@@ -62,7 +62,6 @@ func TestAcceptance_BadRunRequests(t *testing.T) {
 		{"negative shm", "bad-23", []byte(`{"request_id":"bad-23","image":"` + img + `","shm_bytes":-1}`), schemas.CodeInvalidShm, "shm_bytes"},
 		{"unknown retry event", "bad-24", []byte(`{"request_id":"bad-24","image":"` + img + `","retry":{"on":["segfault"],"max_attempts":2}}`), schemas.CodeInvalidRetry, "retry.on[0]"},
 		{"negative start deadline", "bad-25", []byte(`{"request_id":"bad-25","image":"` + img + `","start_deadline_seconds":-1}`), schemas.CodeInvalidDeadline, "start_deadline_seconds"},
-		{"unknown priority class", "bad-26", []byte(`{"request_id":"bad-26","image":"` + img + `","priority":"urgent"}`), schemas.CodePriorityUnknown, "priority"},
 		{"empty body", "", []byte(` `), schemas.CodeMalformed, ""},
 	}
 	before := f.rejectedCount()
