@@ -157,8 +157,13 @@ func sameSeqs(a []uint64, b ...uint64) bool {
 // withoutEvents runs fn while WF_EVENTS captures no Run event, so every
 // publish of one fails, as when the stream is unavailable.
 func (e *storeEnv) withoutEvents(t *testing.T, fn func()) {
+	e.withoutStream(t, bus.StreamEvents, fn)
+}
+
+// withoutStream runs fn while stream captures nothing.
+func (e *storeEnv) withoutStream(t *testing.T, name string, fn func()) {
 	t.Helper()
-	stream, err := e.conn.JS.Stream(e.ctx, bus.StreamEvents)
+	stream, err := e.conn.JS.Stream(e.ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,27 +60,6 @@ func (e *storeEnv) usageRecords(t *testing.T) []schemas.UsageRecord {
 	return out
 }
 
-// withoutUsage runs fn while WF_USAGE captures nothing.
-func (e *storeEnv) withoutUsage(t *testing.T, fn func()) {
-	t.Helper()
-	stream, err := e.conn.JS.Stream(e.ctx, bus.StreamUsage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := stream.CachedInfo().Config
-	broken := cfg
-	broken.Subjects = []string{"wf.unused.>"}
-	if _, err := e.conn.JS.UpdateStream(e.ctx, broken); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if _, err := e.conn.JS.UpdateStream(e.ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}()
-	fn()
-}
-
 // An ended attempt's event goes out as a usage record on its tenant's
 // wf.usage subject too, once however often the outbox is published; a
 // record that could not be stored holds back its event, so the pass's
@@ -113,7 +92,7 @@ func TestAttemptEndedPublishesUsage(t *testing.T) {
 	// WF_USAGE away: the write stands, neither its record nor its events
 	// go out, and the repair publishes them all.
 	r2 := e.create(t, "usage-repair")
-	e.withoutUsage(t, func() {
+	e.withoutStream(t, bus.StreamUsage, func() {
 		if _, err := e.store.Advance(e.ctx, r2.ID, endAttempt{held, ended}, false); err == nil {
 			t.Fatal("the publish did not fail")
 		}
