@@ -69,6 +69,11 @@ type BookingDecision struct {
 	// WinnerQueued means the winner is busy and the Run waits in its queue
 	// (it prefetches its image meanwhile).
 	WinnerQueued bool `json:"winner_queued,omitempty"`
+	// FetchFirst means the winner lacks some of the Run's image or
+	// artifacts and prepares ahead: the Run is booked in its queue to
+	// fetch them and claims its cards only once they are there (until
+	// then the cards stay free for Runs that can start now).
+	FetchFirst bool `json:"fetch_first,omitempty"`
 	// GPUs are the winner's cards booked to the attempt, by UUID; empty
 	// when it asks for none or waits in the winner's queue (its cards are
 	// chosen when it starts).
@@ -179,6 +184,14 @@ type ScoreComponents struct {
 	// IdleGPUSeconds prices the cards held idle while the Run's bytes
 	// arrive (the policy's GPU-hour price, in seconds).
 	IdleGPUSeconds float64 `json:"idle_gpu_seconds,omitempty"`
+	// LinkBusySeconds is how long the node's link is still busy with the
+	// bytes of other bookings fetching there: the Run's own fetch comes
+	// after them.
+	LinkBusySeconds float64 `json:"link_busy_seconds,omitempty"`
+	// DisplaceSeconds prices taking cards that a booking fetching its
+	// bytes on the node counts on: that booking would wait about as long
+	// as this Run holds them.
+	DisplaceSeconds float64 `json:"displace_seconds,omitempty"`
 }
 
 // Placement reason codes.

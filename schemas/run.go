@@ -58,9 +58,19 @@ type Run struct {
 	// after it is accepted.
 	Artifacts []ArtifactMount `json:"artifacts,omitempty"`
 
-	// Queued means the Run is booked on NodeID but waits in its queue for
-	// room; only its image is prefetched until then.
+	// Queued means the Run is booked on NodeID but waits in its queue: for
+	// room, or for its bytes (AwaitsBytes); only its image and artifacts
+	// are prepared until then.
 	Queued bool `json:"queued,omitempty"`
+	// AwaitsBytes means the queued attempt claims its cards only once its
+	// node reports its image and artifacts prepared (the node prepares
+	// ahead: NodeSupport.Prewarm): no card sits idle while they arrive.
+	AwaitsBytes bool `json:"awaits_bytes,omitempty"`
+	// ReadyBy is when the attempt's bytes should all be on its node, as
+	// its decision estimated (nil: it fetches nothing): until then the
+	// node's link is taken, and placement prices a later fetch there
+	// after it.
+	ReadyBy *time.Time `json:"ready_by,omitempty"`
 	// Waiting summarises why an accepted Run has no node, so an unchanged
 	// answer is not recorded again on every scheduling pass.
 	Waiting string `json:"waiting,omitempty"`

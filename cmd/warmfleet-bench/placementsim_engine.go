@@ -18,21 +18,27 @@ func simEpoch() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }
 
 // simRunState is what happened to one Run.
 type simRunState struct {
-	node    int // -1 until booked
-	cards   []string
-	queued  bool    // it waited in a busy node's queue
-	cardsAt float64 // when it got its cards
-	readyAt float64 // when its bytes were all on the node
+	node   int // -1 until booked
+	cards  []string
+	queued bool // it waited in a busy node's queue
+	// fetchFirst: booked on a node with free cards to fetch its bytes
+	// first, claiming cards only once they were there.
+	fetchFirst bool
+	cardsAt    float64 // when it got its cards
+	readyAt    float64 // when its bytes were all on the node
 	// runningAt is when it started: its cards and its bytes both there.
 	runningAt     float64
 	pulled, fetch int64
 	done          bool
+	// expectReady is when the policy expected its bytes there at booking
+	// (what the scheduler's snapshot knows; readyAt is the truth).
+	expectReady float64
 }
 
 // simulator runs one policy over one trace: a discrete-event simulation
-// whose only events are arrivals and ends; at each it does what a
-// scheduling pass does (start queued Runs that now fit, then place waiting
-// Runs oldest first).
+// whose events are arrivals, ends and a booked Run's bytes arriving; at
+// each it does what a scheduling pass does (start queued Runs whose bytes
+// are there and that now fit, then place waiting Runs oldest first).
 type simulator struct {
 	trace    *simTrace
 	cat      simCatalogue
@@ -55,10 +61,13 @@ type simulator struct {
 	// ver is the fleet's version: it moves on with every booking, start,
 	// end and arrival of bytes; lastVer is each Run's at its last
 	// decision (-1: none yet), shapes each Run's queue.Shape.
-	ver      int
-	lastVer  []int
-	shapes   []queue.Shape
-	arrivals simTimes
+	ver     int
+	lastVer []int
+	// kept are the card-seconds free cards sat idle, counted on by Runs
+	// fetching their bytes on their node, up to keptAt.
+	kept, keptAt float64
+	shapes       []queue.Shape
+	arrivals     simTimes
 }
 
 func newSimulator(t *simTrace, policy simPolicy, cfg placement.Config) *simulator {
@@ -112,15 +121,24 @@ func (s *simulator) run(ctx context.Context) error {
 			return err
 		}
 		now := s.events[0].at
+		s.keep(now)
 		for s.events.Len() > 0 && s.events[0].at == now {
 			e := heap.Pop(&s.events).(simEvent)
-			if e.arrive {
+			switch {
+			case e.arrive:
 				s.waiting = append(s.waiting, e.run)
-				continue
+			case e.ready:
+				// Its bytes are there: the pass may start it.
+			default:
+				s.end(e.run, now)
 			}
-			s.end(e.run, now)
 		}
-		for _, started := range s.pass(now) {
+		started, ready := s.pass(now)
+		for _, run := range ready {
+			seq++
+			heap.Push(&s.events, simEvent{at: s.state[run].readyAt, seq: seq, run: run, ready: true})
+		}
+		for _, started := range started {
 			seq++
 			st := s.state[started]
 			heap.Push(&s.events, simEvent{at: st.runningAt + s.runs[started].duration, seq: seq, run: started})
@@ -147,11 +165,12 @@ func (s *simulator) end(run int, now float64) {
 	}
 }
 
-// pass starts the Runs queued on nodes that now have their cards free,
-// then offers waiting Runs, oldest first, to the policy under the
-// re-decision rule (decide). It returns the Runs given cards.
-func (s *simulator) pass(now float64) []int {
-	started := s.startQueued(now, nil)
+// pass starts the Runs queued on nodes that now have their bytes and
+// their cards free, then offers waiting Runs, oldest first, to the policy
+// under the re-decision rule (decide). It returns the Runs given cards,
+// and those booked to wait in a queue for bytes still on their way.
+func (s *simulator) pass(now float64) (started, fetching []int) {
+	started = s.startQueued(now, nil)
 	s.factsChanged(now)
 	var fleet *placement.Fleet
 	skip := map[queue.Shape]bool{}
@@ -182,6 +201,8 @@ func (s *simulator) pass(now float64) []int {
 		}
 		if s.book(run, c, req, fleet, now) {
 			started = append(started, run)
+		} else if s.state[run].readyAt > now {
+			fetching = append(fetching, run)
 		}
 	}
 	s.waiting = left
@@ -192,7 +213,7 @@ func (s *simulator) pass(now float64) []int {
 		s.lastVer[run] = s.ver
 	}
 	// A Run queued behind one that just started may fit too.
-	return s.startQueued(now, started)
+	return s.startQueued(now, started), fetching
 }
 
 // due is the re-decision rule, as the scheduler's pass applies it: a
@@ -207,17 +228,19 @@ func (s *simulator) due(run int, skip map[queue.Shape]bool) bool {
 // now.
 func (s *simulator) book(run int, c simChoice, req placement.Request, fleet *placement.Fleet, now float64) bool {
 	n := s.nodes[c.node]
-	queued := c.queued
-	if !queued && (len(n.queued) > 0 || n.freeCards() < s.runs[run].gpus) {
+	busy := c.queued
+	if !busy && !c.fetchFirst && (s.readyQueued(n, now) > 0 || n.freeCards() < s.runs[run].gpus) {
 		// Booked to start now on a node without the cards: no Run
 		// can start so; it waits there, and the result counts it.
 		s.bookedBusy++
-		queued = true
+		busy = true
 	}
+	queued := busy || c.fetchFirst
 	s.ver++
 	st := &s.state[run]
-	st.node, st.queued = c.node, queued
+	st.node, st.queued, st.fetchFirst = c.node, busy, c.fetchFirst
 	st.readyAt, st.pulled, st.fetch = s.fetch(n, run, now)
+	st.expectReady = max(now, c.expectReady)
 	heap.Push(&s.arrivals, st.readyAt)
 	b := placement.Booking{RunID: req.RunID, Resources: req.Run.Resources, Want: req.Run.GPU}
 	if queued {
@@ -245,18 +268,76 @@ func (s *simulator) factsChanged(now float64) {
 }
 
 // startQueued gives their cards to the Runs at the head of node queues
-// that now fit, appending them to started.
+// that now fit, appending them to started. A queued Run whose bytes are
+// still on their way is passed over: it claims cards once they are there,
+// and among those whose bytes are there the first to have them goes first
+// (the scheduler's snapshot orders a node's queue by phase time, which a
+// Run's prepared report moves).
 func (s *simulator) startQueued(now float64, started []int) []int {
 	for _, n := range s.nodes {
-		for len(n.queued) > 0 && n.freeCards() >= s.runs[n.queued[0]].gpus {
-			run := n.queued[0]
-			n.queued = n.queued[1:]
+		for {
+			head := s.readyHead(n, now)
+			if head < 0 || n.freeCards()-s.fetchingAhead(n, head, now) < s.runs[n.queued[head]].gpus {
+				break
+			}
+			run := n.queued[head]
+			n.queued = append(n.queued[:head], n.queued[head+1:]...)
 			s.ver++
 			s.start(n, run, now)
 			started = append(started, run)
 		}
 	}
 	return started
+}
+
+// readyHead is the position in n's queue of the Run whose bytes arrived
+// first (-1: none has them yet).
+func (s *simulator) readyHead(n *simNode, now float64) int {
+	head := -1
+	for i, run := range n.queued {
+		if at := s.state[run].readyAt; at <= now && (head < 0 || at < s.state[n.queued[head]].readyAt) {
+			head = i
+		}
+	}
+	return head
+}
+
+// fetchingAhead sums the cards the Runs booked on n before the one at
+// position i, still fetching their bytes, will claim.
+func (s *simulator) fetchingAhead(n *simNode, i int, now float64) int {
+	cards := 0
+	for _, run := range n.queued[:i] {
+		if s.state[run].readyAt > now {
+			cards += s.runs[run].gpus
+		}
+	}
+	return cards
+}
+
+// keep adds, up to now, the card-seconds each node's free cards were
+// kept for the Runs fetching their bytes there (no more than those Runs
+// will claim): idle cards waiting on pulls as much as cards held are. The
+// fleet is unchanged between events, and a Run's bytes arriving is one.
+func (s *simulator) keep(now float64) {
+	if now > s.keptAt {
+		for _, n := range s.nodes {
+			if fetching := s.fetchingAhead(n, len(n.queued), s.keptAt); fetching > 0 {
+				s.kept += (now - s.keptAt) * float64(min(n.freeCards(), fetching))
+			}
+		}
+	}
+	s.keptAt = now
+}
+
+// readyQueued counts the Runs queued on n whose bytes are there.
+func (s *simulator) readyQueued(n *simNode, now float64) int {
+	count := 0
+	for _, run := range n.queued {
+		if s.state[run].readyAt <= now {
+			count++
+		}
+	}
+	return count
 }
 
 // start gives run its cards on n at now.
@@ -268,12 +349,13 @@ func (s *simulator) start(n *simNode, run int, now float64) {
 	n.running = append(n.running, run)
 }
 
-// simEvent is a Run arriving or ending; seq keeps the order stable.
+// simEvent is a Run arriving, its bytes arriving on its node (ready), or
+// its end; seq keeps the order stable.
 type simEvent struct {
-	at     float64
-	seq    int
-	run    int
-	arrive bool
+	at            float64
+	seq           int
+	run           int
+	arrive, ready bool
 }
 
 type simEvents []simEvent

@@ -265,10 +265,12 @@ func (s *simulator) snapshot(now float64) *placement.Fleet {
 		for _, run := range n.running {
 			st := s.state[run]
 			pn.Running = append(pn.Running, placement.Booking{RunID: s.runID(run), Resources: s.resources(run), GPUs: st.cards,
-				ExpectedEnd: s.expectedEnd(run, now)})
+				ExpectedEnd: s.expectedEnd(run, now), Fetching: st.readyAt > now, ReadyAt: s.clock(st.expectReady)})
 		}
 		for _, run := range n.queued {
-			pn.Queued = append(pn.Queued, placement.Booking{RunID: s.runID(run), Resources: s.resources(run), ExpectedEnd: s.expectedEnd(run, now)})
+			st := s.state[run]
+			pn.Queued = append(pn.Queued, placement.Booking{RunID: s.runID(run), Resources: s.resources(run), ExpectedEnd: s.expectedEnd(run, now),
+				Fetching: st.readyAt > now, ReadyAt: s.clock(st.expectReady)})
 		}
 		nodes[i] = pn
 	}

@@ -22,6 +22,12 @@ type simPolicy interface {
 type simChoice struct {
 	node       int
 	queued, ok bool
+	// fetchFirst: the Run fetches its bytes on the node before it claims
+	// cards there (placement's FetchFirst).
+	fetchFirst bool
+	// expectReady is when the policy expects the Run's bytes there, in
+	// trace seconds (the booking's time when it does not say).
+	expectReady float64
 }
 
 // simPolicies are the policies placement-sim compares, by name.
@@ -40,7 +46,11 @@ func (p warmfleetPolicy) choose(s *simulator, fleet *placement.Fleet, run int, r
 	if d.Winner == "" {
 		return simChoice{}
 	}
-	return simChoice{node: s.nodeIndex(d.Winner), queued: d.WinnerQueued, ok: true}
+	c := simChoice{node: s.nodeIndex(d.Winner), queued: d.WinnerQueued, fetchFirst: d.FetchFirst, ok: true, expectReady: now}
+	if at := placement.ReadyAt(d, s.clock(now)); !at.IsZero() {
+		c.expectReady = at.Sub(simEpoch()).Seconds()
+	}
+	return c
 }
 
 func (s *simulator) nodeIndex(id string) int { return s.nodePos[id] }

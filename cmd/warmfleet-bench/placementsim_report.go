@@ -46,8 +46,12 @@ type simResult struct {
 	PullWait      simSeconds `json:"pull_wait"`
 	ImageBytes    int64      `json:"image_bytes_pulled"`
 	ArtifactBytes int64      `json:"artifact_bytes_fetched"`
-	// GPUHoursPullWait are card-hours booked while a Run's bytes arrive.
+	// GPUHoursPullWait are card-hours idle while a Run's bytes arrive:
+	// held by the Run, or free but kept for it (GPUHoursKept).
 	GPUHoursPullWait float64 `json:"gpu_hours_waiting_on_pulls"`
+	// GPUHoursKept are the free card-hours kept for Runs fetching their
+	// bytes on a node before they claim cards (warmfleet's fetch first).
+	GPUHoursKept float64 `json:"gpu_hours_kept_for_pulls"`
 	// GPUHoursRun are card-hours the Runs ran: the scale for the above.
 	GPUHoursRun float64 `json:"gpu_hours_running"`
 	// QueuedOnNode are Runs booked behind a busy node.
@@ -89,6 +93,8 @@ func (s *simulator) result() simResult {
 	for _, n := range s.nodes {
 		res.Evictions += n.evictions
 	}
+	res.GPUHoursKept = s.kept / 3600
+	res.GPUHoursPullWait += res.GPUHoursKept
 	res.TimeToStart, res.QueueDelay, res.PullWait = summariseSeconds(tts), summariseSeconds(queue), summariseSeconds(pull)
 	return res
 }
@@ -120,11 +126,11 @@ func printSimTables(w io.Writer, results []simTraceResult) error {
 	for _, t := range results {
 		fmt.Fprintf(w, "\ntrace %s — %d nodes, %d GPUs, %d Runs: %s; distinct bytes the Runs use (the least any placement pulls): %.1f GB\n", t.Trace, t.Nodes, t.GPUs, t.Runs, t.Description, gb(t.FloorBytes))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "POLICY\tSTART p50 s\tp95 s\tp99 s\tQUEUE mean s\tp95 s\tPULLED GB\tIMAGE GB\tARTIFACT GB\tGPU-h PULL WAIT\tQUEUED ON NODE\tBOOKED BUSY\tEVICTIONS\tDECISIONS/RUN\tMAX\t")
+		fmt.Fprintln(tw, "POLICY\tSTART p50 s\tp95 s\tp99 s\tQUEUE mean s\tp95 s\tPULLED GB\tIMAGE GB\tARTIFACT GB\tGPU-h PULL WAIT\tKEPT\tQUEUED ON NODE\tBOOKED BUSY\tEVICTIONS\tDECISIONS/RUN\tMAX\t")
 		for _, p := range t.Policies {
-			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%d\t%d\t%d\t%.2f\t%d\t\n", p.Policy,
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%d\t%d\t%d\t%.2f\t%d\t\n", p.Policy,
 				p.TimeToStart.P50, p.TimeToStart.P95, p.TimeToStart.P99, p.QueueDelay.Mean, p.QueueDelay.P95,
-				gb(p.BytesPulled()), gb(p.ImageBytes), gb(p.ArtifactBytes), p.GPUHoursPullWait, p.QueuedOnNode, p.BookedBusy, p.Evictions, p.DecisionsPerRun, p.MaxDecisions)
+				gb(p.BytesPulled()), gb(p.ImageBytes), gb(p.ArtifactBytes), p.GPUHoursPullWait, p.GPUHoursKept, p.QueuedOnNode, p.BookedBusy, p.Evictions, p.DecisionsPerRun, p.MaxDecisions)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

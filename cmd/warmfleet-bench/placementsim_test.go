@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -312,12 +313,71 @@ func TestPlacementSimRedecisionRule(t *testing.T) {
 		if s.decisions != before {
 			t.Errorf("%s: a pass over an unchanged fleet made %d decisions", p.name(), s.decisions-before)
 		}
-		run := s.nodes[0].running[0]
-		s.end(run, 1)
+		// warmfleet books the cold Runs to fetch first: they start once
+		// their bytes are there.
+		ready := math.Inf(1)
+		for _, st := range s.state {
+			if st.node >= 0 {
+				ready = min(ready, st.readyAt)
+			}
+		}
+		s.pass(ready)
+		run := -1
+		for _, n := range s.nodes {
+			if len(n.running) > 0 {
+				run = n.running[0]
+				break
+			}
+		}
+		if run < 0 {
+			t.Fatalf("%s: nothing runs once the first bytes are there", p.name())
+		}
+		before = s.decisions
+		s.end(run, ready+1)
 		had := booked()
-		s.pass(1)
+		s.pass(ready + 1)
 		if got, most := s.decisions-before, booked()-had+len(shapes); got == 0 || got > most {
 			t.Errorf("%s: after a Run ended, %d decisions (want 1..%d)", p.name(), got, most)
+		}
+	}
+}
+
+// TestPlacementSimFetchFirst: warmfleet books a Run whose bytes its node
+// lacks to fetch them first. It takes its cards when they are there, its
+// cards kept free meanwhile count as waiting on its pull as held cards do.
+// A baseline holds its cards from booking.
+func TestPlacementSimFetchFirst(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	for _, p := range []simPolicy{warmfleetPolicy{cfg: cfg}, binPackPolicy{}} {
+		tr := shortTrace(t, "zipf", 1)
+		tr.Fleet.Nodes = 1
+		s := newSimulator(tr, p, cfg)
+		s.runs[0].gpus = 2
+		s.waiting = []int{0}
+		started, fetching := s.pass(0)
+		st := s.state[0]
+		if st.readyAt <= 0 {
+			t.Fatalf("%s: the Run's bytes are there at once (%v): the node should lack them", p.name(), st.readyAt)
+		}
+		first := p.name() == "warmfleet"
+		if st.fetchFirst != first || (len(started) == 0) == !first || (len(fetching) == 1) != first || (st.cards == nil) != first {
+			t.Fatalf("%s: fetch first %v, started %v, fetching %v, cards %v", p.name(), st.fetchFirst, started, fetching, st.cards)
+		}
+		if free := s.nodes[0].freeCards(); first && free != len(s.nodes[0].cards) {
+			t.Errorf("%s: %d cards free while the Run fetches, want all", p.name(), free)
+		}
+		s.keep(st.readyAt)
+		if first {
+			s.pass(st.readyAt)
+		}
+		if st := s.state[0]; st.cards == nil || st.runningAt != st.readyAt {
+			t.Fatalf("%s: at its bytes' arrival (%v) cards %v running at %v", p.name(), st.readyAt, st.cards, st.runningAt)
+		}
+		s.end(0, st.readyAt+1)
+		r := s.result()
+		want := 2 * st.readyAt / 3600
+		if math.Abs(r.GPUHoursPullWait-want) > 1e-9 || (r.GPUHoursKept > 0) != first {
+			t.Errorf("%s: GPU-h waiting on the pull %v (kept %v), want %v", p.name(), r.GPUHoursPullWait, r.GPUHoursKept, want)
 		}
 	}
 }

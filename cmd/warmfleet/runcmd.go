@@ -241,7 +241,7 @@ func newRunDecision(g *globals) *cobra.Command {
 			}
 			return g.render(cmd.OutOrStdout(), ds, func(tw *tabwriter.Writer) {
 				for _, d := range ds {
-					fmt.Fprintf(tw, "attempt %d decided %s, winner %s\n", d.Attempt, d.DecidedAt.UTC().Format(time.RFC3339), or(d.Winner, "none"))
+					fmt.Fprintf(tw, "attempt %d decided %s, winner %s%s\n", d.Attempt, d.DecidedAt.UTC().Format(time.RFC3339), or(d.Winner, "none"), bookedAs(d))
 					fmt.Fprintln(tw, "NODE\tELIGIBLE\tCOST(s)\tIMAGE\tPULL\tCACHE FILL\tQUEUE(s)\t$/H\tREASON\tDETAIL")
 					for _, c := range d.Candidates {
 						cost, image, pull, fill, queue, price := "-", "-", "-", "-", "-", "-"
@@ -264,6 +264,22 @@ func newRunDecision(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+// bookedAs says how a decision books its winner: in its queue, to fetch
+// the Run's bytes first, or (nothing said) to start now.
+func bookedAs(d schemas.BookingDecision) string {
+	switch {
+	case d.Winner == "":
+		return ""
+	case d.WinnerQueued && d.FetchFirst:
+		return " (queued behind its running work, fetching the Run's bytes meanwhile)"
+	case d.WinnerQueued:
+		return " (queued behind its running work)"
+	case d.FetchFirst:
+		return " (fetching the Run's bytes first; it takes its cards once they are there)"
+	}
+	return ""
 }
 
 // progressOf shows an image or artifact transfer under way, or "-".

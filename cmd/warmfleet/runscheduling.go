@@ -23,6 +23,9 @@ func schedulingRows(r schemas.Run, waitMessage string) [][2]string {
 	if r.Request.StartDeadlineSeconds > 0 {
 		rows = append(rows, [2]string{"Start deadline", (time.Duration(r.Request.StartDeadlineSeconds) * time.Second).String()})
 	}
+	if q := queuedFor(r); q != "" {
+		rows = append(rows, [2]string{"Queued", q})
+	}
 	rows = append(rows, [2]string{"Wait code", or(string(r.WaitCode), "-")})
 	if waitMessage != "" {
 		rows = append(rows, [2]string{"Wait message", waitMessage})
@@ -34,6 +37,22 @@ func schedulingRows(r schemas.Run, waitMessage string) [][2]string {
 		rows = append(rows, [2]string{"Stopping", string(r.Stopping)})
 	}
 	return append(rows, [2]string{"Cost", usd(r.CostUSD)})
+}
+
+// queuedFor says what a Run booked in its node's queue waits for there
+// ("" when it is not queued).
+func queuedFor(r schemas.Run) string {
+	switch {
+	case !r.Queued:
+		return ""
+	case r.AwaitsBytes && r.Phase != schemas.PhaseLaunching:
+		msg := "its image and artifacts, on " + r.NodeID + "; it takes its cards once they are there"
+		if r.ReadyBy != nil {
+			msg += " (expected by " + r.ReadyBy.UTC().Format(time.RFC3339) + ")"
+		}
+		return msg
+	}
+	return "room on " + r.NodeID + "; its bytes are prepared there meanwhile"
 }
 
 // waitMessage is why a waiting Run waits, in words: the message of its

@@ -354,6 +354,7 @@ func TestDue(t *testing.T) {
 		return r
 	}
 	queued := func(r *schemas.Run) { r.Queued = true }
+	awaits := func(r *schemas.Run) { r.Queued, r.AwaitsBytes = true, true }
 	cancel := func(r *schemas.Run) { r.CancelRequested = true }
 	max60 := func(r *schemas.Run) { r.Request.MaxRuntimeSeconds = 60 }
 	for _, c := range []struct {
@@ -366,6 +367,10 @@ func TestDue(t *testing.T) {
 		{"queued", at(schemas.PhasePlaced, time.Hour, queued), 3, StepStartQueued},
 		{"queued, node re-enrolled", at(schemas.PhasePreparing, 0, queued), 9, StepStartQueued},
 		{"queued and cancelling, fresh", at(schemas.PhasePlaced, time.Second, func(r *schemas.Run) { queued(r); cancel(r) }), 3, StepNone},
+		{"awaiting its bytes, fresh", at(schemas.PhasePreparing, time.Second, awaits), 3, StepStartQueued},
+		{"awaiting its bytes, stale", at(schemas.PhasePlaced, time.Minute, awaits), 3, StepResend},
+		{"awaiting its bytes, node re-enrolled", at(schemas.PhasePreparing, 0, awaits), 9, StepResend},
+		{"awaiting its bytes, prepared long ago", at(schemas.PhaseLaunching, time.Hour, awaits), 9, StepStartQueued},
 		{"cancelling, stale", at(schemas.PhaseRunning, time.Minute, cancel), 3, StepStop},
 		{"cancelling, node re-enrolled", at(schemas.PhaseRunning, time.Second, cancel), 9, StepNone},
 		{"dispatched, fresh", at(schemas.PhasePreparing, time.Second, nil), 3, StepNone},

@@ -140,7 +140,7 @@ func requeue(r *schemas.Run, from schemas.Phase, code schemas.Code, what string,
 		msg += "; its placement penalises node " + node
 	}
 	ev := phaseEvent(r, from, code, msg)
-	r.NodeID, r.GPUs, r.Queued = "", nil, false
+	r.NodeID, r.GPUs, r.Queued, r.AwaitsBytes, r.ReadyBy = "", nil, false, false, nil
 	return ev, nil
 }
 

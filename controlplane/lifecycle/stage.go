@@ -14,7 +14,7 @@ type Stage string
 
 const (
 	StageWaiting    Stage = "waiting"    // accepted: no node yet
-	StageQueued     Stage = "queued"     // booked in a busy node's queue; only its image is prefetched
+	StageQueued     Stage = "queued"     // booked in a node's queue, for room or its bytes; only its image and artifacts are prepared
 	StageDispatched Stage = "dispatched" // placed, preparing or launching on its node
 	StageRunning    Stage = "running"
 	StageCancelling Stage = "cancelling" // booked, with a cancel requested
@@ -48,14 +48,15 @@ const (
 	StepNone Step = ""
 	// StepPlace: decide the Run's next attempt, and book, rent or wait.
 	StepPlace Step = "place"
-	// StepStartQueued: launch the queued attempt if it heads its node's
-	// queue and fits now.
+	// StepStartQueued: launch the queued attempt if its bytes are there,
+	// it heads its node's queue and it fits now.
 	StepStartQueued Step = "start-queued"
 	// StepStop: the cancel, or the control plane's stop, has not taken
 	// effect in time; ask the node again (StopReason, Run.GraceSeconds).
 	StepStop Step = "stop"
 	// StepResend: send the attempt's commands again under the node's
-	// current session (same operation ids, so the node applies each once).
+	// current session (same operation ids, so the node applies each once):
+	// a queued attempt's preparation, any other's launch.
 	StepResend Step = "resend"
 	// StepStopOverdue: the Run runs past its max runtime and the node has
 	// not stopped it.
@@ -63,6 +64,16 @@ const (
 	// StepDeadline: the Run has not started by its start deadline.
 	StepDeadline Step = "deadline"
 )
+
+// Fetching reports whether r's bytes are still on their way to its node:
+// its attempt is booked there and not yet prepared, and it is either
+// dispatched (its launch fetches them) or queued to claim its cards once
+// they are there (AwaitsBytes). A queued Run on a node that does not
+// prepare ahead fetches nothing until it starts.
+func Fetching(r schemas.Run) bool {
+	booked := r.Phase == schemas.PhasePlaced || r.Phase == schemas.PhasePreparing
+	return booked && (!r.Queued || r.AwaitsBytes)
+}
 
 // Timing is how long a pass lets a Run go without progress.
 type Timing struct {
@@ -92,6 +103,9 @@ func Due(r schemas.Run, nodeToken uint64, now time.Time, t Timing) Step {
 		}
 		return StepPlace
 	case StageQueued:
+		if Fetching(r) && (nodeToken > r.FencingToken || stale) {
+			return StepResend // its preparation, under the node's current session
+		}
 		return StepStartQueued
 	case StageCancelling, StageStopping:
 		if stale {

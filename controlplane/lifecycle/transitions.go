@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -35,8 +36,13 @@ type Placement struct {
 	FencingToken uint64
 	Generation   uint64
 	Queued       bool
-	GPUs         []string
-	Decision     schemas.BookingDecision
+	// AwaitsBytes: the queued attempt starts only once its node reports
+	// its bytes prepared (Run.AwaitsBytes); ReadyBy when they should be
+	// there (zero: nothing to fetch).
+	AwaitsBytes bool
+	ReadyBy     time.Time
+	GPUs        []string
+	Decision    schemas.BookingDecision
 	// PricePerHour and GPUModel price the attempt (usage.Price).
 	PricePerHour float64
 	GPUModel     string
@@ -53,6 +59,11 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 	r.Attempt++
 	r.NodeID, r.AttemptID, r.Waiting, r.Queued = p.NodeID, schemas.WorkloadID(r.ID, r.Attempt), "", p.Queued
 	r.FencingToken, r.Generation = p.FencingToken, p.Generation
+	r.AwaitsBytes, r.ReadyBy = p.Queued && p.AwaitsBytes, nil
+	if !p.ReadyBy.IsZero() {
+		by := p.ReadyBy
+		r.ReadyBy = &by
+	}
 	r.GPUs = slices.Clone(p.GPUs)
 	r.Attempts = append(keptAttempts(r.Attempts), schemas.AttemptRecord{
 		Attempt: r.Attempt, NodeID: p.NodeID, GPUs: r.Request.Resources.GPUCount, GPUModel: p.GPUModel, PricePerHour: p.PricePerHour,
@@ -62,7 +73,10 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 	if len(r.GPUs) > 0 {
 		msg += " with GPUs " + strings.Join(r.GPUs, ",")
 	}
-	if r.Queued {
+	switch {
+	case p.Decision.FetchFirst && r.Queued:
+		msg += "; fetching its image and artifacts there first, it takes its cards once they are there"
+	case r.Queued:
 		msg += ", queued behind its running work; prefetching the image"
 	}
 	booked := phaseEvent(&r, schemas.PhaseAccepted, "", msg)

@@ -46,8 +46,9 @@ type Config struct {
 	// eligible there (it may be the only node). Negative: no penalty
 	// (controlplane.Config gives 0 the default).
 	FailedNodePenaltySeconds float64
-	// GPUHourPrice is what a GPU-hour costs, in USD: cards booked while
-	// the Run's bytes still arrive sit idle at this price, which is
+	// GPUHourPrice is what a GPU-hour costs, in USD: cards a Run holds,
+	// or keeps free for itself, while its bytes arrive sit idle at this
+	// price, which is
 	// converted into cost seconds at SecondsPerDollarHour (see
 	// idleGPURate). 0: DefaultGPUHourPrice; negative: idle cards cost
 	// nothing.
@@ -109,8 +110,10 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	if best >= 0 {
 		w := d.Candidates[best]
 		d.Winner, d.WinnerQueued = w.NodeID, s.queued[best]
-		if !d.WinnerQueued {
-			d.GPUs, _, _ = fleet.Node(w.NodeID).PickGPUs(req.Run.Resources.GPUCount, req.Run.GPU)
+		n := fleet.Node(w.NodeID)
+		d.FetchFirst = fetchesFirst(n, &w)
+		if !d.WinnerQueued && !d.FetchFirst {
+			d.GPUs, _, _ = n.PickGPUs(req.Run.Resources.GPUCount, req.Run.GPU)
 		}
 		for i := range d.Candidates {
 			if c := &d.Candidates[i]; c.Eligible && i != best {
@@ -244,8 +247,8 @@ func better(a, b *schemas.Candidate) bool {
 // its price, no queue.
 func costIfFree(c *schemas.Candidate, idleRate float64) float64 {
 	k := &c.Components
-	fetching := k.PullSeconds + k.CacheSeconds + k.ArtifactSeconds
-	return c.Cost - k.StartSeconds - k.IdleGPUSeconds + fetching + idleRate*fetching
+	fetching := k.PullSeconds + k.CacheSeconds + k.ArtifactSeconds + k.LinkBusySeconds
+	return c.Cost - k.StartSeconds - k.IdleGPUSeconds - k.DisplaceSeconds + fetching + idleRate*fetching
 }
 
 // joinDetail appends detail b to a candidate's detail a.
@@ -254,6 +257,18 @@ func joinDetail(a, b string) string {
 		return b
 	}
 	return a + "; " + b
+}
+
+// ReadyAt is when d's Run should have its bytes on the winner, booked at
+// now: the winner's link free, then its pull and artifact fetch (zero
+// when it fetches nothing there).
+func ReadyAt(d schemas.BookingDecision, now time.Time) time.Time {
+	for _, c := range d.Candidates {
+		if k := c.Components; c.NodeID == d.Winner && k.PullBytes+k.ArtifactFetchBytes > 0 {
+			return now.Add(time.Duration((k.LinkBusySeconds + k.PullSeconds + k.ArtifactSeconds) * float64(time.Second)))
+		}
+	}
+	return time.Time{}
 }
 
 // Hold is how long a booking of req is expected to hold its place: its

@@ -85,7 +85,11 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 		reserved = reserved.Add(b.Resources)
 	}
 	free := rec.Capacity.Sub(reserved)
-	c.NodeID, c.Free = rec.NodeID, free
+	// What the bookings fetching their bytes here will claim is not free
+	// for packing (whole-node price, fuller-node ties), though a Run that
+	// starts now may take it (queueFor).
+	_, claims, _ := n.queuedByReadiness()
+	c.NodeID, c.Free = rec.NodeID, nonNegative(free.Sub(claims))
 	if !q.admits(rec, c) {
 		return false
 	}
@@ -101,12 +105,21 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	if !ok || !q.fitsEver(rec, host, c) {
 		return false
 	}
-	queue, fitsNow, ok := q.queueFor(n, free, usable, c)
+	fetching := q.fetches(i, n, c, fetch, warm)
+	first := fetchesFirst(n, c)
+	queue, fitsNow, ok := q.queueFor(n, free, usable, first, c)
 	if !ok {
+		c.Components = schemas.ScoreComponents{}
 		return false
 	}
-	q.score(i, n, c, queue, fetch, warm)
+	q.score(n, c, queue, fetching, first)
 	return !fitsNow
+}
+
+// nonNegative clamps r's counts at zero.
+func nonNegative(r schemas.Resources) schemas.Resources {
+	r.CPUMillis, r.MemoryBytes, r.GPUCount = max(0, r.CPUMillis), max(0, r.MemoryBytes), max(0, r.GPUCount)
+	return r
 }
 
 // reject records on c why its node cannot take the Run, and returns false.
@@ -205,13 +218,20 @@ func (q *query) fitsEver(rec *schemas.NodeRecord, host *schemas.HostFacts, c *sc
 
 // queueFor works out whether the Run starts on the node now (fitsNow)
 // or, behind what runs and waits there, in about queue seconds; ok is
-// false when the node's queue is full.
-func (q *query) queueFor(n *Node, free schemas.Resources, usable int64, c *schemas.Candidate) (queue float64, fitsNow, ok bool) {
-	need := q.req.Run.Resources
-	slots := n.MaxWorkloads()
-	fitsNow = need.Fits(free) && (slots == 0 || len(n.Running) < slots) && len(n.Queued) == 0
-	if fitsNow && need.GPUCount > 0 {
-		fitsNow = n.freeCount(q.req.Run.GPU, q.model, need.GPUCount, usable) == need.GPUCount
+// false when the node's queue is full. A booking still fetching its bytes
+// holds no cards until they are there. A Run that would fetch first too
+// (first) counts them as taken, so that fetches never book one node's
+// cards twice over; one that can start now may take them, at the price of
+// the wait it would cause (Components.DisplaceSeconds).
+func (q *query) queueFor(n *Node, free schemas.Resources, usable int64, first bool, c *schemas.Candidate) (queue float64, fitsNow, ok bool) {
+	ready, fetching, fetchingCount := n.queuedByReadiness()
+	fitsNow = ready == 0 && q.fits(n, free, usable, schemas.Resources{}, 0)
+	if fitsNow && fetchingCount > 0 && !q.fits(n, free, usable, fetching, fetchingCount) {
+		if first {
+			fitsNow = false
+		} else {
+			c.Components.DisplaceSeconds = Hold(q.req.Run, q.cfg.UnknownRuntime).Seconds()
+		}
 	}
 	if fitsNow {
 		return 0, true, true
@@ -219,17 +239,34 @@ func (q *query) queueFor(n *Node, free schemas.Resources, usable int64, c *schem
 	if len(n.Queued) >= MaxQueued {
 		return 0, false, reject(c, schemas.ReasonQueueFull, "%d bookings already wait on this node", len(n.Queued))
 	}
-	return waitSeconds(n, need, q.now, &q.cfg), false, true
+	return waitSeconds(n, q.req.Run.Resources, q.now, &q.cfg), false, true
 }
 
-// score prices node i for the Run into c: seconds until the workload could
-// start (the longer of its queue and its fetches: a queued booking
-// prefetches while it waits), plus the node's price. fetch and warm are
-// the Run's artifact bytes the node would fetch and the artifacts it holds.
-func (q *query) score(i int, n *Node, c *schemas.Candidate, queue float64, fetch int64, warm int) {
+// fits reports whether the Run fits on n now beside what runs there (free
+// is what that leaves) and beside count more bookings needing also.
+func (q *query) fits(n *Node, free schemas.Resources, usable int64, also schemas.Resources, count int) bool {
+	need := q.req.Run.Resources
+	if slots := n.MaxWorkloads(); !need.Add(also).Fits(free) || (slots > 0 && len(n.Running)+count >= slots) {
+		return false
+	}
+	want := need.GPUCount + also.GPUCount
+	return need.GPUCount == 0 || n.freeCount(q.req.Run.GPU, q.model, want, usable) == want
+}
+
+// fetchesFirst reports whether the Run, priced into c, would be booked on n
+// to fetch its bytes first: n prepares ahead (NodeSupport.Prewarm) and
+// lacks some of its image or artifacts. It claims its cards only once they
+// are there.
+func fetchesFirst(n *Node, c *schemas.Candidate) bool {
+	return n.support.Prewarm && c.Components.PullBytes+c.Components.ArtifactFetchBytes > 0
+}
+
+// fetches prices what node i lacks of the Run into c's components (image
+// layers, caches, artifacts: fetch bytes of which the node holds warm)
+// and returns the seconds fetching them takes.
+func (q *query) fetches(i int, n *Node, c *schemas.Candidate, fetch int64, warm int) float64 {
 	cfg, ref := &q.cfg, &q.ref
 	comp := &c.Components
-	comp.QueueSeconds, comp.PricePerHour = queue, n.Record.PricePerHour
 	hot := q.hot.has(i)
 	if q.named != "" && q.named != n.build {
 		hot = q.hotAs.has(i)
@@ -264,16 +301,35 @@ func (q *query) score(i int, n *Node, c *schemas.Candidate, queue float64, fetch
 		comp.ArtifactSeconds = float64(fetch) / cfg.ArtifactBytesPerSecond
 	}
 	fetching := comp.PullSeconds + comp.CacheSeconds + comp.ArtifactSeconds
+	if comp.PullBytes+comp.ArtifactFetchBytes > 0 {
+		comp.LinkBusySeconds = n.linkBusy(q.now)
+	}
+	return fetching + comp.LinkBusySeconds
+}
+
+// score prices the node for the Run into c: seconds until the workload
+// could start (the longer of its queue and its fetches: a queued booking
+// fetches while it waits), the node's price, and its cards idle while its
+// bytes arrive beyond the queue (held, or kept free for it when it fetches
+// first: either way no other Run uses them).
+func (q *query) score(n *Node, c *schemas.Candidate, queue, fetching float64, first bool) {
+	cfg := &q.cfg
+	comp := &c.Components
+	comp.QueueSeconds, comp.PricePerHour = queue, n.Record.PricePerHour
 	comp.StartSeconds = max(comp.QueueSeconds, fetching)
-	// A queued booking prefetches while it waits: its cards sit idle only
-	// for the fetch that outlasts the queue.
 	comp.IdleGPUSeconds = q.idleRate * max(0, fetching-comp.QueueSeconds)
-	c.Eligible, c.Cost = true, comp.StartSeconds+comp.IdleGPUSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+	c.Eligible, c.Cost = true, comp.StartSeconds+comp.IdleGPUSeconds+comp.DisplaceSeconds+cfg.SecondsPerDollarHour*comp.PricePerHour
+	if comp.DisplaceSeconds > 0 {
+		c.Detail = joinDetail(c.Detail, fmt.Sprintf("takes cards a booking fetching its bytes here counts on (+%.0fs: it would wait about that long)", comp.DisplaceSeconds))
+	}
+	if first {
+		c.Detail = joinDetail(c.Detail, fmt.Sprintf("fetches its bytes first (about %.0fs), then takes its cards", fetching))
+	}
 	if len(q.req.Penalties) > 0 && cfg.FailedNodePenaltySeconds >= 0 {
 		if why, ok := q.req.Penalties[c.NodeID]; ok {
 			comp.PenaltySeconds = cfg.FailedNodePenaltySeconds
 			c.Cost += comp.PenaltySeconds
-			c.Detail = fmt.Sprintf("penalised: %s (+%.0fs)", why, comp.PenaltySeconds)
+			c.Detail = joinDetail(c.Detail, fmt.Sprintf("penalised: %s (+%.0fs)", why, comp.PenaltySeconds))
 		}
 	}
 }

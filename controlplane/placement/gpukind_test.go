@@ -9,7 +9,8 @@ import (
 )
 
 // gpuNode is a ready node with eight cards of one model and memory, the
-// first unhealthy of them sick.
+// first unhealthy of them sick. It takes no preparation ahead, so a Run
+// placed there is booked its cards at once.
 func gpuNode(id, model string, memory int64, unhealthy int, now time.Time) *Node {
 	acc := schemas.AcceleratorFacts{Established: true, Vendor: "nvidia", DriverCapability: "12.4",
 		Devices: []schemas.AcceleratorDevice{{Model: model, MemoryBytes: memory, Count: 8}}}
@@ -23,7 +24,8 @@ func gpuNode(id, model string, memory int64, unhealthy int, now time.Time) *Node
 	}
 	return NewNode(schemas.NodeRecord{NodeID: id, State: schemas.NodeReady, LeaseExpires: now.Add(time.Minute),
 		Capacity: schemas.Resources{CPUMillis: 64000, MemoryBytes: 512 << 30, GPUCount: 8}, FactsReceivedAt: now,
-		Facts: &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64", Accelerator: acc}}})
+		Facts: &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64", Accelerator: acc},
+			Support: &schemas.NodeSupport{ContainerRuntime: "containerd", ExactImageInventory: true}}})
 }
 
 // TestGPUKindsAcrossNodes: a decision matches each kind of card once and

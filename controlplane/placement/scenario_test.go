@@ -29,9 +29,12 @@ type scenario struct {
 	// (Request.Penalties).
 	Penalties map[string]string `json:"penalties"`
 	Expect    struct {
-		Winner  string                  `json:"winner"`
-		Queued  bool                    `json:"queued"`
-		Reasons map[string]schemas.Code `json:"reasons"`
+		Winner string `json:"winner"`
+		Queued bool   `json:"queued"`
+		// FetchFirst: the winner lacks the Run's bytes and takes no cards
+		// until they are there (BookingDecision.FetchFirst).
+		FetchFirst bool                    `json:"fetch_first"`
+		Reasons    map[string]schemas.Code `json:"reasons"`
 		// GPUs are the winner's cards the decision books, by UUID
 		// ("<node>-gpu<index>"); checked when the scenario names them.
 		GPUs []string `json:"gpus"`
@@ -97,6 +100,8 @@ type scenarioNode struct {
 type scenarioBooking struct {
 	Resources schemas.Resources `json:"resources"`
 	EndsIn    int               `json:"ends_in_seconds"`
+	// Fetching: a queued booking whose bytes are still on their way.
+	Fetching bool `json:"fetching"`
 }
 
 var scenarioNow = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -152,7 +157,7 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 				ExpectedEnd: scenarioNow.Add(time.Duration(b.EndsIn) * time.Second), GPUs: gpus})
 		}
 		for i, b := range sn.Queued {
-			n.Queued = append(n.Queued, Booking{RunID: sn.ID + "-q" + string(rune('0'+i)), Resources: b.Resources})
+			n.Queued = append(n.Queued, Booking{RunID: sn.ID + "-q" + string(rune('0'+i)), Resources: b.Resources, Fetching: b.Fetching})
 		}
 		nodes = append(nodes, n)
 	}
@@ -228,8 +233,9 @@ func TestAcceptance_PlacementScenarios(t *testing.T) {
 			s := loadScenario(t, file)
 			fleet, req := s.fleet(t)
 			d := Decide(req, fleet, scenarioNow, DefaultConfig())
-			if d.Winner != s.Expect.Winner || d.WinnerQueued != s.Expect.Queued {
-				t.Errorf("%s: winner %q queued %v, want %q queued %v", s.Name, d.Winner, d.WinnerQueued, s.Expect.Winner, s.Expect.Queued)
+			if d.Winner != s.Expect.Winner || d.WinnerQueued != s.Expect.Queued || d.FetchFirst != s.Expect.FetchFirst {
+				t.Errorf("%s: winner %q queued %v fetch first %v, want %q queued %v fetch first %v", s.Name, d.Winner, d.WinnerQueued, d.FetchFirst,
+					s.Expect.Winner, s.Expect.Queued, s.Expect.FetchFirst)
 			}
 			if s.Expect.GPUs != nil && !slices.Equal(d.GPUs, s.Expect.GPUs) {
 				t.Errorf("%s: booked GPUs %v, want %v", s.Name, d.GPUs, s.Expect.GPUs)

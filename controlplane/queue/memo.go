@@ -93,7 +93,7 @@ func (m *Memo) nodeKey(n *placement.Node, booked []*schemas.Run, now time.Time) 
 		key += maphash.String(m.seed, "r\x00"+bk.RunID+"\x00"+strconv.Itoa(len(bk.GPUs)))
 	}
 	for _, bk := range n.Queued {
-		key += maphash.String(m.seed, "q\x00"+bk.RunID)
+		key += maphash.String(m.seed, "q\x00"+bk.RunID+"\x00"+strconv.FormatBool(bk.Fetching))
 	}
 	for _, r := range booked {
 		key += maphash.String(m.seed, r.ID+"\x00"+string(r.Phase)+"\x00"+strconv.FormatBool(r.Queued)+"\x00"+string(r.Stopping)+

@@ -106,8 +106,8 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 	if err == nil {
 		s.cache.NoteRun(run, rev, raw)
 		s.transitions.Add(1)
-		if run.Phase != from && (run.Phase.Terminal() || run.Phase == schemas.PhaseAccepted) {
-			s.cfg.Poke()
+		if run.Phase != from && (run.Phase.Terminal() || run.Phase == schemas.PhaseAccepted || (run.Queued && run.Phase == schemas.PhaseLaunching)) {
+			s.cfg.Poke() // a place freed, a Run to place, or a queued one's bytes there
 		}
 	} else if !redelivered {
 		return run, err // the stored outbox was published by the change that wrote it

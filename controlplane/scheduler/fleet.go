@@ -73,7 +73,12 @@ func (s *Scheduler) booking(r *schemas.Run, now time.Time) placement.Booking {
 	if r.Queued || start.IsZero() {
 		start = now
 	}
-	return placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: start.Add(placement.Hold(r.Request, s.cfg.Placement.UnknownRuntime)), GPUs: r.GPUs, Want: r.Request.GPU}
+	b := placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: start.Add(placement.Hold(r.Request, s.cfg.Placement.UnknownRuntime)), GPUs: r.GPUs, Want: r.Request.GPU,
+		Fetching: lifecycle.Fetching(*r)}
+	if r.ReadyBy != nil {
+		b.ReadyAt = *r.ReadyBy
+	}
+	return b
 }
 
 // intakeViewMaxAge bounds how old the fleet intake decides on may be.

@@ -84,11 +84,19 @@ func newEnv(t *testing.T, waitForCapacity bool, rent Renter) *env {
 	return e
 }
 
-// node enrolls a ready node offering cpu millicores.
+// node enrolls a ready node offering cpu millicores, holding the test
+// image: a Run placed there starts at once.
 func (e *env) node(id string, cpu int64) {
 	e.cache.NoteNode(schemas.NodeRecord{NodeID: id, State: schemas.NodeReady, FencingToken: 1, Generation: 1,
 		Capacity: schemas.Resources{CPUMillis: cpu, MemoryBytes: 1 << 30}, LeaseExpires: e.now.Add(time.Hour),
-		Facts: &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64"}}, FactsReceivedAt: e.now}, 1)
+		Facts: &schemas.NodeFacts{Host: schemas.HostFacts{OS: "linux", Architecture: "amd64"}, Images: []schemas.ImageLocality{hotImage()}}, FactsReceivedAt: e.now}, 1)
+}
+
+// hotImage is the test image as a node that holds all of it reports it.
+func hotImage() schemas.ImageLocality {
+	ref, _ := schemas.ParseImageRef("image", image)
+	return schemas.ImageLocality{ManifestDigest: ref.Digest, State: schemas.LocalityHot, ContentPresent: true,
+		Platform: schemas.Platform{OS: "linux", Architecture: "amd64"}, LayerDigests: []string{ref.Digest}, LayerSizes: []int64{1 << 20}}
 }
 
 // submit creates a Run asking for cpu millicores, created at the clock's

@@ -53,7 +53,8 @@ func (s *Scheduler) place(ctx context.Context, r schemas.Run, a queue.Action, po
 	}
 	winner := fleet.Node(d.Winner).Record
 	run, err := s.runs.Advance(ctx, r.ID, lifecycle.Placement{
-		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.WinnerQueued, GPUs: d.GPUs, Decision: d,
+		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.WinnerQueued || d.FetchFirst,
+		AwaitsBytes: d.FetchFirst, ReadyBy: placement.ReadyAt(d, s.cfg.Now()), GPUs: d.GPUs, Decision: d,
 		PricePerHour: usage.Price(winner, r.Request.Resources, a.GPUModel, pol), GPUModel: a.GPUModel,
 	}, false)
 	if err != nil {
@@ -189,6 +190,9 @@ func (s *Scheduler) resend(ctx context.Context, r schemas.Run) error {
 		return err
 	}
 	s.log.Info("resending commands", zap.String("run_id", r.ID), zap.String("node_id", r.NodeID), zap.Uint64("fencing_token", n.FencingToken))
+	if run.Queued {
+		return s.dispatch.Prepare(ctx, run)
+	}
 	return s.dispatch.Launch(ctx, run)
 }
 
