@@ -216,43 +216,6 @@ func (q *query) fitsEver(rec *schemas.NodeRecord, host *schemas.HostFacts, c *sc
 	return true
 }
 
-// queueFor works out whether the Run starts on the node now (fitsNow)
-// or, behind what runs and waits there, in about queue seconds; ok is
-// false when the node's queue is full. A booking still fetching its bytes
-// holds no cards until they are there. A Run that would fetch first too
-// (first) counts them as taken, so that fetches never book one node's
-// cards twice over; one that can start now may take them, at the price of
-// the wait it would cause (Components.DisplaceSeconds).
-func (q *query) queueFor(n *Node, free schemas.Resources, usable int64, first bool, c *schemas.Candidate) (queue float64, fitsNow, ok bool) {
-	ready, fetching, fetchingCount := n.queuedByReadiness()
-	fitsNow = ready == 0 && q.fits(n, free, usable, schemas.Resources{}, 0)
-	if fitsNow && fetchingCount > 0 && !q.fits(n, free, usable, fetching, fetchingCount) {
-		if first {
-			fitsNow = false
-		} else {
-			c.Components.DisplaceSeconds = Hold(q.req.Run, q.cfg.UnknownRuntime).Seconds()
-		}
-	}
-	if fitsNow {
-		return 0, true, true
-	}
-	if len(n.Queued) >= MaxQueued {
-		return 0, false, reject(c, schemas.ReasonQueueFull, "%d bookings already wait on this node", len(n.Queued))
-	}
-	return waitSeconds(n, q.req.Run.Resources, q.now, &q.cfg), false, true
-}
-
-// fits reports whether the Run fits on n now beside what runs there (free
-// is what that leaves) and beside count more bookings needing also.
-func (q *query) fits(n *Node, free schemas.Resources, usable int64, also schemas.Resources, count int) bool {
-	need := q.req.Run.Resources
-	if slots := n.MaxWorkloads(); !need.Add(also).Fits(free) || (slots > 0 && len(n.Running)+count >= slots) {
-		return false
-	}
-	want := need.GPUCount + also.GPUCount
-	return need.GPUCount == 0 || n.freeCount(q.req.Run.GPU, q.model, want, usable) == want
-}
-
 // fetchesFirst reports whether the Run, priced into c, would be booked on n
 // to fetch its bytes first: n prepares ahead (NodeSupport.Prewarm) and
 // lacks some of its image or artifacts. It claims its cards only once they
@@ -406,47 +369,6 @@ func (q *query) modelMatches(model unique.Handle[string]) bool {
 		q.seen, q.lastModel, q.lastMatch = true, model, strings.Contains(model.Value(), q.model)
 	}
 	return q.lastMatch
-}
-
-// waitSeconds estimates when enough running bookings end for need to fit
-// behind whatever is already queued on the node (queued bookings start
-// first, in order).
-func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg *Config) float64 {
-	// A node runs a few bookings: sorting a copy on the stack spares an
-	// allocation per busy node.
-	var buf [8]Booking
-	running := append(buf[:0], n.Running...)
-	for i, b := range running {
-		if !b.ExpectedEnd.After(now) {
-			// Past its expected end yet still booked (a long fetch, or
-			// no max runtime): it is assumed to hold its place as long
-			// again as a booking without one.
-			running[i].ExpectedEnd = now.Add(cfg.UnknownRuntime)
-		}
-	}
-	slices.SortFunc(running, func(a, b Booking) int { return a.ExpectedEnd.Compare(b.ExpectedEnd) })
-	free := n.Record.Capacity
-	for _, b := range running {
-		free = free.Sub(b.Resources)
-	}
-	want := need
-	for _, q := range n.Queued {
-		want = want.Add(q.Resources)
-	}
-	slots, active := n.MaxWorkloads(), len(running)+len(n.Queued)
-	at := now
-	for i := 0; !want.Fits(free) || (slots > 0 && active >= slots); i++ {
-		if i == len(running) {
-			// Even an empty node cannot hold the queue and this Run at
-			// once: the queue must run first.
-			return at.Sub(now).Seconds() + cfg.UnknownRuntime.Seconds()
-		}
-		free, active = free.Add(running[i].Resources), active-1
-		if running[i].ExpectedEnd.After(at) {
-			at = running[i].ExpectedEnd
-		}
-	}
-	return at.Sub(now).Seconds()
 }
 
 // versionLess compares dotted versions numerically ("12.10" > "12.4").

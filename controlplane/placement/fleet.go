@@ -382,57 +382,6 @@ func (f *Fleet) Start(nodeID, runID string, gpus []string) {
 	}
 }
 
-// queuedByReadiness counts the node's queued bookings whose bytes are
-// there (ready) and sums what the others, still fetching, will claim.
-func (n *Node) queuedByReadiness() (ready int, fetching schemas.Resources, fetchingCount int) {
-	for _, b := range n.Queued {
-		if b.Fetching {
-			fetching, fetchingCount = fetching.Add(b.Resources), fetchingCount+1
-		} else {
-			ready++
-		}
-	}
-	return ready, fetching, fetchingCount
-}
-
-// linkBusy is how long the node's link stays busy with the bytes its
-// fetching bookings still expect, from now.
-func (n *Node) linkBusy(now time.Time) float64 {
-	var until time.Time
-	for _, list := range [][]Booking{n.Running, n.Queued} {
-		for _, b := range list {
-			if b.Fetching && b.ReadyAt.After(until) {
-				until = b.ReadyAt
-			}
-		}
-	}
-	return max(0, until.Sub(now).Seconds())
-}
-
-// CanStart reports whether the first queued booking on the node whose bytes
-// are there, which must be runID, fits beside what runs now and what the
-// bookings ahead of it, still fetching theirs, will claim. Those are
-// passed over: each claims its cards once its bytes are there, in turn.
-func (n *Node) CanStart(runID string) bool {
-	head := slices.IndexFunc(n.Queued, func(b Booking) bool { return !b.Fetching })
-	if head < 0 || n.Queued[head].RunID != runID {
-		return false
-	}
-	free, active := n.Record.Capacity, len(n.Running)+head
-	for _, b := range n.Running {
-		free = free.Sub(b.Resources)
-	}
-	need := n.Queued[head].Resources
-	for _, b := range n.Queued[:head] {
-		need = need.Add(b.Resources)
-	}
-	if slots := n.MaxWorkloads(); !need.Fits(free) || (slots > 0 && active >= slots) {
-		return false
-	}
-	_, _, ok := n.PickGPUs(need.GPUCount, n.Queued[head].Want)
-	return ok
-}
-
 // MayWin reports whether any node is ready, leased at now, and large
 // enough for need. Decide can name a winner only among such nodes, so when
 // MayWin is false the decision is "no node fits" however it is scored; a

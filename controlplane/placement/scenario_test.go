@@ -100,8 +100,16 @@ type scenarioNode struct {
 type scenarioBooking struct {
 	Resources schemas.Resources `json:"resources"`
 	EndsIn    int               `json:"ends_in_seconds"`
-	// Fetching: a queued booking whose bytes are still on their way.
+	// Fetching: a booking whose bytes are still on their way, due in
+	// ReadyIn seconds.
 	Fetching bool `json:"fetching"`
+	ReadyIn  int  `json:"ready_in_seconds"`
+}
+
+// booking is b on node id as the i-th of its kind.
+func (b scenarioBooking) booking(id string, i int) Booking {
+	return Booking{RunID: id + "-" + strconv.Itoa(i), Resources: b.Resources, ExpectedEnd: scenarioNow.Add(time.Duration(b.EndsIn) * time.Second),
+		Fetching: b.Fetching, ReadyAt: scenarioNow.Add(time.Duration(b.ReadyIn) * time.Second)}
 }
 
 var scenarioNow = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -152,12 +160,14 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		n := NewNode(rec)
 		for i, b := range sn.Running {
 			// A running booking holds the first free cards it asks for.
-			gpus, _, _ := n.PickGPUs(b.Resources.GPUCount, nil)
-			n.Running = append(n.Running, Booking{RunID: sn.ID + "-r" + string(rune('0'+i)), Resources: b.Resources,
-				ExpectedEnd: scenarioNow.Add(time.Duration(b.EndsIn) * time.Second), GPUs: gpus})
+			rb := b.booking(sn.ID+"-r", i)
+			rb.GPUs, _, _ = n.PickGPUs(b.Resources.GPUCount, nil)
+			n.Running = append(n.Running, rb)
 		}
 		for i, b := range sn.Queued {
-			n.Queued = append(n.Queued, Booking{RunID: sn.ID + "-q" + string(rune('0'+i)), Resources: b.Resources, Fetching: b.Fetching})
+			qb := b.booking(sn.ID+"-q", i)
+			qb.ExpectedEnd = time.Time{}
+			n.Queued = append(n.Queued, qb)
 		}
 		nodes = append(nodes, n)
 	}
