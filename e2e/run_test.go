@@ -84,6 +84,7 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 			t.Errorf("run %s: terminal event lacks the node's observed time or the control plane's", id)
 		}
 	}
+	checkFetchedFirst(t, okID, f.events(okID), ok)
 	// Duplicate submit of a finished request: still one Run, no new events.
 	before := len(f.events(okID))
 	f.publish(bus.SubmitSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(okBody), "")
@@ -93,6 +94,30 @@ func TestAcceptance_RunToExitCode(t *testing.T) {
 	}
 	if s := strings.Join(phaseNames(f.events(failID)), ","); !strings.Contains(s, "failed") {
 		t.Fatalf("failed run's events: %s", s)
+	}
+}
+
+// checkFetchedFirst: the first Run of an image its node lacks is booked
+// there to fetch it first, leaves the node's queue once the node reports it
+// prepared, and holds its place from then on, not from its booking.
+func checkFetchedFirst(t *testing.T, id string, evs []schemas.RunEvent, r schemas.Run) {
+	t.Helper()
+	fetchFirst, prepared, left := false, time.Time{}, false
+	for _, ev := range evs {
+		switch {
+		case ev.Decided() && ev.Decision != nil:
+			fetchFirst = ev.Decision.FetchFirst && !ev.Decision.WinnerQueued
+		case ev.Type == schemas.EventPhase && ev.Phase == schemas.PhaseLaunching:
+			prepared = ev.At
+		case ev.Type == schemas.EventNote && strings.HasPrefix(ev.Message, "left the queue"):
+			left = !prepared.IsZero() // after the prepared report, never before
+		}
+	}
+	if !fetchFirst || !left {
+		t.Fatalf("run %s: decided to fetch first %v, left the queue once prepared %v; events %v", id, fetchFirst, left, phaseNames(evs))
+	}
+	if a := r.Attempts[len(r.Attempts)-1]; a.HeldFrom == nil || a.HeldFrom.Before(prepared) {
+		t.Errorf("run %s: its attempt holds its place from %v, before its bytes were there (%v)", id, a.HeldFrom, prepared)
 	}
 }
 
