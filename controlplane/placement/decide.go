@@ -102,7 +102,9 @@ func Decide(req Request, fleet *Fleet, now time.Time, cfg Config) schemas.Bookin
 	s := q.scan(fleet, d.Candidates)
 	r := s.rank(d.Candidates, &cfg, req.Run.Resources.GPUCount)
 	best := r.best
-	if best >= 0 && !r.fitsNow {
+	if best >= 0 && s.queued[best] && !r.freeFit {
+		// Every node is busy, or takes the Run now only on cards a fetch
+		// counts on: the best queue is weighed against waiting unbooked.
 		best = r.queueOrWait(d.Candidates)
 	}
 	// Candidates stay in fleet order: sorting 10k of them would cost more
@@ -150,11 +152,12 @@ func (q *query) scan(fleet *Fleet, cands []schemas.Candidate) scan {
 }
 
 // ranking is the best eligible candidate (-1: none), whether any eligible
-// node fits now, and the two lowest costs of eligible nodes were they free
+// node takes the Run now on free cards (freeFit: not on cards a fetch
+// counts on), and the two lowest costs of eligible nodes were they free
 // now (soonest, second).
 type ranking struct {
 	best            int
-	fitsNow         bool
+	freeFit         bool
 	soonest, second float64
 	idleRate        float64
 }
@@ -182,7 +185,7 @@ func (s *scan) rank(cands []schemas.Candidate, cfg *Config, gpus int64) ranking 
 			c.Cost += cfg.WholeNodeSeconds
 			c.Detail = joinDetail(c.Detail, wholeDetail)
 		}
-		r.fitsNow = r.fitsNow || !s.queued[i]
+		r.freeFit = r.freeFit || (!s.queued[i] && c.Components.DisplaceSeconds == 0)
 		if r.best < 0 || better(c, &cands[r.best]) {
 			r.best = i
 		}
@@ -195,13 +198,14 @@ func (s *scan) rank(cands []schemas.Candidate, cfg *Config, gpus int64) ranking 
 	return r
 }
 
-// queueOrWait decides for a Run every eligible node is busy for. A queued
-// booking stays on its node, and a node with a queue starts nobody else,
-// so the best queue is booked only when no other node could start the Run
-// sooner even were it free now (queue estimates come from max runtimes:
-// upper bounds). Otherwise the Run waits unbooked and takes the first node
-// to free: queueOrWait then marks every eligible candidate at capacity and
-// returns -1; else it returns the best.
+// queueOrWait decides for a Run whose best node is a queue while no node
+// takes it on free cards (each is busy, or only a fetch's cards are free
+// there). A queued booking stays on its node, and a node with a queue
+// starts nobody else, so the best queue is booked only when no other node
+// could start the Run sooner even were it free now (queue estimates come
+// from max runtimes: upper bounds). Otherwise the Run waits unbooked and
+// takes the first node to free: queueOrWait then marks every eligible
+// candidate at capacity and returns -1; else it returns the best.
 func (r ranking) queueOrWait(cands []schemas.Candidate) int {
 	w := &cands[r.best]
 	other := r.soonest
