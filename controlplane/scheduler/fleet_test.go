@@ -39,3 +39,29 @@ func TestBooking(t *testing.T) {
 		}
 	}
 }
+
+// A booking fetches while its attempt is placed or preparing: dispatched
+// (its launch fetches), or queued awaiting its bytes. A queued Run that
+// does not await them (its node prepares nothing ahead) fetches nothing
+// until it starts, and a prepared one fetches no more.
+func TestBookingFetching(t *testing.T) {
+	s := &Scheduler{cfg: Config{Placement: placement.Config{UnknownRuntime: 10 * time.Minute}}}
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	ready := now.Add(40 * time.Second)
+	for _, tc := range []struct {
+		name     string
+		run      schemas.Run
+		fetching bool
+	}{
+		{"dispatched, preparing", schemas.Run{Phase: schemas.PhasePreparing}, true},
+		{"queued, awaiting its bytes", schemas.Run{Phase: schemas.PhasePlaced, Queued: true, AwaitsBytes: true}, true},
+		{"queued for room on a node that prepares nothing ahead", schemas.Run{Phase: schemas.PhasePlaced, Queued: true}, false},
+		{"queued, its bytes prepared", schemas.Run{Phase: schemas.PhaseLaunching, Queued: true, AwaitsBytes: true}, false},
+		{"running", schemas.Run{Phase: schemas.PhaseRunning}, false},
+	} {
+		tc.run.ID, tc.run.ReadyBy = "r-1", &ready
+		if b := s.booking(&tc.run, now); b.Fetching != tc.fetching || !b.ReadyAt.Equal(ready) {
+			t.Errorf("%s: fetching %v ready at %v, want %v at %v", tc.name, b.Fetching, b.ReadyAt, tc.fetching, ready)
+		}
+	}
+}
