@@ -92,6 +92,11 @@ type BookingDecision struct {
 	Victims []Victim `json:"victims,omitempty"`
 }
 
+// Queues reports whether d books its Run in the winner's queue: behind
+// its running work (WinnerQueued), or to fetch its bytes first
+// (FetchFirst).
+func (d BookingDecision) Queues() bool { return d.WinnerQueued || d.FetchFirst }
+
 // examplesPerReason is how many full entries Compact keeps of each reason.
 const examplesPerReason = 3
 
@@ -193,6 +198,10 @@ type ScoreComponents struct {
 	// as this Run holds them.
 	DisplaceSeconds float64 `json:"displace_seconds,omitempty"`
 }
+
+// FetchesBytes reports whether the Run would pull image layers or fetch
+// artifacts on the candidate's node (caches are filled by the workload).
+func (k ScoreComponents) FetchesBytes() bool { return k.PullBytes+k.ArtifactFetchBytes > 0 }
 
 // Placement reason codes.
 const (

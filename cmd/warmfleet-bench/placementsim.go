@@ -125,13 +125,11 @@ func withSeeds(traces []*simTrace, n int) []*simTrace {
 // waiting on pulls are the lowest, and on which both are, with the
 // geometric mean of each ratio to the best other policy's.
 func addSeedSummary(rep *Report, results []simTraceResult) {
-	p95 := func(r simResult) float64 { return r.TimeToStart.P95 }
-	gpuh := func(r simResult) float64 { return r.GPUHoursPullWait }
 	var p95Wins, gpuhWins, both, n int
 	var p95Log, gpuhLog float64
 	for _, tr := range results {
-		rp, okP := ratioToBest(tr, p95)
-		rg, okG := ratioToBest(tr, gpuh)
+		rp, okP := ratioToBest(tr, p95Of)
+		rg, okG := ratioToBest(tr, pullWaitOf)
 		if !okP || !okG {
 			continue
 		}
@@ -160,16 +158,28 @@ func addSeedSummary(rep *Report, results []simTraceResult) {
 // ok is false when either is missing or not positive.
 func ratioToBest(tr simTraceResult, figure func(simResult) float64) (float64, bool) {
 	wf, ok := tr.policy("warmfleet")
-	best := math.Inf(1)
-	for _, p := range tr.Policies {
-		if p.Policy != "warmfleet" {
-			best = min(best, figure(p))
-		}
-	}
-	if !ok || math.IsInf(best, 1) || best <= 0 || figure(wf) <= 0 {
+	best, ok2 := lowestOther(tr, figure)
+	if !ok || !ok2 || figure(best) <= 0 || figure(wf) <= 0 {
 		return 0, false
 	}
-	return figure(wf) / best, true
+	return figure(wf) / figure(best), true
+}
+
+// p95Of and pullWaitOf are the two figures the goals compare.
+func p95Of(r simResult) float64      { return r.TimeToStart.P95 }
+func pullWaitOf(r simResult) float64 { return r.GPUHoursPullWait }
+
+// lowestOther is the policy other than warmfleet with the lowest figure
+// on tr (the first of equals); ok is false when there is none.
+func lowestOther(tr simTraceResult, figure func(simResult) float64) (simResult, bool) {
+	var best simResult
+	ok := false
+	for _, p := range tr.Policies {
+		if p.Policy != "warmfleet" && (!ok || figure(p) < figure(best)) {
+			best, ok = p, true
+		}
+	}
+	return best, ok
 }
 
 func policyNamesOf(ps []simPolicy) []string {
@@ -203,25 +213,13 @@ func addSimGoals(rep *Report, tr simTraceResult) {
 	if !ok {
 		return
 	}
-	best, bestName := 0.0, ""
-	for _, p := range tr.Policies {
-		if p.Policy != "warmfleet" && (bestName == "" || p.TimeToStart.P95 < best) {
-			best, bestName = p.TimeToStart.P95, p.Policy
-		}
+	if best, ok := lowestOther(tr, p95Of); ok {
+		rep.add(tr.Trace+": warmfleet p95 time-to-start", wf.TimeToStart.P95, "s", best.TimeToStart.P95, "best other: "+best.Policy).
+			goal("lowest of all policies", wf.TimeToStart.P95 <= best.TimeToStart.P95)
 	}
-	if bestName != "" {
-		rep.add(tr.Trace+": warmfleet p95 time-to-start", wf.TimeToStart.P95, "s", best, "best other: "+bestName).
-			goal("lowest of all policies", wf.TimeToStart.P95 <= best)
-	}
-	least, leastName := 0.0, ""
-	for _, p := range tr.Policies {
-		if p.Policy != "warmfleet" && (leastName == "" || p.GPUHoursPullWait < least) {
-			least, leastName = p.GPUHoursPullWait, p.Policy
-		}
-	}
-	if leastName != "" {
-		rep.add(tr.Trace+": warmfleet GPU-h waiting on pulls", wf.GPUHoursPullWait, "GPU-h", least, "lowest other: "+leastName).
-			goal("≤ every other policy's", wf.GPUHoursPullWait <= least)
+	if least, ok := lowestOther(tr, pullWaitOf); ok {
+		rep.add(tr.Trace+": warmfleet GPU-h waiting on pulls", wf.GPUHoursPullWait, "GPU-h", least.GPUHoursPullWait, "lowest other: "+least.Policy).
+			goal("≤ every other policy's", wf.GPUHoursPullWait <= least.GPUHoursPullWait)
 	}
 	if il, ok := tr.policy("image-locality"); ok && strings.HasPrefix(tr.Trace, "zipf") && il.BytesPulled() > 0 {
 		rep.add(tr.Trace+": warmfleet bytes pulled", gb(wf.BytesPulled()), "GB", gb(il.BytesPulled()), "image-locality").

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -45,7 +46,7 @@ func queuedFor(r schemas.Run) string {
 	switch {
 	case !r.Queued:
 		return ""
-	case r.AwaitsBytes && r.Phase != schemas.PhaseLaunching:
+	case lifecycle.Fetching(r):
 		msg := "its image and artifacts, on " + r.NodeID + "; it takes its cards once they are there"
 		if r.ReadyBy != nil {
 			msg += " (expected by " + r.ReadyBy.UTC().Format(time.RFC3339) + ")"

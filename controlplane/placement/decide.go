@@ -268,7 +268,7 @@ func joinDetail(a, b string) string {
 // when it fetches nothing there).
 func ReadyAt(d schemas.BookingDecision, now time.Time) time.Time {
 	for _, c := range d.Candidates {
-		if k := c.Components; c.NodeID == d.Winner && k.PullBytes+k.ArtifactFetchBytes > 0 {
+		if k := c.Components; c.NodeID == d.Winner && k.FetchesBytes() {
 			return now.Add(time.Duration((k.LinkBusySeconds + k.PullSeconds + k.ArtifactSeconds) * float64(time.Second)))
 		}
 	}

@@ -88,8 +88,8 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	// What the bookings fetching their bytes here will claim is not free
 	// for packing (whole-node price, fuller-node ties), though a Run that
 	// starts now may take it (queueFor).
-	_, claims, _ := n.queuedByReadiness()
-	c.NodeID, c.Free = rec.NodeID, nonNegative(free.Sub(claims))
+	inQueue := n.queuedByReadiness()
+	c.NodeID, c.Free = rec.NodeID, nonNegative(free.Sub(inQueue.fetching))
 	if !q.admits(rec, c) {
 		return false
 	}
@@ -107,7 +107,7 @@ func (q *query) evaluate(i int, n *Node, c *schemas.Candidate) (queued bool) {
 	}
 	fetching := q.fetches(i, n, c, fetch, warm)
 	first := fetchesFirst(n, c)
-	queue, fitsNow, ok := q.queueFor(n, free, usable, first, c)
+	queue, fitsNow, ok := q.queueFor(n, inQueue, free, usable, first, c)
 	if !ok {
 		c.Components = schemas.ScoreComponents{}
 		return false
@@ -221,7 +221,7 @@ func (q *query) fitsEver(rec *schemas.NodeRecord, host *schemas.HostFacts, c *sc
 // lacks some of its image or artifacts. It claims its cards only once they
 // are there.
 func fetchesFirst(n *Node, c *schemas.Candidate) bool {
-	return n.support.Prewarm && c.Components.PullBytes+c.Components.ArtifactFetchBytes > 0
+	return n.support.Prewarm && c.Components.FetchesBytes()
 }
 
 // fetches prices what node i lacks of the Run into c's components (image
@@ -264,7 +264,7 @@ func (q *query) fetches(i int, n *Node, c *schemas.Candidate, fetch int64, warm 
 		comp.ArtifactSeconds = float64(fetch) / cfg.ArtifactBytesPerSecond
 	}
 	fetching := comp.PullSeconds + comp.CacheSeconds + comp.ArtifactSeconds
-	if comp.PullBytes+comp.ArtifactFetchBytes > 0 {
+	if comp.FetchesBytes() {
 		comp.LinkBusySeconds = n.linkBusy(q.now)
 	}
 	return fetching + comp.LinkBusySeconds

@@ -15,15 +15,15 @@ import (
 
 // queueFor works out whether the Run starts on the node now (fitsNow)
 // or, behind what runs and waits there, in about queue seconds; ok is
-// false when the node's queue is full. A booking still fetching its bytes
-// holds no cards until they are there. A Run that would fetch first too
-// (first) counts them as taken, so that fetches never book one node's
-// cards twice over; one that can start now may take them, at the price of
-// the wait it would cause (Components.DisplaceSeconds).
-func (q *query) queueFor(n *Node, free schemas.Resources, usable int64, first bool, c *schemas.Candidate) (queue float64, fitsNow, ok bool) {
-	ready, fetching, fetchingCount := n.queuedByReadiness()
-	fitsNow = ready == 0 && q.fits(n, free, usable, schemas.Resources{}, 0)
-	if fitsNow && fetchingCount > 0 && !q.fits(n, free, usable, fetching, fetchingCount) {
+// false when the node's queue is full; inQueue is that queue by readiness.
+// A booking still fetching its bytes holds no cards until they are there.
+// A Run that would fetch first too (first) counts them as taken, so that
+// fetches never book one node's cards twice over; one that can start now
+// may take them, at the price of the wait it would cause
+// (Components.DisplaceSeconds).
+func (q *query) queueFor(n *Node, inQueue queuedState, free schemas.Resources, usable int64, first bool, c *schemas.Candidate) (queue float64, fitsNow, ok bool) {
+	fitsNow = inQueue.ready == 0 && q.fits(n, free, usable, schemas.Resources{}, 0)
+	if fitsNow && inQueue.fetchingCount > 0 && !q.fits(n, free, usable, inQueue.fetching, inQueue.fetchingCount) {
 		if first {
 			fitsNow = false
 		} else {
@@ -91,17 +91,24 @@ func waitSeconds(n *Node, need schemas.Resources, now time.Time, cfg *Config) fl
 	return at.Sub(now).Seconds()
 }
 
-// queuedByReadiness counts the node's queued bookings whose bytes are
-// there (ready) and sums what the others, still fetching, will claim.
-func (n *Node) queuedByReadiness() (ready int, fetching schemas.Resources, fetchingCount int) {
+// queuedState is a node's queue by readiness: how many bookings have their
+// bytes there (ready), and what the others, still fetching, will claim.
+type queuedState struct {
+	ready, fetchingCount int
+	fetching             schemas.Resources
+}
+
+// queuedByReadiness sums the node's queue by readiness.
+func (n *Node) queuedByReadiness() queuedState {
+	var s queuedState
 	for _, b := range n.Queued {
 		if b.Fetching {
-			fetching, fetchingCount = fetching.Add(b.Resources), fetchingCount+1
+			s.fetching, s.fetchingCount = s.fetching.Add(b.Resources), s.fetchingCount+1
 		} else {
-			ready++
+			s.ready++
 		}
 	}
-	return ready, fetching, fetchingCount
+	return s
 }
 
 // linkBusy is how long the node's link stays busy with the bytes its

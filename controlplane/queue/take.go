@@ -84,7 +84,7 @@ func (p *planner) won(t *tenantState, r *schemas.Run, cls schemas.PriorityClass,
 		return
 	}
 	p.in.Fleet.Book(d.Winner, placement.Booking{RunID: r.ID, Resources: r.Request.Resources, ExpectedEnd: p.in.Now.Add(placement.Hold(r.Request, p.in.UnknownRuntime)),
-		GPUs: d.GPUs, Want: r.Request.GPU, Fetching: d.FetchFirst, ReadyAt: placement.ReadyAt(d, p.in.Now)}, d.WinnerQueued || d.FetchFirst)
+		GPUs: d.GPUs, Want: r.Request.GPU, Fetching: d.FetchFirst, ReadyAt: placement.ReadyAt(d, p.in.Now)}, d.Queues())
 	t.hold(r.Request.Resources, model, 1)
 	p.res.Actions = append(p.res.Actions, Action{Kind: KindPlace, Run: r, Decision: d, GPUModel: model})
 }
@@ -140,7 +140,7 @@ func (p *planner) claimedAgainst(r *schemas.Run, d schemas.BookingDecision) stri
 	if i < 0 {
 		return ""
 	}
-	if d.WinnerQueued || d.FetchFirst || !p.fitsAfter(p.in.Fleet.Node(d.Winner), r, p.freed, false) {
+	if d.Queues() || !p.fitsAfter(p.in.Fleet.Node(d.Winner), r, p.freed, false) {
 		return p.claims[d.Winner][i].runID
 	}
 	return ""

@@ -53,7 +53,7 @@ func (s *Scheduler) place(ctx context.Context, r schemas.Run, a queue.Action, po
 	}
 	winner := fleet.Node(d.Winner).Record
 	run, err := s.runs.Advance(ctx, r.ID, lifecycle.Placement{
-		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.WinnerQueued || d.FetchFirst,
+		NodeID: winner.NodeID, FencingToken: winner.FencingToken, Generation: winner.Generation, Queued: d.Queues(),
 		AwaitsBytes: d.FetchFirst, ReadyBy: placement.ReadyAt(d, s.cfg.Now()), GPUs: d.GPUs, Decision: d,
 		PricePerHour: usage.Price(winner, r.Request.Resources, a.GPUModel, pol), GPUModel: a.GPUModel,
 	}, false)
