@@ -1,0 +1,251 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+)
+
+// RestoreStats says what a restore wrote and fetched.
+type RestoreStats struct {
+	Files, Dirs, Symlinks int
+	// Bytes are the file bytes written; BytesFetched the frames read.
+	Bytes, BytesFetched int64
+	Chunks              int
+}
+
+// Load reads and validates manifest seq from store.
+func Load(ctx context.Context, store Store, seq uint64) (Manifest, error) {
+	frame, err := store.GetManifest(ctx, seq)
+	if err != nil {
+		return Manifest{}, err
+	}
+	c, err := newCodec()
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer c.close()
+	b, err := c.open(frame, MaxManifestBytes, fmt.Sprintf("manifest %d", seq))
+	if err != nil {
+		return Manifest{}, err
+	}
+	m, err := DecodeManifest(b)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("manifest %d: %w", seq, err)
+	}
+	return m, nil
+}
+
+// Restore replaces the workspace at dst with checkpoint seq. Everything is
+// written into a staging directory beside dst, every chunk checked against
+// its digest and size; only a whole restore takes dst's place (an atomic
+// exchange where the kernel has one), so a failed one leaves dst as it was
+// and nothing half-restored behind. Owners are restored when running as
+// root. workers fetch that many chunks at once (0: 4).
+func Restore(ctx context.Context, store Store, seq uint64, dst string, workers int) (Manifest, RestoreStats, error) {
+	var st RestoreStats
+	m, err := Load(ctx, store, seq)
+	if err != nil {
+		return Manifest{}, st, err
+	}
+	parent := filepath.Dir(dst)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return Manifest{}, st, fmt.Errorf("checkpoint: restore into %s: %w", dst, err)
+	}
+	staging, err := os.MkdirTemp(parent, "."+filepath.Base(dst)+".restore-")
+	if err != nil {
+		return Manifest{}, st, fmt.Errorf("checkpoint: restore into %s: %w", dst, err)
+	}
+	err = restoreInto(ctx, store, &m, staging, max(workers, 0), &st)
+	if err == nil {
+		err = swap(staging, dst)
+	}
+	if rmErr := os.RemoveAll(staging); err == nil && rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+		err = fmt.Errorf("checkpoint: remove the old workspace: %w", rmErr)
+	}
+	if err != nil {
+		return Manifest{}, st, err
+	}
+	return m, st, nil
+}
+
+func restoreInto(ctx context.Context, store Store, m *Manifest, dir string, workers int, st *RestoreStats) error {
+	for _, e := range m.Entries {
+		if err := create(dir, &e); err != nil {
+			return err
+		}
+		switch e.Kind {
+		case KindDir:
+			st.Dirs++
+		case KindFile:
+			st.Files++
+			st.Bytes += e.Size
+		case KindSymlink:
+			st.Symlinks++
+		}
+	}
+	if err := fetchChunks(ctx, store, m, dir, workers, st); err != nil {
+		return err
+	}
+	root := os.Geteuid() == 0
+	for i := len(m.Entries) - 1; i >= 0; i-- {
+		if err := finish(dir, &m.Entries[i], root); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// create makes e's directory, symlink or (sized, empty) file. Its parent
+// is a directory this restore made (Manifest.Validate), so nothing is
+// written through a symlink.
+func create(dir string, e *Entry) error {
+	p := filepath.Join(dir, filepath.FromSlash(e.Path))
+	var err error
+	switch e.Kind {
+	case KindDir:
+		err = os.Mkdir(p, 0o700)
+	case KindSymlink:
+		err = os.Symlink(e.Target, p)
+	case KindFile:
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600); err == nil {
+			err = errors.Join(f.Truncate(e.Size), f.Close())
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
+	}
+	return nil
+}
+
+// finish gives e its owner (as root), mode and mtime.
+func finish(dir string, e *Entry, root bool) error {
+	p := filepath.Join(dir, filepath.FromSlash(e.Path))
+	var err error
+	if root {
+		err = os.Lchown(p, int(e.UID), int(e.GID))
+	}
+	if err == nil && e.Kind != KindSymlink {
+		mode := os.FileMode(e.Mode & 0o777)
+		if e.Mode&0o1000 != 0 {
+			mode |= os.ModeSticky
+		}
+		err = os.Chmod(p, mode)
+	}
+	if err == nil {
+		ts := []unix.Timespec{unix.NsecToTimespec(e.MTimeNanos), unix.NsecToTimespec(e.MTimeNanos)}
+		err = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
+	}
+	return nil
+}
+
+// fetchChunks writes every file's chunks into place, each verified.
+func fetchChunks(ctx context.Context, store Store, m *Manifest, dir string, workers int, st *RestoreStats) error {
+	if workers == 0 {
+		workers = 4
+	}
+	c, err := newCodec()
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	g, ctx := errgroup.WithContext(ctx)
+	jobs := make(chan [2]int, workers)
+	var mu sync.Mutex
+	g.Go(func() error {
+		defer close(jobs)
+		for i, e := range m.Entries {
+			for k := range e.Chunks {
+				select {
+				case jobs <- [2]int{i, k}:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		return nil
+	})
+	for range workers {
+		g.Go(func() error {
+			for j := range jobs {
+				fetched, err := fetchChunk(ctx, store, c, m, dir, j[0], j[1])
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				st.Chunks++
+				st.BytesFetched += fetched
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// fetchChunk gets chunk k of entry i, checks it and writes it at its
+// offset; it returns the frame's size.
+func fetchChunk(ctx context.Context, store Store, c *codec, m *Manifest, dir string, i, k int) (int64, error) {
+	e := &m.Entries[i]
+	d := e.Chunks[k]
+	what := fmt.Sprintf("%s chunk %d (%s)", e.Path, k, d)
+	frame, err := store.GetChunk(ctx, d)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: %s: %w", what, err)
+	}
+	want := m.chunkLen(e.Size, k)
+	data, err := c.open(frame, want, what)
+	if err != nil {
+		return 0, err
+	}
+	sum := sha256.Sum256(data)
+	if int64(len(data)) != want || hex.EncodeToString(sum[:]) != d {
+		return 0, refuse(CodeCorrupt, e.Path, "chunk %d: %d bytes with digest %x, want %d bytes with %s", k, len(data), sum, want, d)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, filepath.FromSlash(e.Path)), os.O_WRONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
+	}
+	_, err = f.WriteAt(data, int64(k)*m.ChunkSize)
+	if err = errors.Join(err, f.Close()); err != nil {
+		return 0, fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
+	}
+	return int64(len(frame)), nil
+}
+
+// swap puts staging in dst's place; what was at dst ends at staging.
+func swap(staging, dst string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, staging, unix.AT_FDCWD, dst, unix.RENAME_EXCHANGE)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.ENOENT):
+		if _, statErr := os.Lstat(dst); errors.Is(statErr, os.ErrNotExist) {
+			return os.Rename(staging, dst)
+		}
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		// No exchange here: move the old one aside, then the new in.
+		old := staging + ".old"
+		if err := os.Rename(dst, old); err != nil {
+			return fmt.Errorf("checkpoint: swap in %s: %w", dst, err)
+		}
+		if err := os.Rename(staging, dst); err != nil {
+			return errors.Join(fmt.Errorf("checkpoint: swap in %s: %w", dst, err), os.Rename(old, dst))
+		}
+		return os.Rename(old, staging)
+	}
+	return fmt.Errorf("checkpoint: swap in %s: %w", dst, err)
+}
