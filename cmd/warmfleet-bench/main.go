@@ -71,7 +71,7 @@ the two: on a shared machine the absolute numbers drift, the ratios hold.
 	pf.StringVar(&g.cpLogLevel, "cp-log-level", "info", "control-plane log level (logs go to a file in the bench dir, as warmfleet serve logs to stderr); none to disable")
 	pf.BoolVar(&g.keep, "keep", false, "keep the bench dir (NATS store, logs) instead of removing it")
 	pf.StringVar(&g.storeDir, "store-dir", "", "keep the embedded NATS server's JetStream store under this dir instead of the bench dir, e.g. on another filesystem than agents' journals, as when they are separate machines")
-	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newLogsCmd(g), newArtifactCmd(g), newCPServeCmd(), newFleetSimCmd(), newPlacementSimCmd(g), newJetSyncCmd(g))
+	root.AddCommand(newIntakeCmd(g), newRTTCmd(g), newFleetCmd(g), newE2ECmd(g), newLogsCmd(g), newArtifactCmd(g), newCPServeCmd(), newFleetSimCmd(), newPlacementSimCmd(g), newJetSyncCmd(g), newCheckpointCmd(g))
 	return root
 }
 

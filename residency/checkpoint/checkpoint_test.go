@@ -31,6 +31,7 @@ func sampleWorkspace(t *testing.T, dir string) {
 	must(t, os.WriteFile(filepath.Join(dir, "a/small.txt"), []byte("hello\n"), 0o640))
 	writeRandom(t, rng, filepath.Join(dir, "a/b/c/big.bin"), 3*testChunk+1234)
 	writeRandom(t, rng, filepath.Join(dir, "a/exact.bin"), 2*testChunk)
+	must(t, os.WriteFile(filepath.Join(dir, "a/log.txt"), []byte(strings.Repeat("a line of a log\n", 16000)), 0o644))
 	must(t, os.WriteFile(filepath.Join(dir, "a-b"), []byte("sorts between a and a/"), 0o600))
 	must(t, os.WriteFile(filepath.Join(dir, "suid"), []byte("#!/bin/sh\n"), 0o755))
 	must(t, os.Chmod(filepath.Join(dir, "suid"), 0o755|fs.ModeSetuid|fs.ModeSetgid))
@@ -87,11 +88,17 @@ func TestTakeRestoreRoundTrip(t *testing.T) {
 	if st.SkippedCount != 1 || len(st.Skipped) != 1 || st.Skipped[0] != "fifo" {
 		t.Errorf("skipped %d %v, want the fifo", st.SkippedCount, st.Skipped)
 	}
-	if st.Files != 7 || st.Symlinks != 3 || st.Dirs != 6 {
-		t.Errorf("took %d files, %d symlinks, %d dirs; want 7, 3, 6", st.Files, st.Symlinks, st.Dirs)
+	if st.Files != 8 || st.Symlinks != 3 || st.Dirs != 6 {
+		t.Errorf("took %d files, %d symlinks, %d dirs; want 8, 3, 6", st.Files, st.Symlinks, st.Dirs)
 	}
-	if st.Chunks != 4+2+4 || st.ChunksMoved != st.Chunks || st.Bytes != m.Bytes() {
+	// big.bin 4 chunks, exact.bin 2, log.txt 4, four small files one
+	// each; the log's first three chunks are the same, sent once.
+	if st.Chunks != 4+2+4+4 || st.ChunksMoved != st.Chunks-2 || st.Bytes != m.Bytes() {
 		t.Errorf("chunks %d (moved %d), bytes %d (manifest %d)", st.Chunks, st.ChunksMoved, st.Bytes, m.Bytes())
+	}
+	// The log compresses; the random files cannot.
+	if random := int64(5*testChunk + 1234); st.BytesMoved >= st.Bytes || st.BytesMoved < random {
+		t.Errorf("moved %d bytes of %d (%d of them random)", st.BytesMoved, st.Bytes, random)
 	}
 	want := tree(t, src)
 	dst := filepath.Join(t.TempDir(), "tenant", "restored")
@@ -179,27 +186,29 @@ func TestIncrementalTakeMovesOnlyChanges(t *testing.T) {
 // nothing half-restored is left, and the previous checkpoint restores.
 func TestDamagedCheckpointRefused(t *testing.T) {
 	ctx := ctxT(t)
-	obs := startBucket(t)
+	js := startBucket(t)
 	src := t.TempDir()
 	writeRandom(t, rand.New(rand.NewPCG(5, 6)), filepath.Join(src, "data"), 3*testChunk)
 	for _, tc := range []struct {
 		name   string
-		damage func(s *ObjectStore, digest string, frame []byte) error
+		damage func(s *ObjectStore, digest string, c Chunk) error
 		want   error
 	}{
-		{"other content", func(s *ObjectStore, d string, frame []byte) error {
-			bad := append([]byte(nil), frame...)
+		{"other content", func(s *ObjectStore, d string, c Chunk) error {
+			bad := append([]byte(nil), c.Data...)
 			bad[len(bad)/2] ^= 0xff
-			return s.PutChunk(ctx, d, bad)
+			return s.PutChunk(ctx, d, Chunk{Data: bad})
 		}, ErrCorrupt},
-		{"truncated", func(s *ObjectStore, d string, frame []byte) error { return s.PutChunk(ctx, d, frame[:len(frame)/2]) }, ErrCorrupt},
-		{"unknown encoding", func(s *ObjectStore, d string, frame []byte) error {
-			return s.PutChunk(ctx, d, append([]byte{'X'}, frame[1:]...))
+		{"truncated", func(s *ObjectStore, d string, c Chunk) error {
+			return s.PutChunk(ctx, d, Chunk{Data: c.Data[:len(c.Data)/2]})
 		}, ErrCorrupt},
-		{"missing", func(s *ObjectStore, d string, _ []byte) error { return s.DeleteChunk(ctx, d) }, ErrIncomplete},
+		{"not the encoding it claims", func(s *ObjectStore, d string, c Chunk) error {
+			return s.PutChunk(ctx, d, Chunk{Data: c.Data, Compressed: true})
+		}, ErrCorrupt},
+		{"missing", func(s *ObjectStore, d string, _ Chunk) error { return s.DeleteChunk(ctx, d) }, ErrIncomplete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := sessionStore(t, obs, "acme", strings.ReplaceAll(tc.name, " ", "-"))
+			store := sessionStore(t, js, "acme", strings.ReplaceAll(tc.name, " ", "-"))
 			if _, _, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk}); err != nil {
 				t.Fatal(err)
 			}
@@ -211,9 +220,12 @@ func TestDamagedCheckpointRefused(t *testing.T) {
 			}
 			// Damage the chunk only checkpoint 2 names.
 			d := m.Entries[1].Chunks[0]
-			frame, err := store.GetChunk(ctx, d)
+			c, err := store.GetChunk(ctx, d)
 			must(t, err)
-			must(t, tc.damage(store, d, frame))
+			if c.Compressed || c.Verified {
+				t.Fatalf("a random chunk in one message came back compressed %v, verified %v", c.Compressed, c.Verified)
+			}
+			must(t, tc.damage(store, d, c))
 			parent := t.TempDir()
 			dst := filepath.Join(parent, "ws")
 			must(t, os.Mkdir(dst, 0o700))
@@ -238,9 +250,9 @@ func TestDamagedCheckpointRefused(t *testing.T) {
 
 func TestPruneKeepsNewest(t *testing.T) {
 	ctx := ctxT(t)
-	obs := startBucket(t)
-	store := sessionStore(t, obs, "acme", "s1")
-	other := sessionStore(t, obs, "acme", "s2")
+	js := startBucket(t)
+	store := sessionStore(t, js, "acme", "s1")
+	other := sessionStore(t, js, "acme", "s2")
 	src := t.TempDir()
 	rng := rand.New(rand.NewPCG(7, 8))
 	var prev *Manifest
@@ -256,7 +268,7 @@ func TestPruneKeepsNewest(t *testing.T) {
 	if _, _, err := Take(ctx, src, other, 1, Options{ChunkSize: testChunk}); err != nil {
 		t.Fatal(err)
 	}
-	must(t, store.PutChunk(ctx, strings.Repeat("ab", 32), []byte("Rorphan of a failed take")))
+	must(t, store.PutChunk(ctx, strings.Repeat("ab", 32), Chunk{Data: []byte("orphan of a failed take")}))
 	st, err := Prune(ctx, store, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -282,5 +294,35 @@ func TestPruneKeepsNewest(t *testing.T) {
 	}
 	if _, err := Prune(ctx, store, 0); err == nil {
 		t.Error("prune keeping none was allowed")
+	}
+}
+
+// TestChunksOverOneMessage: a chunk larger than a message is stored in
+// several, read through ObjectStore.Get (which checks the object's own
+// digest, so the chunk comes Verified), and damage is still found.
+func TestChunksOverOneMessage(t *testing.T) {
+	ctx := ctxT(t)
+	store := sessionStore(t, startBucket(t), "acme", "s1")
+	store.maxMessage = 4096
+	src := t.TempDir()
+	writeRandom(t, rand.New(rand.NewPCG(9, 10)), filepath.Join(src, "data"), 2*testChunk)
+	m, _, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := m.Entries[0].Chunks[1]
+	c, err := store.GetChunk(ctx, d)
+	if err != nil || !c.Verified || c.Compressed || len(c.Data) != testChunk {
+		t.Fatalf("chunk over several messages: %d bytes, verified %v, compressed %v, %v", len(c.Data), c.Verified, c.Compressed, err)
+	}
+	dst := filepath.Join(t.TempDir(), "ws")
+	if _, _, err := Restore(ctx, store, 1, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	sameTree(t, tree(t, src), tree(t, dst))
+	c.Data[0] ^= 1
+	must(t, store.PutChunk(ctx, d, c))
+	if _, _, err := Restore(ctx, store, 1, filepath.Join(t.TempDir(), "ws"), 0); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("restore of a damaged chunk over several messages: %v, want %v", err, ErrCorrupt)
 	}
 }

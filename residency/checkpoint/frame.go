@@ -4,16 +4,19 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// A stored chunk or manifest is a frame: one byte naming its encoding,
-// then the bytes. Content that zstd does not shrink by an eighth is kept
-// raw, so incompressible data (model weights, archives) costs no decode.
-const (
-	frameRaw  byte = 'R'
-	frameZstd byte = 'Z'
-)
+// Chunk is a chunk as a Store keeps it: its bytes, zstd-compressed where
+// that shrinks them by an eighth (incompressible data, such as model
+// weights or archives, is kept as it is and costs no decode). Verified
+// says the store itself checked, while reading, that Data hash to the
+// digest the chunk is named by, so Restore need not hash them again.
+type Chunk struct {
+	Data       []byte
+	Compressed bool
+	Verified   bool
+}
 
-// codec seals and opens frames. Its encoder and decoder are safe for
-// concurrent use (EncodeAll and DecodeAll).
+// codec seals and opens chunks and manifests. Its encoder and decoder are
+// safe for concurrent use (EncodeAll and DecodeAll).
 type codec struct {
 	enc *zstd.Encoder
 	dec *zstd.Decoder
@@ -37,40 +40,46 @@ func (c *codec) close() {
 	c.dec.Close()
 }
 
-// seal frames data, compressed where that pays.
-func (c *codec) seal(data []byte) []byte {
-	z := c.enc.EncodeAll(data, make([]byte, 1, 1+len(data)/2))
-	if len(z)-1 < len(data)-len(data)/8 {
-		z[0] = frameZstd
-		return z
+// probeBytes is the sample seal compresses first: data whose first
+// probeBytes do not shrink is kept raw without compressing the rest.
+const probeBytes = 64 << 10
+
+// seal makes data a Chunk, compressed where that pays.
+func (c *codec) seal(data []byte) Chunk {
+	if len(data) > 2*probeBytes && !c.shrinks(data[:probeBytes]) {
+		return Chunk{Data: data}
 	}
-	return append([]byte{frameRaw}, data...)
+	z := c.enc.EncodeAll(data, make([]byte, 0, len(data)/2))
+	if len(z) < len(data)-len(data)/8 {
+		return Chunk{Data: z, Compressed: true}
+	}
+	return Chunk{Data: data}
 }
 
-// open returns a frame's content, refusing more than limit bytes.
-func (c *codec) open(frame []byte, limit int64, what string) ([]byte, error) {
-	if len(frame) == 0 {
-		return nil, refuse(CodeCorrupt, what, "empty frame")
+// shrinks reports whether zstd saves an eighth of sample.
+func (c *codec) shrinks(sample []byte) bool {
+	z := c.enc.EncodeAll(sample, make([]byte, 0, len(sample)))
+	return len(z) < len(sample)-len(sample)/8
+}
+
+// open returns a chunk's content, refusing more than limit bytes.
+func (c *codec) open(ch Chunk, limit int64, what string) ([]byte, error) {
+	if !ch.Compressed {
+		if int64(len(ch.Data)) > limit {
+			return nil, refuse(CodeCorrupt, what, "%d bytes, more than the %d expected", len(ch.Data), limit)
+		}
+		return ch.Data, nil
 	}
-	switch frame[0] {
-	case frameRaw:
-		if int64(len(frame)-1) > limit {
-			return nil, refuse(CodeCorrupt, what, "%d bytes, more than the %d expected", len(frame)-1, limit)
-		}
-		return frame[1:], nil
-	case frameZstd:
-		var head zstd.Header
-		if err := head.Decode(frame[1:]); err == nil && head.HasFCS && head.FrameContentSize > uint64(limit) {
-			return nil, refuse(CodeCorrupt, what, "%d bytes, more than the %d expected", head.FrameContentSize, limit)
-		}
-		out, err := c.dec.DecodeAll(frame[1:], nil)
-		if err != nil {
-			return nil, refuse(CodeCorrupt, what, "does not decompress: %v", err)
-		}
-		if int64(len(out)) > limit {
-			return nil, refuse(CodeCorrupt, what, "%d bytes, more than the %d expected", len(out), limit)
-		}
-		return out, nil
+	var head zstd.Header
+	if err := head.Decode(ch.Data); err == nil && head.HasFCS && head.FrameContentSize > uint64(limit) {
+		return nil, refuse(CodeCorrupt, what, "%d bytes, more than the %d expected", head.FrameContentSize, limit)
 	}
-	return nil, refuse(CodeCorrupt, what, "unknown frame encoding %q", frame[0])
+	out, err := c.dec.DecodeAll(ch.Data, nil)
+	if err != nil {
+		return nil, refuse(CodeCorrupt, what, "does not decompress: %v", err)
+	}
+	if int64(len(out)) > limit {
+		return nil, refuse(CodeCorrupt, what, "%d bytes, more than the %d expected", len(out), limit)
+	}
+	return out, nil
 }

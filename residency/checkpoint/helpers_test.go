@@ -25,9 +25,9 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// startBucket starts an embedded nats-server and returns a checkpoint
-// bucket in it.
-func startBucket(t testing.TB) jetstream.ObjectStore {
+// startBucket starts an embedded nats-server with a checkpoint bucket and
+// returns its JetStream.
+func startBucket(t testing.TB) jetstream.JetStream {
 	t.Helper()
 	e, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir(), Port: -1, MaxPayload: 8 << 20})
 	if err != nil {
@@ -43,16 +43,17 @@ func startBucket(t testing.TB) jetstream.ObjectStore {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs, err := js.CreateObjectStore(ctxT(t), jetstream.ObjectStoreConfig{Bucket: "wf_checkpoints", Storage: jetstream.FileStorage})
-	if err != nil {
+	if _, err := js.CreateObjectStore(ctxT(t), jetstream.ObjectStoreConfig{Bucket: testBucket, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatal(err)
 	}
-	return obs
+	return js
 }
 
-func sessionStore(t testing.TB, obs jetstream.ObjectStore, tenant, session string) *ObjectStore {
+const testBucket = "wf_checkpoints"
+
+func sessionStore(t testing.TB, js jetstream.JetStream, tenant, session string) *ObjectStore {
 	t.Helper()
-	s, err := NewObjectStore(obs, tenant, session)
+	s, err := NewObjectStore(ctxT(t), js, testBucket, tenant, session)
 	if err != nil {
 		t.Fatal(err)
 	}

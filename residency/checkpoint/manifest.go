@@ -25,7 +25,7 @@ const (
 	Version          = 1
 	MinChunkSize     = 64 << 10
 	MaxChunkSize     = 64 << 20
-	DefaultChunkSize = 4 << 20
+	DefaultChunkSize = 1 << 20
 	MaxEntries       = 1 << 20
 	MaxManifestBytes = 256 << 20
 	maxPathBytes     = 4096

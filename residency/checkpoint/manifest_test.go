@@ -93,7 +93,7 @@ func TestHostileManifestWritesNothing(t *testing.T) {
 	c, err := newCodec()
 	must(t, err)
 	defer c.close()
-	must(t, store.PutManifest(ctx, 1, c.seal(b)))
+	must(t, store.PutManifest(ctx, 1, c.enc.EncodeAll(b, nil)))
 	parent := t.TempDir()
 	if _, _, err := Restore(ctx, store, 1, filepath.Join(parent, "ws"), 0); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("restore: %v, want %v", err, ErrInvalid)

@@ -2,30 +2,27 @@ package checkpoint
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 
-	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )
 
 // RestoreStats says what a restore wrote and fetched.
 type RestoreStats struct {
 	Files, Dirs, Symlinks int
-	// Bytes are the file bytes written; BytesFetched the frames read.
+	// Bytes are the file bytes written; BytesFetched the chunks read, as
+	// stored.
 	Bytes, BytesFetched int64
 	Chunks              int
 }
 
 // Load reads and validates manifest seq from store.
 func Load(ctx context.Context, store Store, seq uint64) (Manifest, error) {
-	frame, err := store.GetManifest(ctx, seq)
+	z, err := store.GetManifest(ctx, seq)
 	if err != nil {
 		return Manifest{}, err
 	}
@@ -34,7 +31,7 @@ func Load(ctx context.Context, store Store, seq uint64) (Manifest, error) {
 		return Manifest{}, err
 	}
 	defer c.close()
-	b, err := c.open(frame, MaxManifestBytes, fmt.Sprintf("manifest %d", seq))
+	b, err := c.open(Chunk{Data: z, Compressed: true}, MaxManifestBytes, fmt.Sprintf("manifest %d", seq))
 	if err != nil {
 		return Manifest{}, err
 	}
@@ -105,7 +102,7 @@ func restoreInto(ctx context.Context, store Store, m *Manifest, dir string, work
 	return nil
 }
 
-// create makes e's directory, symlink or (sized, empty) file. Its parent
+// create makes e's directory, symlink or empty file. Its parent
 // is a directory this restore made (Manifest.Validate), so nothing is
 // written through a symlink.
 func create(dir string, e *Entry) error {
@@ -119,7 +116,7 @@ func create(dir string, e *Entry) error {
 	case KindFile:
 		var f *os.File
 		if f, err = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600); err == nil {
-			err = errors.Join(f.Truncate(e.Size), f.Close())
+			err = f.Close()
 		}
 	}
 	if err != nil {
@@ -150,80 +147,6 @@ func finish(dir string, e *Entry, root bool) error {
 		return fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
 	}
 	return nil
-}
-
-// fetchChunks writes every file's chunks into place, each verified.
-func fetchChunks(ctx context.Context, store Store, m *Manifest, dir string, workers int, st *RestoreStats) error {
-	if workers == 0 {
-		workers = 4
-	}
-	c, err := newCodec()
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	g, ctx := errgroup.WithContext(ctx)
-	jobs := make(chan [2]int, workers)
-	var mu sync.Mutex
-	g.Go(func() error {
-		defer close(jobs)
-		for i, e := range m.Entries {
-			for k := range e.Chunks {
-				select {
-				case jobs <- [2]int{i, k}:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-		}
-		return nil
-	})
-	for range workers {
-		g.Go(func() error {
-			for j := range jobs {
-				fetched, err := fetchChunk(ctx, store, c, m, dir, j[0], j[1])
-				if err != nil {
-					return err
-				}
-				mu.Lock()
-				st.Chunks++
-				st.BytesFetched += fetched
-				mu.Unlock()
-			}
-			return nil
-		})
-	}
-	return g.Wait()
-}
-
-// fetchChunk gets chunk k of entry i, checks it and writes it at its
-// offset; it returns the frame's size.
-func fetchChunk(ctx context.Context, store Store, c *codec, m *Manifest, dir string, i, k int) (int64, error) {
-	e := &m.Entries[i]
-	d := e.Chunks[k]
-	what := fmt.Sprintf("%s chunk %d (%s)", e.Path, k, d)
-	frame, err := store.GetChunk(ctx, d)
-	if err != nil {
-		return 0, fmt.Errorf("checkpoint: %s: %w", what, err)
-	}
-	want := m.chunkLen(e.Size, k)
-	data, err := c.open(frame, want, what)
-	if err != nil {
-		return 0, err
-	}
-	sum := sha256.Sum256(data)
-	if int64(len(data)) != want || hex.EncodeToString(sum[:]) != d {
-		return 0, refuse(CodeCorrupt, e.Path, "chunk %d: %d bytes with digest %x, want %d bytes with %s", k, len(data), sum, want, d)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, filepath.FromSlash(e.Path)), os.O_WRONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return 0, fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
-	}
-	_, err = f.WriteAt(data, int64(k)*m.ChunkSize)
-	if err = errors.Join(err, f.Close()); err != nil {
-		return 0, fmt.Errorf("checkpoint: restore %s: %w", e.Path, err)
-	}
-	return int64(len(frame)), nil
 }
 
 // swap puts staging in dst's place; what was at dst ends at staging.

@@ -3,16 +3,15 @@ package checkpoint
 import "context"
 
 // Store keeps one session's checkpoints: chunks by digest (lowercase hex
-// SHA-256 of their content), manifests by sequence. What it holds are
-// frames; Take and Restore seal and open them. A checkpoint exists once its
-// manifest does: Take puts every chunk first.
+// SHA-256 of their content), manifests (compressed) by sequence. A
+// checkpoint exists once its manifest does: Take puts every chunk first.
 type Store interface {
 	HasChunk(ctx context.Context, digest string) (bool, error)
-	PutChunk(ctx context.Context, digest string, frame []byte) error
+	PutChunk(ctx context.Context, digest string, c Chunk) error
 	// GetChunk and GetManifest answer an *Error of CodeIncomplete for one
 	// the store does not hold.
-	GetChunk(ctx context.Context, digest string) ([]byte, error)
-	PutManifest(ctx context.Context, seq uint64, frame []byte) error
+	GetChunk(ctx context.Context, digest string) (Chunk, error)
+	PutManifest(ctx context.Context, seq uint64, data []byte) error
 	GetManifest(ctx context.Context, seq uint64) ([]byte, error)
 	// Sequences lists the manifests held, ascending; Chunks the chunks.
 	Sequences(ctx context.Context) ([]uint64, error)

@@ -40,8 +40,8 @@ type TakeStats struct {
 	Bytes, BytesRead int64
 	// Chunks the manifest names; ChunksMoved those the store lacked.
 	Chunks, ChunksMoved int
-	// BytesMoved is what was sent to the store: the new chunks' frames
-	// and the manifest's.
+	// BytesMoved is what was sent to the store: the new chunks (as
+	// stored, compressed where that paid) and the manifest.
 	BytesMoved int64
 }
 
@@ -82,11 +82,11 @@ func Take(ctx context.Context, root string, store Store, seq uint64, opt Options
 	if err != nil {
 		return Manifest{}, st, err
 	}
-	frame := c.seal(b)
-	if err := store.PutManifest(ctx, seq, frame); err != nil {
+	z := c.enc.EncodeAll(b, nil)
+	if err := store.PutManifest(ctx, seq, z); err != nil {
 		return Manifest{}, st, fmt.Errorf("checkpoint: put manifest %d: %w", seq, err)
 	}
-	st.BytesMoved += int64(len(frame))
+	st.BytesMoved += int64(len(z))
 	return m, st, nil
 }
 
@@ -258,11 +258,11 @@ func putChunk(ctx context.Context, store Store, c *codec, digest string, data []
 	if err != nil || has {
 		return 0, err
 	}
-	frame := c.seal(data)
-	if err := store.PutChunk(ctx, digest, frame); err != nil {
+	ch := c.seal(data)
+	if err := store.PutChunk(ctx, digest, ch); err != nil {
 		return 0, fmt.Errorf("checkpoint: put chunk %s: %w", digest, err)
 	}
-	return int64(len(frame)), nil
+	return int64(len(ch.Data)), nil
 }
 
 // readFile cuts the regular file at p into chunks sent on jobs, and
