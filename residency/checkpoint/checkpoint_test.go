@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -276,8 +277,8 @@ func TestPruneKeepsNewest(t *testing.T) {
 	if seqs, _ := store.Sequences(ctx); len(seqs) != 2 || seqs[0] != 3 || seqs[1] != 4 {
 		t.Errorf("kept %v, want [3 4]", seqs)
 	}
-	if st.Manifests != 2 || st.Chunks != 2*2+1 {
-		t.Errorf("pruned %+v, want 2 manifests and 5 chunks (two each, and the orphan)", st)
+	if st.Manifests != 2 || st.Chunks != 2*3+1 {
+		t.Errorf("pruned %+v, want 2 manifests and 7 chunks (two of its file and a manifest piece each, and the orphan)", st)
 	}
 	for _, seq := range []uint64{3, 4} {
 		dst := filepath.Join(t.TempDir(), "ws")
@@ -324,5 +325,37 @@ func TestChunksOverOneMessage(t *testing.T) {
 	must(t, store.PutChunk(ctx, d, c))
 	if _, _, err := Restore(ctx, store, 1, filepath.Join(t.TempDir(), "ws"), 0); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("restore of a damaged chunk over several messages: %v, want %v", err, ErrCorrupt)
+	}
+}
+
+// TestManifestInPieces: a manifest larger than a chunk is stored in
+// pieces and read back whole; a damaged record or a missing piece is
+// refused with its code.
+func TestManifestInPieces(t *testing.T) {
+	ctx := ctxT(t)
+	store := sessionStore(t, startBucket(t), "acme", "s1")
+	src := t.TempDir()
+	for i := range 3000 {
+		must(t, os.WriteFile(filepath.Join(src, fmt.Sprintf("f%05d", i)), []byte(fmt.Sprint(i)), 0o600))
+	}
+	if _, _, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk}); err != nil {
+		t.Fatal(err)
+	}
+	ix, err := loadIndex(ctx, store, 1)
+	if err != nil || len(ix.Pieces) < 2 {
+		t.Fatalf("manifest of 3000 files in %d pieces (%v), want several", len(ix.Pieces), err)
+	}
+	dst := filepath.Join(t.TempDir(), "ws")
+	if _, _, err := Restore(ctx, store, 1, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	sameTree(t, tree(t, src), tree(t, dst))
+	must(t, store.DeleteChunk(ctx, ix.Pieces[1]))
+	if _, err := Load(ctx, store, 1); !errors.Is(err, ErrIncomplete) {
+		t.Errorf("a missing manifest piece: %v, want %v", err, ErrIncomplete)
+	}
+	must(t, store.PutManifest(ctx, 1, []byte(`{"manifest_pieces":["nope"],"manifest_bytes":4}`)))
+	if _, err := Load(ctx, store, 1); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a damaged record: %v, want %v", err, ErrCorrupt)
 	}
 }

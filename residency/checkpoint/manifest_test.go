@@ -89,11 +89,12 @@ func TestHostileManifestWritesNothing(t *testing.T) {
 		{Path: "escape", Kind: KindSymlink, Target: outside},
 		{Path: "escape/owned", Kind: KindFile, Size: 1, Chunks: []string{digestA}},
 	}}
-	b, _ := json.Marshal(m)
 	c, err := newCodec()
 	must(t, err)
 	defer c.close()
-	must(t, store.PutManifest(ctx, 1, c.enc.EncodeAll(b, nil)))
+	if _, err := putManifest(ctx, store, c, &m, 1, MinChunkSize); err != nil {
+		t.Fatal(err)
+	}
 	parent := t.TempDir()
 	if _, _, err := Restore(ctx, store, 1, filepath.Join(parent, "ws"), 0); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("restore: %v, want %v", err, ErrInvalid)

@@ -47,6 +47,13 @@ func Prune(ctx context.Context, store Store, keep int) (PruneStats, error) {
 				named[c] = true
 			}
 		}
+		ix, err := loadIndex(ctx, store, seq)
+		if err != nil {
+			return st, fmt.Errorf("checkpoint: prune: %w", err)
+		}
+		for _, p := range ix.Pieces {
+			named[p] = true
+		}
 	}
 	chunks, err := store.Chunks(ctx)
 	if err != nil {

@@ -20,28 +20,6 @@ type RestoreStats struct {
 	Chunks              int
 }
 
-// Load reads and validates manifest seq from store.
-func Load(ctx context.Context, store Store, seq uint64) (Manifest, error) {
-	z, err := store.GetManifest(ctx, seq)
-	if err != nil {
-		return Manifest{}, err
-	}
-	c, err := newCodec()
-	if err != nil {
-		return Manifest{}, err
-	}
-	defer c.close()
-	b, err := c.open(Chunk{Data: z, Compressed: true}, MaxManifestBytes, fmt.Sprintf("manifest %d", seq))
-	if err != nil {
-		return Manifest{}, err
-	}
-	m, err := DecodeManifest(b)
-	if err != nil {
-		return Manifest{}, fmt.Errorf("manifest %d: %w", seq, err)
-	}
-	return m, nil
-}
-
 // Restore replaces the workspace at dst with checkpoint seq. Everything is
 // written into a staging directory beside dst, every chunk checked against
 // its digest and size; only a whole restore takes dst's place (an atomic

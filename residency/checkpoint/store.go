@@ -3,8 +3,9 @@ package checkpoint
 import "context"
 
 // Store keeps one session's checkpoints: chunks by digest (lowercase hex
-// SHA-256 of their content), manifests (compressed) by sequence. A
-// checkpoint exists once its manifest does: Take puts every chunk first.
+// SHA-256 of their content), and each checkpoint's record (record.go: a
+// small index of its manifest's pieces, which are chunks) by sequence. A
+// checkpoint exists once its record does: Take puts every chunk first.
 type Store interface {
 	HasChunk(ctx context.Context, digest string) (bool, error)
 	PutChunk(ctx context.Context, digest string, c Chunk) error

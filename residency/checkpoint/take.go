@@ -78,15 +78,11 @@ func Take(ctx context.Context, root string, store Store, seq uint64, opt Options
 	if err := m.Validate(); err != nil {
 		return Manifest{}, st, fmt.Errorf("checkpoint: %s: %w", root, err)
 	}
-	b, err := m.Encode()
+	sent, err := putManifest(ctx, store, c, &m, seq, m.ChunkSize)
+	st.BytesMoved += sent
 	if err != nil {
 		return Manifest{}, st, err
 	}
-	z := c.enc.EncodeAll(b, nil)
-	if err := store.PutManifest(ctx, seq, z); err != nil {
-		return Manifest{}, st, fmt.Errorf("checkpoint: put manifest %d: %w", seq, err)
-	}
-	st.BytesMoved += int64(len(z))
 	return m, st, nil
 }
 
