@@ -30,6 +30,10 @@ const (
 	// ObjectBucketArtifacts is the object store bucket holding artifact
 	// content put through the control plane (the embedded default source).
 	ObjectBucketArtifacts = "wf_artifact_content"
+	// ObjectBucketCheckpoints holds sessions' workspace checkpoints
+	// (residency/checkpoint), written and read only by the control plane
+	// for the node that holds a session's lease.
+	ObjectBucketCheckpoints = "wf_checkpoints"
 	// BucketArtifactGrants holds one-time artifact logins
 	// (schemas.ArtifactGrant) by the SHA-256 of their token.
 	BucketArtifactGrants = "wf_artifact_grants"
@@ -213,6 +217,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) error {
 func (t Topology) ObjectStoreConfigs() []jetstream.ObjectStoreConfig {
 	return []jetstream.ObjectStoreConfig{
 		{Bucket: ObjectBucketArtifacts, Description: "artifact content; each object verified by its SHA-256 digest", Storage: jetstream.FileStorage, Replicas: max(t.Replicas, 1)},
+		{Bucket: ObjectBucketCheckpoints, Description: "sessions' workspace checkpoints: chunks by digest, records by sequence, under <tenant>/<session>/", Storage: jetstream.FileStorage, Replicas: max(t.Replicas, 1)},
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -153,6 +154,9 @@ var sentinelCodes = []struct {
 	{ErrNotResident, CodeNotResident},
 	{ErrReleaseAborted, CodeReleaseAbort},
 	{ErrClosed, CodeClosed},
+	{checkpoint.ErrInvalid, Code(checkpoint.CodeInvalid)},
+	{checkpoint.ErrCorrupt, Code(checkpoint.CodeCorrupt)},
+	{checkpoint.ErrIncomplete, Code(checkpoint.CodeIncomplete)},
 }
 
 // codeOf is the code of the first sentinel in sentinelCodes that err

@@ -2,7 +2,6 @@ package residency
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -42,8 +42,14 @@ var ErrServiceUnavailable = errors.New("residency: control plane residency servi
 // call asks the control plane for op on this node's subject and returns
 // its answer, or the error its reply carried (matching its sentinel).
 func call[R any](ctx context.Context, r *Remote, op schemas.ResidencyOp, body any) (R, error) {
+	return callIn[R](ctx, r, op, body, codec.JSON)
+}
+
+// callIn is call with the body in enc; the answer comes in the encoding
+// the control plane chose, which its Content-Type names.
+func callIn[R any](ctx context.Context, r *Remote, op schemas.ResidencyOp, body any, enc codec.Encoding) (R, error) {
 	var out R
-	b, err := json.Marshal(body)
+	b, err := codec.Encode(enc, body)
 	if err != nil {
 		return out, err
 	}
@@ -53,13 +59,13 @@ func call[R any](ctx context.Context, r *Remote, op schemas.ResidencyOp, body an
 	}
 	ctx, cancel := context.WithTimeout(ctx, t)
 	defer cancel()
-	msg := &nats.Msg{Subject: bus.NodeResidencyService(r.NodeID, string(op)), Data: b, Header: nats.Header{"Content-Type": []string{"application/json"}}}
+	msg := &nats.Msg{Subject: bus.NodeResidencyService(r.NodeID, string(op)), Data: b, Header: nats.Header{codec.ContentTypeHeader: []string{enc.ContentType()}}}
 	resp, err := r.NC.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return out, fmt.Errorf("%w: %s: %w", ErrServiceUnavailable, op, err)
 	}
 	var rep schemas.ResidencyReply[R]
-	if err := json.Unmarshal(resp.Data, &rep); err != nil {
+	if err := codec.Decode(codec.Detect(resp.Header, resp.Data), resp.Data, &rep); err != nil {
 		return out, fmt.Errorf("%w: %s: malformed reply: %w", ErrServiceUnavailable, op, err)
 	}
 	if rep.Error != nil {

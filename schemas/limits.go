@@ -66,7 +66,8 @@ var nodeFieldLimits = map[string]int{
 	"gpus":        MaxGPUCount,
 	"devices":     1024,
 	"spec_dirs":   64,
-	// A session host's sessions.
+	// A session host's sessions, and its checkpoints' bytes.
+	"data":        MaxCheckpointPieceBytes,
 	"residencies": MaxKeepItems,
 	"released":    MaxKeepItems,
 	"gone":        MaxKeepItems,

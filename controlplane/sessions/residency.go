@@ -50,9 +50,16 @@ func (st *stores) residencyEndpoints(log *zap.Logger) []requests.Endpoint {
 // matches to the same sentinel (residency.ErrorFromWire). A body that does
 // not decode as a T is refused residency.ErrInvalidRequest.
 func residencyServer[T, R any, PT validated[T]](op schemas.ResidencyOp, body string, answer func(ctx context.Context, node string, req T) (R, error), log *zap.Logger) *requests.Server[T, schemas.ResidencyReply[R]] {
+	return residencyServerIn[T, R, PT](op, body, true, answer, log)
+}
+
+// residencyServerIn is residencyServer answering in JSON when json is set,
+// else in the request's own encoding (a checkpoint's msgpack, whose chunk
+// bytes JSON would grow by a third).
+func residencyServerIn[T, R any, PT validated[T]](op schemas.ResidencyOp, body string, json bool, answer func(ctx context.Context, node string, req T) (R, error), log *zap.Logger) *requests.Server[T, schemas.ResidencyReply[R]] {
 	malformed := "body is not a " + body
 	return &requests.Server[T, schemas.ResidencyReply[R]]{
-		Subject: bus.NodeResidencyService("*", string(op)), What: "residency request", Malformed: malformed, JSON: true, Log: log,
+		Subject: bus.NodeResidencyService("*", string(op)), What: "residency request", Malformed: malformed, JSON: json, Log: log,
 		Validate: func(req *T) error { return PT(req).Validate() },
 		Pool:     keyed.PoolOptions{Workers: maxInFlight, Queue: 4 * maxInFlight},
 		Answer: func(ctx context.Context, subject string, req T) schemas.ResidencyReply[R] {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -44,6 +45,9 @@ func FuzzResidencyRequest(f *testing.F) {
 	fuzzServer[schemas.ResidencyTombstoneRequest](o, schemas.ResidencyRouteTombstone, "ResidencyTombstoneRequest")
 	fuzzServer[schemas.ResidencyKeyRequest](o, schemas.ResidencyStateLoad, "ResidencyKeyRequest")
 	fuzzServer[schemas.SessionCheckpoint](o, schemas.ResidencyStateCheckpoint, "SessionCheckpoint")
+	for _, op := range []schemas.ResidencyOp{schemas.ResidencyChunkHas, schemas.ResidencyChunkPut, schemas.ResidencyChunkGet, schemas.ResidencyRecordPut, schemas.ResidencyRecordGet} {
+		fuzzServer[schemas.CheckpointRequest](o, op, "CheckpointRequest")
+	}
 	key := schemas.SessionKey{Tenant: "acme", Session: "s-1"}
 	for i, body := range []any{
 		schemas.ResidencyKeyRequest{Key: key, Token: "t-1"},
@@ -61,6 +65,18 @@ func FuzzResidencyRequest(f *testing.F) {
 		f.Add(uint8(i), b)
 	}
 	f.Add(uint8(3), []byte(`{"tenant":"acme","gpus":["a","b"],"colour":"red"}`))
+	digest := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for i, body := range []schemas.CheckpointRequest{
+		{Key: key, Epoch: 2, Digest: digest},
+		{Key: key, Epoch: 2, Digest: digest, Data: []byte("chunk bytes"), Compressed: true},
+		{Key: key, Epoch: 2, Sequence: 4, Data: []byte(`{"manifest_pieces":[]}`)},
+	} {
+		b, err := codec.Encode(codec.MsgPack, body)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(uint8(7+i), b)
+	}
 	f.Fuzz(func(t *testing.T, op uint8, body []byte) {
 		i := int(op) % len(o.ops)
 		o.failed = nil

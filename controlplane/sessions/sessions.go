@@ -21,6 +21,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/requests"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -125,14 +126,20 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sessions: placements: %w", err)
 	}
+	bucket, err := checkpoint.OpenObjectBucket(ctx, s.conn.JS, bus.ObjectBucketCheckpoints)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
 	st := &stores{leases: leases, locations: locs, durable: durable, placements: placements{kv: leasesKV, now: s.now}}
+	cps := &checkpoints{leases: leases, bucket: bucket, now: s.now}
 	ctx, cancel := context.WithCancel(ctx)
 	// wg owns every server's workers. An operator's attach may wait
 	// minutes on an image pull, so each of those requests gets a goroutine
 	// of its own (operatorServer); agents' requests go to each operation's
 	// pool (residencyServer).
 	var wg sync.WaitGroup
-	stopAll, err := requests.Serve(ctx, &wg, s.conn.NC, append(st.residencyEndpoints(s.log.Named("residency-service")),
+	endpoints := append(st.residencyEndpoints(s.log.Named("residency-service")), cps.endpoints(s.log.Named("checkpoint-service"))...)
+	stopAll, err := requests.Serve(ctx, &wg, s.conn.NC, append(endpoints,
 		s.operatorServer(bus.SubjectSessionAttach, func(ctx context.Context, _ string, req schemas.SessionRequest) schemas.SessionReply {
 			return s.attach(ctx, st, req)
 		}),

@@ -53,7 +53,11 @@ const testBucket = "wf_checkpoints"
 
 func sessionStore(t testing.TB, js jetstream.JetStream, tenant, session string) *ObjectStore {
 	t.Helper()
-	s, err := NewObjectStore(ctxT(t), js, testBucket, tenant, session)
+	b, err := OpenObjectBucket(ctxT(t), js, testBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.Session(tenant, session)
 	if err != nil {
 		t.Fatal(err)
 	}

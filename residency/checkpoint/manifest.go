@@ -159,7 +159,7 @@ func (m *Manifest) validEntry(e *Entry) error {
 			return refuse(CodeInvalid, e.Path, "%d chunks for %d bytes: want %d", len(e.Chunks), e.Size, want)
 		}
 		for _, c := range e.Chunks {
-			if !validDigest(c) {
+			if !ValidDigest(c) {
 				return refuse(CodeInvalid, e.Path, "chunk %q is not a lowercase hex SHA-256", c)
 			}
 		}
@@ -186,7 +186,8 @@ func validPath(p string) error {
 	return nil
 }
 
-func validDigest(s string) bool {
+// ValidDigest reports whether s names a chunk: lowercase hex SHA-256.
+func ValidDigest(s string) bool {
 	if len(s) != 64 {
 		return false
 	}

@@ -29,24 +29,24 @@ import (
 // of ObjectStore.Get, which creates a consumer for every object: for a
 // restore of many 1 MiB chunks that was most of its time.
 type ObjectStore struct {
+	*ObjectBucket
+	prefix string
+}
+
+// ObjectBucket is a checkpoint bucket, opened once for every session's
+// store in it.
+type ObjectBucket struct {
 	obs    jetstream.ObjectStore
 	stream jetstream.Stream
 	bucket string
-	prefix string
 	// maxMessage is the largest message the connection may publish.
 	maxMessage int64
 }
 
-var _ Store = (*ObjectStore)(nil)
+var _ PruneStore = (*ObjectStore)(nil)
 
-// NewObjectStore is the session tenant/session's store in bucket, which
-// must exist.
-func NewObjectStore(ctx context.Context, js jetstream.JetStream, bucket, tenant, session string) (*ObjectStore, error) {
-	for _, part := range []string{tenant, session} {
-		if part == "" || strings.ContainsAny(part, "/.*> \t\n") {
-			return nil, fmt.Errorf("checkpoint: store name %q: a tenant or session id, not empty, no '/', '.', '*', '>' or space", part)
-		}
-	}
+// OpenObjectBucket opens bucket, which must exist.
+func OpenObjectBucket(ctx context.Context, js jetstream.JetStream, bucket string) (*ObjectBucket, error) {
 	obs, err := js.ObjectStore(ctx, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: bucket %s: %w", bucket, err)
@@ -55,8 +55,17 @@ func NewObjectStore(ctx context.Context, js jetstream.JetStream, bucket, tenant,
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: bucket %s: %w", bucket, err)
 	}
-	return &ObjectStore{obs: obs, stream: stream, bucket: bucket, prefix: tenant + "/" + session + "/",
-		maxMessage: js.Conn().MaxPayload()}, nil
+	return &ObjectBucket{obs: obs, stream: stream, bucket: bucket, maxMessage: js.Conn().MaxPayload()}, nil
+}
+
+// Session is the store of session tenant/session in the bucket.
+func (b *ObjectBucket) Session(tenant, session string) (*ObjectStore, error) {
+	for _, part := range []string{tenant, session} {
+		if part == "" || strings.ContainsAny(part, "/.*> \t\n") {
+			return nil, fmt.Errorf("checkpoint: store name %q: a tenant or session id, not empty, no '/', '.', '*', '>' or space", part)
+		}
+	}
+	return &ObjectStore{ObjectBucket: b, prefix: tenant + "/" + session + "/"}, nil
 }
 
 func (s *ObjectStore) chunk(d string) string      { return s.prefix + "c/" + d }

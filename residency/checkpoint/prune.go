@@ -15,7 +15,7 @@ type PruneStats struct {
 // checkpoints, and any a failed Take left). It must not run beside a Take
 // of the same session, whose chunks no manifest names yet: the lease
 // holder runs both, one after the other.
-func Prune(ctx context.Context, store Store, keep int) (PruneStats, error) {
+func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) {
 	var st PruneStats
 	if keep < 1 {
 		return st, fmt.Errorf("checkpoint: prune: keep %d: at least 1", keep)

@@ -73,7 +73,7 @@ func loadIndex(ctx context.Context, store Store, seq uint64) (index, error) {
 		return index{}, refuse(CodeCorrupt, what, "its record is not a manifest index")
 	}
 	for _, d := range ix.Pieces {
-		if !validDigest(d) {
+		if !ValidDigest(d) {
 			return index{}, refuse(CodeCorrupt, what, "manifest piece %q is not a SHA-256", d)
 		}
 	}

@@ -12,9 +12,14 @@ type Store interface {
 	// GetChunk and GetManifest answer an *Error of CodeIncomplete for one
 	// the store does not hold.
 	GetChunk(ctx context.Context, digest string) (Chunk, error)
-	PutManifest(ctx context.Context, seq uint64, data []byte) error
+	PutManifest(ctx context.Context, seq uint64, record []byte) error
 	GetManifest(ctx context.Context, seq uint64) ([]byte, error)
-	// Sequences lists the manifests held, ascending; Chunks the chunks.
+}
+
+// PruneStore is a Store that lists and deletes, as Prune needs.
+type PruneStore interface {
+	Store
+	// Sequences lists the checkpoints held, ascending; Chunks the chunks.
 	Sequences(ctx context.Context) ([]uint64, error)
 	Chunks(ctx context.Context) ([]string, error)
 	DeleteManifest(ctx context.Context, seq uint64) error

@@ -1,0 +1,93 @@
+package sessions_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
+)
+
+// TestCheckpointsOnlyForTheLeaseHolder: the lease holder takes and
+// restores a checkpoint through the control plane, chunks as large as a
+// request allows included; another node, and the holder once its epoch
+// is past, are refused every read and write; the successor restores what
+// its predecessor committed.
+func TestCheckpointsOnlyForTheLeaseHolder(t *testing.T) {
+	f := newFixture(t)
+	nc := f.agentConn(t)
+	ctx := testCtx(t)
+	a, b := remote(nc, "host-a"), remote(nc, "host-b")
+	key := residency.Key{Tenant: tenant, Session: "ckpt-1"}
+	f.place(t, key, "host-a")
+	g, err := a.AcquireSessionLease(ctx, key, "host-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	big := make([]byte, residency.ChunkSize+5)
+	_, _ = rand.Read(big)
+	for name, b := range map[string][]byte{"big": big, "small": []byte("hello")} {
+		if err := os.WriteFile(filepath.Join(src, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder := &residency.RemoteCheckpoints{Remote: a, Key: key, Epoch: g.Epoch}
+	m, st, err := checkpoint.Take(ctx, src, holder, 1, checkpoint.Options{ChunkSize: residency.ChunkSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ChunksMoved != 3 {
+		t.Errorf("moved %d chunks, want 3", st.ChunksMoved)
+	}
+	digest := m.Entries[0].Chunks[0]
+	other := &residency.RemoteCheckpoints{Remote: b, Key: key, Epoch: g.Epoch}
+	refused := func(who string, s checkpoint.Store) {
+		t.Helper()
+		if _, err := s.HasChunk(ctx, digest); !errors.Is(err, residency.ErrNotLeaseHolder) {
+			t.Errorf("%s: has: %v, want ErrNotLeaseHolder", who, err)
+		}
+		if _, err := s.GetChunk(ctx, digest); !errors.Is(err, residency.ErrNotLeaseHolder) {
+			t.Errorf("%s: get: %v, want ErrNotLeaseHolder", who, err)
+		}
+		if err := s.PutChunk(ctx, digest, checkpoint.Chunk{Data: []byte("forged")}); !errors.Is(err, residency.ErrNotLeaseHolder) {
+			t.Errorf("%s: put: %v, want ErrNotLeaseHolder", who, err)
+		}
+		if err := s.PutManifest(ctx, 2, []byte("{}")); !errors.Is(err, residency.ErrNotLeaseHolder) {
+			t.Errorf("%s: put record: %v, want ErrNotLeaseHolder", who, err)
+		}
+		if _, err := s.GetManifest(ctx, 1); !errors.Is(err, residency.ErrNotLeaseHolder) {
+			t.Errorf("%s: get record: %v, want ErrNotLeaseHolder", who, err)
+		}
+	}
+	refused("another node", other)
+	if _, err := holder.HasChunk(ctx, "../../x"); !errors.Is(err, residency.ErrInvalidRequest) {
+		t.Errorf("a malformed digest: %v, want ErrInvalidRequest", err)
+	}
+	if _, err := holder.GetManifest(ctx, 7); !errors.Is(err, checkpoint.ErrIncomplete) {
+		t.Errorf("a checkpoint never taken: %v, want checkpoint.ErrIncomplete", err)
+	}
+
+	// The lease moves to host-b: host-a's epoch is stale.
+	if err := a.ReleaseSessionLease(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	f.place(t, key, "host-b")
+	g2, err := b.AcquireSessionLease(ctx, key, "host-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("the old holder", holder)
+	successor := &residency.RemoteCheckpoints{Remote: b, Key: key, Epoch: g2.Epoch}
+	dst := filepath.Join(t.TempDir(), "ws")
+	if _, _, err := checkpoint.Restore(ctx, successor, 1, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dst, "big")); err != nil || !bytes.Equal(got, big) {
+		t.Errorf("restored big file: %d bytes, %v", len(got), err)
+	}
+}
