@@ -49,13 +49,13 @@ func (c *RemoteCheckpoints) GetChunk(ctx context.Context, digest string) (checkp
 }
 
 // PutManifest implements checkpoint.Store.
-func (c *RemoteCheckpoints) PutManifest(ctx context.Context, seq uint64, record []byte) error {
-	_, err := c.call(ctx, schemas.ResidencyRecordPut, schemas.CheckpointRequest{Sequence: seq, Data: record})
+func (c *RemoteCheckpoints) PutManifest(ctx context.Context, id checkpoint.ID, record []byte) error {
+	_, err := c.call(ctx, schemas.ResidencyRecordPut, schemas.CheckpointRequest{Sequence: id.Sequence, RecordEpoch: id.Epoch, Data: record})
 	return err
 }
 
 // GetManifest implements checkpoint.Store.
-func (c *RemoteCheckpoints) GetManifest(ctx context.Context, seq uint64) ([]byte, error) {
-	rep, err := c.call(ctx, schemas.ResidencyRecordGet, schemas.CheckpointRequest{Sequence: seq})
+func (c *RemoteCheckpoints) GetManifest(ctx context.Context, id checkpoint.ID) ([]byte, error) {
+	rep, err := c.call(ctx, schemas.ResidencyRecordGet, schemas.CheckpointRequest{Sequence: id.Sequence, RecordEpoch: id.Epoch})
 	return rep.Data, err
 }

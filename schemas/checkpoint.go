@@ -13,9 +13,11 @@ const (
 	ResidencyChunkPut ResidencyOp = "chunk_put"
 	// ResidencyChunkGet answers chunk Digest's Data and Compressed.
 	ResidencyChunkGet ResidencyOp = "chunk_get"
-	// ResidencyRecordPut stores Data as checkpoint Sequence's record.
+	// ResidencyRecordPut stores Data as checkpoint (Sequence,
+	// RecordEpoch)'s record; RecordEpoch must be the request's Epoch.
 	ResidencyRecordPut ResidencyOp = "record_put"
-	// ResidencyRecordGet answers checkpoint Sequence's record as Data.
+	// ResidencyRecordGet answers checkpoint (Sequence, RecordEpoch)'s
+	// record as Data.
 	ResidencyRecordGet ResidencyOp = "record_get"
 )
 
@@ -30,9 +32,11 @@ type CheckpointRequest struct {
 	Key   SessionKey     `json:"key"`
 	Epoch ResidencyEpoch `json:"epoch"`
 	// Digest names a chunk (lowercase hex SHA-256 of its content);
-	// Sequence a checkpoint.
-	Digest   string `json:"digest,omitempty"`
-	Sequence uint64 `json:"sequence,omitempty"`
+	// Sequence and RecordEpoch a checkpoint: its sequence, and the epoch
+	// of the holder that took it (an earlier one's, read after a move).
+	Digest      string `json:"digest,omitempty"`
+	Sequence    uint64 `json:"sequence,omitempty"`
+	RecordEpoch uint64 `json:"record_epoch,omitempty"`
 	// Data and Compressed are what a put stores.
 	Data       []byte `json:"data,omitempty"`
 	Compressed bool   `json:"compressed,omitempty"`

@@ -167,14 +167,18 @@ func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string
 		return s, err
 	}
 	s.RawPutMiBs, s.RawGetMiBs = mib/s.RawPutMiBs, mib/s.RawGetMiBs
-	store, err := checkpoint.NewObjectStore(ctx, js, bucket, "bench", fmt.Sprintf("round-%d", r))
+	b, err := checkpoint.OpenObjectBucket(ctx, js, bucket)
+	if err != nil {
+		return s, err
+	}
+	store, err := b.Session("bench", fmt.Sprintf("round-%d", r))
 	if err != nil {
 		return s, err
 	}
 	opt := checkpoint.Options{ChunkSize: int64(o.chunkMiB) << 20}
 	syscall.Sync()
 	start := time.Now()
-	first, _, err := checkpoint.Take(ctx, ws, store, 1, opt)
+	first, _, err := checkpoint.Take(ctx, ws, store, checkpoint.ID{Sequence: 1, Epoch: 1}, opt)
 	if err != nil {
 		return s, err
 	}
@@ -182,7 +186,7 @@ func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string
 	dst := filepath.Join(dir, fmt.Sprintf("restored-%d", r))
 	syscall.Sync()
 	start = time.Now()
-	if _, _, err := checkpoint.Restore(ctx, store, 1, dst, 0); err != nil {
+	if _, _, err := checkpoint.Restore(ctx, store, checkpoint.ID{Sequence: 1, Epoch: 1}, dst, 0); err != nil {
 		return s, err
 	}
 	s.RestoreMiBs = mib / time.Since(start).Seconds()
@@ -195,7 +199,7 @@ func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string
 	opt.Previous = &first
 	syscall.Sync()
 	start = time.Now()
-	_, st, err := checkpoint.Take(ctx, ws, store, 2, opt)
+	_, st, err := checkpoint.Take(ctx, ws, store, checkpoint.ID{Sequence: 2, Epoch: 1}, opt)
 	if err != nil {
 		return s, err
 	}

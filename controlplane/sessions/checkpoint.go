@@ -49,10 +49,10 @@ func (c *checkpoints) endpoints(log *zap.Logger) []requests.Endpoint {
 			return schemas.CheckpointContent{Data: ch.Data, Compressed: ch.Compressed}, err
 		}),
 		serve(schemas.ResidencyRecordPut, func(ctx context.Context, s *checkpoint.ObjectStore, req schemas.CheckpointRequest) (schemas.CheckpointContent, error) {
-			return schemas.CheckpointContent{}, s.PutManifest(ctx, req.Sequence, req.Data)
+			return schemas.CheckpointContent{}, s.PutManifest(ctx, checkpoint.ID{Sequence: req.Sequence, Epoch: req.RecordEpoch}, req.Data)
 		}),
 		serve(schemas.ResidencyRecordGet, func(ctx context.Context, s *checkpoint.ObjectStore, req schemas.CheckpointRequest) (schemas.CheckpointContent, error) {
-			b, err := s.GetManifest(ctx, req.Sequence)
+			b, err := s.GetManifest(ctx, checkpoint.ID{Sequence: req.Sequence, Epoch: req.RecordEpoch})
 			return schemas.CheckpointContent{Data: b}, err
 		}),
 	}
@@ -68,8 +68,11 @@ func (c *checkpoints) store(ctx context.Context, node string, op schemas.Residen
 	}
 	switch op {
 	case schemas.ResidencyRecordPut, schemas.ResidencyRecordGet:
-		if req.Sequence == 0 {
-			return nil, fmt.Errorf("%w: sequence: a checkpoint's, from 1", residency.ErrInvalidRequest)
+		if req.Sequence == 0 || req.RecordEpoch == 0 {
+			return nil, fmt.Errorf("%w: sequence and record_epoch: a checkpoint's, each from 1", residency.ErrInvalidRequest)
+		}
+		if op == schemas.ResidencyRecordPut && req.RecordEpoch != uint64(req.Epoch) {
+			return nil, fmt.Errorf("%w: record_epoch %d: a holder writes checkpoints of its own epoch, %d", residency.ErrInvalidRequest, req.RecordEpoch, req.Epoch)
 		}
 	default:
 		if !checkpoint.ValidDigest(req.Digest) {

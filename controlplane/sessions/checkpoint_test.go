@@ -37,7 +37,8 @@ func TestCheckpointsOnlyForTheLeaseHolder(t *testing.T) {
 		}
 	}
 	holder := &residency.RemoteCheckpoints{Remote: a, Key: key, Epoch: g.Epoch}
-	m, st, err := checkpoint.Take(ctx, src, holder, 1, checkpoint.Options{ChunkSize: residency.ChunkSize})
+	id := checkpoint.ID{Sequence: 1, Epoch: uint64(g.Epoch)}
+	m, st, err := checkpoint.Take(ctx, src, holder, id, checkpoint.Options{ChunkSize: residency.ChunkSize})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +58,10 @@ func TestCheckpointsOnlyForTheLeaseHolder(t *testing.T) {
 		if err := s.PutChunk(ctx, digest, checkpoint.Chunk{Data: []byte("forged")}); !errors.Is(err, residency.ErrNotLeaseHolder) {
 			t.Errorf("%s: put: %v, want ErrNotLeaseHolder", who, err)
 		}
-		if err := s.PutManifest(ctx, 2, []byte("{}")); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		if err := s.PutManifest(ctx, checkpoint.ID{Sequence: 2, Epoch: uint64(g.Epoch)}, []byte("{}")); !errors.Is(err, residency.ErrNotLeaseHolder) {
 			t.Errorf("%s: put record: %v, want ErrNotLeaseHolder", who, err)
 		}
-		if _, err := s.GetManifest(ctx, 1); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		if _, err := s.GetManifest(ctx, id); !errors.Is(err, residency.ErrNotLeaseHolder) {
 			t.Errorf("%s: get record: %v, want ErrNotLeaseHolder", who, err)
 		}
 	}
@@ -68,8 +69,11 @@ func TestCheckpointsOnlyForTheLeaseHolder(t *testing.T) {
 	if _, err := holder.HasChunk(ctx, "../../x"); !errors.Is(err, residency.ErrInvalidRequest) {
 		t.Errorf("a malformed digest: %v, want ErrInvalidRequest", err)
 	}
-	if _, err := holder.GetManifest(ctx, 7); !errors.Is(err, checkpoint.ErrIncomplete) {
+	if _, err := holder.GetManifest(ctx, checkpoint.ID{Sequence: 7, Epoch: uint64(g.Epoch)}); !errors.Is(err, checkpoint.ErrIncomplete) {
 		t.Errorf("a checkpoint never taken: %v, want checkpoint.ErrIncomplete", err)
+	}
+	if err := holder.PutManifest(ctx, checkpoint.ID{Sequence: 2, Epoch: uint64(g.Epoch) + 1}, []byte("{}")); !errors.Is(err, residency.ErrInvalidRequest) {
+		t.Errorf("a record of another epoch than the holder's: %v, want ErrInvalidRequest", err)
 	}
 
 	// The lease moves to host-b: host-a's epoch is stale.
@@ -84,7 +88,7 @@ func TestCheckpointsOnlyForTheLeaseHolder(t *testing.T) {
 	refused("the old holder", holder)
 	successor := &residency.RemoteCheckpoints{Remote: b, Key: key, Epoch: g2.Epoch}
 	dst := filepath.Join(t.TempDir(), "ws")
-	if _, _, err := checkpoint.Restore(ctx, successor, 1, dst, 0); err != nil {
+	if _, _, err := checkpoint.Restore(ctx, successor, id, dst, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := os.ReadFile(filepath.Join(dst, "big")); err != nil || !bytes.Equal(got, big) {

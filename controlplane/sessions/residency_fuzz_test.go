@@ -69,7 +69,7 @@ func FuzzResidencyRequest(f *testing.F) {
 	for i, body := range []schemas.CheckpointRequest{
 		{Key: key, Epoch: 2, Digest: digest},
 		{Key: key, Epoch: 2, Digest: digest, Data: []byte("chunk bytes"), Compressed: true},
-		{Key: key, Epoch: 2, Sequence: 4, Data: []byte(`{"manifest_pieces":[]}`)},
+		{Key: key, Epoch: 2, Sequence: 4, RecordEpoch: 2, Data: []byte(`{"manifest_pieces":[]}`)},
 	} {
 		b, err := codec.Encode(codec.MsgPack, body)
 		if err != nil {

@@ -82,7 +82,7 @@ func TestTakeRestoreRoundTrip(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "ws")
 	must(t, os.Mkdir(src, 0o700))
 	sampleWorkspace(t, src)
-	m, st, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk})
+	m, st, err := Take(ctx, src, store, ID{Sequence: 1, Epoch: 1}, Options{ChunkSize: testChunk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestTakeRestoreRoundTrip(t *testing.T) {
 	}
 	want := tree(t, src)
 	dst := filepath.Join(t.TempDir(), "tenant", "restored")
-	got, rst, err := Restore(ctx, store, 1, dst, 0)
+	got, rst, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, dst, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,14 +123,14 @@ func TestRestoreReplacesWhole(t *testing.T) {
 	store := sessionStore(t, startBucket(t), "acme", "s1")
 	src := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(src, "kept"), []byte("v1"), 0o600))
-	if _, _, err := Take(ctx, src, store, 1, Options{}); err != nil {
+	if _, _, err := Take(ctx, src, store, ID{Sequence: 1, Epoch: 1}, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	parent := t.TempDir()
 	dst := filepath.Join(parent, "ws")
 	must(t, os.Mkdir(dst, 0o700))
 	must(t, os.WriteFile(filepath.Join(dst, "stale"), []byte("from an old holder"), 0o600))
-	if _, _, err := Restore(ctx, store, 1, dst, 0); err != nil {
+	if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, dst, 0); err != nil {
 		t.Fatal(err)
 	}
 	sameTree(t, tree(t, src), tree(t, dst))
@@ -152,7 +152,7 @@ func TestIncrementalTakeMovesOnlyChanges(t *testing.T) {
 	for i := range files {
 		writeRandom(t, rng, filepath.Join(src, "f"+string(rune('a'+i))), size)
 	}
-	first, st1, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk})
+	first, st1, err := Take(ctx, src, store, ID{Sequence: 1, Epoch: 1}, Options{ChunkSize: testChunk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestIncrementalTakeMovesOnlyChanges(t *testing.T) {
 	must(t, err)
 	_, err = f.WriteAt([]byte(strings.Repeat("changed!", 1000)), 1<<19+100)
 	must(t, errors.Join(err, f.Close()))
-	_, st2, err := Take(ctx, src, store, 2, Options{ChunkSize: testChunk, Previous: &first})
+	_, st2, err := Take(ctx, src, store, ID{Sequence: 2, Epoch: 1}, Options{ChunkSize: testChunk, Previous: &first})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestIncrementalTakeMovesOnlyChanges(t *testing.T) {
 	}
 	for seq, want := range map[uint64]map[string]treeEntry{1: v1, 2: tree(t, src)} {
 		dst := filepath.Join(t.TempDir(), "ws")
-		if _, _, err := Restore(ctx, store, seq, dst, 0); err != nil {
+		if _, _, err := Restore(ctx, store, ID{Sequence: seq, Epoch: 1}, dst, 0); err != nil {
 			t.Fatal(err)
 		}
 		sameTree(t, want, tree(t, dst))
@@ -210,12 +210,12 @@ func TestDamagedCheckpointRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := sessionStore(t, js, "acme", strings.ReplaceAll(tc.name, " ", "-"))
-			if _, _, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk}); err != nil {
+			if _, _, err := Take(ctx, src, store, ID{Sequence: 1, Epoch: 1}, Options{ChunkSize: testChunk}); err != nil {
 				t.Fatal(err)
 			}
 			must(t, os.WriteFile(filepath.Join(src, "data2"), []byte("second"), 0o600))
 			defer os.Remove(filepath.Join(src, "data2"))
-			m, _, err := Take(ctx, src, store, 2, Options{ChunkSize: testChunk})
+			m, _, err := Take(ctx, src, store, ID{Sequence: 2, Epoch: 1}, Options{ChunkSize: testChunk})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -231,7 +231,7 @@ func TestDamagedCheckpointRefused(t *testing.T) {
 			dst := filepath.Join(parent, "ws")
 			must(t, os.Mkdir(dst, 0o700))
 			must(t, os.WriteFile(filepath.Join(dst, "before"), []byte("untouched"), 0o600))
-			_, _, err = Restore(ctx, store, 2, dst, 0)
+			_, _, err = Restore(ctx, store, ID{Sequence: 2, Epoch: 1}, dst, 0)
 			var ce *Error
 			if !errors.Is(err, tc.want) || !errors.As(err, &ce) {
 				t.Fatalf("restore of a damaged checkpoint: %v, want %v", err, tc.want)
@@ -242,7 +242,7 @@ func TestDamagedCheckpointRefused(t *testing.T) {
 			if entries, _ := os.ReadDir(parent); len(entries) != 1 {
 				t.Errorf("left behind: %v", entries)
 			}
-			if _, _, err := Restore(ctx, store, 1, dst, 0); err != nil {
+			if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, dst, 0); err != nil {
 				t.Errorf("the previous checkpoint: %v", err)
 			}
 		})
@@ -260,13 +260,13 @@ func TestPruneKeepsNewest(t *testing.T) {
 	trees := map[uint64]map[string]treeEntry{}
 	for seq := uint64(1); seq <= 4; seq++ {
 		writeRandom(t, rng, filepath.Join(src, "f"), testChunk+int(seq))
-		m, _, err := Take(ctx, src, store, seq, Options{ChunkSize: testChunk, Previous: prev})
+		m, _, err := Take(ctx, src, store, ID{Sequence: seq, Epoch: 1}, Options{ChunkSize: testChunk, Previous: prev})
 		if err != nil {
 			t.Fatal(err)
 		}
 		prev, trees[seq] = &m, tree(t, src)
 	}
-	if _, _, err := Take(ctx, src, other, 1, Options{ChunkSize: testChunk}); err != nil {
+	if _, _, err := Take(ctx, src, other, ID{Sequence: 1, Epoch: 1}, Options{ChunkSize: testChunk}); err != nil {
 		t.Fatal(err)
 	}
 	must(t, store.PutChunk(ctx, strings.Repeat("ab", 32), Chunk{Data: []byte("orphan of a failed take")}))
@@ -274,23 +274,23 @@ func TestPruneKeepsNewest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if seqs, _ := store.Sequences(ctx); len(seqs) != 2 || seqs[0] != 3 || seqs[1] != 4 {
-		t.Errorf("kept %v, want [3 4]", seqs)
+	if ids, _ := store.IDs(ctx); len(ids) != 2 || ids[0] != (ID{3, 1}) || ids[1] != (ID{4, 1}) {
+		t.Errorf("kept %v, want checkpoints 3 and 4", ids)
 	}
 	if st.Manifests != 2 || st.Chunks != 2*3+1 {
 		t.Errorf("pruned %+v, want 2 manifests and 7 chunks (two of its file and a manifest piece each, and the orphan)", st)
 	}
 	for _, seq := range []uint64{3, 4} {
 		dst := filepath.Join(t.TempDir(), "ws")
-		if _, _, err := Restore(ctx, store, seq, dst, 0); err != nil {
+		if _, _, err := Restore(ctx, store, ID{Sequence: seq, Epoch: 1}, dst, 0); err != nil {
 			t.Fatal(err)
 		}
 		sameTree(t, trees[seq], tree(t, dst))
 	}
-	if _, _, err := Restore(ctx, store, 1, filepath.Join(t.TempDir(), "ws"), 0); !errors.Is(err, ErrIncomplete) {
+	if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, filepath.Join(t.TempDir(), "ws"), 0); !errors.Is(err, ErrIncomplete) {
 		t.Errorf("a pruned checkpoint: %v, want %v", err, ErrIncomplete)
 	}
-	if _, _, err := Restore(ctx, other, 1, filepath.Join(t.TempDir(), "ws"), 0); err != nil {
+	if _, _, err := Restore(ctx, other, ID{Sequence: 1, Epoch: 1}, filepath.Join(t.TempDir(), "ws"), 0); err != nil {
 		t.Errorf("another session's checkpoint after a prune: %v", err)
 	}
 	if _, err := Prune(ctx, store, 0); err == nil {
@@ -307,7 +307,7 @@ func TestChunksOverOneMessage(t *testing.T) {
 	store.maxMessage = 4096
 	src := t.TempDir()
 	writeRandom(t, rand.New(rand.NewPCG(9, 10)), filepath.Join(src, "data"), 2*testChunk)
-	m, _, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk})
+	m, _, err := Take(ctx, src, store, ID{Sequence: 1, Epoch: 1}, Options{ChunkSize: testChunk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,13 +317,13 @@ func TestChunksOverOneMessage(t *testing.T) {
 		t.Fatalf("chunk over several messages: %d bytes, verified %v, compressed %v, %v", len(c.Data), c.Verified, c.Compressed, err)
 	}
 	dst := filepath.Join(t.TempDir(), "ws")
-	if _, _, err := Restore(ctx, store, 1, dst, 0); err != nil {
+	if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, dst, 0); err != nil {
 		t.Fatal(err)
 	}
 	sameTree(t, tree(t, src), tree(t, dst))
 	c.Data[0] ^= 1
 	must(t, store.PutChunk(ctx, d, c))
-	if _, _, err := Restore(ctx, store, 1, filepath.Join(t.TempDir(), "ws"), 0); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, filepath.Join(t.TempDir(), "ws"), 0); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("restore of a damaged chunk over several messages: %v, want %v", err, ErrCorrupt)
 	}
 }
@@ -338,24 +338,52 @@ func TestManifestInPieces(t *testing.T) {
 	for i := range 3000 {
 		must(t, os.WriteFile(filepath.Join(src, fmt.Sprintf("f%05d", i)), []byte(fmt.Sprint(i)), 0o600))
 	}
-	if _, _, err := Take(ctx, src, store, 1, Options{ChunkSize: testChunk}); err != nil {
+	if _, _, err := Take(ctx, src, store, ID{Sequence: 1, Epoch: 1}, Options{ChunkSize: testChunk}); err != nil {
 		t.Fatal(err)
 	}
-	ix, err := loadIndex(ctx, store, 1)
+	ix, err := loadIndex(ctx, store, ID{Sequence: 1, Epoch: 1})
 	if err != nil || len(ix.Pieces) < 2 {
 		t.Fatalf("manifest of 3000 files in %d pieces (%v), want several", len(ix.Pieces), err)
 	}
 	dst := filepath.Join(t.TempDir(), "ws")
-	if _, _, err := Restore(ctx, store, 1, dst, 0); err != nil {
+	if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, dst, 0); err != nil {
 		t.Fatal(err)
 	}
 	sameTree(t, tree(t, src), tree(t, dst))
 	must(t, store.DeleteChunk(ctx, ix.Pieces[1]))
-	if _, err := Load(ctx, store, 1); !errors.Is(err, ErrIncomplete) {
+	if _, err := Load(ctx, store, ID{Sequence: 1, Epoch: 1}); !errors.Is(err, ErrIncomplete) {
 		t.Errorf("a missing manifest piece: %v, want %v", err, ErrIncomplete)
 	}
-	must(t, store.PutManifest(ctx, 1, []byte(`{"manifest_pieces":["nope"],"manifest_bytes":4}`)))
-	if _, err := Load(ctx, store, 1); !errors.Is(err, ErrCorrupt) {
+	must(t, store.PutManifest(ctx, ID{Sequence: 1, Epoch: 1}, []byte(`{"manifest_pieces":["nope"],"manifest_bytes":4}`)))
+	if _, err := Load(ctx, store, ID{Sequence: 1, Epoch: 1}); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("a damaged record: %v, want %v", err, ErrCorrupt)
+	}
+}
+
+// TestSameSequenceTwoEpochs: a stale holder and its successor that both
+// take sequence 2 write two records; each restores its own.
+func TestSameSequenceTwoEpochs(t *testing.T) {
+	ctx := ctxT(t)
+	store := sessionStore(t, startBucket(t), "acme", "s1")
+	stale, successor := t.TempDir(), t.TempDir()
+	must(t, os.WriteFile(filepath.Join(stale, "f"), []byte("the stale holder's"), 0o600))
+	must(t, os.WriteFile(filepath.Join(successor, "f"), []byte("the successor's"), 0o600))
+	for _, tc := range []struct {
+		dir string
+		id  ID
+	}{{successor, ID{2, 2}}, {stale, ID{2, 1}}} {
+		if _, _, err := Take(ctx, tc.dir, store, tc.id, Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		dir string
+		id  ID
+	}{{successor, ID{2, 2}}, {stale, ID{2, 1}}} {
+		dst := filepath.Join(t.TempDir(), "ws")
+		if _, _, err := Restore(ctx, store, tc.id, dst, 0); err != nil {
+			t.Fatal(err)
+		}
+		sameTree(t, tree(t, tc.dir), tree(t, dst))
 	}
 }

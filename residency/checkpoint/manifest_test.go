@@ -92,11 +92,11 @@ func TestHostileManifestWritesNothing(t *testing.T) {
 	c, err := newCodec()
 	must(t, err)
 	defer c.close()
-	if _, err := putManifest(ctx, store, c, &m, 1, MinChunkSize); err != nil {
+	if _, err := putManifest(ctx, store, c, &m, ID{Sequence: 1, Epoch: 1}, MinChunkSize); err != nil {
 		t.Fatal(err)
 	}
 	parent := t.TempDir()
-	if _, _, err := Restore(ctx, store, 1, filepath.Join(parent, "ws"), 0); !errors.Is(err, ErrInvalid) {
+	if _, _, err := Restore(ctx, store, ID{Sequence: 1, Epoch: 1}, filepath.Join(parent, "ws"), 0); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("restore: %v, want %v", err, ErrInvalid)
 	}
 	for _, dir := range []string{outside, parent} {

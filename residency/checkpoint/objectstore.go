@@ -69,7 +69,9 @@ func (b *ObjectBucket) Session(tenant, session string) (*ObjectStore, error) {
 }
 
 func (s *ObjectStore) chunk(d string) string      { return s.prefix + "c/" + d }
-func (s *ObjectStore) manifest(seq uint64) string { return fmt.Sprintf("%sm/%020d", s.prefix, seq) }
+func (s *ObjectStore) manifest(id ID) string {
+	return fmt.Sprintf("%sm/%020d.%020d", s.prefix, id.Sequence, id.Epoch)
+}
 
 // encodingHeader marks a compressed chunk's object.
 const encodingHeader = "Wf-Encoding"
@@ -129,14 +131,14 @@ func (s *ObjectStore) GetChunk(ctx context.Context, digest string) (Chunk, error
 }
 
 // PutManifest implements Store.
-func (s *ObjectStore) PutManifest(ctx context.Context, seq uint64, data []byte) error {
-	_, err := s.obs.PutBytes(ctx, s.manifest(seq), data)
+func (s *ObjectStore) PutManifest(ctx context.Context, id ID, data []byte) error {
+	_, err := s.obs.PutBytes(ctx, s.manifest(id), data)
 	return err
 }
 
 // GetManifest implements Store.
-func (s *ObjectStore) GetManifest(ctx context.Context, seq uint64) ([]byte, error) {
-	b, _, err := s.get(ctx, s.manifest(seq), MaxManifestBytes)
+func (s *ObjectStore) GetManifest(ctx context.Context, id ID) ([]byte, error) {
+	b, _, err := s.get(ctx, s.manifest(id), MaxManifestBytes)
 	return b, err
 }
 
@@ -194,17 +196,30 @@ func (s *ObjectStore) read(ctx context.Context, name string, limit int64) ([]byt
 	return b, info, nil
 }
 
-// Sequences implements Store.
-func (s *ObjectStore) Sequences(ctx context.Context) ([]uint64, error) {
+// IDs implements PruneStore.
+func (s *ObjectStore) IDs(ctx context.Context) ([]ID, error) {
 	names, err := s.list(ctx, "m/")
-	var seqs []uint64
+	var ids []ID
 	for _, n := range names {
-		if seq, err := strconv.ParseUint(n, 10, 64); err == nil {
-			seqs = append(seqs, seq)
+		seq, epoch, ok := strings.Cut(n, ".")
+		var id ID
+		var serr, eerr error
+		id.Sequence, serr = strconv.ParseUint(seq, 10, 64)
+		id.Epoch, eerr = strconv.ParseUint(epoch, 10, 64)
+		if ok && serr == nil && eerr == nil {
+			ids = append(ids, id)
 		}
 	}
-	slices.Sort(seqs)
-	return seqs, err
+	slices.SortFunc(ids, func(a, b ID) int {
+		if a.Less(b) {
+			return -1
+		}
+		if b.Less(a) {
+			return 1
+		}
+		return 0
+	})
+	return ids, err
 }
 
 // Chunks implements Store.
@@ -230,8 +245,8 @@ func (s *ObjectStore) list(ctx context.Context, kind string) ([]string, error) {
 }
 
 // DeleteManifest implements Store.
-func (s *ObjectStore) DeleteManifest(ctx context.Context, seq uint64) error {
-	return s.delete(ctx, s.manifest(seq))
+func (s *ObjectStore) DeleteManifest(ctx context.Context, id ID) error {
+	return s.delete(ctx, s.manifest(id))
 }
 
 // DeleteChunk implements Store.

@@ -20,23 +20,23 @@ func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) 
 	if keep < 1 {
 		return st, fmt.Errorf("checkpoint: prune: keep %d: at least 1", keep)
 	}
-	seqs, err := store.Sequences(ctx)
+	ids, err := store.IDs(ctx)
 	if err != nil {
 		return st, err
 	}
-	if len(seqs) == 0 {
+	if len(ids) == 0 {
 		return st, nil
 	}
-	cut := max(len(seqs)-keep, 0)
-	for _, seq := range seqs[:cut] {
-		if err := store.DeleteManifest(ctx, seq); err != nil {
-			return st, fmt.Errorf("checkpoint: prune manifest %d: %w", seq, err)
+	cut := max(len(ids)-keep, 0)
+	for _, id := range ids[:cut] {
+		if err := store.DeleteManifest(ctx, id); err != nil {
+			return st, fmt.Errorf("checkpoint: prune %s: %w", id, err)
 		}
 		st.Manifests++
 	}
 	named := map[string]bool{}
-	for _, seq := range seqs[cut:] {
-		m, err := Load(ctx, store, seq)
+	for _, id := range ids[cut:] {
+		m, err := Load(ctx, store, id)
 		if err != nil {
 			// A kept checkpoint that cannot be read names nothing we can
 			// trust: sweeping on would delete chunks it may need.
@@ -47,7 +47,7 @@ func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) 
 				named[c] = true
 			}
 		}
-		ix, err := loadIndex(ctx, store, seq)
+		ix, err := loadIndex(ctx, store, id)
 		if err != nil {
 			return st, fmt.Errorf("checkpoint: prune: %w", err)
 		}

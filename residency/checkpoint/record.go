@@ -23,9 +23,9 @@ type index struct {
 // maxIndexBytes bounds a stored index: 4,096 pieces of a manifest at most.
 const maxIndexBytes = 4096*70 + 64
 
-// putManifest stores m as checkpoint seq: its pieces, then its index. It
+// putManifest stores m as checkpoint id: its pieces, then its index. It
 // returns the bytes sent.
-func putManifest(ctx context.Context, store Store, c *codec, m *Manifest, seq uint64, pieceSize int64) (int64, error) {
+func putManifest(ctx context.Context, store Store, c *codec, m *Manifest, id ID, pieceSize int64) (int64, error) {
 	b, err := m.Encode()
 	if err != nil {
 		return 0, err
@@ -44,7 +44,7 @@ func putManifest(ctx context.Context, store Store, c *codec, m *Manifest, seq ui
 		}
 		if !has {
 			if err := store.PutChunk(ctx, d, Chunk{Data: piece}); err != nil {
-				return sent, fmt.Errorf("checkpoint: put manifest %d: %w", seq, err)
+				return sent, fmt.Errorf("checkpoint: put %s: %w", id, err)
 			}
 			sent += int64(len(piece))
 		}
@@ -53,16 +53,16 @@ func putManifest(ctx context.Context, store Store, c *codec, m *Manifest, seq ui
 	if err != nil {
 		return sent, err
 	}
-	if err := store.PutManifest(ctx, seq, rec); err != nil {
-		return sent, fmt.Errorf("checkpoint: put manifest %d: %w", seq, err)
+	if err := store.PutManifest(ctx, id, rec); err != nil {
+		return sent, fmt.Errorf("checkpoint: put %s: %w", id, err)
 	}
 	return sent + int64(len(rec)), nil
 }
 
-// loadIndex reads and checks checkpoint seq's index.
-func loadIndex(ctx context.Context, store Store, seq uint64) (index, error) {
-	what := fmt.Sprintf("checkpoint %d", seq)
-	rec, err := store.GetManifest(ctx, seq)
+// loadIndex reads and checks checkpoint id's index.
+func loadIndex(ctx context.Context, store Store, id ID) (index, error) {
+	what := id.String()
+	rec, err := store.GetManifest(ctx, id)
 	if err != nil {
 		return index{}, err
 	}
@@ -80,9 +80,9 @@ func loadIndex(ctx context.Context, store Store, seq uint64) (index, error) {
 	return ix, nil
 }
 
-// Load reads, checks and validates checkpoint seq's manifest from store.
-func Load(ctx context.Context, store Store, seq uint64) (Manifest, error) {
-	ix, err := loadIndex(ctx, store, seq)
+// Load reads, checks and validates checkpoint id's manifest from store.
+func Load(ctx context.Context, store Store, id ID) (Manifest, error) {
+	ix, err := loadIndex(ctx, store, id)
 	if err != nil {
 		return Manifest{}, err
 	}
@@ -90,28 +90,28 @@ func Load(ctx context.Context, store Store, seq uint64) (Manifest, error) {
 	for i, d := range ix.Pieces {
 		ch, err := store.GetChunk(ctx, d)
 		if err != nil {
-			return Manifest{}, fmt.Errorf("checkpoint %d: manifest: %w", seq, err)
+			return Manifest{}, fmt.Errorf("%s: manifest: %w", id, err)
 		}
 		if sum := sha256.Sum256(ch.Data); ch.Compressed || hex.EncodeToString(sum[:]) != d || int64(len(z)+len(ch.Data)) > ix.Bytes {
-			return Manifest{}, refuse(CodeCorrupt, fmt.Sprintf("checkpoint %d", seq), "manifest piece %d does not match its digest", i)
+			return Manifest{}, refuse(CodeCorrupt, id.String(), "manifest piece %d does not match its digest", i)
 		}
 		z = append(z, ch.Data...)
 	}
 	if int64(len(z)) != ix.Bytes {
-		return Manifest{}, refuse(CodeCorrupt, fmt.Sprintf("checkpoint %d", seq), "manifest of %d bytes, its index says %d", len(z), ix.Bytes)
+		return Manifest{}, refuse(CodeCorrupt, id.String(), "manifest of %d bytes, its index says %d", len(z), ix.Bytes)
 	}
 	c, err := newCodec()
 	if err != nil {
 		return Manifest{}, err
 	}
 	defer c.close()
-	b, err := c.open(Chunk{Data: z, Compressed: true}, MaxManifestBytes, fmt.Sprintf("checkpoint %d manifest", seq))
+	b, err := c.open(Chunk{Data: z, Compressed: true}, MaxManifestBytes, id.String()+" manifest")
 	if err != nil {
 		return Manifest{}, err
 	}
 	m, err := DecodeManifest(b)
 	if err != nil {
-		return Manifest{}, fmt.Errorf("checkpoint %d: %w", seq, err)
+		return Manifest{}, fmt.Errorf("%s: %w", id, err)
 	}
 	return m, nil
 }

@@ -20,15 +20,15 @@ type RestoreStats struct {
 	Chunks              int
 }
 
-// Restore replaces the workspace at dst with checkpoint seq. Everything is
+// Restore replaces the workspace at dst with checkpoint id. Everything is
 // written into a staging directory beside dst, every chunk checked against
 // its digest and size; only a whole restore takes dst's place (an atomic
 // exchange where the kernel has one), so a failed one leaves dst as it was
 // and nothing half-restored behind. Owners are restored when running as
 // root. workers fetch that many chunks at once (0: 4).
-func Restore(ctx context.Context, store Store, seq uint64, dst string, workers int) (Manifest, RestoreStats, error) {
+func Restore(ctx context.Context, store Store, id ID, dst string, workers int) (Manifest, RestoreStats, error) {
 	var st RestoreStats
-	m, err := Load(ctx, store, seq)
+	m, err := Load(ctx, store, id)
 	if err != nil {
 		return Manifest{}, st, err
 	}

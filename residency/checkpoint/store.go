@@ -1,6 +1,9 @@
 package checkpoint
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Store keeps one session's checkpoints: chunks by digest (lowercase hex
 // SHA-256 of their content), and each checkpoint's record (record.go: a
@@ -12,16 +15,32 @@ type Store interface {
 	// GetChunk and GetManifest answer an *Error of CodeIncomplete for one
 	// the store does not hold.
 	GetChunk(ctx context.Context, digest string) (Chunk, error)
-	PutManifest(ctx context.Context, seq uint64, record []byte) error
-	GetManifest(ctx context.Context, seq uint64) ([]byte, error)
+	PutManifest(ctx context.Context, id ID, record []byte) error
+	GetManifest(ctx context.Context, id ID) ([]byte, error)
+}
+
+// ID names a checkpoint: its sequence in the session, and the lease epoch
+// of the holder that took it. Two holders that both take sequence n (a
+// stale one among them) write two records, never one over the other; the
+// session's durable state says which one was committed.
+type ID struct {
+	Sequence uint64 `json:"sequence"`
+	Epoch    uint64 `json:"epoch"`
+}
+
+func (id ID) String() string { return fmt.Sprintf("checkpoint %d (epoch %d)", id.Sequence, id.Epoch) }
+
+// Less orders IDs by sequence, then epoch.
+func (id ID) Less(o ID) bool {
+	return id.Sequence < o.Sequence || (id.Sequence == o.Sequence && id.Epoch < o.Epoch)
 }
 
 // PruneStore is a Store that lists and deletes, as Prune needs.
 type PruneStore interface {
 	Store
-	// Sequences lists the checkpoints held, ascending; Chunks the chunks.
-	Sequences(ctx context.Context) ([]uint64, error)
+	// IDs lists the checkpoints held, ascending; Chunks the chunks.
+	IDs(ctx context.Context) ([]ID, error)
 	Chunks(ctx context.Context) ([]string, error)
-	DeleteManifest(ctx context.Context, seq uint64) error
+	DeleteManifest(ctx context.Context, id ID) error
 	DeleteChunk(ctx context.Context, digest string) error
 }

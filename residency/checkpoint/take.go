@@ -45,12 +45,12 @@ type TakeStats struct {
 	BytesMoved int64
 }
 
-// Take checkpoints the workspace at root into store as sequence seq: the
+// Take checkpoints the workspace at root into store as checkpoint id: the
 // chunks the store lacks, then the manifest. The workspace should be
 // quiet (a file written meanwhile is caught as it was read; its chunks
 // always match their digests). A Take that fails leaves no manifest; the
 // chunks it sent are swept by the next Prune.
-func Take(ctx context.Context, root string, store Store, seq uint64, opt Options) (Manifest, TakeStats, error) {
+func Take(ctx context.Context, root string, store Store, id ID, opt Options) (Manifest, TakeStats, error) {
 	m := Manifest{Version: Version, ChunkSize: opt.ChunkSize}
 	if m.ChunkSize == 0 {
 		m.ChunkSize = DefaultChunkSize
@@ -78,7 +78,7 @@ func Take(ctx context.Context, root string, store Store, seq uint64, opt Options
 	if err := m.Validate(); err != nil {
 		return Manifest{}, st, fmt.Errorf("checkpoint: %s: %w", root, err)
 	}
-	sent, err := putManifest(ctx, store, c, &m, seq, m.ChunkSize)
+	sent, err := putManifest(ctx, store, c, &m, id, m.ChunkSize)
 	st.BytesMoved += sent
 	if err != nil {
 		return Manifest{}, st, err
