@@ -68,7 +68,7 @@ func (b *ObjectBucket) Session(tenant, session string) (*ObjectStore, error) {
 	return &ObjectStore{ObjectBucket: b, prefix: tenant + "/" + session + "/"}, nil
 }
 
-func (s *ObjectStore) chunk(d string) string      { return s.prefix + "c/" + d }
+func (s *ObjectStore) chunk(d string) string { return s.prefix + "c/" + d }
 func (s *ObjectStore) manifest(id ID) string {
 	return fmt.Sprintf("%sm/%020d.%020d", s.prefix, id.Sequence, id.Epoch)
 }
