@@ -93,6 +93,7 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 		{StepLease, a.acquire},
 		{StepLoad, a.load},
 		{StepWorkspace, a.workspace},
+		{StepWorkspace, a.restoreWorkspace},
 		{StepLaunch, a.launch},
 		{StepAttaching, a.publishAttaching},
 		{StepResident, a.publishResident},

@@ -67,6 +67,9 @@ var (
 	// ErrNotPlaced: a lease acquire for a session the control plane has not
 	// placed on the asking node (no attach of it to that node in flight).
 	ErrNotPlaced = errors.New("residency: session not placed on this node")
+	// ErrCheckpointRequired: a resume of a session whose durable state
+	// holds no workspace checkpoint, on a target that requires one.
+	ErrCheckpointRequired = errors.New("residency: no workspace checkpoint to resume from")
 )
 
 // notLeaseHolder is ErrNotLeaseHolder's type: one sentinel that matches the
@@ -111,6 +114,7 @@ const (
 	CodeClosed           Code = "closed"
 	CodeNotLeaseHolder   Code = "not_lease_holder"
 	CodeNotPlaced        Code = "not_placed_here"
+	CodeCheckpointNeeded Code = "checkpoint_required"
 )
 
 // Codes a reply carries that stand for no sentinel error.
@@ -154,6 +158,7 @@ var sentinelCodes = []struct {
 	{ErrNotResident, CodeNotResident},
 	{ErrReleaseAborted, CodeReleaseAbort},
 	{ErrClosed, CodeClosed},
+	{ErrCheckpointRequired, CodeCheckpointNeeded},
 	{checkpoint.ErrInvalid, Code(checkpoint.CodeInvalid)},
 	{checkpoint.ErrCorrupt, Code(checkpoint.CodeCorrupt)},
 	{checkpoint.ErrIncomplete, Code(checkpoint.CodeIncomplete)},

@@ -152,7 +152,8 @@ func (d *memDurable) CommitCheckpoint(_ context.Context, cp Checkpoint) error {
 	}
 	d.epochs[key] = cp.Epoch
 	d.states[key] = SessionState{Exists: true, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
-		RuntimeJournal: JournalPresent, HasCheckpoint: true, CheckpointSequence: cp.Sequence}
+		RuntimeJournal: JournalPresent, HasCheckpoint: true, CheckpointSequence: cp.Sequence,
+		CheckpointEpoch: cp.Epoch, Checkpoint: cp.Content}
 	d.cps = append(d.cps, cp)
 	return nil
 }

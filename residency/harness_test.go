@@ -178,6 +178,8 @@ type hostConfig struct {
 	capacity     int
 	hooks        Hooks
 	logger       *zap.Logger
+	// checkpoints is Options.Checkpoints: nil keeps workspaces local.
+	checkpoints CheckpointStores
 }
 
 func newHost(t testing.TB, c hostConfig) *host {
@@ -220,6 +222,7 @@ func newHost(t testing.TB, c hostConfig) *host {
 		RetryDelay:        50 * time.Millisecond,
 		ReleaseBound:      c.releaseBound,
 		Hooks:             c.hooks,
+		Checkpoints:       c.checkpoints,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -126,6 +126,13 @@ type Options struct {
 	Target     RuntimeTarget
 	Inboxes    Inboxes
 	Handler    Handler
+	// Checkpoints, when set, is where a release checkpoints the session's
+	// workspace and an attach restores it from; nil keeps workspaces
+	// local (a release then records a checkpoint without them).
+	Checkpoints CheckpointStores
+	// CheckpointChunkSize cuts files for Checkpoints (0: the checkpoint
+	// package's default); it must fit what the store carries.
+	CheckpointChunkSize int64
 
 	// WarmTTL is how long a session stays resident after its inbox goes
 	// durably idle; zero disables warm release.

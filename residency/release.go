@@ -10,8 +10,9 @@ import (
 )
 
 // release releases a resident session gracefully, in order: mark releasing
-// → checkpoint → halt consumption → release runtime → tombstone → drop the
-// lease → drop local state. A failure up to and including the runtime
+// → halt consumption → checkpoint (the workspace, then its record) →
+// release runtime → tombstone → drop the lease → drop local state. Halting
+// first means no inbox work starts after the checkpoint. A failure up to and including the runtime
 // release aborts back to resident under the same generation (unless the
 // runtime is already gone, which cannot be undone); a failure after it is
 // recorded in ReleaseError.Unwritten and the release goes on.
@@ -33,7 +34,14 @@ func (s *session) release(ctx context.Context, why string) error {
 	if err := s.fence.publish(ctx, StateReleasing); err != nil {
 		return s.abort(ctx, fmt.Errorf("mark releasing: %w", err))
 	}
-	// 2. checkpoint.
+	// 2. halt consumption.
+	hctx, cancel := m.bounded(ctx)
+	err := s.consumer.halt(hctx)
+	cancel()
+	if err != nil {
+		return s.abort(ctx, err)
+	}
+	// 3. checkpoint: the workspace, then the record naming it.
 	s.mu.Lock()
 	cp := Checkpoint{
 		Key: WireKey(s.key), Host: m.o.HostID, Epoch: s.lease.Epoch(), Sequence: s.state.CheckpointSequence + 1,
@@ -43,19 +51,19 @@ func (s *session) release(ctx context.Context, why string) error {
 	if err := s.fence.Check(); err != nil {
 		return s.abort(ctx, err)
 	}
+	if cp.Content, err = s.saveWorkspace(ctx, cp.Sequence); err != nil {
+		return s.abort(ctx, err)
+	}
+	if err := s.fence.Check(); err != nil {
+		return s.abort(ctx, err)
+	}
 	if err := m.o.Durable.CommitCheckpoint(ctx, cp); err != nil {
 		return s.abort(ctx, fmt.Errorf("checkpoint: %w", err))
 	}
 	s.mu.Lock()
 	s.state.Exists, s.state.HasCheckpoint, s.state.CheckpointSequence = true, true, cp.Sequence
+	s.state.CheckpointEpoch, s.state.Checkpoint = cp.Epoch, cp.Content
 	s.mu.Unlock()
-	// 3. halt consumption.
-	hctx, cancel := m.bounded(ctx)
-	err := s.consumer.halt(hctx)
-	cancel()
-	if err != nil {
-		return s.abort(ctx, err)
-	}
 	// 4. release the runtime.
 	rerr := &ReleaseError{Key: s.key}
 	rctx, cancel := m.bounded(ctx)

@@ -42,6 +42,10 @@ type RuntimeTarget struct {
 	WorkspaceMount string
 	CPUMillis      int64
 	MemoryBytes    int64
+	// RequiresCheckpoint refuses to resume a session whose durable state
+	// holds no workspace checkpoint (ErrCheckpointRequired), rather than
+	// start it on an empty workspace.
+	RequiresCheckpoint bool
 }
 
 func (t RuntimeTarget) validate() error {

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
 )
 
 // session is one residency on this host: one generation of one key.
@@ -30,6 +32,9 @@ type session struct {
 	workspace string
 	workload  string
 	consumer  *consumer
+	// manifest is the workspace's last checkpoint (taken or restored):
+	// the next one sends only what changed since.
+	manifest *checkpoint.Manifest
 
 	hbCancel context.CancelFunc
 	hbDone   chan struct{}

@@ -81,6 +81,7 @@ func (s *KVSessions) LoadSessionState(ctx context.Context, key Key) (SessionStat
 	return SessionState{
 		Exists: true, Namespace: rec.Namespace, CompatibilityID: rec.CompatibilityID, RuntimeJournal: JournalPresent,
 		HasCheckpoint: rec.CheckpointSequence > 0, CheckpointSequence: rec.CheckpointSequence,
+		CheckpointEpoch: rec.Epoch, Checkpoint: rec.Checkpoint,
 	}, nil
 }
 
@@ -103,7 +104,7 @@ func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error 
 	}
 	rec := SessionRecord{
 		Tenant: key.Tenant, Session: key.Session, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
-		CheckpointSequence: cp.Sequence, Epoch: cp.Epoch, Host: cp.Host, UpdatedAt: s.clock.Now(),
+		CheckpointSequence: cp.Sequence, Epoch: cp.Epoch, Host: cp.Host, UpdatedAt: s.clock.Now(), Checkpoint: cp.Content,
 	}
 	for range maxCASAttempts {
 		cur, rev, err := s.Get(ctx, key)

@@ -156,6 +156,22 @@ type SessionRecord struct {
 	Epoch     ResidencyEpoch `json:"lease_epoch"`
 	Host      string         `json:"host"`
 	UpdatedAt time.Time      `json:"updated_at"`
+	// Checkpoint is what the latest checkpoint holds of the workspace, in
+	// wf_checkpoints as (CheckpointSequence, Epoch); nil when it saved no
+	// workspace (a record from before workspaces were checkpointed).
+	Checkpoint *CheckpointSummary `json:"checkpoint,omitempty"`
+}
+
+// CheckpointSummary is a checkpoint of a session's workspace, as the
+// session's record and events show it.
+type CheckpointSummary struct {
+	TakenAt time.Time `json:"taken_at"`
+	// Files and Bytes are the workspace's; BytesMoved what this checkpoint
+	// sent (the chunks the store lacked); Seconds how long it took.
+	Files      int     `json:"files"`
+	Bytes      int64   `json:"bytes"`
+	BytesMoved int64   `json:"bytes_moved"`
+	Seconds    float64 `json:"seconds"`
 }
 
 // SessionCheckpoint is what a release commits before it lets the runtime
@@ -168,6 +184,9 @@ type SessionCheckpoint struct {
 	Sequence        uint64         `json:"Sequence"`
 	CompatibilityID string         `json:"CompatibilityID"`
 	Namespace       string         `json:"Namespace"`
+	// Content is the workspace checkpoint this commit records, taken at
+	// (Sequence, Epoch); nil when the host saved none.
+	Content *CheckpointSummary `json:"Content,omitempty"`
 }
 
 // RuntimeJournal is what the durable store knows of the runtime's own
@@ -211,6 +230,10 @@ type SessionState struct {
 	// HasCheckpoint and CheckpointSequence are the latest checkpoint.
 	HasCheckpoint      bool   `json:"HasCheckpoint"`
 	CheckpointSequence uint64 `json:"CheckpointSequence"`
+	// CheckpointEpoch is the epoch the latest checkpoint was taken under,
+	// and Checkpoint what it holds of the workspace (nil: none saved).
+	CheckpointEpoch ResidencyEpoch     `json:"CheckpointEpoch,omitempty"`
+	Checkpoint      *CheckpointSummary `json:"Checkpoint,omitempty"`
 }
 
 // Validate bounds a lease acquire's or state load's body (CheckNodeSizes);

@@ -35,6 +35,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus/codec"
 	"github.com/warmfleet/warmfleet/noderuntime"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -120,6 +121,10 @@ func (h *Host) Serve(ctx context.Context, env noderuntime.SessionHostEnv) error 
 		Leases: remote, Locations: remote, Durable: remote, Workspaces: ws,
 		Runtime: env.Runtime, Target: h.o.Target, Inboxes: residency.JetStreamInboxes{JS: env.Conn.JS},
 		Handler: h.o.Handler, WarmTTL: h.o.WarmTTL, HeartbeatInterval: h.o.HeartbeatInterval, Hooks: h.o.Hooks,
+		Checkpoints: func(key residency.Key, epoch residency.ResidencyEpoch) checkpoint.Store {
+			return &residency.RemoteCheckpoints{Remote: remote, Key: key, Epoch: epoch}
+		},
+		CheckpointChunkSize: residency.ChunkSize,
 	})
 	if err != nil {
 		return err

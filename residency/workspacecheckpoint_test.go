@@ -1,0 +1,148 @@
+package residency
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
+)
+
+// checkpointHosts are two hosts over one control plane whose releases
+// checkpoint workspaces into wf_checkpoints, on the in-memory runtime.
+func checkpointHosts(t *testing.T, target RuntimeTarget) (a, b *host, durable *memDurable, bucket *checkpoint.ObjectBucket) {
+	t.Helper()
+	env := newBus(t)
+	cp := newControlPlane(t, env, SystemClock{}, 10*time.Second, 3*time.Second)
+	bucket, err := checkpoint.OpenObjectBucket(testCtx(t), env.js, bus.ObjectBucketCheckpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := func(key Key, _ ResidencyEpoch) checkpoint.Store {
+		s, err := bucket.Session(key.Tenant, key.Session)
+		if err != nil {
+			t.Error(err)
+		}
+		return s
+	}
+	durable = newMemDurable()
+	rec := &recorder{}
+	cfg := func(id string) hostConfig {
+		return hostConfig{id: id, cp: cp, env: env, durable: durable, runtime: newFakeRuntime(), target: target,
+			handler: rec.handler(id), checkpoints: stores}
+	}
+	return newHost(t, cfg("host-a")), newHost(t, cfg("host-b")), durable, bucket
+}
+
+// TestManager_WorkspaceSurvivesMove (library level): a session's files,
+// a symlink and an empty directory among them, are checkpointed by its
+// release and restored byte for byte by the next attach on another host;
+// the next release there sends only what changed.
+func TestManager_WorkspaceSurvivesMove(t *testing.T) {
+	ctx := testCtx(t)
+	a, b, durable, _ := checkpointHosts(t, fakeTarget())
+	key := Key{tenant, "moves"}
+	ra, err := a.mgr.Attach(ctx, request(key, ModeCreate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 3<<20+17)
+	_, _ = rand.Read(big)
+	write := func(dir, name string, b []byte) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(ra.Workspace, "data/big.bin", big)
+	write(ra.Workspace, "notes.txt", []byte("remember this"))
+	if err := os.Symlink("data/big.bin", filepath.Join(ra.Workspace, "latest")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(ra.Workspace, "empty"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.mgr.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	cps := durable.checkpoints()
+	if len(cps) != 1 || cps[0].Content == nil || cps[0].Content.Files != 2 || cps[0].Content.Bytes != int64(len(big))+13 {
+		t.Fatalf("first release committed %+v, want a checkpoint of 2 files", cps)
+	}
+	rb, err := b.mgr.Attach(ctx, request(key, ModeResume))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(rb.Workspace, "latest")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("big file through the symlink after the move: %d bytes, %v", len(got), err)
+	}
+	if info, err := os.Stat(filepath.Join(rb.Workspace, "empty")); err != nil || !info.IsDir() {
+		t.Errorf("empty directory after the move: %v", err)
+	}
+	write(rb.Workspace, "notes.txt", []byte("remember this, and that"))
+	if err := b.mgr.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	cps = durable.checkpoints()
+	if second := cps[len(cps)-1].Content; second == nil || second.BytesMoved > 64<<10 || cps[len(cps)-1].Sequence != 2 {
+		t.Errorf("second checkpoint %+v moved %+v, want only the changed note (and the manifest)", cps[len(cps)-1], second)
+	}
+}
+
+// TestManager_RestoreRefusals: a damaged checkpoint fails the attach with
+// its code and launches nothing; a target requiring a checkpoint refuses
+// to resume a session that has none.
+func TestManager_RestoreRefusals(t *testing.T) {
+	ctx := testCtx(t)
+	a, b, _, bucket := checkpointHosts(t, fakeTarget())
+	key := Key{tenant, "damaged"}
+	ra, err := a.mgr.Attach(ctx, request(key, ModeCreate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ra.Workspace, "f"), bytes.Repeat([]byte{7}, 100<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.mgr.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	store, _ := bucket.Session(key.Tenant, key.Session)
+	chunks, err := store.Chunks(ctx)
+	if err != nil || len(chunks) == 0 {
+		t.Fatalf("chunks: %v %v", chunks, err)
+	}
+	for _, c := range chunks {
+		if err := store.PutChunk(ctx, c, checkpoint.Chunk{Data: []byte("not it")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = b.mgr.Attach(ctx, request(key, ModeResume))
+	var ae *AttachError
+	if !errors.As(err, &ae) || ae.Code != Code(checkpoint.CodeCorrupt) || !errors.Is(err, checkpoint.ErrCorrupt) {
+		t.Fatalf("attach over a damaged checkpoint: %v, want code %s", err, checkpoint.CodeCorrupt)
+	}
+	if ae.Step != StepWorkspace || len(ae.Unreleased) != 0 {
+		t.Errorf("failed at %v leaving %v, want the workspace step, nothing held", ae.Step, ae.Unreleased)
+	}
+	if _, ok := b.mgr.Resident(key); ok {
+		t.Error("the session is resident after a failed restore")
+	}
+
+	target := fakeTarget()
+	target.RequiresCheckpoint = true
+	bare := Key{tenant, "bare"}
+	c, _, cDurable, _ := checkpointHosts(t, target)
+	cDurable.seed(bare, compatA)
+	_, err = c.mgr.Attach(ctx, request(bare, ModeResume))
+	if !errors.As(err, &ae) || ae.Code != CodeCheckpointNeeded || !errors.Is(err, ErrCheckpointRequired) {
+		t.Fatalf("resume without a workspace checkpoint on a target requiring one: %v, want %s", err, CodeCheckpointNeeded)
+	}
+}
