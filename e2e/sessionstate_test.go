@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+// TestAcceptance_SessionStateSurvivesMove: a session's workspace (a
+// 200 MiB file, a symlink, a nested file and an empty directory) is
+// checkpointed through the control plane by its release and is there,
+// byte for byte, when the session is attached on another node. The
+// session's record names the checkpoint; the next release there moves
+// only what changed.
+func TestAcceptance_SessionStateSurvivesMove(t *testing.T) {
+	f := sessionFleet(t)
+	l := newLedger(t)
+	a := f.startSessionNode(sessionNodeSpec{id: "node-a", ledger: l})
+	b := f.startSessionNode(sessionNodeSpec{id: "node-b", ledger: l})
+	key := residency.Key{Tenant: "acme", Session: "state-1"}
+	if r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id}); r.Host != a.id {
+		t.Fatalf("attach: %+v", r)
+	}
+	wsA := filepath.Join(a.ws, key.Tenant, key.Session)
+	big := filepath.Join(wsA, "model", "weights.bin")
+	if err := os.MkdirAll(filepath.Dir(big), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := writeRandomFile(t, big, 200<<20)
+	if err := os.Symlink("model/weights.bin", filepath.Join(wsA, "current")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(wsA, "cache", "empty"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wsA, "cache", "state.json"), []byte(`{"step":41}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.sessionAdmin(bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+		t.Fatalf("release: %v", rep.Error)
+	}
+	rec, ok := f.sessionRecord(key)
+	if !ok || rec.Checkpoint == nil || rec.Checkpoint.Files != 2 || rec.Checkpoint.Bytes != 200<<20+11 {
+		t.Fatalf("session record after release: %+v (checkpoint %+v), want a checkpoint of 2 files", rec, rec.Checkpoint)
+	}
+
+	if r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: b.id}); r.Host != b.id || r.Epoch != 2 {
+		t.Fatalf("attach on node-b: %+v", r)
+	}
+	wsB := filepath.Join(b.ws, key.Tenant, key.Session)
+	if got := fileSum(t, filepath.Join(wsB, "current")); got != sum {
+		t.Fatalf("200 MiB file through the symlink on node-b: sha256 %x, want %x", got, sum)
+	}
+	if target, err := os.Readlink(filepath.Join(wsB, "current")); err != nil || target != "model/weights.bin" {
+		t.Errorf("symlink on node-b: %q, %v", target, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(wsB, "cache", "state.json")); err != nil || !bytes.Equal(got, []byte(`{"step":41}`)) {
+		t.Errorf("state.json on node-b: %q, %v", got, err)
+	}
+	if info, err := os.Stat(filepath.Join(wsB, "cache", "empty")); err != nil || !info.IsDir() {
+		t.Errorf("empty directory on node-b: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(wsB, "cache", "state.json"), []byte(`{"step":42}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.sessionAdmin(bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+		t.Fatalf("second release: %v", rep.Error)
+	}
+	if rec, _ := f.sessionRecord(key); rec.CheckpointSequence != 2 || rec.Checkpoint == nil || rec.Checkpoint.BytesMoved > 1<<20 {
+		t.Errorf("second checkpoint: %+v (%+v), want sequence 2 moving well under 1 MiB", rec, rec.Checkpoint)
+	}
+}
+
+// writeRandomFile writes size random bytes to p and returns their SHA-256.
+func writeRandomFile(t *testing.T, p string, size int64) [32]byte {
+	t.Helper()
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(io.MultiWriter(f, h), rand.Reader, size); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
+func fileSum(t *testing.T, p string) [32]byte {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return [32]byte(h.Sum(nil))
+}
