@@ -134,8 +134,8 @@ func newSessionCmd(g *globals) *cobra.Command {
 				}
 				fmt.Fprintf(tw, "Lease:\t%s\n", leaseText(r))
 				if s := r.State; s != nil {
-					fmt.Fprintf(tw, "Namespace:\t%s\nCompatibility id:\t%s\nCheckpoint:\t%d (epoch %d, by %s at %s)\n", s.Namespace, s.CompatibilityID,
-						s.CheckpointSequence, s.Epoch, s.Host, s.UpdatedAt.UTC().Format(time.RFC3339))
+					fmt.Fprintf(tw, "Namespace:\t%s\nCompatibility id:\t%s\nCheckpoint:\t%d (epoch %d, by %s at %s)\nWorkspace:\t%s\n", s.Namespace, s.CompatibilityID,
+						s.CheckpointSequence, s.Epoch, s.Host, s.UpdatedAt.UTC().Format(time.RFC3339), workspaceText(s.Checkpoint, time.Now()))
 				} else {
 					fmt.Fprintf(tw, "Durable state:\tnone\n")
 				}
@@ -275,7 +275,24 @@ func checkpointText(r sessionRow) string {
 	if r.State == nil {
 		return "-"
 	}
+	if r.State.Checkpoint == nil {
+		return fmt.Sprintf("%d (no workspace)", r.State.CheckpointSequence)
+	}
 	return fmt.Sprintf("%d", r.State.CheckpointSequence)
+}
+
+// workspaceText says what the latest checkpoint holds of the workspace:
+// its size, its age at now, and what taking it sent.
+func workspaceText(c *schemas.CheckpointSummary, now time.Time) string {
+	if c == nil {
+		return "not checkpointed: the session resumes on an empty workspace"
+	}
+	files := "files"
+	if c.Files == 1 {
+		files = "file"
+	}
+	return fmt.Sprintf("%d %s, %s, taken %s ago in %.1fs (%s sent)", c.Files, files, humanBytes(c.Bytes),
+		now.Sub(c.TakenAt).Round(time.Second), c.Seconds, humanBytes(c.BytesMoved))
 }
 
 // printDrainSessions reports a node drain's sessions: what was released and
@@ -321,4 +338,17 @@ func drainNode(ctx context.Context, conn *bus.Conn, id string) (schemas.NodeDrai
 		return rep, errors.New("empty reply on " + bus.SubjectDrain)
 	}
 	return rep, nil
+}
+
+// humanBytes is n in binary units, to one decimal.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, exp := float64(n)/unit, 0
+	for v >= unit && exp < 4 {
+		v, exp = v/unit, exp+1
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTP"[exp])
 }

@@ -143,6 +143,10 @@ func TestSessionCommands(t *testing.T) {
 	if out, err := cli(t, n.URL(), "session", "release", "acme.s1"); err != nil || !strings.Contains(out, "released") {
 		t.Fatalf("release: %v\n%s", err, out)
 	}
+	// The release checkpointed the session's workspace; get says so.
+	if out, err := cli(t, n.URL(), "session", "get", "acme.s1"); err != nil || !strings.Contains(out, "Workspace:") || !strings.Contains(out, " files, ") || !strings.Contains(out, " sent)") {
+		t.Fatalf("get after release shows no workspace checkpoint: %v\n%s", err, out)
+	}
 	if out, err := cli(t, n.URL(), "session", "release", "acme.s1"); err == nil || !strings.Contains(err.Error(), string(residency.CodeNotResident)) {
 		t.Fatalf("second release: %v\n%s", err, out)
 	}
@@ -157,5 +161,22 @@ func TestSessionCommands(t *testing.T) {
 	out, err = cli(t, n.URL(), "session", "list", "--all")
 	if err != nil || !strings.Contains(out, "acme.s1") || !strings.Contains(out, "expired") {
 		t.Fatalf("list --all: %v\n%s", err, out)
+	}
+}
+
+func TestWorkspaceText(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		sum  *schemas.CheckpointSummary
+		want string
+	}{
+		{nil, "not checkpointed: the session resumes on an empty workspace"},
+		{&schemas.CheckpointSummary{TakenAt: now.Add(-90 * time.Second), Files: 3, Bytes: 200<<20 + 11, BytesMoved: 2048, Seconds: 1.25},
+			"3 files, 200.0 MiB, taken 1m30s ago in 1.2s (2.0 KiB sent)"},
+		{&schemas.CheckpointSummary{TakenAt: now, Files: 1, Bytes: 12}, "1 file, 12 B, taken 0s ago in 0.0s (0 B sent)"},
+	} {
+		if got := workspaceText(c.sum, now); got != c.want {
+			t.Errorf("workspaceText(%+v) = %q, want %q", c.sum, got, c.want)
+		}
 	}
 }
