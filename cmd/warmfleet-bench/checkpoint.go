@@ -11,18 +11,17 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/checkpoint"
 )
 
 // checkpointOpts are the checkpoint subcommand's flags.
 type checkpointOpts struct {
 	sizeMiB, files, changedMiB, rounds int
-	chunkMiB                           int
 }
 
 func newCheckpointCmd(g *globals) *cobra.Command {
@@ -46,7 +45,6 @@ medians over rounds.`,
 	f.IntVar(&o.sizeMiB, "size-mib", 1024, "the workspace's size")
 	f.IntVar(&o.files, "files", 16, "files the workspace holds, of equal size")
 	f.IntVar(&o.changedMiB, "changed-mib", 10, "bytes overwritten in one file before the incremental checkpoint")
-	f.IntVar(&o.chunkMiB, "chunk-mib", 1, "the checkpoint's chunk size")
 	f.IntVar(&o.rounds, "rounds", 3, "rounds")
 	return cmd
 }
@@ -76,20 +74,6 @@ func runCheckpointBench(ctx context.Context, g *globals, o *checkpointOpts) (*Re
 	if err := writeWorkspace(ws, o); err != nil {
 		return nil, err
 	}
-	srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Port: -1})
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	prof, err := newProfiler(g.cpuProfile)
 	if err != nil {
 		return nil, err
@@ -100,7 +84,7 @@ func runCheckpointBench(ctx context.Context, g *globals, o *checkpointOpts) (*Re
 	}
 	var samples []checkpointSample
 	for r := range o.rounds {
-		s, err := checkpointRound(ctx, js, dir, ws, r, o)
+		s, err := checkpointRound(ctx, dir, ws, r, o)
 		if err != nil {
 			return nil, fmt.Errorf("round %d: %w", r+1, err)
 		}
@@ -127,7 +111,7 @@ func checkpointReport(samples []checkpointSample, o *checkpointOpts) *Report {
 	moved := pick(func(s checkpointSample) float64 { return float64(s.IncrMovedBytes) / (1 << 20) })
 	rep.add(fmt.Sprintf("incremental checkpoint after %d MiB changed", o.changedMiB), moved, "MiB moved", float64(o.changedMiB), "bytes changed").
 		goal("about the bytes changed (≤ 1.5×)", moved <= 1.5*float64(o.changedMiB))
-	rep.note("%d random files, %d MiB chunks, one-replica file-store bucket on this machine's disk; raw put is the files one after another, raw get reads each back to disk; every phase starts after a sync(2); medians over %d rounds", o.files, o.chunkMiB, o.rounds)
+	rep.note("%d random files; the checkpoint as a node takes it, through the control plane's checkpoint service (residency.RemoteCheckpoints, %d KiB chunks) into wf_checkpoints, a one-replica file-store bucket on this machine's disk; raw put is the files one after another into the same bucket, raw get reads each back to disk; every phase starts after a sync(2); medians over %d rounds", o.files, residency.ChunkSize>>10, o.rounds)
 	rep.Details["samples"] = samples
 	return rep
 }
@@ -152,33 +136,47 @@ func writeWorkspace(ws string, o *checkpointOpts) error {
 	return nil
 }
 
-// checkpointRound measures the raw baseline, a checkpoint, a restore and
-// an incremental checkpoint, each into its own bucket removed after.
-func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string, r int, o *checkpointOpts) (checkpointSample, error) {
+// checkpointRound starts a JetStream server and the control plane's
+// session services of its own, so no round writes into a store an
+// earlier one filled, and measures a round there.
+func checkpointRound(ctx context.Context, dir, ws string, r int, o *checkpointOpts) (checkpointSample, error) {
+	store := filepath.Join(dir, fmt.Sprintf("nats-%d", r))
+	defer os.RemoveAll(store)
+	srv, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: store, Port: -1})
+	if err != nil {
+		return checkpointSample{}, err
+	}
+	defer srv.Shutdown()
+	cp, err := startCheckpointService(ctx, srv.URL())
+	if err != nil {
+		return checkpointSample{}, err
+	}
+	defer cp.close()
+	return cp.round(ctx, dir, ws, r, o)
+}
+
+// round measures the raw baseline, then a checkpoint, a restore and an
+// incremental checkpoint as a node takes them (RemoteCheckpoints through
+// the control plane), each timed from a sync(2).
+func (cp *checkpointService) round(ctx context.Context, dir, ws string, r int, o *checkpointOpts) (checkpointSample, error) {
 	var s checkpointSample
-	bucket := fmt.Sprintf("bench_%d", r)
-	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: bucket, Storage: jetstream.FileStorage})
-	if err != nil {
-		return s, err
-	}
-	defer js.DeleteObjectStore(context.WithoutCancel(ctx), bucket)
 	mib := float64(o.sizeMiB)
-	if s.RawPutMiBs, s.RawGetMiBs, err = rawPutGet(ctx, obs, ws, filepath.Join(dir, fmt.Sprintf("raw-%d", r))); err != nil {
-		return s, err
-	}
-	s.RawPutMiBs, s.RawGetMiBs = mib/s.RawPutMiBs, mib/s.RawGetMiBs
-	b, err := checkpoint.OpenObjectBucket(ctx, js, bucket)
+	raw := fmt.Sprintf("raw-%d/", r)
+	put, get, err := rawPutGet(ctx, cp.obs, ws, raw, filepath.Join(dir, raw))
 	if err != nil {
 		return s, err
 	}
-	store, err := b.Session("bench", fmt.Sprintf("round-%d", r))
+	s.RawPutMiBs, s.RawGetMiBs = mib/put, mib/get
+	key := residency.Key{Tenant: "bench", Session: fmt.Sprintf("round-%d", r)}
+	store, err := cp.holder(ctx, key)
 	if err != nil {
 		return s, err
 	}
-	opt := checkpoint.Options{ChunkSize: int64(o.chunkMiB) << 20}
+	opt := checkpoint.Options{ChunkSize: residency.ChunkSize}
+	id := checkpoint.ID{Sequence: 1, Epoch: uint64(store.Epoch)}
 	syscall.Sync()
 	start := time.Now()
-	first, _, err := checkpoint.Take(ctx, ws, store, checkpoint.ID{Sequence: 1, Epoch: 1}, opt)
+	first, _, err := checkpoint.Take(ctx, ws, store, id, opt)
 	if err != nil {
 		return s, err
 	}
@@ -186,7 +184,7 @@ func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string
 	dst := filepath.Join(dir, fmt.Sprintf("restored-%d", r))
 	syscall.Sync()
 	start = time.Now()
-	if _, _, err := checkpoint.Restore(ctx, store, checkpoint.ID{Sequence: 1, Epoch: 1}, dst, 0); err != nil {
+	if _, _, err := checkpoint.Restore(ctx, store, id, dst, 0); err != nil {
 		return s, err
 	}
 	s.RestoreMiBs = mib / time.Since(start).Seconds()
@@ -199,7 +197,7 @@ func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string
 	opt.Previous = &first
 	syscall.Sync()
 	start = time.Now()
-	_, st, err := checkpoint.Take(ctx, ws, store, checkpoint.ID{Sequence: 2, Epoch: 1}, opt)
+	_, st, err := checkpoint.Take(ctx, ws, store, checkpoint.ID{Sequence: 2, Epoch: id.Epoch}, opt)
 	if err != nil {
 		return s, err
 	}
@@ -207,9 +205,10 @@ func checkpointRound(ctx context.Context, js jetstream.JetStream, dir, ws string
 	return s, nil
 }
 
-// rawPutGet puts every file of ws as an object, one after another, then
-// reads each back into out; it returns the seconds each took.
-func rawPutGet(ctx context.Context, obs jetstream.ObjectStore, ws, out string) (put, get float64, err error) {
+// rawPutGet puts every file of ws as an object named prefix+file, one
+// after another, then reads each back into out; it returns the seconds
+// each took.
+func rawPutGet(ctx context.Context, obs jetstream.ObjectStore, ws, prefix, out string) (put, get float64, err error) {
 	entries, err := os.ReadDir(ws)
 	if err != nil {
 		return 0, 0, err
@@ -221,7 +220,7 @@ func rawPutGet(ctx context.Context, obs jetstream.ObjectStore, ws, out string) (
 		if err != nil {
 			return 0, 0, err
 		}
-		_, err = obs.Put(ctx, jetstream.ObjectMeta{Name: "raw/" + e.Name()}, f)
+		_, err = obs.Put(ctx, jetstream.ObjectMeta{Name: prefix + e.Name()}, f)
 		if err = errors.Join(err, f.Close()); err != nil {
 			return 0, 0, err
 		}
@@ -234,7 +233,7 @@ func rawPutGet(ctx context.Context, obs jetstream.ObjectStore, ws, out string) (
 	syscall.Sync()
 	start = time.Now()
 	for _, e := range entries {
-		if err := getTo(ctx, obs, "raw/"+e.Name(), filepath.Join(out, e.Name())); err != nil {
+		if err := getTo(ctx, obs, prefix+e.Name(), filepath.Join(out, e.Name())); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -29,7 +29,7 @@ type fetched struct {
 // most 2×workers chunks are ahead of the writer.
 func fetchChunks(ctx context.Context, store Store, m *Manifest, dir string, workers int, st *RestoreStats) error {
 	if workers == 0 {
-		workers = 4
+		workers = DefaultWorkers
 	}
 	c, err := newCodec()
 	if err != nil {

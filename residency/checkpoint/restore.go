@@ -25,7 +25,7 @@ type RestoreStats struct {
 // its digest and size; only a whole restore takes dst's place (an atomic
 // exchange where the kernel has one), so a failed one leaves dst as it was
 // and nothing half-restored behind. Owners are restored when running as
-// root. workers fetch that many chunks at once (0: 4).
+// root. workers fetch that many chunks at once (0: DefaultWorkers).
 func Restore(ctx context.Context, store Store, id ID, dst string, workers int) (Manifest, RestoreStats, error) {
 	var st RestoreStats
 	m, err := Load(ctx, store, id)

@@ -35,6 +35,11 @@ func (id ID) Less(o ID) bool {
 	return id.Sequence < o.Sequence || (id.Sequence == o.Sequence && id.Epoch < o.Epoch)
 }
 
+// DefaultWorkers is how many chunks Take and Restore have in flight at
+// once: a store is usually a request away (RemoteCheckpoints), and eight
+// hide its round trips (docs/benchmarks.md, checkpoint).
+const DefaultWorkers = 8
+
 // PruneStore is a Store that lists and deletes, as Prune needs.
 type PruneStore interface {
 	Store

@@ -24,7 +24,8 @@ type Options struct {
 	// Previous is the session's last checkpoint: a file whose size, mode,
 	// owner and mtime are unchanged since reuses its chunks unread.
 	Previous *Manifest
-	// Workers hash, seal and send that many chunks at once (0: 4).
+	// Workers hash, seal and send that many chunks at once (0:
+	// DefaultWorkers).
 	Workers int
 }
 
@@ -184,7 +185,7 @@ type chunkJob struct {
 // that workers hash and, when the store lacks them, seal and put.
 func sendChunks(ctx context.Context, root string, m *Manifest, read []int, store Store, c *codec, workers int, st *TakeStats) error {
 	if workers == 0 {
-		workers = 4
+		workers = DefaultWorkers
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	jobs := make(chan chunkJob, workers)
