@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/internal/testenv"
 )
 
 func ctxT(t testing.TB) context.Context {
@@ -25,31 +25,14 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// startBucket starts an embedded nats-server with a checkpoint bucket and
-// returns its JetStream.
+// startBucket starts an embedded nats-server with the topology (the
+// checkpoint bucket among it) and returns its JetStream.
 func startBucket(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	e, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir(), Port: -1, MaxPayload: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := nats.Connect(e.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateObjectStore(ctxT(t), jetstream.ObjectStoreConfig{Bucket: testBucket, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return testenv.ProvisionedBus(t, t.Name()).JS
 }
 
-const testBucket = "wf_checkpoints"
+const testBucket = bus.ObjectBucketCheckpoints
 
 func sessionStore(t testing.TB, js jetstream.JetStream, tenant, session string) *ObjectStore {
 	t.Helper()

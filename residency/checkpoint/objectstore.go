@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -211,13 +212,7 @@ func (s *ObjectStore) IDs(ctx context.Context) ([]ID, error) {
 		}
 	}
 	slices.SortFunc(ids, func(a, b ID) int {
-		if a.Less(b) {
-			return -1
-		}
-		if b.Less(a) {
-			return 1
-		}
-		return 0
+		return cmp.Or(cmp.Compare(a.Sequence, b.Sequence), cmp.Compare(a.Epoch, b.Epoch))
 	})
 	return ids, err
 }

@@ -30,11 +30,6 @@ type ID struct {
 
 func (id ID) String() string { return fmt.Sprintf("checkpoint %d (epoch %d)", id.Sequence, id.Epoch) }
 
-// Less orders IDs by sequence, then epoch.
-func (id ID) Less(o ID) bool {
-	return id.Sequence < o.Sequence || (id.Sequence == o.Sequence && id.Epoch < o.Epoch)
-}
-
 // DefaultWorkers is how many chunks Take and Restore have in flight at
 // once: a store is usually a request away (RemoteCheckpoints), and eight
 // hide its round trips (docs/benchmarks.md, checkpoint).

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -136,18 +137,8 @@ func scan(root string, m *Manifest, st *TakeStats) error {
 		m.Entries = append(m.Entries, e)
 		return nil
 	})
-	slices.SortFunc(m.Entries, func(a, b Entry) int { return compareStrings(a.Path, b.Path) })
+	slices.SortFunc(m.Entries, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
 	return err
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // reuse gives each file unchanged since prev its chunks there, and returns
