@@ -178,8 +178,10 @@ type hostConfig struct {
 	capacity     int
 	hooks        Hooks
 	logger       *zap.Logger
-	// checkpoints is Options.Checkpoints: nil keeps workspaces local.
-	checkpoints CheckpointStores
+	// checkpoints is Options.Checkpoints: nil keeps workspaces local;
+	// checkpointInterval Options.CheckpointInterval.
+	checkpoints        CheckpointStores
+	checkpointInterval time.Duration
 }
 
 func newHost(t testing.TB, c hostConfig) *host {
@@ -203,26 +205,27 @@ func newHost(t testing.TB, c hostConfig) *host {
 	}
 	h := &host{id: c.id, ledger: ledger, ws: ws, faults: newFaults(), link: &link{}}
 	m, err := New(Options{
-		HostID:            c.id,
-		Logger:            c.logger.Named(c.id),
-		Clock:             c.clock,
-		Admissions:        faultyAdmissions{ledger, h.faults},
-		Leases:            hostLeases{c.cp.leases, h.link, h.faults},
-		Locations:         hostLocations{c.cp.locations, h.link, h.faults},
-		Durable:           faultyDurable{c.durable, h.faults},
-		Workspaces:        faultyWorkspaces{ws, h.faults},
-		Runtime:           faultyRuntime{c.runtime, h.faults},
-		Target:            c.target,
-		Inboxes:           faultyInboxes{JetStreamInboxes{JS: c.env.js}, h.faults},
-		Handler:           c.handler,
-		WarmTTL:           c.warmTTL,
-		Confirm:           c.confirm,
-		HeartbeatInterval: c.heartbeat,
-		FetchWait:         20 * time.Millisecond,
-		RetryDelay:        50 * time.Millisecond,
-		ReleaseBound:      c.releaseBound,
-		Hooks:             c.hooks,
-		Checkpoints:       c.checkpoints,
+		HostID:             c.id,
+		Logger:             c.logger.Named(c.id),
+		Clock:              c.clock,
+		Admissions:         faultyAdmissions{ledger, h.faults},
+		Leases:             hostLeases{c.cp.leases, h.link, h.faults},
+		Locations:          hostLocations{c.cp.locations, h.link, h.faults},
+		Durable:            faultyDurable{c.durable, h.faults},
+		Workspaces:         faultyWorkspaces{ws, h.faults},
+		Runtime:            faultyRuntime{c.runtime, h.faults},
+		Target:             c.target,
+		Inboxes:            faultyInboxes{JetStreamInboxes{JS: c.env.js}, h.faults},
+		Handler:            c.handler,
+		WarmTTL:            c.warmTTL,
+		Confirm:            c.confirm,
+		HeartbeatInterval:  c.heartbeat,
+		FetchWait:          20 * time.Millisecond,
+		RetryDelay:         50 * time.Millisecond,
+		ReleaseBound:       c.releaseBound,
+		Hooks:              c.hooks,
+		Checkpoints:        c.checkpoints,
+		CheckpointInterval: c.checkpointInterval,
 	})
 	if err != nil {
 		t.Fatal(err)

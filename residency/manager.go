@@ -133,6 +133,10 @@ type Options struct {
 	// CheckpointChunkSize cuts files for Checkpoints (0: the checkpoint
 	// package's default); it must fit what the store carries.
 	CheckpointChunkSize int64
+	// CheckpointInterval checkpoints each resident session that often,
+	// beside the checkpoint of its release; zero takes none while it is
+	// resident.
+	CheckpointInterval time.Duration
 
 	// WarmTTL is how long a session stays resident after its inbox goes
 	// durably idle; zero disables warm release.
@@ -177,7 +181,7 @@ func (o *Options) validate() error {
 	if _, ok := o.Admissions.(DrainSwitch); !ok {
 		return &InvalidOptionsError{Field: "Admissions", Reason: "must implement DrainSwitch (BeginDrain), so Drain and Draining share one flag"}
 	}
-	if o.WarmTTL < 0 || o.HeartbeatInterval < 0 || o.FetchWait < 0 || o.ReleaseBound < 0 || o.RetryDelay < 0 {
+	if o.WarmTTL < 0 || o.HeartbeatInterval < 0 || o.FetchWait < 0 || o.ReleaseBound < 0 || o.RetryDelay < 0 || o.CheckpointInterval < 0 {
 		return &InvalidOptionsError{Field: "durations", Reason: "must not be negative"}
 	}
 	if err := o.Target.validate(); err != nil {

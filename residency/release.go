@@ -42,28 +42,10 @@ func (s *session) release(ctx context.Context, why string) error {
 		return s.abort(ctx, err)
 	}
 	// 3. checkpoint: the workspace, then the record naming it.
-	s.mu.Lock()
-	cp := Checkpoint{
-		Key: WireKey(s.key), Host: m.o.HostID, Epoch: s.lease.Epoch(), Sequence: s.state.CheckpointSequence + 1,
-		CompatibilityID: m.o.Target.CompatibilityID, Namespace: s.state.Namespace,
-	}
-	s.mu.Unlock()
-	if err := s.fence.Check(); err != nil {
+	cp, err := s.checkpoint(ctx)
+	if err != nil {
 		return s.abort(ctx, err)
 	}
-	if cp.Content, err = s.saveWorkspace(ctx, cp.Sequence); err != nil {
-		return s.abort(ctx, err)
-	}
-	if err := s.fence.Check(); err != nil {
-		return s.abort(ctx, err)
-	}
-	if err := m.o.Durable.CommitCheckpoint(ctx, cp); err != nil {
-		return s.abort(ctx, fmt.Errorf("checkpoint: %w", err))
-	}
-	s.mu.Lock()
-	s.state.Exists, s.state.HasCheckpoint, s.state.CheckpointSequence = true, true, cp.Sequence
-	s.state.CheckpointEpoch, s.state.Checkpoint = cp.Epoch, cp.Content
-	s.mu.Unlock()
 	// 4. release the runtime.
 	rerr := &ReleaseError{Key: s.key}
 	rctx, cancel := m.bounded(ctx)

@@ -15,6 +15,80 @@ import (
 // epoch reaches it (RemoteCheckpoints on a node).
 type CheckpointStores func(key Key, epoch ResidencyEpoch) checkpoint.Store
 
+// checkpoint takes the next checkpoint of the session (its workspace,
+// when Options.Checkpoints is set) and commits it under the lease epoch;
+// the caller holds the session's op lock. A holder that lost its grant
+// commits nothing.
+func (s *session) checkpoint(ctx context.Context) (Checkpoint, error) {
+	m := s.m
+	s.mu.Lock()
+	cp := Checkpoint{
+		Key: WireKey(s.key), Host: m.o.HostID, Epoch: s.lease.Epoch(), Sequence: s.state.CheckpointSequence + 1,
+		CompatibilityID: m.o.Target.CompatibilityID, Namespace: s.state.Namespace,
+	}
+	s.mu.Unlock()
+	if err := s.fence.Check(); err != nil {
+		return cp, err
+	}
+	var err error
+	if cp.Content, err = s.saveWorkspace(ctx, cp.Sequence); err != nil {
+		return cp, err
+	}
+	if err := s.fence.Check(); err != nil {
+		return cp, err
+	}
+	if err := m.o.Durable.CommitCheckpoint(ctx, cp); err != nil {
+		return cp, fmt.Errorf("checkpoint: %w", err)
+	}
+	s.mu.Lock()
+	s.state.Exists, s.state.HasCheckpoint, s.state.CheckpointSequence = true, true, cp.Sequence
+	s.state.CheckpointEpoch, s.state.Checkpoint = cp.Epoch, cp.Content
+	s.mu.Unlock()
+	return cp, nil
+}
+
+// startPeriodic checkpoints the resident session every
+// Options.CheckpointInterval, so a node lost while it is resident costs
+// at most that much of its workspace. The loop ends with the residency.
+func (s *session) startPeriodic() {
+	iv := s.m.o.CheckpointInterval
+	if iv <= 0 || s.m.o.Checkpoints == nil {
+		return
+	}
+	ctx := s.ctx
+	s.m.spawn(func() {
+		t := s.m.clock.NewTimer(iv)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+			}
+			if err := s.checkpointResident(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("periodic checkpoint failed; the next interval tries again", zap.Error(err))
+			}
+			t.Reset(iv)
+		}
+	})
+}
+
+// checkpointResident checkpoints the session if it is still resident,
+// under its op lock (a release or surrender waits for it, and it for
+// them). Inbox work goes on meanwhile: a file written during the take is
+// caught as it was read.
+func (s *session) checkpointResident(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.unlock()
+	if s.phase() != PhaseResident {
+		return nil
+	}
+	_, err := s.checkpoint(ctx)
+	return err
+}
+
 // saveWorkspace checkpoints the session's workspace as checkpoint
 // (sequence, its epoch), sending only what the store lacks beside the
 // session's last manifest, and returns what the commit records. Without

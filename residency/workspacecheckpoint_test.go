@@ -17,8 +17,20 @@ import (
 // checkpoint workspaces into wf_checkpoints, on the in-memory runtime.
 func checkpointHosts(t *testing.T, target RuntimeTarget) (a, b *host, durable *memDurable, bucket *checkpoint.ObjectBucket) {
 	t.Helper()
+	return checkpointHostsWith(t, target, hostConfig{})
+}
+
+// checkpointHostsWith is checkpointHosts with both hosts' checkpoint
+// interval and hooks as in base, and a lease of 2 s when base sets an
+// interval (the tests of loss wait one out).
+func checkpointHostsWith(t *testing.T, target RuntimeTarget, base hostConfig) (a, b *host, durable *memDurable, bucket *checkpoint.ObjectBucket) {
+	t.Helper()
 	env := newBus(t)
-	cp := newControlPlane(t, env, SystemClock{}, 10*time.Second, 3*time.Second)
+	ttl := 10 * time.Second
+	if base.checkpointInterval > 0 {
+		ttl = 2 * time.Second
+	}
+	cp := newControlPlane(t, env, SystemClock{}, ttl, 3*time.Second)
 	bucket, err := checkpoint.OpenObjectBucket(testCtx(t), env.js, bus.ObjectBucketCheckpoints)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +46,7 @@ func checkpointHosts(t *testing.T, target RuntimeTarget) (a, b *host, durable *m
 	rec := &recorder{}
 	cfg := func(id string) hostConfig {
 		return hostConfig{id: id, cp: cp, env: env, durable: durable, runtime: newFakeRuntime(), target: target,
-			handler: rec.handler(id), checkpoints: stores}
+			handler: rec.handler(id), checkpoints: stores, checkpointInterval: base.checkpointInterval, hooks: base.hooks}
 	}
 	return newHost(t, cfg("host-a")), newHost(t, cfg("host-b")), durable, bucket
 }
@@ -144,5 +156,51 @@ func TestManager_RestoreRefusals(t *testing.T) {
 	_, err = c.mgr.Attach(ctx, request(bare, ModeResume))
 	if !errors.As(err, &ae) || ae.Code != CodeCheckpointNeeded || !errors.Is(err, ErrCheckpointRequired) {
 		t.Fatalf("resume without a workspace checkpoint on a target requiring one: %v, want %s", err, CodeCheckpointNeeded)
+	}
+}
+
+// TestManager_NodeLossRestoresCheckpoint (library level): a resident
+// session is checkpointed every interval; its host is cut off from the
+// control plane and surrenders without a release; the next host restores
+// the last periodic checkpoint, which holds what was written before it.
+func TestManager_NodeLossRestoresCheckpoint(t *testing.T) {
+	ctx := testCtx(t)
+	lost := make(chan LostResidency, 1)
+	a, b, durable, _ := checkpointHostsWith(t, fakeTarget(), hostConfig{checkpointInterval: 100 * time.Millisecond,
+		hooks: Hooks{OnLost: func(l LostResidency) { lost <- l }}})
+	key := Key{tenant, "lossy"}
+	ra, err := a.mgr.Attach(ctx, request(key, ModeCreate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ra.Workspace, "progress"), []byte("epoch 41 done"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var taken Checkpoint
+	waitFor(t, "a periodic checkpoint holding the file", 20*time.Second, func() bool {
+		for _, cp := range durable.checkpoints() {
+			if cp.Content != nil && cp.Content.Files == 1 {
+				taken = cp
+				return true
+			}
+		}
+		return false
+	})
+	a.link.partition()
+	select {
+	case <-lost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("host A never gave its grant up")
+	}
+	var rb Residency
+	waitFor(t, "host B to attach once the lease expired", 30*time.Second, func() bool {
+		rb, err = b.mgr.Attach(ctx, request(key, ModeResume))
+		return err == nil
+	})
+	if got, err := os.ReadFile(filepath.Join(rb.Workspace, "progress")); err != nil || string(got) != "epoch 41 done" {
+		t.Fatalf("after the loss: %q, %v; want the file the periodic checkpoint %d held", got, err, taken.Sequence)
+	}
+	if st, _ := durable.LoadSessionState(ctx, key); st.CheckpointSequence < taken.Sequence || st.CheckpointEpoch != taken.Epoch {
+		t.Errorf("durable state %+v, want the periodic checkpoint of epoch %d (sequence %d or later)", st, taken.Epoch, taken.Sequence)
 	}
 }

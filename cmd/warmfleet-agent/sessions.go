@@ -21,6 +21,8 @@ type sessionFlags struct {
 	capacity      int
 	warmTTL       time.Duration
 	stopGrace     time.Duration
+	checkpointIv  time.Duration
+	requireCkpt   bool
 }
 
 func addSessionFlags(f *pflag.FlagSet) *sessionFlags {
@@ -31,6 +33,8 @@ func addSessionFlags(f *pflag.FlagSet) *sessionFlags {
 	f.IntVar(&s.capacity, "session-capacity", 4, "most sessions resident at once")
 	f.DurationVar(&s.warmTTL, "session-warm-ttl", 10*time.Minute, "release a session whose inbox stayed idle this long (0: never)")
 	f.DurationVar(&s.stopGrace, "session-stop-grace", 10*time.Second, "how long a released session's container gets after SIGTERM")
+	f.DurationVar(&s.checkpointIv, "session-checkpoint-interval", 5*time.Minute, "checkpoint each resident session's workspace this often, beside its release's checkpoint (0: only at release); a node lost meanwhile loses at most this much")
+	f.BoolVar(&s.requireCkpt, "session-requires-checkpoint", false, "refuse to resume a session whose durable state holds no workspace checkpoint (checkpoint_required) rather than start it on an empty workspace")
 	return s
 }
 
@@ -51,7 +55,8 @@ func (s *sessionFlags) host(dataDir string) (noderuntime.SessionHost, error) {
 		return nil, err
 	}
 	return nodehost.New(nodehost.Options{
-		Target:   residency.RuntimeTarget{Image: s.image, ManifestDigest: digest, Command: s.command, CompatibilityID: s.compat, StopGrace: s.stopGrace},
-		Capacity: s.capacity, WorkspaceRoot: root, WarmTTL: s.warmTTL,
+		Target: residency.RuntimeTarget{Image: s.image, ManifestDigest: digest, Command: s.command, CompatibilityID: s.compat, StopGrace: s.stopGrace,
+			RequiresCheckpoint: s.requireCkpt},
+		Capacity: s.capacity, WorkspaceRoot: root, WarmTTL: s.warmTTL, CheckpointInterval: s.checkpointIv,
 	})
 }

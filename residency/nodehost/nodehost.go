@@ -50,6 +50,9 @@ type Options struct {
 	WorkspaceRoot string
 	// WarmTTL releases a session durably idle this long; 0 disables it.
 	WarmTTL time.Duration
+	// CheckpointInterval checkpoints each resident session's workspace
+	// that often; 0 only at release.
+	CheckpointInterval time.Duration
 	// HeartbeatInterval renews leases; the grant's TTL/3 when zero.
 	HeartbeatInterval time.Duration
 	// Handler handles inbox work; WorkspaceHandler(WorkspaceRoot) when nil.
@@ -124,7 +127,7 @@ func (h *Host) Serve(ctx context.Context, env noderuntime.SessionHostEnv) error 
 		Checkpoints: func(key residency.Key, epoch residency.ResidencyEpoch) checkpoint.Store {
 			return &residency.RemoteCheckpoints{Remote: remote, Key: key, Epoch: epoch}
 		},
-		CheckpointChunkSize: residency.ChunkSize,
+		CheckpointChunkSize: residency.ChunkSize, CheckpointInterval: h.o.CheckpointInterval,
 	})
 	if err != nil {
 		return err
