@@ -132,6 +132,9 @@ type sessionNodeSpec struct {
 	url string
 	// accelerator states the node's cards.
 	accelerator agent.AcceleratorProbe
+	// checkpointInterval checkpoints resident sessions that often (0:
+	// only at release).
+	checkpointInterval time.Duration
 }
 
 func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
@@ -145,7 +148,7 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 	dataDir := tempDir(f.t)
 	ws := filepath.Join(dataDir, "sessions")
 	host, err := nodehost.New(nodehost.Options{
-		Target: spec.target, Capacity: 8, WorkspaceRoot: ws, WarmTTL: spec.warmTTL,
+		Target: spec.target, Capacity: 8, WorkspaceRoot: ws, WarmTTL: spec.warmTTL, CheckpointInterval: spec.checkpointInterval,
 		Handler: spec.ledger.handler(spec.id, ws), Hooks: spec.ledger.hooks(spec.id), RequestTimeout: 3 * time.Second,
 	})
 	if err != nil {

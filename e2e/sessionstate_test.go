@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/residency"
@@ -76,6 +77,41 @@ func TestAcceptance_SessionStateSurvivesMove(t *testing.T) {
 	}
 	if rec, _ := f.sessionRecord(key); rec.CheckpointSequence != 2 || rec.Checkpoint == nil || rec.Checkpoint.BytesMoved > 1<<20 {
 		t.Errorf("second checkpoint: %+v (%+v), want sequence 2 moving well under 1 MiB", rec, rec.Checkpoint)
+	}
+}
+
+// TestAcceptance_NodeLossRestoresCheckpoint: node-a checkpoints its
+// resident session periodically and is then stopped without releasing
+// anything; once its lease lapses the session comes back on node-b from
+// the last periodic checkpoint, and its record names it.
+func TestAcceptance_NodeLossRestoresCheckpoint(t *testing.T) {
+	f := sessionFleet(t)
+	l := newLedger(t)
+	a := f.startSessionNode(sessionNodeSpec{id: "node-a", ledger: l, checkpointInterval: 300 * time.Millisecond})
+	b := f.startSessionNode(sessionNodeSpec{id: "node-b", ledger: l})
+	key := residency.Key{Tenant: "acme", Session: "lossy-1"}
+	if r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id}); r.Host != a.id {
+		t.Fatalf("attach: %+v", r)
+	}
+	if err := os.WriteFile(filepath.Join(a.ws, key.Tenant, key.Session, "progress.json"), []byte(`{"epoch":41}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var periodic residency.SessionRecord
+	f.eventually(20*time.Second, "a periodic checkpoint holding progress.json", func() bool {
+		rec, ok := f.sessionRecord(key)
+		periodic = rec
+		return ok && rec.Checkpoint != nil && rec.Checkpoint.Files == 1 && rec.Epoch == 1
+	})
+	a.part.stop(t)
+	rb := f.attachWhenLeaseFree(key, 30*time.Second, "node-b to attach after node-a's lease lapsed")
+	if rb.Host != b.id || rb.Epoch != 2 {
+		t.Fatalf("attach after the loss: %+v, want node-b at epoch 2", rb)
+	}
+	if got, err := os.ReadFile(filepath.Join(b.ws, key.Tenant, key.Session, "progress.json")); err != nil || string(got) != `{"epoch":41}` {
+		t.Fatalf("progress.json on node-b: %q, %v; want what periodic checkpoint %d held", got, err, periodic.CheckpointSequence)
+	}
+	if rec, _ := f.sessionRecord(key); rec.Epoch != 1 || rec.CheckpointSequence < periodic.CheckpointSequence || rec.Checkpoint == nil {
+		t.Errorf("session record after the loss: %+v, want node-a's last periodic checkpoint", rec)
 	}
 }
 
