@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -34,6 +35,17 @@ type KVSessionsOptions = StoreOptions
 // is then refused (fail closed).
 type KVSessions struct {
 	leasedBucket
+	// keep and dropped are KeepCheckpoints'.
+	keep    int
+	dropped func(key Key, drop, keep []schemas.CheckpointRef)
+}
+
+// KeepCheckpoints makes each session's record list its latest n
+// checkpoints that saved a workspace (SessionRecord.Recent); a commit that
+// pushes older ones out calls dropped with them and with those kept, once
+// its write has landed. Call it before the store is used.
+func (s *KVSessions) KeepCheckpoints(n int, dropped func(key Key, drop, keep []schemas.CheckpointRef)) {
+	s.keep, s.dropped = n, dropped
 }
 
 var _ DurableStore = (*KVSessions)(nil)
@@ -44,7 +56,7 @@ func NewKVSessions(ctx context.Context, o KVSessionsOptions) (*KVSessions, error
 	if err != nil {
 		return nil, err
 	}
-	return &KVSessions{b}, nil
+	return &KVSessions{leasedBucket: b}, nil
 }
 
 // Get reads a session's record and its revision.
@@ -108,6 +120,8 @@ func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error 
 	}
 	for range maxCASAttempts {
 		cur, rev, err := s.Get(ctx, key)
+		var drop []schemas.CheckpointRef
+		rec.Recent, drop = s.recent(cur.Recent, cp)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 			_, err = bus.CreateJSON(ctx, s.kv, k, rec)
@@ -132,7 +146,23 @@ func (s *KVSessions) CommitCheckpoint(ctx context.Context, cp Checkpoint) error 
 			return fmt.Errorf("residency: write session %s: %w", key, err)
 		}
 		s.log.Debug("checkpoint committed", zap.Stringer("key", key), zap.Uint64("sequence", cp.Sequence), zap.Uint64("epoch", uint64(cp.Epoch)))
+		if len(drop) > 0 && s.dropped != nil {
+			s.dropped(key, drop, rec.Recent)
+		}
 		return nil
 	}
 	return fmt.Errorf("residency: write session %s: gave up after %d conflicts", key, maxCASAttempts)
+}
+
+// recent is the session's list of checkpoints that saved a workspace once
+// cp is committed, and the ones it pushes out (KeepCheckpoints).
+func (s *KVSessions) recent(cur []schemas.CheckpointRef, cp Checkpoint) (keep, drop []schemas.CheckpointRef) {
+	keep = slices.Clone(cur)
+	if cp.Content != nil {
+		keep = append(keep, schemas.CheckpointRef{Sequence: cp.Sequence, Epoch: cp.Epoch})
+	}
+	if s.keep > 0 && len(keep) > s.keep {
+		drop, keep = keep[:len(keep)-s.keep], keep[len(keep)-s.keep:]
+	}
+	return keep, drop
 }

@@ -160,6 +160,17 @@ type SessionRecord struct {
 	// wf_checkpoints as (CheckpointSequence, Epoch); nil when it saved no
 	// workspace (a record from before workspaces were checkpointed).
 	Checkpoint *CheckpointSummary `json:"checkpoint,omitempty"`
+	// Recent are the latest checkpoints that saved the workspace, oldest
+	// first, as many as the control plane keeps: their content stays in
+	// wf_checkpoints, an older one's is deleted.
+	Recent []CheckpointRef `json:"recent_checkpoints,omitempty"`
+}
+
+// CheckpointRef names a checkpoint: its sequence and the lease epoch it
+// was taken under.
+type CheckpointRef struct {
+	Sequence uint64         `json:"sequence"`
+	Epoch    ResidencyEpoch `json:"epoch"`
 }
 
 // CheckpointSummary is a checkpoint of a session's workspace, as the

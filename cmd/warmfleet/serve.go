@@ -12,6 +12,7 @@ import (
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane"
 	"github.com/warmfleet/warmfleet/controlplane/policy"
+	"github.com/warmfleet/warmfleet/controlplane/sessions"
 	"github.com/warmfleet/warmfleet/internal/logging"
 	"github.com/warmfleet/warmfleet/internal/metrics"
 )
@@ -19,6 +20,7 @@ import (
 func newServe(g *globals) *cobra.Command {
 	var dataDir, listen, metricsAddr string
 	var policyFile string
+	var checkpointsKept int
 	var port, replicas int
 	var logsMaxAge, runRetention, eventsMaxAge time.Duration
 	var logsMaxBytes int64
@@ -121,7 +123,7 @@ func newServe(g *globals) *cobra.Command {
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun, EventsMaxAge: eventsMaxAge}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM, RunRetention: runRetention,
 				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 				CredentialLimit: credentialLimit, Tenants: sec.tenants(), SecretsKeyFile: secretsKeyFile,
-				SchedulingPolicyFile: policyFile,
+				SchedulingPolicyFile: policyFile, Sessions: sessions.Config{CheckpointsKept: checkpointsKept},
 			}, log)
 			if err != nil {
 				return err
@@ -170,6 +172,7 @@ func newServe(g *globals) *cobra.Command {
 	secretsKeys.register(cmd)
 	cmd.Flags().BoolVar(&waitForCapacity, "wait-for-capacity", false, "keep Runs no node can run waiting instead of failing them")
 	cmd.Flags().StringVar(&policyFile, "scheduling-policy-file", "", "JSON scheduling policy: priority classes, tenants' quotas, cohorts, weights, budgets and default retry (docs/scheduling.md); read again when it changes, a bad new file keeping the policy last read; check it with `warmfleet policy check FILE` (default: none, oldest first with no limits)")
+	cmd.Flags().IntVar(&checkpointsKept, "session-checkpoints-kept", 3, "workspace checkpoints of each session whose content is kept in wf_checkpoints; an older one's is deleted once a newer one is committed")
 	return cmd
 }
 

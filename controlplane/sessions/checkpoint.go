@@ -58,6 +58,29 @@ func (c *checkpoints) endpoints(log *zap.Logger) []requests.Endpoint {
 	}
 }
 
+// forget deletes checkpoints drop of the session and the chunks only they
+// named, once a commit pushed them out of those the session keeps. A
+// failure leaves their content in the bucket, and is logged.
+func (c *checkpoints) forget(ctx context.Context, key residency.Key, drop, keep []schemas.CheckpointRef, log *zap.Logger) {
+	s, err := c.bucket.Session(key.Tenant, key.Session)
+	if err == nil {
+		var st checkpoint.PruneStats
+		st, err = checkpoint.Forget(ctx, s, ids(drop), ids(keep))
+		log.Debug("old checkpoints deleted", zap.Stringer("session", key), zap.Int("checkpoints", st.Manifests), zap.Int("chunks", st.Chunks))
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Warn("old checkpoints not deleted; their content stays in the bucket", zap.Stringer("session", key), zap.Error(err))
+	}
+}
+
+func ids(refs []schemas.CheckpointRef) []checkpoint.ID {
+	out := make([]checkpoint.ID, len(refs))
+	for i, r := range refs {
+		out[i] = checkpoint.ID{Sequence: r.Sequence, Epoch: uint64(r.Epoch)}
+	}
+	return out
+}
+
 // store is the session's checkpoint store, once node is found to hold the
 // session's live lease at req.Epoch and req names a chunk or a checkpoint
 // as op needs.

@@ -7,9 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/residency/checkpoint"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // TestCheckpointsOnlyForTheLeaseHolder: the lease holder takes and
@@ -93,5 +96,59 @@ func TestCheckpointsOnlyForTheLeaseHolder(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(dst, "big")); err != nil || !bytes.Equal(got, big) {
 		t.Errorf("restored big file: %d bytes, %v", len(got), err)
+	}
+}
+
+// TestOldCheckpointsForgotten: once a session commits more workspace
+// checkpoints than the control plane keeps (3), the oldest one's record
+// and the chunks only it named are deleted; the kept ones restore, and the
+// session's record lists them.
+func TestOldCheckpointsForgotten(t *testing.T) {
+	f := newFixture(t)
+	nc := f.agentConn(t)
+	ctx := testCtx(t)
+	a := remote(nc, "host-a")
+	key := residency.Key{Tenant: tenant, Session: "ckpt-kept"}
+	f.place(t, key, "host-a")
+	g, err := a.AcquireSessionLease(ctx, key, "host-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &residency.RemoteCheckpoints{Remote: a, Key: key, Epoch: g.Epoch}
+	src := t.TempDir()
+	var prev *checkpoint.Manifest
+	for seq := uint64(1); seq <= 4; seq++ {
+		b := make([]byte, 100<<10)
+		_, _ = rand.Read(b)
+		if err := os.WriteFile(filepath.Join(src, "state"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m, st, err := checkpoint.Take(ctx, src, store, checkpoint.ID{Sequence: seq, Epoch: uint64(g.Epoch)}, checkpoint.Options{ChunkSize: residency.ChunkSize, Previous: prev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prev = &m
+		cp := residency.Checkpoint{Key: residency.WireKey(key), Host: "host-a", Epoch: g.Epoch, Sequence: seq, CompatibilityID: compatA,
+			Namespace: residency.NamespaceFor(key), Content: &schemas.CheckpointSummary{Files: st.Files, Bytes: st.Bytes, BytesMoved: st.BytesMoved}}
+		if err := a.CommitCheckpoint(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := checkpoint.ID{Sequence: 1, Epoch: uint64(g.Epoch)}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, err := store.GetManifest(ctx, first); !errors.Is(err, checkpoint.ErrIncomplete); _, err = store.GetManifest(ctx, first) {
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpoint 1 still held after the fourth commit: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for seq := uint64(2); seq <= 4; seq++ {
+		if _, _, err := checkpoint.Restore(ctx, store, checkpoint.ID{Sequence: seq, Epoch: uint64(g.Epoch)}, filepath.Join(t.TempDir(), "ws"), 0); err != nil {
+			t.Errorf("kept checkpoint %d: %v", seq, err)
+		}
+	}
+	var rec schemas.SessionRecord
+	if _, err := bus.GetJSON(ctx, kv(t, f, bus.BucketSessions), key.String(), &rec); err != nil || len(rec.Recent) != 3 || rec.Recent[0].Sequence != 2 {
+		t.Errorf("session record lists %+v (%v), want checkpoints 2 to 4", rec.Recent, err)
 	}
 }

@@ -43,11 +43,18 @@ type Config struct {
 	// Tenants are the configured tenants an operator's attach or release
 	// may name (controlplane.Config.Tenants); none: any valid tenant name.
 	Tenants []string
+	// CheckpointsKept is how many of a session's latest workspace
+	// checkpoints keep their content in wf_checkpoints; an older one's is
+	// deleted once a newer one is committed. 3 when zero.
+	CheckpointsKept int
 }
 
 func (c Config) withDefaults() Config {
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = 15 * time.Second
+	}
+	if c.CheckpointsKept <= 0 {
+		c.CheckpointsKept = 3
 	}
 	if c.InboxAckWait <= 0 {
 		c.InboxAckWait = 30 * time.Second
@@ -136,8 +143,12 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	// wg owns every server's workers. An operator's attach may wait
 	// minutes on an image pull, so each of those requests gets a goroutine
 	// of its own (operatorServer); agents' requests go to each operation's
-	// pool (residencyServer).
+	// pool (residencyServer). It owns the deletion of checkpoints a session
+	// no longer keeps, too (checkpoint.go, forget).
 	var wg sync.WaitGroup
+	durable.KeepCheckpoints(s.cfg.CheckpointsKept, func(key residency.Key, drop, keep []schemas.CheckpointRef) {
+		wg.Go(func() { cps.forget(ctx, key, drop, keep, s.log) })
+	})
 	endpoints := append(st.residencyEndpoints(s.log.Named("residency-service")), cps.endpoints(s.log.Named("checkpoint-service"))...)
 	stopAll, err := requests.Serve(ctx, &wg, s.conn.NC, append(endpoints,
 		s.operatorServer(bus.SubjectSessionAttach, func(ctx context.Context, _ string, req schemas.SessionRequest) schemas.SessionReply {

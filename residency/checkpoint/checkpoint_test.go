@@ -387,3 +387,42 @@ func TestSameSequenceTwoEpochs(t *testing.T) {
 		sameTree(t, tree(t, tc.dir), tree(t, dst))
 	}
 }
+
+// TestForgetKeepsShared: forgetting a checkpoint deletes its record and
+// the chunks only it named; what a kept checkpoint shares stays, and a
+// forget run again after it finished deletes nothing more.
+func TestForgetKeepsShared(t *testing.T) {
+	ctx := ctxT(t)
+	store := sessionStore(t, startBucket(t), "acme", "s1")
+	src := t.TempDir()
+	rng := rand.New(rand.NewPCG(11, 12))
+	writeRandom(t, rng, filepath.Join(src, "same"), 2*testChunk)
+	writeRandom(t, rng, filepath.Join(src, "changes"), testChunk)
+	first, _, err := Take(ctx, src, store, ID{1, 1}, Options{ChunkSize: testChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRandom(t, rng, filepath.Join(src, "changes"), testChunk)
+	if _, _, err := Take(ctx, src, store, ID{2, 1}, Options{ChunkSize: testChunk, Previous: &first}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := Forget(ctx, store, []ID{{1, 1}}, []ID{{2, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old "changes" chunk and checkpoint 1's manifest piece.
+	if st.Manifests != 1 || st.Chunks != 2 {
+		t.Errorf("forgot %+v, want 1 record and 2 chunks", st)
+	}
+	dst := filepath.Join(t.TempDir(), "ws")
+	if _, _, err := Restore(ctx, store, ID{2, 1}, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	sameTree(t, tree(t, src), tree(t, dst))
+	if _, err := Load(ctx, store, ID{1, 1}); !errors.Is(err, ErrIncomplete) {
+		t.Errorf("a forgotten checkpoint: %v, want %v", err, ErrIncomplete)
+	}
+	if st, err := Forget(ctx, store, []ID{{1, 1}}, []ID{{2, 1}}); err != nil || st.Chunks != 0 {
+		t.Errorf("forget again: %+v, %v; want nothing more deleted", st, err)
+	}
+}
