@@ -107,7 +107,7 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 		return Residency{}, a.fail(ctx, StepConsume, err)
 	}
 	s.startWarm()
-	s.startPeriodic()
+	s.startCheckpoints()
 	r := s.snapshot()
 	r.Attached = true
 	s.log.Info("session resident", zap.Uint64("epoch", uint64(r.Epoch)), zap.String("workload", r.Workload),

@@ -182,6 +182,7 @@ type hostConfig struct {
 	// checkpointInterval Options.CheckpointInterval.
 	checkpoints        CheckpointStores
 	checkpointInterval time.Duration
+	checkpointPoll     time.Duration
 }
 
 func newHost(t testing.TB, c hostConfig) *host {
@@ -226,6 +227,7 @@ func newHost(t testing.TB, c hostConfig) *host {
 		Hooks:              c.hooks,
 		Checkpoints:        c.checkpoints,
 		CheckpointInterval: c.checkpointInterval,
+		CheckpointPoll:     c.checkpointPoll,
 	})
 	if err != nil {
 		t.Fatal(err)

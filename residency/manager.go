@@ -135,8 +135,10 @@ type Options struct {
 	CheckpointChunkSize int64
 	// CheckpointInterval checkpoints each resident session that often,
 	// beside the checkpoint of its release; zero takes none while it is
-	// resident.
+	// resident unless the session asks (CheckpointRequestFile), which is
+	// looked for every CheckpointPoll (1 s when zero).
 	CheckpointInterval time.Duration
+	CheckpointPoll     time.Duration
 
 	// WarmTTL is how long a session stays resident after its inbox goes
 	// durably idle; zero disables warm release.
@@ -181,7 +183,7 @@ func (o *Options) validate() error {
 	if _, ok := o.Admissions.(DrainSwitch); !ok {
 		return &InvalidOptionsError{Field: "Admissions", Reason: "must implement DrainSwitch (BeginDrain), so Drain and Draining share one flag"}
 	}
-	if o.WarmTTL < 0 || o.HeartbeatInterval < 0 || o.FetchWait < 0 || o.ReleaseBound < 0 || o.RetryDelay < 0 || o.CheckpointInterval < 0 {
+	if o.WarmTTL < 0 || o.HeartbeatInterval < 0 || o.FetchWait < 0 || o.ReleaseBound < 0 || o.RetryDelay < 0 || o.CheckpointInterval < 0 || o.CheckpointPoll < 0 {
 		return &InvalidOptionsError{Field: "durations", Reason: "must not be negative"}
 	}
 	if err := o.Target.validate(); err != nil {
@@ -198,6 +200,9 @@ func (o *Options) validate() error {
 	}
 	if o.RetryDelay == 0 {
 		o.RetryDelay = time.Second
+	}
+	if o.CheckpointPoll == 0 {
+		o.CheckpointPoll = time.Second
 	}
 	if o.ReleaseBound == 0 {
 		o.ReleaseBound = 30 * time.Second

@@ -2,7 +2,11 @@ package residency
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -47,46 +51,94 @@ func (s *session) checkpoint(ctx context.Context) (Checkpoint, error) {
 	return cp, nil
 }
 
-// startPeriodic checkpoints the resident session every
+// A session asks for a checkpoint by creating CheckpointRequestFile in its
+// workspace. Its host notices within Options.CheckpointPoll, removes the
+// file, takes and commits a checkpoint, then writes CheckpointDoneFile:
+// the checkpoint's sequence, epoch and time, as JSON (CheckpointDone).
+const (
+	CheckpointRequestFile = ".warmfleet/checkpoint-request"
+	CheckpointDoneFile    = ".warmfleet/checkpoint-done"
+)
+
+// CheckpointDone is what CheckpointDoneFile holds.
+type CheckpointDone struct {
+	Sequence uint64         `json:"sequence"`
+	Epoch    ResidencyEpoch `json:"epoch"`
+	TakenAt  time.Time      `json:"taken_at"`
+}
+
+// startCheckpoints checkpoints the resident session every
 // Options.CheckpointInterval, so a node lost while it is resident costs
-// at most that much of its workspace. The loop ends with the residency.
-func (s *session) startPeriodic() {
-	iv := s.m.o.CheckpointInterval
-	if iv <= 0 || s.m.o.Checkpoints == nil {
+// at most that much of its workspace, and whenever the session asks. The
+// loop ends with the residency.
+func (s *session) startCheckpoints() {
+	iv, poll := s.m.o.CheckpointInterval, s.m.o.CheckpointPoll
+	if s.m.o.Checkpoints == nil {
 		return
 	}
 	ctx := s.ctx
 	s.m.spawn(func() {
-		t := s.m.clock.NewTimer(iv)
+		t := s.m.clock.NewTimer(poll)
 		defer t.Stop()
+		next := s.m.clock.Now().Add(iv)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C():
 			}
-			if err := s.checkpointResident(ctx); err != nil && ctx.Err() == nil {
-				s.log.Warn("periodic checkpoint failed; the next interval tries again", zap.Error(err))
+			asked := s.checkpointAsked()
+			if asked || (iv > 0 && !s.m.clock.Now().Before(next)) {
+				cp, err := s.checkpointResident(ctx)
+				switch {
+				case err != nil && ctx.Err() == nil:
+					s.log.Warn("checkpoint failed; the next one tries again", zap.Bool("asked", asked), zap.Error(err))
+				case err == nil && asked && cp.Content != nil:
+					s.answerAsked(cp)
+				}
+				next = s.m.clock.Now().Add(iv)
 			}
-			t.Reset(iv)
+			t.Reset(poll)
 		}
 	})
+}
+
+// checkpointAsked reports whether the session asked for a checkpoint,
+// taking the request: one created meanwhile asks again.
+func (s *session) checkpointAsked() bool {
+	s.mu.Lock()
+	dir := s.workspace
+	s.mu.Unlock()
+	return dir != "" && os.Remove(filepath.Join(dir, CheckpointRequestFile)) == nil
+}
+
+// answerAsked writes CheckpointDoneFile for checkpoint cp, whole or not
+// at all.
+func (s *session) answerAsked(cp Checkpoint) {
+	s.mu.Lock()
+	dir := s.workspace
+	s.mu.Unlock()
+	b, _ := json.Marshal(CheckpointDone{Sequence: cp.Sequence, Epoch: cp.Epoch, TakenAt: cp.Content.TakenAt})
+	p := filepath.Join(dir, CheckpointDoneFile)
+	tmp := p + ".tmp"
+	if err := errors.Join(os.WriteFile(tmp, b, 0o644), os.Rename(tmp, p)); err != nil {
+		s.log.Warn("checkpoint taken as asked, but its answer not written", zap.Uint64("sequence", cp.Sequence), zap.Error(err))
+	}
 }
 
 // checkpointResident checkpoints the session if it is still resident,
 // under its op lock (a release or surrender waits for it, and it for
 // them). Inbox work goes on meanwhile: a file written during the take is
 // caught as it was read.
-func (s *session) checkpointResident(ctx context.Context) error {
+func (s *session) checkpointResident(ctx context.Context) (Checkpoint, error) {
 	if err := s.lock(ctx); err != nil {
-		return err
+		return Checkpoint{}, err
 	}
 	defer s.unlock()
 	if s.phase() != PhaseResident {
-		return nil
+		return Checkpoint{}, nil
 	}
-	_, err := s.checkpoint(ctx)
-	return err
+	return s.checkpoint(ctx)
 }
 
 // saveWorkspace checkpoints the session's workspace as checkpoint

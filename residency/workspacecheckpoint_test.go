@@ -3,6 +3,7 @@ package residency
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -46,7 +47,8 @@ func checkpointHostsWith(t *testing.T, target RuntimeTarget, base hostConfig) (a
 	rec := &recorder{}
 	cfg := func(id string) hostConfig {
 		return hostConfig{id: id, cp: cp, env: env, durable: durable, runtime: newFakeRuntime(), target: target,
-			handler: rec.handler(id), checkpoints: stores, checkpointInterval: base.checkpointInterval, hooks: base.hooks}
+			handler: rec.handler(id), checkpoints: stores, checkpointInterval: base.checkpointInterval,
+			checkpointPoll: base.checkpointPoll, hooks: base.hooks}
 	}
 	return newHost(t, cfg("host-a")), newHost(t, cfg("host-b")), durable, bucket
 }
@@ -202,5 +204,43 @@ func TestManager_NodeLossRestoresCheckpoint(t *testing.T) {
 	}
 	if st, _ := durable.LoadSessionState(ctx, key); st.CheckpointSequence < taken.Sequence || st.CheckpointEpoch != taken.Epoch {
 		t.Errorf("durable state %+v, want the periodic checkpoint of epoch %d (sequence %d or later)", st, taken.Epoch, taken.Sequence)
+	}
+}
+
+// TestManager_CheckpointOnRequest: a session that creates the request file
+// gets a checkpoint (none are periodic here) and the answer file naming
+// it; the request is taken, so it is answered once.
+func TestManager_CheckpointOnRequest(t *testing.T) {
+	ctx := testCtx(t)
+	a, _, durable, _ := checkpointHostsWith(t, fakeTarget(), hostConfig{checkpointPoll: 20 * time.Millisecond})
+	key := Key{tenant, "asks"}
+	ra, err := a.mgr.Attach(ctx, request(key, ModeCreate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ra.Workspace, "result"), []byte("42"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(ra.Workspace, ".warmfleet"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ra.Workspace, CheckpointRequestFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var done CheckpointDone
+	waitFor(t, "the checkpoint asked for", 20*time.Second, func() bool {
+		b, err := os.ReadFile(filepath.Join(ra.Workspace, CheckpointDoneFile))
+		return err == nil && json.Unmarshal(b, &done) == nil
+	})
+	cps := durable.checkpoints()
+	if len(cps) != 1 || cps[0].Sequence != done.Sequence || cps[0].Epoch != done.Epoch || cps[0].Content == nil || cps[0].Content.Files != 1 {
+		t.Fatalf("committed %+v, answered %+v; want the one checkpoint of the result file", cps, done)
+	}
+	if _, err := os.Stat(filepath.Join(ra.Workspace, CheckpointRequestFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the request is still there: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := len(durable.checkpoints()); n != 1 {
+		t.Errorf("%d checkpoints after one request, want 1", n)
 	}
 }
