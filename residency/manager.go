@@ -99,6 +99,26 @@ type Hooks struct {
 	// OnConsume reports the inbox consumer of a grant starting (true) and
 	// stopping (false).
 	OnConsume func(key Key, epoch ResidencyEpoch, consuming bool)
+	// OnCheckpoint reports each workspace checkpoint taken or restored.
+	OnCheckpoint func(CheckpointEvent)
+}
+
+// CheckpointEvent is one workspace checkpoint taken or restored.
+type CheckpointEvent struct {
+	Key Key
+	// Kind is "release", "periodic", "asked" or "restore".
+	Kind string
+	// Bytes are the workspace's; Moved what crossed to or from the store;
+	// Err why it failed (nil: it did).
+	Bytes, Moved int64
+	Duration     time.Duration
+	Err          error
+}
+
+func (h Hooks) checkpointed(e CheckpointEvent) {
+	if h.OnCheckpoint != nil {
+		h.OnCheckpoint(e)
+	}
 }
 
 func (h Hooks) consuming(k Key, e ResidencyEpoch, on bool) {

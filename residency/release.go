@@ -42,7 +42,7 @@ func (s *session) release(ctx context.Context, why string) error {
 		return s.abort(ctx, err)
 	}
 	// 3. checkpoint: the workspace, then the record naming it.
-	cp, err := s.checkpoint(ctx)
+	cp, err := s.checkpoint(ctx, "release")
 	if err != nil {
 		return s.abort(ctx, err)
 	}

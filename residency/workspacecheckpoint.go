@@ -22,8 +22,8 @@ type CheckpointStores func(key Key, epoch ResidencyEpoch) checkpoint.Store
 // checkpoint takes the next checkpoint of the session (its workspace,
 // when Options.Checkpoints is set) and commits it under the lease epoch;
 // the caller holds the session's op lock. A holder that lost its grant
-// commits nothing.
-func (s *session) checkpoint(ctx context.Context) (Checkpoint, error) {
+// commits nothing. kind says why, for Hooks.OnCheckpoint.
+func (s *session) checkpoint(ctx context.Context, kind string) (Checkpoint, error) {
 	m := s.m
 	s.mu.Lock()
 	cp := Checkpoint{
@@ -35,7 +35,7 @@ func (s *session) checkpoint(ctx context.Context) (Checkpoint, error) {
 		return cp, err
 	}
 	var err error
-	if cp.Content, err = s.saveWorkspace(ctx, cp.Sequence); err != nil {
+	if cp.Content, err = s.saveWorkspace(ctx, cp.Sequence, kind); err != nil {
 		return cp, err
 	}
 	if err := s.fence.Check(); err != nil {
@@ -89,7 +89,11 @@ func (s *session) startCheckpoints() {
 			}
 			asked := s.checkpointAsked()
 			if asked || (iv > 0 && !s.m.clock.Now().Before(next)) {
-				cp, err := s.checkpointResident(ctx)
+				kind := "periodic"
+				if asked {
+					kind = "asked"
+				}
+				cp, err := s.checkpointResident(ctx, kind)
 				switch {
 				case err != nil && ctx.Err() == nil:
 					s.log.Warn("checkpoint failed; the next one tries again", zap.Bool("asked", asked), zap.Error(err))
@@ -130,7 +134,7 @@ func (s *session) answerAsked(cp Checkpoint) {
 // under its op lock (a release or surrender waits for it, and it for
 // them). Inbox work goes on meanwhile: a file written during the take is
 // caught as it was read.
-func (s *session) checkpointResident(ctx context.Context) (Checkpoint, error) {
+func (s *session) checkpointResident(ctx context.Context, kind string) (Checkpoint, error) {
 	if err := s.lock(ctx); err != nil {
 		return Checkpoint{}, err
 	}
@@ -138,14 +142,14 @@ func (s *session) checkpointResident(ctx context.Context) (Checkpoint, error) {
 	if s.phase() != PhaseResident {
 		return Checkpoint{}, nil
 	}
-	return s.checkpoint(ctx)
+	return s.checkpoint(ctx, kind)
 }
 
 // saveWorkspace checkpoints the session's workspace as checkpoint
 // (sequence, its epoch), sending only what the store lacks beside the
 // session's last manifest, and returns what the commit records. Without
 // Options.Checkpoints it saves nothing (nil).
-func (s *session) saveWorkspace(ctx context.Context, seq uint64) (*schemas.CheckpointSummary, error) {
+func (s *session) saveWorkspace(ctx context.Context, seq uint64, kind string) (*schemas.CheckpointSummary, error) {
 	m := s.m
 	if m.o.Checkpoints == nil {
 		return nil, nil
@@ -156,6 +160,7 @@ func (s *session) saveWorkspace(ctx context.Context, seq uint64) (*schemas.Check
 	start := m.clock.Now()
 	id := checkpoint.ID{Sequence: seq, Epoch: uint64(epoch)}
 	man, st, err := checkpoint.Take(ctx, dir, m.o.Checkpoints(s.key, epoch), id, checkpoint.Options{ChunkSize: m.o.CheckpointChunkSize, Previous: prev})
+	m.o.Hooks.checkpointed(CheckpointEvent{Key: s.key, Kind: kind, Bytes: st.Bytes, Moved: st.BytesMoved, Duration: m.clock.Now().Sub(start), Err: err})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint workspace: %w", err)
 	}
@@ -184,7 +189,9 @@ func (a *attempt) restoreWorkspace(ctx context.Context) error {
 		return nil
 	}
 	id := checkpoint.ID{Sequence: st.CheckpointSequence, Epoch: uint64(st.CheckpointEpoch)}
+	start := m.clock.Now()
 	man, rs, err := checkpoint.Restore(ctx, m.o.Checkpoints(a.req.Key, epoch), id, dir, 0)
+	m.o.Hooks.checkpointed(CheckpointEvent{Key: a.req.Key, Kind: "restore", Bytes: rs.Bytes, Moved: rs.BytesFetched, Duration: m.clock.Now().Sub(start), Err: err})
 	if err != nil {
 		return fmt.Errorf("restore %s taken %s: %w", id, st.Checkpoint.TakenAt.Format(time.RFC3339), err)
 	}

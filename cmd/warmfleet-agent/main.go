@@ -27,6 +27,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/metrics"
 	"github.com/warmfleet/warmfleet/nodelog"
 	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/residency"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -123,10 +124,6 @@ func newRoot() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			sessions, err := sessFlags.host(dataDir)
-			if err != nil {
-				return err
-			}
 			// The registry exists before the agent so shipping can count into
 			// it; the session collector reads the agent once it exists.
 			var a *agent.Agent
@@ -144,6 +141,14 @@ func newRoot() *cobra.Command {
 				logMetrics = metrics.NewAgentLogs(reg, nodeID)
 				imageMetrics = metrics.NewAgentImages(reg, nodeID)
 				diskMetrics = metrics.NewAgentDisk(reg, nodeID)
+				sessMetrics := metrics.NewAgentSessions(reg, nodeID)
+				sessFlags.hooks.OnCheckpoint = func(e residency.CheckpointEvent) {
+					sessMetrics.Checkpointed(e.Kind, e.Moved, e.Duration, e.Err != nil)
+				}
+			}
+			sessions, err := sessFlags.host(dataDir)
+			if err != nil {
+				return err
 			}
 			a, err = agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,

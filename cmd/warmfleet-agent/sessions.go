@@ -23,6 +23,8 @@ type sessionFlags struct {
 	stopGrace     time.Duration
 	checkpointIv  time.Duration
 	requireCkpt   bool
+	// hooks observe the session host (its checkpoints, for metrics).
+	hooks residency.Hooks
 }
 
 func addSessionFlags(f *pflag.FlagSet) *sessionFlags {
@@ -57,6 +59,6 @@ func (s *sessionFlags) host(dataDir string) (noderuntime.SessionHost, error) {
 	return nodehost.New(nodehost.Options{
 		Target: residency.RuntimeTarget{Image: s.image, ManifestDigest: digest, Command: s.command, CompatibilityID: s.compat, StopGrace: s.stopGrace,
 			RequiresCheckpoint: s.requireCkpt},
-		Capacity: s.capacity, WorkspaceRoot: root, WarmTTL: s.warmTTL, CheckpointInterval: s.checkpointIv,
+		Capacity: s.capacity, WorkspaceRoot: root, WarmTTL: s.warmTTL, CheckpointInterval: s.checkpointIv, Hooks: s.hooks,
 	})
 }

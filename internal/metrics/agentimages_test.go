@@ -19,30 +19,7 @@ func TestAgentImages(t *testing.T) {
 	m.ImageFetched("registry", 1<<20, 2*time.Second)
 	m.ImageFetched("registry", 1<<20, 4*time.Second)
 	m.ImageFetched("archive", 10, time.Second)
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range fams {
-		for _, mt := range f.GetMetric() {
-			key := f.GetName()
-			for _, l := range mt.GetLabel() {
-				if l.GetName() != "node_id" {
-					key += "/" + l.GetValue()
-				} else if l.GetValue() != "gpu-7" {
-					t.Errorf("%s labelled node %q", f.GetName(), l.GetValue())
-				}
-			}
-			switch {
-			case mt.GetHistogram() != nil:
-				got[key+" count"] = float64(mt.GetHistogram().GetSampleCount())
-				got[key+" sum"] = mt.GetHistogram().GetSampleSum()
-			case mt.GetCounter() != nil:
-				got[key] = mt.GetCounter().GetValue()
-			}
-		}
-	}
+	got := gathered(t, reg, "gpu-7")
 	for k, want := range map[string]float64{
 		"warmfleet_agent_registry_credential_seconds/answered count": 1,
 		"warmfleet_agent_registry_credential_seconds/answered sum":   0.003,
