@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/residency"
+	"github.com/warmfleet/warmfleet/residency/checkpoint"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -144,4 +148,56 @@ func fileSum(t *testing.T, p string) [32]byte {
 		t.Fatal(err)
 	}
 	return [32]byte(h.Sum(nil))
+}
+
+// TestAcceptance_StaleHolderCannotCheckpoint: node-a holds a session and
+// is stopped; node-b takes it over under epoch 2. Whatever node-a's
+// identity then sends, at its old epoch, is refused before it is stored:
+// chunks, a checkpoint record of the next sequence, and its commit. The
+// checkpoint node-c restores after node-b's release is node-b's.
+func TestAcceptance_StaleHolderCannotCheckpoint(t *testing.T) {
+	f := sessionFleet(t)
+	l := newLedger(t)
+	a := f.startSessionNode(sessionNodeSpec{id: "node-a", ledger: l})
+	b := f.startSessionNode(sessionNodeSpec{id: "node-b", ledger: l})
+	key := residency.Key{Tenant: "acme", Session: "stale-1"}
+	f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: a.id})
+	a.part.stop(t)
+	rb := f.attachWhenLeaseFree(key, 30*time.Second, "node-b to attach after node-a stopped")
+	if rb.Host != b.id || rb.Epoch != 2 {
+		t.Fatalf("takeover: %+v", rb)
+	}
+	if err := os.WriteFile(filepath.Join(b.ws, key.Tenant, key.Session, "owner"), []byte("node-b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	late := &residency.RemoteCheckpoints{Remote: &residency.Remote{NC: f.conn.NC, NodeID: a.id, Timeout: 5 * time.Second}, Key: key, Epoch: 1}
+	forged := []byte("node-a was here")
+	sum := sha256.Sum256(forged)
+	digest := hex.EncodeToString(sum[:])
+	if err := late.PutChunk(ctx, digest, checkpoint.Chunk{Data: forged}); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		t.Errorf("stale chunk: %v, want not_lease_holder", err)
+	}
+	if err := late.PutManifest(ctx, checkpoint.ID{Sequence: 1, Epoch: 1}, []byte(`{"manifest_pieces":["`+digest+`"],"manifest_bytes":15}`)); !errors.Is(err, residency.ErrNotLeaseHolder) {
+		t.Errorf("stale record: %v, want not_lease_holder", err)
+	}
+	if err := late.Remote.CommitCheckpoint(ctx, residency.Checkpoint{Key: residency.WireKey(key), Host: a.id, Epoch: 1, Sequence: 1,
+		CompatibilityID: sessCompat, Namespace: residency.NamespaceFor(key), Content: &schemas.CheckpointSummary{Files: 1}}); !errors.Is(err, residency.ErrEpochSuperseded) {
+		t.Errorf("stale commit: %v, want epoch_superseded", err)
+	}
+
+	if rep := f.sessionAdmin(bus.SubjectSessionRelease, schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session}); rep.Error != nil {
+		t.Fatalf("release on node-b: %v", rep.Error)
+	}
+	c := f.startSessionNode(sessionNodeSpec{id: "node-c", ledger: l})
+	if r := f.attachSession(schemas.SessionRequest{Tenant: key.Tenant, Session: key.Session, Node: c.id}); r.Host != c.id || r.Epoch != 3 {
+		t.Fatalf("attach on node-c: %+v", r)
+	}
+	if got, err := os.ReadFile(filepath.Join(c.ws, key.Tenant, key.Session, "owner")); err != nil || string(got) != "node-b" {
+		t.Errorf("node-c restored %q, %v; want node-b's checkpoint", got, err)
+	}
+	if rec, _ := f.sessionRecord(key); rec.Epoch != 2 || rec.Host != b.id {
+		t.Errorf("session record %+v, want node-b's commit at epoch 2", rec)
+	}
 }
