@@ -258,6 +258,9 @@ type ReleaseError struct {
 	Aborted bool
 	// Cause is the first failure, typed.
 	Cause error
+	// Step is the step an aborted release stopped at ("location",
+	// "inbox", "checkpoint", "runtime").
+	Step string
 	// Unwritten names each teardown that failed, in order ("location",
 	// "lease", "workspace", "runtime"), for the same reason as
 	// AttachError.Unreleased.

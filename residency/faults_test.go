@@ -39,6 +39,17 @@ func (f *faults) inject(names ...string) {
 	}
 }
 
+// replace makes names the only faults, at once: no operation runs between
+// the old set and the new.
+func (f *faults) replace(names ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.set, f.errs = map[string]bool{}, map[string]error{}
+	for _, n := range names {
+		f.set[n] = true
+	}
+}
+
 func (f *faults) clear() {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -83,6 +83,18 @@ type WarmOutcome struct {
 	Generation uint64
 	Kind       WarmOutcomeKind
 	Err        error
+	// Failures are every step that did not succeed, in the order they ran
+	// (for WarmAborted, the one the release stopped at); a caller branches
+	// on their Steps, never on Err's text.
+	Failures []WarmFailure
+}
+
+// WarmFailure is one step of a warm release that failed: "location",
+// "inbox", "checkpoint" or "runtime" before the runtime went, "runtime",
+// "location", "lease" or "workspace" after.
+type WarmFailure struct {
+	Step string
+	Err  error
 }
 
 // WarmConfirmer re-confirms idleness at expiry, beyond what the inbox

@@ -32,19 +32,19 @@ func (s *session) release(ctx context.Context, why string) error {
 
 	// 1. mark releasing.
 	if err := s.fence.publish(ctx, StateReleasing); err != nil {
-		return s.abort(ctx, fmt.Errorf("mark releasing: %w", err))
+		return s.abort(ctx, "location", fmt.Errorf("mark releasing: %w", err))
 	}
 	// 2. halt consumption.
 	hctx, cancel := m.bounded(ctx)
 	err := s.consumer.halt(hctx)
 	cancel()
 	if err != nil {
-		return s.abort(ctx, err)
+		return s.abort(ctx, "inbox", err)
 	}
 	// 3. checkpoint: the workspace, then the record naming it.
 	cp, err := s.checkpoint(ctx, "release")
 	if err != nil {
-		return s.abort(ctx, err)
+		return s.abort(ctx, "checkpoint", err)
 	}
 	// 4. release the runtime.
 	rerr := &ReleaseError{Key: s.key}
@@ -52,7 +52,7 @@ func (s *session) release(ctx context.Context, why string) error {
 	err = releaseRuntime(rctx, m.o.Runtime, s.workload, m.o.Target.grace())
 	if err != nil && runtimeRunning(rctx, m.o.Runtime, s.workload) {
 		cancel()
-		return s.abort(ctx, fmt.Errorf("runtime refused to release: %w", err))
+		return s.abort(ctx, "runtime", fmt.Errorf("runtime refused to release: %w", err))
 	}
 	cancel()
 	if err != nil {
@@ -98,9 +98,9 @@ func (e *ReleaseError) add(name string, err error) {
 // resident under the same generation: consumption resumes and `resident` is
 // published again. With the grant gone it resumes nothing: the heartbeat's
 // surrender, waiting for the op lock, owns that teardown.
-func (s *session) abort(ctx context.Context, cause error) error {
+func (s *session) abort(ctx context.Context, step string, cause error) error {
 	_ = s.transition(EventAbortRelease)
-	rerr := &ReleaseError{Key: s.key, Aborted: true, Cause: cause}
+	rerr := &ReleaseError{Key: s.key, Aborted: true, Step: step, Cause: cause}
 	if s.fence.Check() != nil {
 		s.log.Warn("release stopped: grant lost; surrender follows", zap.Error(cause))
 		return rerr
@@ -217,14 +217,14 @@ func (s *session) warmLoop(ctx context.Context) {
 				m.warmOutcome(WarmOutcome{Key: s.key, Generation: s.gen, Kind: WarmReleased})
 				return
 			case errors.Is(err, ErrReleaseAborted):
-				m.warmOutcome(WarmOutcome{Key: s.key, Generation: s.gen, Kind: WarmAborted, Err: err})
+				m.warmOutcome(WarmOutcome{Key: s.key, Generation: s.gen, Kind: WarmAborted, Err: err, Failures: failuresOf(err)})
 				if s.fence.Check() != nil {
 					return
 				}
 			case errors.Is(err, ErrNotResident):
 				return // released or lost by another path
 			default:
-				m.warmOutcome(WarmOutcome{Key: s.key, Generation: s.gen, Kind: WarmIncomplete, Err: err})
+				m.warmOutcome(WarmOutcome{Key: s.key, Generation: s.gen, Kind: WarmIncomplete, Err: err, Failures: failuresOf(err)})
 				return
 			}
 		}
@@ -252,4 +252,24 @@ func (m *Manager) warmOutcome(o WarmOutcome) {
 	if h := m.o.Hooks.OnWarmRelease; h != nil {
 		h(o)
 	}
+}
+
+// failuresOf lists a failed release's steps in the order they ran: the one
+// an aborted release stopped at, or each teardown left unwritten.
+func failuresOf(err error) []WarmFailure {
+	var re *ReleaseError
+	switch {
+	case !errors.As(err, &re):
+		return []WarmFailure{{Step: "release", Err: err}}
+	case re.Aborted:
+		return []WarmFailure{{Step: re.Step, Err: re.Cause}}
+	}
+	out := make([]WarmFailure, len(re.Unwritten))
+	for i, step := range re.Unwritten {
+		out[i] = WarmFailure{Step: step}
+		if i < len(re.Causes) {
+			out[i].Err = re.Causes[i]
+		}
+	}
+	return out
 }

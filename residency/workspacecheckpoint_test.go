@@ -244,3 +244,42 @@ func TestManager_CheckpointOnRequest(t *testing.T) {
 		t.Errorf("%d checkpoints after one request, want 1", n)
 	}
 }
+
+// TestManager_WarmOutcomeFailures: a warm release that cannot checkpoint
+// aborts, its outcome naming the step; one whose lease release fails
+// after the runtime went is incomplete, naming that teardown.
+func TestManager_WarmOutcomeFailures(t *testing.T) {
+	ctx := testCtx(t)
+	outcomes := make(chan WarmOutcome, 8)
+	env := newBus(t)
+	cp := newControlPlane(t, env, SystemClock{}, 10*time.Second, 3*time.Second)
+	rec := &recorder{}
+	h := newHost(t, hostConfig{id: "host-a", cp: cp, env: env, durable: newMemDurable(), runtime: newFakeRuntime(), target: fakeTarget(),
+		handler: rec.handler("host-a"), warmTTL: 100 * time.Millisecond, hooks: Hooks{OnWarmRelease: func(o WarmOutcome) { outcomes <- o }}})
+	key := Key{tenant, "warm-fails"}
+	h.faults.inject("durable.checkpoint")
+	if _, err := h.mgr.Attach(ctx, request(key, ModeCreate)); err != nil {
+		t.Fatal(err)
+	}
+	next := func() WarmOutcome {
+		t.Helper()
+		select {
+		case o := <-outcomes:
+			return o
+		case <-time.After(20 * time.Second):
+			t.Fatal("no warm outcome")
+			return WarmOutcome{}
+		}
+	}
+	if o := next(); o.Kind != WarmAborted || len(o.Failures) != 1 || o.Failures[0].Step != "checkpoint" || o.Failures[0].Err == nil {
+		t.Fatalf("outcome %+v, want aborted at the checkpoint", o)
+	}
+	h.faults.replace("leases.release")
+	o := next()
+	for o.Kind == WarmAborted {
+		o = next()
+	}
+	if o.Kind != WarmIncomplete || len(o.Failures) != 1 || o.Failures[0].Step != "lease" {
+		t.Fatalf("outcome %+v, want incomplete, the lease left", o)
+	}
+}
