@@ -133,7 +133,7 @@ func TestAcceptance_ResidencyFailover(t *testing.T) {
 
 // TestAcceptance_WarmReleaseAndResume, on real containerd: a session's
 // runtime is a container; once its inbox is durably idle for the warm TTL
-// the host releases it (checkpoint, stop consuming, remove the container,
+// the host releases it (stop consuming, checkpoint, remove the container,
 // tombstone, drop the lease). Work published while nothing is resident waits
 // in WF_INBOX, and a resume on another node runs it under the next epoch,
 // from the checkpoint the release committed.
