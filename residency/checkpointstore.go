@@ -25,6 +25,13 @@ var _ checkpoint.Store = (*RemoteCheckpoints)(nil)
 // (schemas.MaxCheckpointPieceBytes): what a host's Take cuts files into.
 const ChunkSize = schemas.MaxCheckpointPieceBytes
 
+// ChunkSizeFor is ChunkSize, or less on a connection whose server takes
+// smaller messages (maxPayload, nats.Conn.MaxPayload), so that a chunk and
+// its request still fit one; never below checkpoint.MinChunkSize.
+func ChunkSizeFor(maxPayload int64) int64 {
+	return max(min(ChunkSize, maxPayload-(schemas.MaxNodeMessageBytes-ChunkSize)), checkpoint.MinChunkSize)
+}
+
 func (c *RemoteCheckpoints) call(ctx context.Context, op schemas.ResidencyOp, req schemas.CheckpointRequest) (schemas.CheckpointContent, error) {
 	req.Key, req.Epoch = WireKey(c.Key), c.Epoch
 	return callIn[schemas.CheckpointContent](ctx, c.Remote, op, req, codec.MsgPack)

@@ -283,3 +283,16 @@ func TestManager_WarmOutcomeFailures(t *testing.T) {
 		t.Fatalf("outcome %+v, want incomplete, the lease left", o)
 	}
 }
+
+func TestChunkSizeFor(t *testing.T) {
+	for _, c := range []struct{ payload, want int64 }{
+		{1 << 20, ChunkSize},
+		{8 << 20, ChunkSize},
+		{512 << 10, 512<<10 - 16<<10},
+		{10 << 10, checkpoint.MinChunkSize},
+	} {
+		if got := ChunkSizeFor(c.payload); got != c.want {
+			t.Errorf("ChunkSizeFor(%d) = %d, want %d", c.payload, got, c.want)
+		}
+	}
+}

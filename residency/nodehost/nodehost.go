@@ -127,7 +127,7 @@ func (h *Host) Serve(ctx context.Context, env noderuntime.SessionHostEnv) error 
 		Checkpoints: func(key residency.Key, epoch residency.ResidencyEpoch) checkpoint.Store {
 			return &residency.RemoteCheckpoints{Remote: remote, Key: key, Epoch: epoch}
 		},
-		CheckpointChunkSize: residency.ChunkSize, CheckpointInterval: h.o.CheckpointInterval,
+		CheckpointChunkSize: residency.ChunkSizeFor(env.Conn.NC.MaxPayload()), CheckpointInterval: h.o.CheckpointInterval,
 	})
 	if err != nil {
 		return err
