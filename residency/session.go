@@ -32,8 +32,8 @@ type session struct {
 	workspace string
 	workload  string
 	consumer  *consumer
-	// manifest is the workspace's last checkpoint (taken or restored):
-	// the next one sends only what changed since.
+	// manifest is the workspace's last committed checkpoint (taken or
+	// restored): the next one sends only what changed since.
 	manifest *checkpoint.Manifest
 
 	hbCancel context.CancelFunc

@@ -34,8 +34,11 @@ func (s *session) checkpoint(ctx context.Context, kind string) (Checkpoint, erro
 	if err := s.fence.Check(); err != nil {
 		return cp, err
 	}
-	var err error
-	if cp.Content, err = s.saveWorkspace(ctx, cp.Sequence, kind); err != nil {
+	var (
+		man *checkpoint.Manifest
+		err error
+	)
+	if cp.Content, man, err = s.saveWorkspace(ctx, cp.Sequence, kind); err != nil {
 		return cp, err
 	}
 	if err := s.fence.Check(); err != nil {
@@ -47,6 +50,12 @@ func (s *session) checkpoint(ctx context.Context, kind string) (Checkpoint, erro
 	s.mu.Lock()
 	s.state.Exists, s.state.HasCheckpoint, s.state.CheckpointSequence = true, true, cp.Sequence
 	s.state.CheckpointEpoch, s.state.Checkpoint = cp.Epoch, cp.Content
+	if man != nil {
+		// Only a committed manifest is the next take's previous one: the
+		// chunks it names are kept while it is the latest, where those of
+		// one never committed may be deleted with an older checkpoint.
+		s.manifest = man
+	}
 	s.mu.Unlock()
 	return cp, nil
 }
@@ -147,12 +156,13 @@ func (s *session) checkpointResident(ctx context.Context, kind string) (Checkpoi
 
 // saveWorkspace checkpoints the session's workspace as checkpoint
 // (sequence, its epoch), sending only what the store lacks beside the
-// session's last manifest, and returns what the commit records. Without
-// Options.Checkpoints it saves nothing (nil).
-func (s *session) saveWorkspace(ctx context.Context, seq uint64, kind string) (*schemas.CheckpointSummary, error) {
+// session's last committed manifest, and returns what the commit records
+// and the manifest taken. Without Options.Checkpoints it saves nothing
+// (nil).
+func (s *session) saveWorkspace(ctx context.Context, seq uint64, kind string) (*schemas.CheckpointSummary, *checkpoint.Manifest, error) {
 	m := s.m
 	if m.o.Checkpoints == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	s.mu.Lock()
 	dir, prev, epoch := s.workspace, s.manifest, s.lease.Epoch()
@@ -162,16 +172,13 @@ func (s *session) saveWorkspace(ctx context.Context, seq uint64, kind string) (*
 	man, st, err := checkpoint.Take(ctx, dir, m.o.Checkpoints(s.key, epoch), id, checkpoint.Options{ChunkSize: m.o.CheckpointChunkSize, Previous: prev})
 	m.o.Hooks.checkpointed(CheckpointEvent{Key: s.key, Kind: kind, Bytes: st.Bytes, Moved: st.BytesMoved, Duration: m.clock.Now().Sub(start), Err: err})
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint workspace: %w", err)
+		return nil, nil, fmt.Errorf("checkpoint workspace: %w", err)
 	}
 	sum := &schemas.CheckpointSummary{TakenAt: start, Files: st.Files, Bytes: st.Bytes, BytesMoved: st.BytesMoved,
 		Seconds: m.clock.Now().Sub(start).Seconds()}
-	s.mu.Lock()
-	s.manifest = &man
-	s.mu.Unlock()
 	s.log.Info("workspace checkpointed", zap.Stringer("checkpoint", id), zap.Int("files", st.Files), zap.Int64("bytes", st.Bytes),
 		zap.Int64("bytes_moved", st.BytesMoved), zap.Int("skipped", st.SkippedCount), zap.Duration("took", time.Duration(sum.Seconds*float64(time.Second))))
-	return sum, nil
+	return sum, &man, nil
 }
 
 // restoreWorkspace puts the session's latest checkpoint in its workspace

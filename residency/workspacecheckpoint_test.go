@@ -296,3 +296,43 @@ func TestChunkSizeFor(t *testing.T) {
 		}
 	}
 }
+
+// TestManager_UncommittedTakeNotPrevious: a checkpoint whose commit fails
+// does not become the next one's previous manifest (its chunks are kept
+// by no committed checkpoint, so they may be deleted); the next one, once
+// committed, does.
+func TestManager_UncommittedTakeNotPrevious(t *testing.T) {
+	ctx := testCtx(t)
+	a, _, _, _ := checkpointHosts(t, fakeTarget())
+	key := Key{tenant, "uncommitted"}
+	ra, err := a.mgr.Attach(ctx, request(key, ModeCreate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ra.Workspace, "f"), []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a.mgr.mu.Lock()
+	s := a.mgr.sessions[key]
+	a.mgr.mu.Unlock()
+	a.faults.inject("durable.checkpoint")
+	if _, err := s.checkpointResident(ctx, "asked"); err == nil {
+		t.Fatal("checkpoint committed through an injected failure")
+	}
+	s.mu.Lock()
+	prev := s.manifest
+	s.mu.Unlock()
+	if prev != nil {
+		t.Fatalf("an uncommitted take became the previous manifest: %d entries", len(prev.Entries))
+	}
+	a.faults.clear()
+	if _, err := s.checkpointResident(ctx, "asked"); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	prev = s.manifest
+	s.mu.Unlock()
+	if prev == nil || len(prev.Entries) != 1 {
+		t.Fatalf("the committed take is not the previous manifest: %+v", prev)
+	}
+}
