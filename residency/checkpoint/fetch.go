@@ -27,15 +27,10 @@ type fetched struct {
 // them at once, and one writer appends them to their files in order, so
 // each file is written front to back as a plain copy would write it. At
 // most 2×workers chunks are ahead of the writer.
-func fetchChunks(ctx context.Context, store Store, m *Manifest, dir string, workers int, st *RestoreStats) error {
+func fetchChunks(ctx context.Context, store Store, c *codec, m *Manifest, dir string, workers int, st *RestoreStats) error {
 	if workers == 0 {
 		workers = DefaultWorkers
 	}
-	c, err := newCodec()
-	if err != nil {
-		return err
-	}
-	defer c.close()
 	g, ctx := errgroup.WithContext(ctx)
 	jobs, results := make(chan fetched), make(chan fetched, workers)
 	window := make(chan struct{}, 2*workers)
@@ -97,27 +92,36 @@ func send[T any](ctx context.Context, ch chan<- T, v T) bool {
 // digest.
 func fetchChunk(ctx context.Context, store Store, c *codec, m *Manifest, j *fetched) error {
 	e := &m.Entries[j.entry]
-	d := e.Chunks[j.index]
-	what := fmt.Sprintf("%s chunk %d (%s)", e.Path, j.index, d)
-	ch, err := store.GetChunk(ctx, d)
-	if err != nil {
-		return fmt.Errorf("checkpoint: %s: %w", what, err)
-	}
 	want := m.chunkLen(e.Size, j.index)
-	data, err := c.open(ch, want, what)
+	data, ch, err := getChunk(ctx, store, c, e.Chunks[j.index], want, fmt.Sprintf("%s chunk %d", e.Path, j.index))
 	if err != nil {
 		return err
 	}
 	if int64(len(data)) != want {
 		return refuse(CodeCorrupt, e.Path, "chunk %d: %d bytes, want %d", j.index, len(data), want)
 	}
-	if !ch.Verified {
-		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != d {
-			return refuse(CodeCorrupt, e.Path, "chunk %d: digest %x, want %s", j.index, sum, d)
-		}
-	}
 	j.data, j.stored = data, int64(len(ch.Data))
 	return nil
+}
+
+// getChunk reads chunk digest from store and returns its content (at most
+// limit bytes), checked against the digest unless the store already did
+// (Chunk.Verified), and the chunk as stored. what names it in errors.
+func getChunk(ctx context.Context, store Store, c *codec, digest string, limit int64, what string) ([]byte, Chunk, error) {
+	ch, err := store.GetChunk(ctx, digest)
+	if err != nil {
+		return nil, ch, fmt.Errorf("checkpoint: %s (%s): %w", what, digest, err)
+	}
+	data, err := c.open(ch, limit, what)
+	if err != nil {
+		return nil, ch, err
+	}
+	if !ch.Verified {
+		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != digest {
+			return nil, ch, refuse(CodeCorrupt, what, "digest %x, want %s", sum, digest)
+		}
+	}
+	return data, ch, nil
 }
 
 // writeInOrder appends the fetched chunks to their files in seq order,

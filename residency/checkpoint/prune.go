@@ -17,32 +17,41 @@ type PruneStats struct {
 // anything is deleted: its chunks are unknown.
 func Forget(ctx context.Context, store PruneStore, drop, keep []ID) (PruneStats, error) {
 	var st PruneStats
-	named, err := chunksOf(ctx, store, keep)
+	c, err := newCodec()
 	if err != nil {
-		return st, fmt.Errorf("checkpoint: forget: %w", err)
+		return st, err
+	}
+	defer c.close()
+	return st, forget(ctx, store, c, drop, keep, &st)
+}
+
+func forget(ctx context.Context, store PruneStore, c *codec, drop, keep []ID, st *PruneStats) error {
+	named, err := chunksOf(ctx, store, c, keep)
+	if err != nil {
+		return fmt.Errorf("checkpoint: forget: %w", err)
 	}
 	for _, id := range drop {
 		// A checkpoint already gone (a forget that stopped half-way, run
 		// again) leaves only its record to delete.
-		mine, err := chunksOf(ctx, store, []ID{id})
+		mine, err := chunksOf(ctx, store, c, []ID{id})
 		if err != nil && !errors.Is(err, ErrIncomplete) {
-			return st, fmt.Errorf("checkpoint: forget: %w", err)
+			return fmt.Errorf("checkpoint: forget: %w", err)
 		}
-		for c := range mine {
-			if named[c] {
+		for d := range mine {
+			if named[d] {
 				continue
 			}
-			if err := store.DeleteChunk(ctx, c); err != nil {
-				return st, fmt.Errorf("checkpoint: forget %s: chunk %s: %w", id, c, err)
+			if err := store.DeleteChunk(ctx, d); err != nil {
+				return fmt.Errorf("checkpoint: forget %s: chunk %s: %w", id, d, err)
 			}
 			st.Chunks++
 		}
 		if err := store.DeleteManifest(ctx, id); err != nil {
-			return st, fmt.Errorf("checkpoint: forget %s: %w", id, err)
+			return fmt.Errorf("checkpoint: forget %s: %w", id, err)
 		}
 		st.Manifests++
 	}
-	return st, nil
+	return nil
 }
 
 // Prune keeps the newest keep checkpoints of the session and deletes the
@@ -57,12 +66,17 @@ func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) 
 	if err != nil {
 		return PruneStats{}, err
 	}
-	cut := max(len(ids)-keep, 0)
-	st, err := Forget(ctx, store, ids[:cut], ids[cut:])
+	c, err := newCodec()
 	if err != nil {
+		return PruneStats{}, err
+	}
+	defer c.close()
+	var st PruneStats
+	cut := max(len(ids)-keep, 0)
+	if err := forget(ctx, store, c, ids[:cut], ids[cut:], &st); err != nil {
 		return st, err
 	}
-	named, err := chunksOf(ctx, store, ids[cut:])
+	named, err := chunksOf(ctx, store, c, ids[cut:])
 	if err != nil {
 		return st, err
 	}
@@ -70,12 +84,12 @@ func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) 
 	if err != nil {
 		return st, err
 	}
-	for _, c := range chunks {
-		if named[c] {
+	for _, d := range chunks {
+		if named[d] {
 			continue
 		}
-		if err := store.DeleteChunk(ctx, c); err != nil {
-			return st, fmt.Errorf("checkpoint: prune chunk %s: %w", c, err)
+		if err := store.DeleteChunk(ctx, d); err != nil {
+			return st, fmt.Errorf("checkpoint: prune chunk %s: %w", d, err)
 		}
 		st.Chunks++
 	}
@@ -84,19 +98,15 @@ func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) 
 
 // chunksOf is the set of chunks checkpoints ids name: their files' and
 // their manifests' pieces.
-func chunksOf(ctx context.Context, store Store, ids []ID) (map[string]bool, error) {
+func chunksOf(ctx context.Context, store Store, c *codec, ids []ID) (map[string]bool, error) {
 	named := map[string]bool{}
 	for _, id := range ids {
-		ix, err := loadIndex(ctx, store, id)
+		m, ix, err := load(ctx, store, c, id)
 		if err != nil {
 			return nil, err
 		}
 		for _, p := range ix.Pieces {
 			named[p] = true
-		}
-		m, err := Load(ctx, store, id)
-		if err != nil {
-			return nil, err
 		}
 		for _, e := range m.Entries {
 			for _, c := range e.Chunks {

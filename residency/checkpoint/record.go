@@ -38,16 +38,11 @@ func putManifest(ctx context.Context, store Store, c *codec, m *Manifest, id ID,
 		sum := sha256.Sum256(piece)
 		d := hex.EncodeToString(sum[:])
 		ix.Pieces = append(ix.Pieces, d)
-		has, err := store.HasChunk(ctx, d)
+		n, err := putIfAbsent(ctx, store, d, func() Chunk { return Chunk{Data: piece} })
 		if err != nil {
-			return sent, err
+			return sent, fmt.Errorf("checkpoint: put %s: %w", id, err)
 		}
-		if !has {
-			if err := store.PutChunk(ctx, d, Chunk{Data: piece}); err != nil {
-				return sent, fmt.Errorf("checkpoint: put %s: %w", id, err)
-			}
-			sent += int64(len(piece))
-		}
+		sent += n
 	}
 	rec, err := json.Marshal(ix)
 	if err != nil {
@@ -82,36 +77,43 @@ func loadIndex(ctx context.Context, store Store, id ID) (index, error) {
 
 // Load reads, checks and validates checkpoint id's manifest from store.
 func Load(ctx context.Context, store Store, id ID) (Manifest, error) {
-	ix, err := loadIndex(ctx, store, id)
-	if err != nil {
-		return Manifest{}, err
-	}
-	z := make([]byte, 0, ix.Bytes)
-	for i, d := range ix.Pieces {
-		ch, err := store.GetChunk(ctx, d)
-		if err != nil {
-			return Manifest{}, fmt.Errorf("%s: manifest: %w", id, err)
-		}
-		if sum := sha256.Sum256(ch.Data); ch.Compressed || hex.EncodeToString(sum[:]) != d || int64(len(z)+len(ch.Data)) > ix.Bytes {
-			return Manifest{}, refuse(CodeCorrupt, id.String(), "manifest piece %d does not match its digest", i)
-		}
-		z = append(z, ch.Data...)
-	}
-	if int64(len(z)) != ix.Bytes {
-		return Manifest{}, refuse(CodeCorrupt, id.String(), "manifest of %d bytes, its index says %d", len(z), ix.Bytes)
-	}
 	c, err := newCodec()
 	if err != nil {
 		return Manifest{}, err
 	}
 	defer c.close()
+	m, _, err := load(ctx, store, c, id)
+	return m, err
+}
+
+// load is Load with the caller's codec, answering the index it read too.
+func load(ctx context.Context, store Store, c *codec, id ID) (Manifest, index, error) {
+	ix, err := loadIndex(ctx, store, id)
+	if err != nil {
+		return Manifest{}, ix, err
+	}
+	z := make([]byte, 0, ix.Bytes)
+	for i, d := range ix.Pieces {
+		what := fmt.Sprintf("%s manifest piece %d", id, i)
+		piece, ch, err := getChunk(ctx, store, c, d, ix.Bytes-int64(len(z)), what)
+		if err != nil {
+			return Manifest{}, ix, err
+		}
+		if ch.Compressed {
+			return Manifest{}, ix, refuse(CodeCorrupt, what, "stored compressed: a piece is stored as it is")
+		}
+		z = append(z, piece...)
+	}
+	if int64(len(z)) != ix.Bytes {
+		return Manifest{}, ix, refuse(CodeCorrupt, id.String(), "manifest of %d bytes, its index says %d", len(z), ix.Bytes)
+	}
 	b, err := c.open(Chunk{Data: z, Compressed: true}, MaxManifestBytes, id.String()+" manifest")
 	if err != nil {
-		return Manifest{}, err
+		return Manifest{}, ix, err
 	}
 	m, err := DecodeManifest(b)
 	if err != nil {
-		return Manifest{}, fmt.Errorf("%s: %w", id, err)
+		return Manifest{}, ix, fmt.Errorf("%s: %w", id, err)
 	}
-	return m, nil
+	return m, ix, nil
 }

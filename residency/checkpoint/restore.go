@@ -28,7 +28,12 @@ type RestoreStats struct {
 // root. workers fetch that many chunks at once (0: DefaultWorkers).
 func Restore(ctx context.Context, store Store, id ID, dst string, workers int) (Manifest, RestoreStats, error) {
 	var st RestoreStats
-	m, err := Load(ctx, store, id)
+	c, err := newCodec()
+	if err != nil {
+		return Manifest{}, st, err
+	}
+	defer c.close()
+	m, _, err := load(ctx, store, c, id)
 	if err != nil {
 		return Manifest{}, st, err
 	}
@@ -40,7 +45,7 @@ func Restore(ctx context.Context, store Store, id ID, dst string, workers int) (
 	if err != nil {
 		return Manifest{}, st, fmt.Errorf("checkpoint: restore into %s: %w", dst, err)
 	}
-	err = restoreInto(ctx, store, &m, staging, max(workers, 0), &st)
+	err = restoreInto(ctx, store, c, &m, staging, max(workers, 0), &st)
 	if err == nil {
 		err = swap(staging, dst)
 	}
@@ -53,7 +58,7 @@ func Restore(ctx context.Context, store Store, id ID, dst string, workers int) (
 	return m, st, nil
 }
 
-func restoreInto(ctx context.Context, store Store, m *Manifest, dir string, workers int, st *RestoreStats) error {
+func restoreInto(ctx context.Context, store Store, c *codec, m *Manifest, dir string, workers int, st *RestoreStats) error {
 	for _, e := range m.Entries {
 		if err := create(dir, &e); err != nil {
 			return err
@@ -68,7 +73,7 @@ func restoreInto(ctx context.Context, store Store, m *Manifest, dir string, work
 			st.Symlinks++
 		}
 	}
-	if err := fetchChunks(ctx, store, m, dir, workers, st); err != nil {
+	if err := fetchChunks(ctx, store, c, m, dir, workers, st); err != nil {
 		return err
 	}
 	root := os.Geteuid() == 0

@@ -208,7 +208,11 @@ func sendChunks(ctx context.Context, root string, m *Manifest, read []int, store
 				fresh := !seen[d]
 				seen[d] = true
 				mu.Unlock()
-				moved, err := putChunk(ctx, store, c, d, j.buf, fresh)
+				var moved int64
+				var err error
+				if fresh {
+					moved, err = putIfAbsent(ctx, store, d, func() Chunk { return c.seal(j.buf) })
+				}
 				pool.Put(j.buf[:cap(j.buf)])
 				if err != nil {
 					return err
@@ -236,17 +240,14 @@ func sendChunks(ctx context.Context, root string, m *Manifest, read []int, store
 	return nil
 }
 
-// putChunk sends one chunk unless this take already did (fresh false) or
-// the store holds it, and returns the bytes sent.
-func putChunk(ctx context.Context, store Store, c *codec, digest string, data []byte, fresh bool) (int64, error) {
-	if !fresh {
-		return 0, nil
-	}
+// putIfAbsent stores chunk digest, made by chunk, unless the store holds
+// it, and returns the bytes sent.
+func putIfAbsent(ctx context.Context, store Store, digest string, chunk func() Chunk) (int64, error) {
 	has, err := store.HasChunk(ctx, digest)
 	if err != nil || has {
 		return 0, err
 	}
-	ch := c.seal(data)
+	ch := chunk()
 	if err := store.PutChunk(ctx, digest, ch); err != nil {
 		return 0, fmt.Errorf("checkpoint: put chunk %s: %w", digest, err)
 	}
@@ -267,9 +268,7 @@ func readFile(ctx context.Context, p string, entry int, jobs chan<- chunkJob, po
 		buf := pool.Get().([]byte)[:size]
 		k, err := io.ReadFull(f, buf)
 		if k > 0 {
-			select {
-			case jobs <- chunkJob{entry: entry, index: n, buf: buf[:k]}:
-			case <-ctx.Done():
+			if !send(ctx, jobs, chunkJob{entry: entry, index: n, buf: buf[:k]}) {
 				return 0, 0, ctx.Err()
 			}
 			total += int64(k)
