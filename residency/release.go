@@ -12,10 +12,11 @@ import (
 // release releases a resident session gracefully, in order: mark releasing
 // → halt consumption → checkpoint (the workspace, then its record) →
 // release runtime → tombstone → drop the lease → drop local state. Halting
-// first means no inbox work starts after the checkpoint. A failure up to and including the runtime
-// release aborts back to resident under the same generation (unless the
-// runtime is already gone, which cannot be undone); a failure after it is
-// recorded in ReleaseError.Unwritten and the release goes on.
+// first means no inbox work starts after the checkpoint. A failure up to
+// and including the runtime release aborts back to resident under the same
+// generation (unless the runtime is already gone, which cannot be undone);
+// a failure after it is recorded in ReleaseError.Unwritten and the release
+// goes on.
 //
 // why is for the log: "warm", "drain" or "explicit".
 func (s *session) release(ctx context.Context, why string) error {

@@ -291,8 +291,8 @@ func workspaceText(c *schemas.CheckpointSummary, now time.Time) string {
 	if c.Files == 1 {
 		files = "file"
 	}
-	return fmt.Sprintf("%d %s, %s, taken %s ago in %.1fs (%s sent)", c.Files, files, humanBytes(c.Bytes),
-		now.Sub(c.TakenAt).Round(time.Second), c.Seconds, humanBytes(c.BytesMoved))
+	return fmt.Sprintf("%d %s, %s, taken %s ago in %.1fs (%s sent)", c.Files, files, schemas.FormatBytes(c.Bytes),
+		now.Sub(c.TakenAt).Round(time.Second), c.Seconds, schemas.FormatBytes(c.BytesMoved))
 }
 
 // printDrainSessions reports a node drain's sessions: what was released and
@@ -338,17 +338,4 @@ func drainNode(ctx context.Context, conn *bus.Conn, id string) (schemas.NodeDrai
 		return rep, errors.New("empty reply on " + bus.SubjectDrain)
 	}
 	return rep, nil
-}
-
-// humanBytes is n in binary units, to one decimal.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, exp := float64(n)/unit, 0
-	for v >= unit && exp < 4 {
-		v, exp = v/unit, exp+1
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTP"[exp])
 }
