@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -52,16 +53,36 @@ type ledger struct {
 	// consuming maps session → host currently consuming its inbox.
 	consuming map[residency.Key]string
 	overlaps  []string
+	// handedBack maps message id → each (host, epoch) that handed it back
+	// unfinished when consumption stopped.
+	handedBack map[string][]string
+	// deliveries maps message id → the highest delivery count seen.
+	deliveries map[string]uint64
 }
 
 func newLedger(t *testing.T) *ledger {
-	return &ledger{t: t, done: map[string][]string{}, consuming: map[residency.Key]string{}}
+	return &ledger{t: t, done: map[string][]string{}, consuming: map[residency.Key]string{},
+		handedBack: map[string][]string{}, deliveries: map[string]uint64{}}
 }
 
 func (l *ledger) handled(id string) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]string(nil), l.done[id]...)
+}
+
+// returned is each (host, epoch) that handed id back unfinished.
+func (l *ledger) returned(id string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.handedBack[id]...)
+}
+
+// delivered is the highest delivery count id was handled under.
+func (l *ledger) delivered(id string) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deliveries[id]
 }
 
 func (l *ledger) count() int {
@@ -88,17 +109,24 @@ func (l *ledger) hooks(host string) residency.Hooks {
 }
 
 // handler delivers through the production WorkspaceHandler and records the
-// delivery once it succeeded under a held grant.
-func (l *ledger) handler(host, root string) residency.Handler {
-	deliver := nodehost.WorkspaceHandler(root)
+// delivery once it succeeded under a held grant, and work handed back
+// unfinished. ack is the handler's mode: a node runtime that runs nothing
+// (noopruntime) finishes no work, so those tests ack once it is written.
+func (l *ledger) handler(host, root string, ack nodehost.InboxAck) residency.Handler {
+	deliver := nodehost.WorkspaceHandler(root, ack)
 	return func(ctx context.Context, w residency.Work) error {
-		if err := deliver(ctx, w); err != nil {
-			return err
-		}
+		err := deliver(ctx, w)
+		who := fmt.Sprintf("%s@%d", host, w.Guard.Epoch())
 		l.mu.Lock()
-		l.done[w.MsgID] = append(l.done[w.MsgID], fmt.Sprintf("%s@%d", host, w.Guard.Epoch()))
-		l.mu.Unlock()
-		return nil
+		defer l.mu.Unlock()
+		l.deliveries[w.MsgID] = max(l.deliveries[w.MsgID], w.Delivered)
+		switch {
+		case err == nil:
+			l.done[w.MsgID] = append(l.done[w.MsgID], who)
+		case errors.Is(err, residency.ErrWorkUnfinished):
+			l.handedBack[w.MsgID] = append(l.handedBack[w.MsgID], who)
+		}
+		return err
 	}
 }
 
@@ -135,6 +163,9 @@ type sessionNodeSpec struct {
 	// checkpointInterval checkpoints resident sessions that often (0:
 	// only at release).
 	checkpointInterval time.Duration
+	// ackWhenDone acks inbox work once the session's runtime finished it
+	// (the agent's default); otherwise once it is written.
+	ackWhenDone bool
 }
 
 func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
@@ -147,9 +178,13 @@ func (f *fleet) startSessionNode(spec sessionNodeSpec) *sessionNode {
 	}
 	dataDir := tempDir(f.t)
 	ws := filepath.Join(dataDir, "sessions")
+	ack := nodehost.AckWhenWritten
+	if spec.ackWhenDone {
+		ack = nodehost.AckWhenDone
+	}
 	host, err := nodehost.New(nodehost.Options{
 		Target: spec.target, Capacity: 8, WorkspaceRoot: ws, WarmTTL: spec.warmTTL, CheckpointInterval: spec.checkpointInterval,
-		Handler: spec.ledger.handler(spec.id, ws), Hooks: spec.ledger.hooks(spec.id), RequestTimeout: 3 * time.Second,
+		Handler: spec.ledger.handler(spec.id, ws, ack), Hooks: spec.ledger.hooks(spec.id), RequestTimeout: 3 * time.Second,
 	})
 	if err != nil {
 		f.t.Fatal(err)

@@ -704,7 +704,7 @@ func (sf *secureFleet) startSessionHostAgent(nodeID string) *ledger {
 	ws := filepath.Join(dataDir, "sessions")
 	host, err := nodehost.New(nodehost.Options{
 		Target:   residency.RuntimeTarget{Image: noopImage, ManifestDigest: noopDigest, CompatibilityID: sessCompat, StopGrace: 100 * time.Millisecond},
-		Capacity: 4, WorkspaceRoot: ws, Handler: l.handler(nodeID, ws), Hooks: l.hooks(nodeID), RequestTimeout: 3 * time.Second,
+		Capacity: 4, WorkspaceRoot: ws, Handler: l.handler(nodeID, ws, nodehost.AckWhenWritten), Hooks: l.hooks(nodeID), RequestTimeout: 3 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,11 @@ import (
 // ErrNoWork is Inbox.Next's answer when nothing arrived within the wait.
 var ErrNoWork = errors.New("residency: no inbox work")
 
+// ErrWorkUnfinished is a handler's answer when consumption stopped before
+// the session's runtime finished the work: the message goes back to the
+// inbox at once, for this host's next grant or the next holder.
+var ErrWorkUnfinished = errors.New("residency: inbox work unfinished")
+
 // Work is one inbox message handed to the resident host's Handler.
 type Work struct {
 	Key       Key
@@ -30,11 +35,20 @@ type Work struct {
 	// what it writes; a refusal must be returned (it wraps ErrStaleEpoch),
 	// so the message goes back to the inbox for the next holder.
 	Guard Guard
+	// Stopping is closed once consumption stops (a release or drain halts
+	// it). A handler waiting on the session's runtime returns an error
+	// wrapping ErrWorkUnfinished then, rather than holding the release.
+	Stopping <-chan struct{}
+	// InProgress tells the inbox the work is still going on, so it is not
+	// redelivered after the consumer's AckWait. A handler that waits calls
+	// it well within AckWait.
+	InProgress func() error
 }
 
 // Handler handles one message. nil acks it (after the handler returned, so
 // work is never acked before it is done); an error wrapping ErrStaleEpoch
-// hands it back at once and stops consumption; Permanent(err) terminates it;
+// hands it back at once and stops consumption; one wrapping
+// ErrWorkUnfinished hands it back at once; Permanent(err) terminates it;
 // any other error redelivers it after a delay.
 //
 // A Handler must not call Release or Drain of its own Manager for its own
@@ -72,6 +86,8 @@ type Delivery interface {
 	Delivered() uint64
 	// Ack confirms the message done; it returns once the server holds it.
 	Ack(ctx context.Context) error
+	// InProgress resets the message's AckWait.
+	InProgress() error
 	// Nak hands the message back for redelivery after delay.
 	Nak(delay time.Duration) error
 	// Term ends the message without redelivery.
@@ -132,6 +148,7 @@ func (d jsDelivery) Delivered() uint64 {
 	return 0
 }
 func (d jsDelivery) Ack(ctx context.Context) error { return d.m.DoubleAck(ctx) }
+func (d jsDelivery) InProgress() error             { return d.m.InProgress() }
 func (d jsDelivery) Nak(delay time.Duration) error {
 	if delay <= 0 {
 		return d.m.Nak()
@@ -311,6 +328,7 @@ func (c *consumer) handle(ctx context.Context, stop chan struct{}, d Delivery) {
 	}
 	err := c.handler(ctx, Work{
 		Key: c.key, Subject: d.Subject(), MsgID: d.MsgID(), Data: d.Data(), Delivered: d.Delivered(), Guard: c.fence,
+		Stopping: stop, InProgress: d.InProgress,
 	})
 	var perm permanentError
 	switch {
@@ -322,6 +340,9 @@ func (c *consumer) handle(ctx context.Context, stop chan struct{}, d Delivery) {
 		}
 	case errors.Is(err, ErrStaleEpoch):
 		log.Info("handler refused under a stale epoch; handing the message back", zap.Error(err))
+		c.nak(log, d, 0)
+	case errors.Is(err, ErrWorkUnfinished):
+		log.Info("consumption stopped before the work finished; handing the message back", zap.Error(err))
 		c.nak(log, d, 0)
 	case errors.As(err, &perm):
 		log.Warn("handler failed permanently; terminating the message", zap.Error(err))

@@ -23,6 +23,7 @@ type sessionFlags struct {
 	stopGrace     time.Duration
 	checkpointIv  time.Duration
 	requireCkpt   bool
+	inboxAck      string
 	// hooks observe the session host (its checkpoints, for metrics).
 	hooks residency.Hooks
 }
@@ -37,6 +38,7 @@ func addSessionFlags(f *pflag.FlagSet) *sessionFlags {
 	f.DurationVar(&s.stopGrace, "session-stop-grace", 10*time.Second, "how long a released session's container gets after SIGTERM")
 	f.DurationVar(&s.checkpointIv, "session-checkpoint-interval", 5*time.Minute, "checkpoint each resident session's workspace this often, beside its release's checkpoint (0: only at release); a node lost meanwhile loses at most this much")
 	f.BoolVar(&s.requireCkpt, "session-requires-checkpoint", false, "refuse to resume a session whose durable state holds no workspace checkpoint (checkpoint_required) rather than start it on an empty workspace")
+	f.StringVar(&s.inboxAck, "session-inbox-ack", string(nodehost.AckWhenDone), "when an inbox message is acked: done (once the session's runtime removed workspace/inbox/<message id>) or written (once that file is there)")
 	return s
 }
 
@@ -52,6 +54,10 @@ func (s *sessionFlags) host(dataDir string) (noderuntime.SessionHost, error) {
 	if s.compat == "" {
 		return nil, fmt.Errorf("--session-compatibility-id is required with --session-image")
 	}
+	ack := nodehost.InboxAck(s.inboxAck)
+	if ack.Validate() != nil {
+		return nil, fmt.Errorf("--session-inbox-ack %q: use %s or %s", s.inboxAck, nodehost.AckWhenDone, nodehost.AckWhenWritten)
+	}
 	root, err := filepath.Abs(filepath.Join(dataDir, "sessions"))
 	if err != nil {
 		return nil, err
@@ -60,5 +66,6 @@ func (s *sessionFlags) host(dataDir string) (noderuntime.SessionHost, error) {
 		Target: residency.RuntimeTarget{Image: s.image, ManifestDigest: digest, Command: s.command, CompatibilityID: s.compat, StopGrace: s.stopGrace,
 			RequiresCheckpoint: s.requireCkpt},
 		Capacity: s.capacity, WorkspaceRoot: root, WarmTTL: s.warmTTL, CheckpointInterval: s.checkpointIv, Hooks: s.hooks,
+		InboxAck: ack,
 	})
 }

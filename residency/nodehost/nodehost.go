@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -55,8 +54,13 @@ type Options struct {
 	CheckpointInterval time.Duration
 	// HeartbeatInterval renews leases; the grant's TTL/3 when zero.
 	HeartbeatInterval time.Duration
-	// Handler handles inbox work; WorkspaceHandler(WorkspaceRoot) when nil.
+	// Handler handles inbox work; WorkspaceHandler(WorkspaceRoot, InboxAck)
+	// when nil.
 	Handler residency.Handler
+	// InboxAck says when the default handler acks a message: once the
+	// session's runtime finished it (AckWhenDone, the default) or once it
+	// is written into the workspace (AckWhenWritten).
+	InboxAck InboxAck
 	// Hooks observe the Manager (tests count consumption with them).
 	Hooks residency.Hooks
 	// RequestTimeout bounds one request to the control plane's residency
@@ -85,8 +89,11 @@ func New(o Options) (*Host, error) {
 	if !filepath.IsAbs(o.WorkspaceRoot) {
 		return nil, &residency.InvalidOptionsError{Field: "WorkspaceRoot", Reason: fmt.Sprintf("%q is not absolute", o.WorkspaceRoot)}
 	}
+	if err := o.InboxAck.Validate(); err != nil {
+		return nil, err
+	}
 	if o.Handler == nil {
-		o.Handler = WorkspaceHandler(o.WorkspaceRoot)
+		o.Handler = WorkspaceHandler(o.WorkspaceRoot, o.InboxAck)
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 45 * time.Second
@@ -255,42 +262,6 @@ func (s *server) attach(ctx context.Context, cmd schemas.SessionCommand) (reside
 		s.log.Warn("created session's durable record not written", zap.Stringer("session", key), zap.Error(cerr))
 	}
 	return r, nil
-}
-
-// WorkspaceHandler hands each inbox message to the session's runtime through
-// its workspace: the body is written to <root>/<tenant>/<session>/inbox/
-// (the container sees it under its workspace mount), named by the message
-// id, after the fence is checked. A message redelivered after a crash
-// overwrites the same file, so the effect is once per message id.
-func WorkspaceHandler(root string) residency.Handler {
-	return func(ctx context.Context, w residency.Work) error {
-		if err := w.Guard.Check(); err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		name := w.MsgID
-		if name == "" || strings.ContainsAny(name, `/\`) || name == "." || name == ".." {
-			name = fmt.Sprintf("nomsgid-%d", time.Now().UnixNano())
-		}
-		dir := filepath.Join(root, w.Key.Tenant, w.Key.Session, "inbox")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("nodehost: inbox dir: %w", err)
-		}
-		tmp := filepath.Join(dir, "."+name+".tmp")
-		if err := os.WriteFile(tmp, w.Data, 0o600); err != nil {
-			return fmt.Errorf("nodehost: write work: %w", err)
-		}
-		if err := w.Guard.Check(); err != nil {
-			_ = os.Remove(tmp)
-			return err
-		}
-		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("nodehost: deliver work: %w", err)
-		}
-		return nil
-	}
 }
 
 // removeLeftovers removes the session runtimes an earlier process of this
