@@ -43,6 +43,19 @@ func sessionFleet(t *testing.T) *fleet {
 	})
 }
 
+// bulkSessionFleet is sessionFleet for tests that move hundreds of MiB of
+// workspace through the control plane: leases of the control plane's
+// default 15 s, and attach and release replies awaited for minutes. Under
+// the race detector every byte copied is checked, and on 2 cores such a
+// checkpoint runs at about 10 MiB/s: long enough to outlast a 3 s lease's
+// renewals and a 20 s reply.
+func bulkSessionFleet(t *testing.T) *fleet {
+	return newFleet(t, func(c *controlplane.Config) {
+		c.Sessions = sessions.Config{LeaseTTL: 15 * time.Second, InboxAckWait: 5 * time.Second,
+			AttachTimeout: 4 * time.Minute, DrainTimeout: 4 * time.Minute}
+	})
+}
+
 // ledger records every inbox message a session host handled, and who was
 // consuming each session's inbox when: the acceptance tests' ground truth.
 type ledger struct {
@@ -237,7 +250,7 @@ func (f *fleet) sessionAdmin(subject string, req schemas.SessionRequest) schemas
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	resp, err := f.conn.NC.RequestWithContext(ctx, subject, b)
 	if err != nil {

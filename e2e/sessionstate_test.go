@@ -26,7 +26,7 @@ import (
 // session's record names the checkpoint; the next release there moves
 // only what changed.
 func TestAcceptance_SessionStateSurvivesMove(t *testing.T) {
-	f := sessionFleet(t)
+	f := bulkSessionFleet(t)
 	l := newLedger(t)
 	a := f.startSessionNode(sessionNodeSpec{id: "node-a", ledger: l})
 	b := f.startSessionNode(sessionNodeSpec{id: "node-b", ledger: l})

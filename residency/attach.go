@@ -60,8 +60,9 @@ func (a *attempt) fail(ctx context.Context, step Step, cause error) error {
 // Attach makes the session resident on this host, in numbered steps (see
 // Step). A failure at any step runs the compensations of the steps before it
 // and returns an *AttachError naming every compensation that itself failed.
-// A session already resident here returns Attached: false and takes
-// nothing.
+// A drain that begins before the last step commits the attach cancels it
+// (code draining). A session already resident here returns Attached: false
+// and takes nothing.
 func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 	a := &attempt{m: m, req: req}
 
@@ -80,8 +81,13 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 	}
 	defer m.settle()
 	a.s = s
-	if err := s.lock(ctx); err != nil {
-		return Residency{}, a.fail(ctx, StepValidate, err)
+	// A drain cancels the attach until it commits (Manager.commit); the
+	// compensations still run under ctx.
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	m.arm(s, cancel)
+	if err := s.lock(actx); err != nil {
+		return Residency{}, a.fail(ctx, StepValidate, cancelled(actx, err))
 	}
 	defer s.unlock()
 
@@ -99,9 +105,12 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 		{StepResident, a.publishResident},
 		{StepConsume, a.consume},
 	} {
-		if err := step.do(ctx); err != nil {
-			return Residency{}, a.fail(ctx, step.n, err)
+		if err := step.do(actx); err != nil {
+			return Residency{}, a.fail(ctx, step.n, cancelled(actx, err))
 		}
+	}
+	if !m.commit(s) {
+		return Residency{}, a.fail(ctx, StepConsume, context.Cause(actx))
 	}
 	if err := s.transition(EventAttached); err != nil {
 		return Residency{}, a.fail(ctx, StepConsume, err)
@@ -113,6 +122,15 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 	s.log.Info("session resident", zap.Uint64("epoch", uint64(r.Epoch)), zap.String("workload", r.Workload),
 		zap.String("actor", req.Principal.ActorID), zap.String("trace", req.Principal.TraceID))
 	return r, nil
+}
+
+// cancelled is err, with the reason the attach was cancelled (a drain's
+// ErrDraining) when it was.
+func cancelled(actx context.Context, err error) error {
+	if cause := context.Cause(actx); actx.Err() != nil && cause != nil && !errors.Is(err, cause) {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return err
 }
 
 // validate is step 1's check of the request and its principal.
@@ -128,6 +146,9 @@ func (m *Manager) validate(req Request) error {
 	}
 	if req.Mode != ModeCreate && req.Mode != ModeResume {
 		return fmt.Errorf("%w: mode %q is neither %q nor %q", ErrInvalidRequest, req.Mode, ModeCreate, ModeResume)
+	}
+	if req.FromCheckpoint != 0 && req.Mode != ModeResume {
+		return fmt.Errorf("%w: from_checkpoint %d: only a resume restores a checkpoint", ErrInvalidRequest, req.FromCheckpoint)
 	}
 	if req.CompatibilityID != "" && req.CompatibilityID != m.o.Target.CompatibilityID {
 		return fmt.Errorf("%w: request was placed for build %q", ErrRuntimeMismatch, req.CompatibilityID)
@@ -162,6 +183,10 @@ func (a *attempt) admit(context.Context) error {
 func (a *attempt) acquire(ctx context.Context) error {
 	m, s := a.m, a.s
 	l, err := acquireLease(ctx, m.o.Leases, m.clock, a.req.Key, m.o.HostID)
+	var owed *LeaseCleanupError
+	if errors.As(err, &owed) {
+		a.owe("lease", owed.Release)
+	}
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,11 @@ func TestAcceptance_AttachCompensation(t *testing.T) {
 		}},
 		{name: "admit", step: StepAdmit, code: CodeUnavailable, faults: []string{"admissions.admit"}},
 		{name: "lease", step: StepLease, code: CodeUnavailable, faults: []string{"leases.acquire"}},
+		// A grant whose answer was lost is given back by the compensation…
+		{name: "lease granted, answer lost", step: StepLease, code: CodeUnavailable, faults: []string{"leases.acquire.lost"}},
+		// …and named held, reachable as the *LeaseCleanupError, if it cannot be.
+		{name: "lease granted, answer lost, give-back fails", step: StepLease, code: CodeUnavailable,
+			faults: []string{"leases.acquire.lost", "leases.release"}, unreleased: []string{"lease"}},
 		{name: "load", step: StepLoad, code: CodeUnavailable, faults: []string{"durable.load"}},
 		{name: "restore onto another build", step: StepLoad, code: CodeRuntimeMismatch, setup: func(k Key) Request {
 			durable.seed(k, "older-build")
@@ -123,6 +128,10 @@ func TestAcceptance_AttachCompensation(t *testing.T) {
 			}
 			if len(c.faults) > 0 && !errors.Is(err, errInjected) {
 				t.Errorf("cause lost: %v", err)
+			}
+			var owed *LeaseCleanupError
+			if slices.Contains(c.faults, "leases.acquire.lost") && !errors.As(err, &owed) {
+				t.Errorf("a lost grant's attach error does not reach the *LeaseCleanupError: %v", err)
 			}
 			if !slices.Equal(ae.Unreleased, c.unreleased) || len(ae.UnreleasedCauses) != len(ae.Unreleased) {
 				t.Fatalf("unreleased %v (causes %v); want %v", ae.Unreleased, ae.UnreleasedCauses, c.unreleased)

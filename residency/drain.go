@@ -14,6 +14,9 @@ import (
 // released; DrainReport.Failures says which and why.
 var ErrDrainIncomplete = errors.New("residency: drain incomplete")
 
+// errAttachDrained is why a drain cancels an attach not yet committed.
+var errAttachDrained = fmt.Errorf("%w: the attach was cancelled before it committed", ErrDraining)
+
 // DrainReport is what a drain did.
 type DrainReport struct {
 	// Released were released gracefully by this drain.
@@ -26,12 +29,14 @@ type DrainReport struct {
 }
 
 // Drain stops new admissions at once (the ledger answers Draining() true
-// for every Admit and every published observation from now on), waits for
-// attaches already admitted to finish, then releases every resident session
-// gracefully and reports what could not be released.
+// for every Admit and every published observation from now on), cancels
+// every attach not yet committed and waits for their compensations, then
+// releases every resident session gracefully and reports what could not be
+// released.
 func (m *Manager) Drain(ctx context.Context) (DrainReport, error) {
 	m.drain.BeginDrain()
-	m.log.Info("draining")
+	cancelled := m.cancelAttaches()
+	m.log.Info("draining", zap.Int("attaches_cancelled", cancelled))
 
 	// Stop advertising accepting now rather than at the next heartbeat.
 	for _, s := range m.live() {

@@ -11,7 +11,7 @@ import (
 // TestManager_DrainReleasesAll (library level; the end-to-end acceptance
 // test is e2e.TestAcceptance_DrainReleasesAll): Drain stops admissions at once (the one
 // ledger refuses, and published observations stop advertising accepting),
-// lets an attach already admitted finish, releases every resident session
+// cancels an attach admitted but not yet committed, releases every resident session
 // gracefully, and reports the one whose runtime refused to go — still
 // resident, not accepting. A second drain releases it once it can go, and
 // another host resumes a drained session.
@@ -40,9 +40,9 @@ func TestManager_DrainReleasesAll(t *testing.T) {
 	// An attach admitted before the drain, held in its launch.
 	late := Key{tenant, "d4"}
 	durable.seed(late, compatA)
-	gate := make(chan struct{})
+	gate, atGate := make(chan struct{}), make(chan struct{}, 1)
 	a.faults.mu.Lock()
-	a.faults.launchGate = gate
+	a.faults.launchGate, a.faults.atGate = gate, atGate
 	a.faults.mu.Unlock()
 	type result struct {
 		r   Residency
@@ -53,7 +53,11 @@ func TestManager_DrainReleasesAll(t *testing.T) {
 		r, err := a.mgr.Attach(ctx, request(late, ModeResume))
 		lateDone <- result{r, err}
 	}()
-	waitFor(t, "the late attach to be admitted", 30*time.Second, func() bool { _, ok := a.ledger.Charged(late); return ok })
+	select {
+	case <-atGate:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the late attach never reached its launch")
+	}
 
 	type drained struct {
 		rep DrainReport
@@ -76,19 +80,24 @@ func TestManager_DrainReleasesAll(t *testing.T) {
 	if got := held(t, cp, a, refused, nil); len(got) != 0 {
 		t.Fatalf("refused attach held %v", got)
 	}
+	// The attach held in its launch had not committed: the drain cancels
+	// it, and its compensations give back all it took.
+	var lr result
 	select {
-	case d := <-drainDone:
-		t.Fatalf("drain finished before the admitted attach: %+v %v", d.rep, d.err)
-	case <-time.After(100 * time.Millisecond):
+	case lr = <-lateDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the drain did not cancel the attach held in its launch")
+	}
+	if !errors.As(lr.err, &ae) || ae.Code != CodeDraining || ae.Step != StepLaunch || !ae.TookNothing() || !errors.Is(lr.err, ErrDraining) {
+		t.Fatalf("attach in flight when the drain began: %+v %v; want cancelled at launch (draining), nothing held", lr.r, lr.err)
+	}
+	if got := held(t, cp, a, late, nil); len(got) != 0 {
+		t.Fatalf("cancelled attach held %v", got)
 	}
 	a.faults.mu.Lock()
 	a.faults.launchGate = nil
 	a.faults.mu.Unlock()
 	close(gate)
-	lr := <-lateDone
-	if lr.err != nil || !lr.r.Attached {
-		t.Fatalf("late attach: %+v %v", lr.r, lr.err)
-	}
 
 	var d drained
 	select {
@@ -99,7 +108,7 @@ func TestManager_DrainReleasesAll(t *testing.T) {
 	if !errors.Is(d.err, ErrDrainIncomplete) {
 		t.Fatalf("drain error %v; want ErrDrainIncomplete", d.err)
 	}
-	wantReleased := []Key{keys[0], keys[1], late}
+	wantReleased := []Key{keys[0], keys[1]}
 	sortKeys(wantReleased)
 	if !slices.Equal(d.rep.Released, wantReleased) || len(d.rep.Failures) != 1 {
 		t.Fatalf("report %+v; want released %v and one failure", d.rep, wantReleased)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/noderuntime"
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // fakeClock is a Clock that moves only when Advance is called. gate lets a
@@ -151,9 +152,17 @@ func (d *memDurable) CommitCheckpoint(_ context.Context, cp Checkpoint) error {
 		return fmt.Errorf("%w: checkpoint at epoch %d < %d", ErrEpochSuperseded, cp.Epoch, d.epochs[key])
 	}
 	d.epochs[key] = cp.Epoch
+	// Two earlier workspace checkpoints are kept, as the control plane's
+	// default keeps three in all.
+	prev := d.states[key]
+	earlier := prev.EarlierCheckpoints
+	if prev.Checkpoint != nil && cp.Content != nil {
+		earlier = append([]schemas.CheckpointRef{{Sequence: prev.CheckpointSequence, Epoch: prev.CheckpointEpoch}}, earlier...)
+		earlier = earlier[:min(len(earlier), 2)]
+	}
 	d.states[key] = SessionState{Exists: true, Namespace: cp.Namespace, CompatibilityID: cp.CompatibilityID,
 		RuntimeJournal: JournalPresent, HasCheckpoint: true, CheckpointSequence: cp.Sequence,
-		CheckpointEpoch: cp.Epoch, Checkpoint: cp.Content}
+		CheckpointEpoch: cp.Epoch, Checkpoint: cp.Content, EarlierCheckpoints: earlier}
 	d.cps = append(d.cps, cp)
 	return nil
 }

@@ -19,8 +19,10 @@ type faults struct {
 	mu   sync.Mutex
 	set  map[string]bool
 	errs map[string]error // a fault that fails with this error instead
-	// launchGate, when set, holds every Launch until it is closed.
+	// launchGate, when set, holds every Launch until it is closed; each
+	// Launch it holds sends on atGate, when set, first.
 	launchGate chan struct{}
+	atGate     chan struct{}
 }
 
 func newFaults() *faults { return &faults{set: map[string]bool{}, errs: map[string]error{}} }
@@ -157,6 +159,10 @@ func (h hostLeases) AcquireSessionLease(ctx context.Context, key Key, holder str
 		g, err = h.SessionLeases.AcquireSessionLease(ctx, key, holder)
 		return err
 	})
+	if err == nil && h.f.check("leases.acquire.lost") != nil {
+		// Granted, and the answer lost: the refusal owes the grant back.
+		return LeaseGrant{}, &LeaseCleanupError{Cause: errInjected, Cleanup: func(ctx context.Context) error { return h.ReleaseSessionLease(ctx, g) }}
+	}
 	return g, err
 }
 
@@ -242,9 +248,12 @@ type faultyRuntime struct {
 
 func (r faultyRuntime) Launch(ctx context.Context, spec noderuntime.WorkloadSpec) (noderuntime.WorkloadStatus, error) {
 	r.f.mu.Lock()
-	gate := r.f.launchGate
+	gate, atGate := r.f.launchGate, r.f.atGate
 	r.f.mu.Unlock()
 	if gate != nil {
+		if atGate != nil {
+			atGate <- struct{}{}
+		}
 		select {
 		case <-gate:
 		case <-ctx.Done():

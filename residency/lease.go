@@ -34,6 +34,37 @@ type SessionLeases interface {
 	ReleaseSessionLease(ctx context.Context, g LeaseGrant) error
 }
 
+// LeaseCleanupError is an acquire that failed and may still have left the
+// lease granted to the asker: a grant whose answer was lost, or one made
+// before a later step of the acquire failed and could not be undone. The
+// grant would otherwise block every attach of the session, the asker's own
+// included, until its TTL ran out. The caller owes Release: Attach runs it
+// among its compensations and names "lease" in AttachError.Unreleased if it
+// fails, and errors.As on that AttachError reaches this value to retry.
+type LeaseCleanupError struct {
+	// Cause is the failure the acquire met, with the cleanup's own failure
+	// joined where it already tried one.
+	Cause error
+	// Cleanup gives up whatever the acquire may have granted; nil is
+	// nothing owed.
+	Cleanup func(context.Context) error
+}
+
+func (e *LeaseCleanupError) Error() string {
+	return "residency: lease acquire failed and may have left the lease granted: " + e.Cause.Error()
+}
+
+// Unwrap exposes the cause.
+func (e *LeaseCleanupError) Unwrap() error { return e.Cause }
+
+// Release runs Cleanup, if any.
+func (e *LeaseCleanupError) Release(ctx context.Context) error {
+	if e.Cleanup == nil {
+		return nil
+	}
+	return e.Cleanup(ctx)
+}
+
 // lease is the host's view of one grant: it renews through SessionLeases and
 // closes Lost when the grant is gone — a renewal conflict, or the local
 // deadline passing without a successful renewal.

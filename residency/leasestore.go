@@ -80,7 +80,7 @@ func (s *KVLeases) Get(ctx context.Context, key Key) (LeaseRecord, uint64, error
 // AcquireSessionLease implements SessionLeases: absent → Create at epoch 1;
 // expired → CAS Update to epoch+1; live → ErrLeaseHeld. It then makes sure
 // the session's durable inbox consumer exists; if that fails the grant is
-// released again.
+// released again, and if that fails too the error is a *LeaseCleanupError.
 func (s *KVLeases) AcquireSessionLease(ctx context.Context, key Key, holder string) (LeaseGrant, error) {
 	return s.AcquireSessionLeaseToken(ctx, key, holder, newToken())
 }
@@ -105,8 +105,10 @@ func (s *KVLeases) AcquireSessionLeaseToken(ctx context.Context, key Key, holder
 		if _, err := s.js.CreateOrUpdateConsumer(ctx, bus.StreamInbox, cfg); err != nil {
 			err = fmt.Errorf("residency: create inbox consumer for %s: %w", key, err)
 			if rerr := s.ReleaseSessionLease(ctx, g); rerr != nil {
-				// The record still expires at its own expires_at.
-				err = errors.Join(err, fmt.Errorf("release after failed consumer: %w", rerr))
+				return LeaseGrant{}, &LeaseCleanupError{
+					Cause:   errors.Join(err, fmt.Errorf("release after failed consumer: %w", rerr)),
+					Cleanup: func(ctx context.Context) error { return s.ReleaseSessionLease(ctx, g) },
+				}
 			}
 			return LeaseGrant{}, err
 		}

@@ -38,6 +38,9 @@ type Request struct {
 	// and Devices their CDI devices, in the same order.
 	GPUs    []string
 	Devices []string
+	// FromCheckpoint restores this kept checkpoint sequence instead of
+	// the latest (0: the latest).
+	FromCheckpoint uint64
 }
 
 // Residency describes one residency on this host.
@@ -379,6 +382,42 @@ func (m *Manager) reserve(key Key) (s *session, existing *session, err error) {
 	}
 	m.inflight++
 	return s, nil, nil
+}
+
+// arm makes s's attach cancellable by a drain until it commits. An attach
+// armed after the drain cancelled the others is refused by the ledger at
+// its admit step.
+func (m *Manager) arm(s *session, cancel context.CancelCauseFunc) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s.cancelAttach = cancel
+}
+
+// commit is an attach's point of no return: false if a drain cancelled it
+// first; once true the drain releases the session instead of cancelling it.
+func (m *Manager) commit(s *session) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s.cancelAttach == nil {
+		return true
+	}
+	s.cancelAttach = nil
+	return !s.attachCancelled
+}
+
+// cancelAttaches cancels every attach not yet committed.
+func (m *Manager) cancelAttaches() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, s := range m.sessions {
+		if s.cancelAttach != nil && !s.attachCancelled {
+			s.attachCancelled = true
+			s.cancelAttach(errAttachDrained)
+			n++
+		}
+	}
+	return n
 }
 
 // settle ends an attach's in-flight count.

@@ -85,13 +85,35 @@ func (r *Remote) AcquireSessionLease(ctx context.Context, key Key, holder string
 	body := schemas.ResidencyKeyRequest{Key: WireKey(key), Token: newToken()}
 	// A request whose answer was lost may still have granted the lease:
 	// asking again under the same token gets that grant back instead of
-	// ErrLeaseHeld against ourselves until it expires.
+	// ErrLeaseHeld against ourselves until it expires. If that answer is
+	// lost too, or the service failed without naming a refusal, the error
+	// is a *LeaseCleanupError whose cleanup gives the grant back.
 	for attempt := 0; ; attempt++ {
 		g, err := call[LeaseGrant](ctx, r, schemas.ResidencyLeaseAcquire, body)
+		if err == nil {
+			return g, nil
+		}
 		if attempt >= 1 || !errors.Is(err, ErrServiceUnavailable) || ctx.Err() != nil {
-			return g, err
+			if _, refused := codeOf(err); refused {
+				return g, err // a refusal the service named: nothing granted
+			}
+			return g, &LeaseCleanupError{Cause: err, Cleanup: func(ctx context.Context) error { return r.giveBack(ctx, body) }}
 		}
 	}
+}
+
+// giveBack releases whatever an acquire under body's token was granted:
+// asking again under the token returns that grant, which is then released.
+// A lease held by anyone else, or no longer placed here, is nothing of ours.
+func (r *Remote) giveBack(ctx context.Context, body schemas.ResidencyKeyRequest) error {
+	g, err := call[LeaseGrant](ctx, r, schemas.ResidencyLeaseAcquire, body)
+	switch {
+	case errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrNotPlaced):
+		return nil
+	case err != nil:
+		return fmt.Errorf("residency: give back the lease of %s: %w", KeyOf(body.Key), err)
+	}
+	return r.ReleaseSessionLease(ctx, g)
 }
 
 // RenewSessionLease implements SessionLeases.

@@ -36,6 +36,11 @@ type session struct {
 	// restored): the next one sends only what changed since.
 	manifest *checkpoint.Manifest
 
+	// cancelAttach cancels the attach in progress until it commits;
+	// attachCancelled records that a drain did. Both under Manager.mu.
+	cancelAttach    context.CancelCauseFunc
+	attachCancelled bool
+
 	hbCancel context.CancelFunc
 	hbDone   chan struct{}
 

@@ -93,8 +93,20 @@ func (s *KVSessions) LoadSessionState(ctx context.Context, key Key) (SessionStat
 	return SessionState{
 		Exists: true, Namespace: rec.Namespace, CompatibilityID: rec.CompatibilityID, RuntimeJournal: JournalPresent,
 		HasCheckpoint: rec.CheckpointSequence > 0, CheckpointSequence: rec.CheckpointSequence,
-		CheckpointEpoch: rec.Epoch, Checkpoint: rec.Checkpoint,
+		CheckpointEpoch: rec.Epoch, Checkpoint: rec.Checkpoint, EarlierCheckpoints: earlier(rec),
 	}, nil
+}
+
+// earlier is rec's kept workspace checkpoints before its latest, newest
+// first.
+func earlier(rec SessionRecord) []schemas.CheckpointRef {
+	var out []schemas.CheckpointRef
+	for i := len(rec.Recent) - 1; i >= 0; i-- {
+		if r := rec.Recent[i]; r.Sequence < rec.CheckpointSequence {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // CommitCheckpoint implements DurableStore: read → compare epochs →

@@ -37,6 +37,10 @@ func ToWire(err error) *schemas.SessionError {
 		return se
 	}
 	w := &schemas.SessionError{Code: CodeUnavailable, Message: err.Error()}
+	var rst *RestoreError
+	if errors.As(err, &rst) {
+		w.PreviousCheckpoint = rst.Previous
+	}
 	var ae *AttachError
 	if errors.As(err, &ae) {
 		w.Code, w.Step, w.Unreleased = ae.Code, ae.Step.String(), ae.Unreleased

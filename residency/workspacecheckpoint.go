@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -181,31 +182,92 @@ func (s *session) saveWorkspace(ctx context.Context, seq uint64, kind string) (*
 	return sum, &man, nil
 }
 
-// restoreWorkspace puts the session's latest checkpoint in its workspace
-// before the runtime starts. A session whose durable state records no
-// workspace checkpoint starts empty, unless its target requires one.
+// restoreWorkspace is step 5's second half: the workspace is restored from
+// the latest checkpoint (or the kept one the request names) before the
+// runtime starts. A session whose durable state records no workspace
+// checkpoint starts empty, unless its target requires one.
 func (a *attempt) restoreWorkspace(ctx context.Context) error {
 	m, s := a.m, a.s
 	s.mu.Lock()
 	st, dir, epoch := s.state, s.workspace, s.lease.Epoch()
 	s.mu.Unlock()
 	if st.Checkpoint == nil || m.o.Checkpoints == nil {
+		if a.req.FromCheckpoint != 0 {
+			return fmt.Errorf("%w: from_checkpoint %d: %s keeps no workspace checkpoint", ErrInvalidRequest, a.req.FromCheckpoint, a.req.Key)
+		}
 		if m.o.Target.RequiresCheckpoint && a.req.Mode == ModeResume {
 			return fmt.Errorf("%w: %s has no workspace checkpoint to restore (last committed: %d)", ErrCheckpointRequired, a.req.Key, st.CheckpointSequence)
 		}
 		return nil
 	}
-	id := checkpoint.ID{Sequence: st.CheckpointSequence, Epoch: uint64(st.CheckpointEpoch)}
+	id, err := restorePoint(st, a.req.FromCheckpoint)
+	if err != nil {
+		return err
+	}
 	start := m.clock.Now()
 	man, rs, err := checkpoint.Restore(ctx, m.o.Checkpoints(a.req.Key, epoch), id, dir, 0)
 	m.o.Hooks.checkpointed(CheckpointEvent{Key: a.req.Key, Kind: "restore", Bytes: rs.Bytes, Moved: rs.BytesFetched, Duration: m.clock.Now().Sub(start), Err: err})
 	if err != nil {
-		return fmt.Errorf("restore %s taken %s: %w", id, st.Checkpoint.TakenAt.Format(time.RFC3339), err)
+		rerr := &RestoreError{Checkpoint: id, Cause: err}
+		if id.Sequence == st.CheckpointSequence {
+			rerr.TakenAt = st.Checkpoint.TakenAt
+		}
+		if errors.Is(err, checkpoint.ErrCorrupt) || errors.Is(err, checkpoint.ErrIncomplete) {
+			for _, e := range st.EarlierCheckpoints {
+				if e.Sequence < id.Sequence {
+					rerr.Previous = e.Sequence
+					break
+				}
+			}
+		}
+		return rerr
 	}
 	s.mu.Lock()
 	s.manifest = &man
 	s.mu.Unlock()
-	s.log.Info("workspace restored", zap.Stringer("checkpoint", id), zap.Time("taken_at", st.Checkpoint.TakenAt),
+	s.log.Info("workspace restored", zap.Stringer("checkpoint", id), zap.Uint64("latest", st.CheckpointSequence),
 		zap.Int("files", rs.Files), zap.Int64("bytes", rs.Bytes))
 	return nil
 }
+
+// restorePoint is the checkpoint an attach restores: the latest, or the
+// kept one of sequence from.
+func restorePoint(st SessionState, from uint64) (checkpoint.ID, error) {
+	if from == 0 || from == st.CheckpointSequence {
+		return checkpoint.ID{Sequence: st.CheckpointSequence, Epoch: uint64(st.CheckpointEpoch)}, nil
+	}
+	kept := []string{fmt.Sprint(st.CheckpointSequence)}
+	for _, e := range st.EarlierCheckpoints {
+		if e.Sequence == from {
+			return checkpoint.ID{Sequence: e.Sequence, Epoch: uint64(e.Epoch)}, nil
+		}
+		kept = append(kept, fmt.Sprint(e.Sequence))
+	}
+	return checkpoint.ID{}, fmt.Errorf("%w: from_checkpoint %d is not a kept workspace checkpoint (kept: %s)", ErrInvalidRequest, from, strings.Join(kept, ", "))
+}
+
+// RestoreError is a workspace checkpoint that could not be restored;
+// nothing of it was put in place. Previous, when set, is the newest earlier
+// checkpoint still kept, which an attach may restore instead
+// (Request.FromCheckpoint) when this one is damaged.
+type RestoreError struct {
+	Checkpoint checkpoint.ID
+	TakenAt    time.Time
+	Previous   uint64
+	Cause      error
+}
+
+func (e *RestoreError) Error() string {
+	msg := "restore checkpoint " + e.Checkpoint.String()
+	if !e.TakenAt.IsZero() {
+		msg += " taken " + e.TakenAt.Format(time.RFC3339)
+	}
+	msg += ": " + e.Cause.Error()
+	if e.Previous != 0 {
+		msg += fmt.Sprintf("; checkpoint %d before it is kept: attach with from_checkpoint %d (warmfleet session attach --from-checkpoint %d) to restore it", e.Previous, e.Previous, e.Previous)
+	}
+	return msg
+}
+
+// Unwrap exposes the cause (a checkpoint code's sentinel).
+func (e *RestoreError) Unwrap() error { return e.Cause }

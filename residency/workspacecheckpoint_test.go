@@ -7,6 +7,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,6 +160,87 @@ func TestManager_RestoreRefusals(t *testing.T) {
 	_, err = c.mgr.Attach(ctx, request(bare, ModeResume))
 	if !errors.As(err, &ae) || ae.Code != CodeCheckpointNeeded || !errors.Is(err, ErrCheckpointRequired) {
 		t.Fatalf("resume without a workspace checkpoint on a target requiring one: %v, want %s", err, CodeCheckpointNeeded)
+	}
+}
+
+// TestManager_RestorePreviousCheckpoint: when the latest checkpoint is
+// damaged, the attach fails with its code and names the checkpoint before
+// it, which an attach restores when asked (FromCheckpoint); a sequence not
+// kept, or asked of a create, is refused.
+func TestManager_RestorePreviousCheckpoint(t *testing.T) {
+	ctx := testCtx(t)
+	a, b, _, bucket := checkpointHosts(t, fakeTarget())
+	key := Key{tenant, "twice"}
+	store, _ := bucket.Session(key.Tenant, key.Session)
+	write := func(r Residency, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(r.Workspace, "f"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ra, err := a.mgr.Attach(ctx, request(key, ModeCreate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(ra, "first")
+	if err := a.mgr.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	before, err := store.Chunks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra, err = a.mgr.Attach(ctx, request(key, ModeResume)); err != nil {
+		t.Fatal(err)
+	}
+	write(ra, "second")
+	if err := a.mgr.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	after, err := store.Chunks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Damage what only the latest checkpoint names.
+	for _, c := range after {
+		if !slices.Contains(before, c) {
+			if err := store.PutChunk(ctx, c, checkpoint.Chunk{Data: []byte("not it")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	_, err = b.mgr.Attach(ctx, request(key, ModeResume))
+	var rerr *RestoreError
+	if !errors.As(err, &rerr) || !errors.Is(err, checkpoint.ErrCorrupt) || rerr.Previous != 1 || rerr.Checkpoint.Sequence != 2 {
+		t.Fatalf("attach over a damaged latest checkpoint: %v, want checkpoint 2 corrupt offering 1", err)
+	}
+	if w := ToWire(err); w.Code != Code(checkpoint.CodeCorrupt) || w.PreviousCheckpoint != 1 || !strings.Contains(w.Message, "--from-checkpoint 1") {
+		t.Fatalf("on the wire: %+v", w)
+	}
+	var ae *AttachError
+	for _, bad := range []struct {
+		mode Mode
+		from uint64
+		want string
+	}{
+		{ModeResume, 7, "kept: 2, 1"},
+		{ModeCreate, 1, "only a resume restores a checkpoint"},
+	} {
+		req := request(key, bad.mode)
+		req.FromCheckpoint = bad.from
+		if _, err := b.mgr.Attach(ctx, req); !errors.As(err, &ae) || ae.Code != CodeInvalidRequest || !strings.Contains(err.Error(), bad.want) || !ae.TookNothing() {
+			t.Errorf("%s from checkpoint %d: %v, want invalid_request saying %q", bad.mode, bad.from, err, bad.want)
+		}
+	}
+	req := request(key, ModeResume)
+	req.FromCheckpoint = 1
+	rb, err := b.mgr.Attach(ctx, req)
+	if err != nil {
+		t.Fatalf("attach from checkpoint 1: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(rb.Workspace, "f")); err != nil || string(got) != "first" {
+		t.Fatalf("workspace restored from checkpoint 1: %q, %v", got, err)
 	}
 }
 

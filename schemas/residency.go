@@ -245,6 +245,9 @@ type SessionState struct {
 	// and Checkpoint what it holds of the workspace (nil: none saved).
 	CheckpointEpoch ResidencyEpoch     `json:"CheckpointEpoch,omitempty"`
 	Checkpoint      *CheckpointSummary `json:"Checkpoint,omitempty"`
+	// EarlierCheckpoints are the kept workspace checkpoints before the
+	// latest, newest first: what an attach may restore instead of it.
+	EarlierCheckpoints []CheckpointRef `json:"EarlierCheckpoints,omitempty"`
 }
 
 // Validate bounds a lease acquire's or state load's body (CheckNodeSizes);

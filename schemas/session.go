@@ -44,6 +44,9 @@ type SessionError struct {
 	Unreleased []string `json:"unreleased,omitempty"`
 	// Unwritten is set for a failed release: what it could not write.
 	Unwritten []string `json:"unwritten,omitempty"`
+	// PreviousCheckpoint is set when a restore failed and an earlier kept
+	// checkpoint may be restored instead (from_checkpoint).
+	PreviousCheckpoint uint64 `json:"previous_checkpoint,omitempty"`
 }
 
 func (e *SessionError) Error() string {
@@ -84,6 +87,8 @@ type SessionCommand struct {
 	// Devices their CDI devices, in the same order.
 	GPUs    []string `json:"gpus,omitempty"`
 	Devices []string `json:"devices,omitempty"`
+	// FromCheckpoint is the request's (SessionRequest.FromCheckpoint).
+	FromCheckpoint uint64 `json:"from_checkpoint,omitempty"`
 }
 
 // Key is the command's session.
@@ -144,6 +149,9 @@ type SessionRequest struct {
 	// GPUCount is how many cards the session holds while resident (attach
 	// only); the control plane books them on the node it chooses.
 	GPUCount int64 `json:"gpu_count,omitempty"`
+	// FromCheckpoint restores the kept workspace checkpoint of this
+	// sequence instead of the latest (attach only; 0: the latest).
+	FromCheckpoint uint64 `json:"from_checkpoint,omitempty"`
 }
 
 // Key is the request's session.

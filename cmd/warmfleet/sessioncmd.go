@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -136,6 +137,9 @@ func newSessionCmd(g *globals) *cobra.Command {
 				if s := r.State; s != nil {
 					fmt.Fprintf(tw, "Namespace:\t%s\nCompatibility id:\t%s\nCheckpoint:\t%d (epoch %d, by %s at %s)\nWorkspace:\t%s\n", s.Namespace, s.CompatibilityID,
 						s.CheckpointSequence, s.Epoch, s.Host, s.UpdatedAt.UTC().Format(time.RFC3339), workspaceText(s.Checkpoint, time.Now()))
+					if len(s.Recent) > 0 {
+						fmt.Fprintf(tw, "Kept checkpoints:\t%s\n", keptText(s.Recent))
+					}
 				} else {
 					fmt.Fprintf(tw, "Durable state:\tnone\n")
 				}
@@ -145,6 +149,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 
 	var mode, pin, compat string
 	var gpus int64
+	var fromCheckpoint uint64
 	attach := &cobra.Command{
 		Use: "attach [TENANT.]SESSION", Short: "Place a session on a ready node and make it resident there", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -154,6 +159,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 			}
 			rep, err := sessionRequest(cmd.Context(), g, bus.SubjectSessionAttach, schemas.SessionRequest{
 				Tenant: key.Tenant, Session: key.Session, Mode: residency.Mode(mode), Node: pin, CompatibilityID: compat, Actor: "cli", GPUCount: gpus,
+				FromCheckpoint: fromCheckpoint,
 			})
 			if err != nil {
 				return err
@@ -175,6 +181,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 	attach.Flags().StringVar(&pin, "node", "", "attach on this node only")
 	attach.Flags().StringVar(&compat, "compatibility-id", "", "refuse a node whose session runtime is another build")
 	attach.Flags().Int64Var(&gpus, "gpus", 0, "GPUs the session holds while resident, booked on its node like a Run's")
+	attach.Flags().Uint64Var(&fromCheckpoint, "from-checkpoint", 0, "restore this kept workspace checkpoint (a sequence `session get` lists) instead of the latest, e.g. when the latest is damaged")
 
 	release := &cobra.Command{
 		Use: "release [TENANT.]SESSION", Short: "Release a resident session gracefully (checkpoint, stop, tombstone, drop lease)", Args: cobra.ExactArgs(1),
@@ -293,6 +300,16 @@ func workspaceText(c *schemas.CheckpointSummary, now time.Time) string {
 	}
 	return fmt.Sprintf("%d %s, %s, taken %s ago in %.1fs (%s sent)", c.Files, files, schemas.FormatBytes(c.Bytes),
 		now.Sub(c.TakenAt).Round(time.Second), c.Seconds, schemas.FormatBytes(c.BytesMoved))
+}
+
+// keptText lists the kept workspace checkpoints, newest first: what
+// `session attach --from-checkpoint` may restore.
+func keptText(recent []schemas.CheckpointRef) string {
+	seqs := make([]string, 0, len(recent))
+	for i := len(recent) - 1; i >= 0; i-- {
+		seqs = append(seqs, strconv.FormatUint(recent[i].Sequence, 10))
+	}
+	return strings.Join(seqs, ", ")
 }
 
 // printDrainSessions reports a node drain's sessions: what was released and

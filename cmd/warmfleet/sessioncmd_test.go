@@ -164,6 +164,13 @@ func TestSessionCommands(t *testing.T) {
 	}
 }
 
+func TestKeptText(t *testing.T) {
+	got := keptText([]schemas.CheckpointRef{{Sequence: 5, Epoch: 2}, {Sequence: 6, Epoch: 2}, {Sequence: 7, Epoch: 3}})
+	if got != "7, 6, 5" {
+		t.Errorf("keptText = %q, want newest first", got)
+	}
+}
+
 func TestWorkspaceText(t *testing.T) {
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	for _, c := range []struct {

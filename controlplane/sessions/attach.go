@@ -108,7 +108,8 @@ func (s *Service) attach(ctx context.Context, st *stores, req schemas.SessionReq
 	}
 	var last *schemas.SessionError
 	for _, n := range cands {
-		cmd := schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor}
+		cmd := schemas.SessionCommand{Tenant: key.Tenant, Session: key.Session, Mode: req.Mode, CompatibilityID: req.CompatibilityID, Actor: req.Actor,
+			FromCheckpoint: req.FromCheckpoint}
 		release, err := s.bookGPUs(key, n.NodeID, req.GPUCount, &cmd)
 		if err != nil {
 			last = residency.ToWire(err)

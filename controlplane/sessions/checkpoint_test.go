@@ -151,4 +151,11 @@ func TestOldCheckpointsForgotten(t *testing.T) {
 	if _, err := bus.GetJSON(ctx, kv(t, f, bus.BucketSessions), key.String(), &rec); err != nil || len(rec.Recent) != 3 || rec.Recent[0].Sequence != 2 {
 		t.Errorf("session record lists %+v (%v), want checkpoints 2 to 4", rec.Recent, err)
 	}
+	// The state a holder loads offers the kept ones before the latest,
+	// newest first.
+	st, err := a.LoadSessionState(ctx, key)
+	if err != nil || st.CheckpointSequence != 4 || len(st.EarlierCheckpoints) != 2 ||
+		st.EarlierCheckpoints[0].Sequence != 3 || st.EarlierCheckpoints[1].Sequence != 2 {
+		t.Errorf("loaded state: latest %d, earlier %+v (%v); want 4, then 3 and 2", st.CheckpointSequence, st.EarlierCheckpoints, err)
+	}
 }

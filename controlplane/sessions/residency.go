@@ -98,10 +98,26 @@ func (st *stores) acquireLease(ctx context.Context, node string, req schemas.Res
 	if err := st.placements.check(ctx, residency.KeyOf(req.Key), node); err != nil {
 		return residency.LeaseGrant{}, err
 	}
+	var (
+		g   residency.LeaseGrant
+		err error
+	)
 	if req.Token == "" {
-		return st.leases.AcquireSessionLease(ctx, residency.KeyOf(req.Key), node)
+		g, err = st.leases.AcquireSessionLease(ctx, residency.KeyOf(req.Key), node)
+	} else {
+		g, err = st.leases.AcquireSessionLeaseToken(ctx, residency.KeyOf(req.Key), node, req.Token)
 	}
-	return st.leases.AcquireSessionLeaseToken(ctx, residency.KeyOf(req.Key), node, req.Token)
+	// A grant the acquire could not undo is given back here, where it was
+	// made; the node, told only that the acquire failed, gives back under
+	// its token what this could not.
+	var owed *residency.LeaseCleanupError
+	if errors.As(err, &owed) {
+		if cerr := owed.Release(ctx); cerr != nil {
+			return g, errors.Join(owed.Cause, fmt.Errorf("give back the lease: %w", cerr))
+		}
+		return g, owed.Cause
+	}
+	return g, err
 }
 
 func (st *stores) renewLease(ctx context.Context, node string, g residency.LeaseGrant) (residency.LeaseGrant, error) {

@@ -248,7 +248,7 @@ func (s *server) attach(ctx context.Context, cmd schemas.SessionCommand) (reside
 	r, err := s.mgr.Attach(ctx, residency.Request{
 		Key: key, Mode: cmd.Mode, CompatibilityID: cmd.CompatibilityID,
 		Principal: residency.Principal{TenantID: key.Tenant, ActorID: cmd.Actor, TraceID: cmd.Trace},
-		GPUs:      cmd.GPUs, Devices: cmd.Devices,
+		GPUs:      cmd.GPUs, Devices: cmd.Devices, FromCheckpoint: cmd.FromCheckpoint,
 	})
 	if err != nil || !r.Attached || cmd.Mode != residency.ModeCreate {
 		return r, err
