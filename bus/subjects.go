@@ -8,7 +8,7 @@ import (
 // Subjects. Operators publish and subscribe to these with the nats CLI.
 const (
 	SubjectEnroll     = "wf.enroll"
-	SubjectEvents     = "wf.events.>" // WF_EVENTS: every tenant's Run events (RunEventsSubject)
+	SubjectEvents     = "wf.events.>" // WF_EVENTS: every tenant's Run and session events (RunEventsSubject, SessionEventsSubject)
 	subjectNodePrefix = "wf.node."
 	SubjectNodeCmdAll = "wf.node.*.cmd"
 	SubjectNodeObsAll = "wf.node.*.obs"

@@ -38,6 +38,11 @@ func RunsStream(tenant string) string { return "WF_RUNS_" + tenant }
 // RunEventsSubject is the subject of one Run's events.
 func RunEventsSubject(tenant, runID string) string { return "wf.events." + tenant + ".run." + runID }
 
+// SessionEventsSubject is the subject of one session's events.
+func SessionEventsSubject(tenant, session string) string {
+	return "wf.events." + tenant + ".session." + session
+}
+
 // RunLogsSubject is the subject of one Run's output, every attempt's.
 func RunLogsSubject(tenant, runID string) string { return "wf.logs." + tenant + ".run." + runID }
 

@@ -351,6 +351,29 @@ func (f *fleet) publishWork(key residency.Key, id string) {
 	}
 }
 
+// sessionEvents reads key's events stored in WF_EVENTS, in order.
+func (f *fleet) sessionEvents(key residency.Key) []schemas.SessionEvent {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := f.conn.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.SessionEventsSubject(key.Tenant, key.Session)}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []schemas.SessionEvent
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return out
+		}
+		var ev schemas.SessionEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			f.t.Fatalf("session event %q: %v", m.Data(), err)
+		}
+		out = append(out, ev)
+	}
+}
+
 func sortedKeys(ks []schemas.SessionKey) []string {
 	out := make([]string, 0, len(ks))
 	for _, k := range ks {

@@ -114,8 +114,28 @@ func TestAcceptance_NodeLossRestoresCheckpoint(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(b.ws, key.Tenant, key.Session, "progress.json")); err != nil || string(got) != `{"epoch":41}` {
 		t.Fatalf("progress.json on node-b: %q, %v; want what periodic checkpoint %d held", got, err, periodic.CheckpointSequence)
 	}
-	if rec, _ := f.sessionRecord(key); rec.Epoch != 1 || rec.CheckpointSequence < periodic.CheckpointSequence || rec.Checkpoint == nil {
-		t.Errorf("session record after the loss: %+v, want node-a's last periodic checkpoint", rec)
+	rec, _ := f.sessionRecord(key)
+	if rec.Epoch != 1 || rec.CheckpointSequence < periodic.CheckpointSequence || rec.Checkpoint == nil {
+		t.Fatalf("session record after the loss: %+v, want node-a's last periodic checkpoint", rec)
+	}
+	// The session's events say which checkpoint node-b restored, and when
+	// node-a took it.
+	var attached *schemas.SessionEvent
+	committed := map[uint64]bool{}
+	for _, ev := range f.sessionEvents(key) {
+		switch {
+		case ev.Type == schemas.SessionCheckpointed && ev.Node == a.id:
+			committed[ev.Sequence] = true
+		case ev.Type == schemas.SessionAttached && ev.Epoch == 2:
+			attached = &ev
+		}
+	}
+	if !committed[rec.CheckpointSequence] {
+		t.Errorf("no session.checkpointed event for node-a's checkpoint %d (events for %v)", rec.CheckpointSequence, committed)
+	}
+	if attached == nil || attached.Node != b.id || attached.Restored == nil || attached.Restored.Sequence != rec.CheckpointSequence ||
+		attached.Restored.Epoch != 1 || !attached.Restored.TakenAt.Equal(rec.Checkpoint.TakenAt) {
+		t.Errorf("session.attached event at epoch 2: %+v, want node-b restoring checkpoint %d taken %s", attached, rec.CheckpointSequence, rec.Checkpoint.TakenAt)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // compensation undoes one attach step. name is what AttachError.Unreleased
@@ -22,6 +24,8 @@ type attempt struct {
 	req   Request
 	owed  []compensation
 	stepN Step
+	// restored is the checkpoint the workspace step restored, if any.
+	restored *schemas.RestoredCheckpoint
 }
 
 func (a *attempt) owe(name string, undo func(context.Context) error) {
@@ -118,7 +122,7 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 	s.startWarm()
 	s.startCheckpoints()
 	r := s.snapshot()
-	r.Attached = true
+	r.Attached, r.Restored = true, a.restored
 	s.log.Info("session resident", zap.Uint64("epoch", uint64(r.Epoch)), zap.String("workload", r.Workload),
 		zap.String("actor", req.Principal.ActorID), zap.String("trace", req.Principal.TraceID))
 	return r, nil

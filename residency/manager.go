@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/warmfleet/warmfleet/schemas"
 )
 
 // DrainSwitch starts a drain on the admission ledger. The Manager's
@@ -57,6 +59,9 @@ type Residency struct {
 	// Attached reports whether this call established the residency; false
 	// means the session was already resident and the call took nothing.
 	Attached bool
+	// Restored is the workspace checkpoint the attach that returned this
+	// restored; nil when it restored none.
+	Restored *schemas.RestoredCheckpoint
 }
 
 // LostResidency is a residency surrendered because its grant was lost.

@@ -77,7 +77,8 @@ func KeyOf(k schemas.SessionKey) Key { return Key(k) }
 // ViewOf is r as a ResidencyView.
 func ViewOf(r Residency) schemas.ResidencyView {
 	return schemas.ResidencyView{Tenant: r.Key.Tenant, Session: r.Key.Session, Host: r.Host, Epoch: r.Epoch, Generation: r.Generation,
-		Phase: schemas.ResidencyPhase(r.Phase), Workload: r.Workload, Namespace: r.Namespace, CompatibilityID: r.CompatibilityID, Attached: r.Attached}
+		Phase: schemas.ResidencyPhase(r.Phase), Workload: r.Workload, Namespace: r.Namespace, CompatibilityID: r.CompatibilityID, Attached: r.Attached,
+		Restored: r.Restored}
 }
 
 // DrainViewOf is rep as a DrainView.

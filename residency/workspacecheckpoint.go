@@ -225,6 +225,10 @@ func (a *attempt) restoreWorkspace(ctx context.Context) error {
 	s.mu.Lock()
 	s.manifest = &man
 	s.mu.Unlock()
+	a.restored = &schemas.RestoredCheckpoint{Sequence: id.Sequence, Epoch: ResidencyEpoch(id.Epoch)}
+	if id.Sequence == st.CheckpointSequence {
+		a.restored.TakenAt = st.Checkpoint.TakenAt
+	}
 	s.log.Info("workspace restored", zap.Stringer("checkpoint", id), zap.Uint64("latest", st.CheckpointSequence),
 		zap.Int("files", rs.Files), zap.Int64("bytes", rs.Bytes))
 	return nil

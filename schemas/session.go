@@ -1,6 +1,9 @@
 package schemas
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The session protocol: an operator's requests on wf.admin.session.*, the
 // control plane's commands to a node's session host on
@@ -106,6 +109,47 @@ type ResidencyView struct {
 	Namespace       string         `json:"namespace,omitempty"`
 	CompatibilityID string         `json:"compatibility_id,omitempty"`
 	Attached        bool           `json:"attached"`
+	// Restored is the workspace checkpoint this attach restored; nil when
+	// it restored none (a create, an empty workspace, or Attached false).
+	Restored *RestoredCheckpoint `json:"restored,omitempty"`
+}
+
+// RestoredCheckpoint names the checkpoint an attach restored, and when it
+// was taken (zero for an earlier kept one, whose time the record does not
+// keep).
+type RestoredCheckpoint struct {
+	Sequence uint64         `json:"sequence"`
+	Epoch    ResidencyEpoch `json:"epoch"`
+	TakenAt  time.Time      `json:"taken_at,omitzero"`
+}
+
+// SessionEventType is what a session event records.
+type SessionEventType string
+
+// Session event types.
+const (
+	// SessionAttached: the session became resident on Node at Epoch, from
+	// the checkpoint Restored names (none: an empty workspace).
+	SessionAttached SessionEventType = "session.attached"
+	// SessionCheckpointed: Node committed checkpoint Sequence at Epoch.
+	SessionCheckpointed SessionEventType = "session.checkpointed"
+)
+
+// SessionEvent is one event of a session, on WF_EVENTS
+// (bus.SessionEventsSubject), published by the control plane.
+type SessionEvent struct {
+	Type    SessionEventType `json:"type"`
+	Tenant  string           `json:"tenant"`
+	Session string           `json:"session"`
+	Node    string           `json:"node"`
+	Epoch   ResidencyEpoch   `json:"lease_epoch"`
+	At      time.Time        `json:"at"`
+	// Restored is set on session.attached.
+	Restored *RestoredCheckpoint `json:"restored,omitempty"`
+	// Sequence and Checkpoint are set on session.checkpointed: what the
+	// committed checkpoint holds of the workspace (nil: none saved).
+	Sequence   uint64             `json:"sequence,omitempty"`
+	Checkpoint *CheckpointSummary `json:"checkpoint,omitempty"`
 }
 
 // DrainView is a node's session drain as reported over the wire.

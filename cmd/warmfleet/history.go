@@ -109,11 +109,12 @@ func (h history) ended(ctx context.Context, r schemas.Run) (<-chan struct{}, err
 	return done, nil
 }
 
-// readEvents calls each with the events src holds, in order. With until
-// nil it returns once it has read what is stored; otherwise it keeps
-// reading, as they arrive, until an event for which until is true, or ctx
-// ends. A message that is not an event is skipped.
-func readEvents(ctx context.Context, src runlog.Source, until func(schemas.RunEvent) bool, each func(schemas.RunEvent)) error {
+// readEvents calls each with the events src holds, in order (Run events,
+// or session events). With until nil it returns once it has read what is
+// stored; otherwise it keeps reading, as they arrive, until an event for
+// which until is true, or ctx ends. A message that is not an event is
+// skipped.
+func readEvents[E any](ctx context.Context, src runlog.Source, until func(E) bool, each func(E)) error {
 	follow := until != nil
 	var last, seen uint64
 	if !follow {
@@ -144,7 +145,7 @@ func readEvents(ctx context.Context, src runlog.Source, until func(schemas.RunEv
 			continue
 		}
 		seen = m.Seq
-		var ev schemas.RunEvent
+		var ev E
 		if codec.Decode(codec.Detect(m.Header, m.Data), m.Data, &ev) == nil {
 			each(ev)
 			if follow && until(ev) {

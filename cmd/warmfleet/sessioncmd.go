@@ -198,7 +198,7 @@ func newSessionCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(list, get, attach, release)
+	cmd.AddCommand(list, get, attach, release, sessionEventsCmd(g))
 	return cmd
 }
 

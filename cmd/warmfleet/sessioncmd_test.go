@@ -164,6 +164,26 @@ func TestSessionCommands(t *testing.T) {
 	}
 }
 
+func TestSessionEventText(t *testing.T) {
+	taken := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		ev   schemas.SessionEvent
+		want string
+	}{
+		{schemas.SessionEvent{Type: schemas.SessionAttached}, "no checkpoint restored (empty workspace)"},
+		{schemas.SessionEvent{Type: schemas.SessionAttached, Restored: &schemas.RestoredCheckpoint{Sequence: 4, Epoch: 2, TakenAt: taken}},
+			"restored checkpoint 4 (epoch 2), taken 2026-12-07T12:00:00Z"},
+		{schemas.SessionEvent{Type: schemas.SessionAttached, Restored: &schemas.RestoredCheckpoint{Sequence: 3, Epoch: 2}}, "restored checkpoint 3 (epoch 2)"},
+		{schemas.SessionEvent{Type: schemas.SessionCheckpointed, Sequence: 0}, "checkpoint 0 (no workspace)"},
+		{schemas.SessionEvent{Type: schemas.SessionCheckpointed, Sequence: 5, Checkpoint: &schemas.CheckpointSummary{TakenAt: taken, Files: 2, Bytes: 3 << 20, BytesMoved: 1024, Seconds: 0.5}},
+			"checkpoint 5: 2 files, 3.0 MiB, taken 2026-12-07T12:00:00Z in 0.5s (1.0 KiB sent)"},
+	} {
+		if got := sessionEventText(c.ev); got != c.want {
+			t.Errorf("sessionEventText(%+v) = %q, want %q", c.ev, got, c.want)
+		}
+	}
+}
+
 func TestKeptText(t *testing.T) {
 	got := keptText([]schemas.CheckpointRef{{Sequence: 5, Epoch: 2}, {Sequence: 6, Epoch: 2}, {Sequence: 7, Epoch: 3}})
 	if got != "7, 6, 5" {

@@ -126,6 +126,9 @@ func (s *Service) attach(ctx context.Context, st *stores, req schemas.SessionReq
 		release()
 		if err == nil && rep.Error == nil {
 			s.log.Info("session attached", zap.Stringer("session", key), zap.String("node_id", n.NodeID), zap.String("mode", string(req.Mode)))
+			if v := rep.Residency; v != nil && v.Attached {
+				st.events.attached(ctx, *v)
+			}
 			return rep
 		}
 		if err == nil {

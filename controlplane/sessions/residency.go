@@ -168,5 +168,9 @@ func (st *stores) commitCheckpoint(ctx context.Context, node string, cp residenc
 	if cp.Host != node {
 		return none{}, residency.NotHolder(node, "the checkpoint", cp.Host)
 	}
-	return none{}, st.durable.CommitCheckpoint(ctx, cp)
+	if err := st.durable.CommitCheckpoint(ctx, cp); err != nil {
+		return none{}, err
+	}
+	st.events.checkpointed(ctx, cp)
+	return none{}, nil
 }

@@ -92,6 +92,7 @@ type stores struct {
 	locations  *residency.KVLocations
 	durable    *residency.KVSessions
 	placements placements
+	events     events
 }
 
 // New returns the session services. nodesKV is wf_nodes, read for the node
@@ -137,7 +138,8 @@ func (s *Service) Serve(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
-	st := &stores{leases: leases, locations: locs, durable: durable, placements: placements{kv: leasesKV, now: s.now}}
+	st := &stores{leases: leases, locations: locs, durable: durable, placements: placements{kv: leasesKV, now: s.now},
+		events: events{js: s.conn.JS, now: s.now, log: s.log.Named("session-events")}}
 	cps := &checkpoints{leases: leases, bucket: bucket, now: s.now}
 	ctx, cancel := context.WithCancel(ctx)
 	// wg owns every server's workers. An operator's attach may wait
