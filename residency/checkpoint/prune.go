@@ -22,36 +22,39 @@ func Forget(ctx context.Context, store PruneStore, drop, keep []ID) (PruneStats,
 		return st, err
 	}
 	defer c.close()
-	return st, forget(ctx, store, c, drop, keep, &st)
+	_, err = forget(ctx, store, c, drop, keep, &st)
+	return st, err
 }
 
-func forget(ctx context.Context, store PruneStore, c *codec, drop, keep []ID, st *PruneStats) error {
+// forget is Forget with the caller's codec; it returns the chunks keep
+// names.
+func forget(ctx context.Context, store PruneStore, c *codec, drop, keep []ID, st *PruneStats) (map[string]bool, error) {
 	named, err := chunksOf(ctx, store, c, keep)
 	if err != nil {
-		return fmt.Errorf("checkpoint: forget: %w", err)
+		return nil, fmt.Errorf("checkpoint: forget: %w", err)
 	}
 	for _, id := range drop {
 		// A checkpoint already gone (a forget that stopped half-way, run
 		// again) leaves only its record to delete.
 		mine, err := chunksOf(ctx, store, c, []ID{id})
 		if err != nil && !errors.Is(err, ErrIncomplete) {
-			return fmt.Errorf("checkpoint: forget: %w", err)
+			return nil, fmt.Errorf("checkpoint: forget: %w", err)
 		}
 		for d := range mine {
 			if named[d] {
 				continue
 			}
 			if err := store.DeleteChunk(ctx, d); err != nil {
-				return fmt.Errorf("checkpoint: forget %s: chunk %s: %w", id, d, err)
+				return nil, fmt.Errorf("checkpoint: forget %s: chunk %s: %w", id, d, err)
 			}
 			st.Chunks++
 		}
 		if err := store.DeleteManifest(ctx, id); err != nil {
-			return fmt.Errorf("checkpoint: forget %s: %w", id, err)
+			return nil, fmt.Errorf("checkpoint: forget %s: %w", id, err)
 		}
 		st.Manifests++
 	}
-	return nil
+	return named, nil
 }
 
 // Prune keeps the newest keep checkpoints of the session and deletes the
@@ -73,10 +76,7 @@ func Prune(ctx context.Context, store PruneStore, keep int) (PruneStats, error) 
 	defer c.close()
 	var st PruneStats
 	cut := max(len(ids)-keep, 0)
-	if err := forget(ctx, store, c, ids[:cut], ids[cut:], &st); err != nil {
-		return st, err
-	}
-	named, err := chunksOf(ctx, store, c, ids[cut:])
+	named, err := forget(ctx, store, c, ids[:cut], ids[cut:], &st)
 	if err != nil {
 		return st, err
 	}
