@@ -113,7 +113,7 @@ func (m *Manager) Attach(ctx context.Context, req Request) (Residency, error) {
 			return Residency{}, a.fail(ctx, step.n, cancelled(actx, err))
 		}
 	}
-	if !m.commit(s) {
+	if !m.commit(s, actx) {
 		return Residency{}, a.fail(ctx, StepConsume, context.Cause(actx))
 	}
 	if err := s.transition(EventAttached); err != nil {

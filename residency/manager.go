@@ -398,16 +398,14 @@ func (m *Manager) arm(s *session, cancel context.CancelCauseFunc) {
 	s.cancelAttach = cancel
 }
 
-// commit is an attach's point of no return: false if a drain cancelled it
-// first; once true the drain releases the session instead of cancelling it.
-func (m *Manager) commit(s *session) bool {
+// commit is the point of no return of s's attach, running under actx:
+// false if a drain cancelled it first; once true the drain releases the
+// session instead of cancelling it.
+func (m *Manager) commit(s *session, actx context.Context) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s.cancelAttach == nil {
-		return true
-	}
 	s.cancelAttach = nil
-	return !s.attachCancelled
+	return !errors.Is(context.Cause(actx), errAttachDrained)
 }
 
 // cancelAttaches cancels every attach not yet committed.
@@ -416,9 +414,9 @@ func (m *Manager) cancelAttaches() int {
 	defer m.mu.Unlock()
 	n := 0
 	for _, s := range m.sessions {
-		if s.cancelAttach != nil && !s.attachCancelled {
-			s.attachCancelled = true
+		if s.cancelAttach != nil {
 			s.cancelAttach(errAttachDrained)
+			s.cancelAttach = nil
 			n++
 		}
 	}

@@ -36,10 +36,10 @@ type session struct {
 	// restored): the next one sends only what changed since.
 	manifest *checkpoint.Manifest
 
-	// cancelAttach cancels the attach in progress until it commits;
-	// attachCancelled records that a drain did. Both under Manager.mu.
-	cancelAttach    context.CancelCauseFunc
-	attachCancelled bool
+	// cancelAttach cancels the attach in progress until it commits or a
+	// drain cancels it (Manager.commit, Manager.cancelAttaches); under
+	// Manager.mu.
+	cancelAttach context.CancelCauseFunc
 
 	hbCancel context.CancelFunc
 	hbDone   chan struct{}

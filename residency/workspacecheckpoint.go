@@ -200,18 +200,16 @@ func (a *attempt) restoreWorkspace(ctx context.Context) error {
 		}
 		return nil
 	}
-	id, err := restorePoint(st, a.req.FromCheckpoint)
+	point, err := restorePoint(st, a.req.FromCheckpoint)
 	if err != nil {
 		return err
 	}
+	id := checkpoint.ID{Sequence: point.Sequence, Epoch: uint64(point.Epoch)}
 	start := m.clock.Now()
 	man, rs, err := checkpoint.Restore(ctx, m.o.Checkpoints(a.req.Key, epoch), id, dir, 0)
 	m.o.Hooks.checkpointed(CheckpointEvent{Key: a.req.Key, Kind: "restore", Bytes: rs.Bytes, Moved: rs.BytesFetched, Duration: m.clock.Now().Sub(start), Err: err})
 	if err != nil {
-		rerr := &RestoreError{Checkpoint: id, Cause: err}
-		if id.Sequence == st.CheckpointSequence {
-			rerr.TakenAt = st.Checkpoint.TakenAt
-		}
+		rerr := &RestoreError{Checkpoint: id, TakenAt: point.TakenAt, Cause: err}
 		if errors.Is(err, checkpoint.ErrCorrupt) || errors.Is(err, checkpoint.ErrIncomplete) {
 			for _, e := range st.EarlierCheckpoints {
 				if e.Sequence < id.Sequence {
@@ -225,29 +223,27 @@ func (a *attempt) restoreWorkspace(ctx context.Context) error {
 	s.mu.Lock()
 	s.manifest = &man
 	s.mu.Unlock()
-	a.restored = &schemas.RestoredCheckpoint{Sequence: id.Sequence, Epoch: ResidencyEpoch(id.Epoch)}
-	if id.Sequence == st.CheckpointSequence {
-		a.restored.TakenAt = st.Checkpoint.TakenAt
-	}
+	a.restored = &point
 	s.log.Info("workspace restored", zap.Stringer("checkpoint", id), zap.Uint64("latest", st.CheckpointSequence),
 		zap.Int("files", rs.Files), zap.Int64("bytes", rs.Bytes))
 	return nil
 }
 
-// restorePoint is the checkpoint an attach restores: the latest, or the
-// kept one of sequence from.
-func restorePoint(st SessionState, from uint64) (checkpoint.ID, error) {
+// restorePoint is the checkpoint an attach restores: the latest, with the
+// time it was taken, or the kept one of sequence from (whose time the
+// durable state does not hold).
+func restorePoint(st SessionState, from uint64) (schemas.RestoredCheckpoint, error) {
 	if from == 0 || from == st.CheckpointSequence {
-		return checkpoint.ID{Sequence: st.CheckpointSequence, Epoch: uint64(st.CheckpointEpoch)}, nil
+		return schemas.RestoredCheckpoint{Sequence: st.CheckpointSequence, Epoch: st.CheckpointEpoch, TakenAt: st.Checkpoint.TakenAt}, nil
 	}
 	kept := []string{fmt.Sprint(st.CheckpointSequence)}
 	for _, e := range st.EarlierCheckpoints {
 		if e.Sequence == from {
-			return checkpoint.ID{Sequence: e.Sequence, Epoch: uint64(e.Epoch)}, nil
+			return schemas.RestoredCheckpoint{Sequence: e.Sequence, Epoch: e.Epoch}, nil
 		}
 		kept = append(kept, fmt.Sprint(e.Sequence))
 	}
-	return checkpoint.ID{}, fmt.Errorf("%w: from_checkpoint %d is not a kept workspace checkpoint (kept: %s)", ErrInvalidRequest, from, strings.Join(kept, ", "))
+	return schemas.RestoredCheckpoint{}, fmt.Errorf("%w: from_checkpoint %d is not a kept workspace checkpoint (kept: %s)", ErrInvalidRequest, from, strings.Join(kept, ", "))
 }
 
 // RestoreError is a workspace checkpoint that could not be restored;
