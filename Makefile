@@ -70,8 +70,6 @@ run: deps build
 NVML_PKGS  := ./adapters/nvml/... $(PROBE)/...
 PLAIN_PKGS  = $$($(GO) list $(PKGS) | grep -v -e '/adapters/nvml$$' -e '/cmd/warmfleet-gpu-probe$$')
 
-BULK_TESTS := ^TestAcceptance_(SessionStateSurvivesMove|IncrementalCheckpoint)$$
-
 test: deps natscli quietbuild
 	CGO_CFLAGS='$(PROBE_CFLAGS)' $(GO) vet $(NVML_PKGS)
 	$(GO) vet $(PLAIN_PKGS)
@@ -81,10 +79,6 @@ test: deps natscli quietbuild
 	# each start containerd daemons, bridges and network namespaces, and on
 	# a 2-core machine two of them at once starve each other's timing.
 	$(GO) test -race -p 1 -timeout 20m $(PLAIN_PKGS)
-	# Tests that move hundreds of MiB of session workspace skip under -race,
-	# where every byte copied is checked (minutes each on 2 cores), and run
-	# here without it (e2e.bulkSessionFleet).
-	$(GO) test -p 1 -timeout 10m -run '$(BULK_TESTS)' ./e2e
 
 fuzz:
 	./scripts/fuzz.sh 30s

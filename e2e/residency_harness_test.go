@@ -47,15 +47,9 @@ func sessionFleet(t *testing.T) *fleet {
 // workspace through the control plane: leases of the control plane's
 // default 15 s, and attach and release replies awaited for minutes. Under
 // the race detector every byte copied is checked, and on 2 cores such a
-// checkpoint runs at about 10 MiB/s: minutes per test, and long enough to
-// outlast a 3 s lease's renewals. So these tests run in make test's second,
-// race-free step (Makefile, BULK_TESTS), and skip in its -race step; the
-// same paths run under -race with small workspaces (the residency and
-// residency/checkpoint suites, TestAcceptance_DamagedCheckpointOffersPrevious).
+// checkpoint runs at about 10 MiB/s: long enough to outlast a 3 s lease's
+// renewals and a 20 s reply.
 func bulkSessionFleet(t *testing.T) *fleet {
-	if raceDetector {
-		t.Skip("moves hundreds of MiB: runs without -race, in make test's BULK_TESTS step")
-	}
 	return newFleet(t, func(c *controlplane.Config) {
 		c.Sessions = sessions.Config{LeaseTTL: 15 * time.Second, InboxAckWait: 5 * time.Second,
 			AttachTimeout: 4 * time.Minute, DrainTimeout: 4 * time.Minute}
