@@ -78,7 +78,7 @@ test: deps natscli quietbuild
 	# One package at a time (-p 1): the e2e, containerd and residency suites
 	# each start containerd daemons, bridges and network namespaces, and on
 	# a 2-core machine two of them at once starve each other's timing.
-	$(GO) test -race -p 1 -timeout 20m $(PLAIN_PKGS)
+	$(GO) test -race -p 1 -timeout 30m $(PLAIN_PKGS)
 
 fuzz:
 	./scripts/fuzz.sh 30s

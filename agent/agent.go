@@ -200,16 +200,37 @@ func (a *Agent) supersede(err error) {
 	}
 }
 
-// heartbeat publishes liveness until ctx ends.
+// checkInterruption looks for the provider's notice once, within a
+// heartbeat's interval.
+func (a *Agent) checkInterruption(ctx context.Context, within time.Duration) *schemas.InterruptionNotice {
+	cctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	n, err := a.cfg.Interruption.Check(cctx)
+	if err != nil {
+		a.log.Debug("interruption notice: look failed", zap.Error(err))
+		return nil
+	}
+	if n != nil {
+		a.log.Warn("the provider is taking this machine back", zap.String("source", n.Source), zap.Time("at", n.At))
+	}
+	return n
+}
+
+// heartbeat publishes liveness until ctx ends, with the provider's
+// interruption notice once one is seen.
 func (a *Agent) heartbeat(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 2 * time.Second
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var notice *schemas.InterruptionNotice
 	for {
+		if notice == nil && a.cfg.Interruption != nil {
+			notice = a.checkInterruption(ctx, every/2)
+		}
 		enr := a.Enrollment()
-		hb := schemas.Heartbeat{NodeID: a.cfg.NodeID, FencingToken: enr.FencingToken, SentAt: a.cfg.Now(), Running: a.workloads.running()}
+		hb := schemas.Heartbeat{NodeID: a.cfg.NodeID, FencingToken: enr.FencingToken, SentAt: a.cfg.Now(), Running: a.workloads.running(), Interruption: notice}
 		if b, err := codec.Encode(codec.MsgPack, hb); err == nil {
 			_ = a.conn.NC.Publish(bus.NodeHeartbeat(a.cfg.NodeID), b)
 		}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"github.com/warmfleet/warmfleet/agent/interruption"
 	"net/http"
 	"path/filepath"
 	"time"
@@ -97,6 +98,10 @@ type Config struct {
 	// time. They must be the ones the connection was built with
 	// (Credentials.Options). Nil: the connection needs no login.
 	Credentials *bus.Credentials
+	// Interruption, when set, is watched once per heartbeat for the
+	// provider's notice that it is taking the machine back
+	// (agent/interruption); the first notice rides every heartbeat after.
+	Interruption interruption.Source
 	// ArtifactTransport is how an artifact login's own connection reaches
 	// NATS (bus.DialArtifactLogin); nil: the main connection's servers and
 	// TLS (bus.TransportOf).

@@ -1,13 +1,13 @@
 package controlplane
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
+	"github.com/warmfleet/warmfleet/controlplane/lane"
 	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
@@ -50,6 +50,9 @@ type Config struct {
 	WaitForCapacity bool
 	// Capacity, when set, rents machines for Runs no node fits.
 	Capacity *rentals.Config
+	// Lane, when set, runs Runs that allow it as one-shot executions on
+	// a provider's serverless product, when that starts them sooner.
+	Lane *lane.Config
 	// OpenEnrollment admits nodes that present no enrollment token. For
 	// local development only: anyone who can publish wf.enroll joins.
 	OpenEnrollment bool
@@ -215,8 +218,10 @@ func (c *Config) check() error {
 	if err := c.checkTenants(); err != nil {
 		return err
 	}
-	if c.Capacity != nil && (c.Capacity.Provider == nil || c.Capacity.OwnershipToken == "") {
-		return errors.New("controlplane: Capacity needs a Provider and an OwnershipToken")
+	if c.Capacity != nil {
+		if err := c.Capacity.Validate(); err != nil {
+			return fmt.Errorf("controlplane: Capacity: %w", err)
+		}
 	}
 	if err := c.RegistryAuth.CheckTenants(c.Tenants); err != nil {
 		return fmt.Errorf("controlplane: tenant registry credentials: %w", err)

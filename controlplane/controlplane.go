@@ -18,6 +18,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/dispatch"
 	"github.com/warmfleet/warmfleet/controlplane/ingest"
 	"github.com/warmfleet/warmfleet/controlplane/intake"
+	"github.com/warmfleet/warmfleet/controlplane/lane"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
@@ -58,6 +59,7 @@ type ControlPlane struct {
 	sessions  *sessions.Service
 	prefetch  *prefetch.Service
 	rentals   *rentals.Manager // nil without Capacity
+	lane      *lane.Manager    // nil without Lane
 	// registryAuth gives nodes registry credentials at pull time.
 	registryAuth *registryauth.Service
 	// artifacts is the artifact catalog, resolved at intake; its service
@@ -130,16 +132,13 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		ControlPlaneCA: cfg.ControlPlaneCA,
 	}, conn, cp.nodesKV, kv[bus.BucketEnroll], kv[bus.BucketRentals], cp.cache, cp.runs, cp.sessions, poke, log)
 	cp.usage = usage.NewLedger(conn.JS, cp.policy, cp.cache, cfg.Now, log.Named("usage"))
-	var renter scheduler.Renter
-	if cfg.Capacity != nil {
-		capacity := *cfg.Capacity
-		capacity.Budget = cp.usage
-		cp.rentals = rentals.New(capacity, cfg.Placement, conn, kv[bus.BucketRentals], cp.nodesKV, cp.cache, cp.runs, cp.nodes, cfg.Now, log)
-		renter = cp.rentals
+	renter, laneStep, err := cp.capacity(kv[bus.BucketRentals])
+	if err != nil {
+		return nil, err
 	}
 	cp.scheduler = scheduler.New(scheduler.Config{
 		Interval: cfg.ReconcileInterval, Timing: lifecycle.Timing{RedispatchAfter: cfg.RedispatchAfter, MaxRuntimeSlack: cfg.MaxRuntimeSlack},
-		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now,
+		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now, Lane: laneStep,
 		Policy: cp.policy, Budgets: cp.usage,
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
 	cat, err := artifacts.Open(ctx, conn.JS, cfg.Now, log.Named("artifacts"))
@@ -165,6 +164,35 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		}
 	}
 	return cp, nil
+}
+
+// capacity makes what places Runs beyond the enrolled nodes: the rental
+// manager (with Capacity) and the ephemeral lane (with Lane); each is nil
+// without its config.
+func (cp *ControlPlane) capacity(rentalsKV jetstream.KeyValue) (scheduler.Renter, scheduler.Lane, error) {
+	cfg := cp.cfg
+	var renter scheduler.Renter
+	var laneStep scheduler.Lane
+	var err error
+	if cfg.Capacity != nil {
+		capacity := *cfg.Capacity
+		capacity.Budget = cp.usage
+		if cp.rentals, err = rentals.New(capacity, cfg.Placement, cp.conn, rentalsKV, cp.nodesKV, cp.cache, cp.runs, cp.nodes, cfg.Now, cp.log); err != nil {
+			return nil, nil, err
+		}
+		renter = cp.rentals
+	}
+	if cfg.Lane != nil {
+		lc := *cfg.Lane
+		if lc.RentalReady == 0 && cfg.Capacity != nil {
+			lc.RentalReady = cfg.Capacity.ReadyEstimate
+		}
+		if cp.lane, err = lane.New(lc, cp.conn, cp.cache, cp.runs, cfg.Now, cp.log.Named("lane")); err != nil {
+			return nil, nil, err
+		}
+		laneStep = cp.lane
+	}
+	return renter, laneStep, nil
 }
 
 // credentialServices makes the services that give nodes registry and
@@ -233,6 +261,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	wg.Go(func() { cp.usage.Run(ctx) })
 	wg.Go(func() { cp.scheduler.Run(ctx) })
 	wg.Go(func() { cp.retention.Run(ctx) })
+	if cp.lane != nil {
+		wg.Go(func() { cp.lane.Run(ctx) })
+	}
 	if cp.rentals != nil {
 		wg.Go(func() { cp.rentals.Run(ctx) })
 	}

@@ -144,7 +144,7 @@ func writeEndedRuns(t *testing.T, ctx context.Context, pl *testPlane, n int) tim
 	for range 16 {
 		writers.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				r, dup, err := store.Create(wctx, schemas.DefaultTenant, bus.OperatorUser, testRequest(fmt.Sprintf("retained-%d", i)), nil, nil, failAtIntake)
+				r, dup, err := store.Create(wctx, schemas.DefaultTenant, bus.OperatorUser, testRequest(fmt.Sprintf("retained-%d", i)), nil, runs.Policy{}, failAtIntake)
 				if err != nil || dup || r.Phase != schemas.PhaseFailed {
 					failed.CompareAndSwap(nil, fmt.Sprintf("run %d: %s, duplicate %v, %v", i, r.Phase, dup, err))
 					return

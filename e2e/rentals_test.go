@@ -30,7 +30,11 @@ func (m *localMachine) Done() <-chan struct{}      { return m.done }
 
 // localLauncher rents "machines" on this host: each gets a fresh containerd
 // and an agent that knows nothing but its bootstrap.
-func (f *fleet) localLauncher(t *testing.T) local.Launcher {
+func (f *fleet) localLauncher(t *testing.T) local.Launcher { return f.localLauncherWith(t, nil) }
+
+// localLauncherWith is localLauncher with configure changing each
+// machine's agent configuration (dir is the machine's data dir).
+func (f *fleet) localLauncherWith(t *testing.T, configure func(name, dir string, c *agent.Config)) local.Launcher {
 	var mu sync.Mutex
 	return func(_ context.Context, name string, boot schemas.NodeBootstrap) (local.Machine, error) {
 		mu.Lock()
@@ -48,8 +52,12 @@ func (f *fleet) localLauncher(t *testing.T) local.Launcher {
 			cancel()
 			return nil, err
 		}
-		a, err := agent.New(agent.Config{NodeID: boot.NodeID, RentalID: boot.RentalID, Generation: boot.Generation, EnrollmentToken: boot.EnrollmentToken,
-			DataDir: dir, StopGrace: time.Second}, conn, rt, f.log.Named(name))
+		cfg := agent.Config{NodeID: boot.NodeID, RentalID: boot.RentalID, Generation: boot.Generation, EnrollmentToken: boot.EnrollmentToken,
+			DataDir: dir, StopGrace: time.Second}
+		if configure != nil {
+			configure(name, dir, &cfg)
+		}
+		a, err := agent.New(cfg, conn, rt, f.log.Named(name))
 		if err != nil {
 			cancel()
 			return nil, err

@@ -62,6 +62,7 @@ var runRequestCodes = map[schemas.Code]bool{
 	schemas.CodeInvalidRetry:       true,
 	schemas.CodeInvalidDeadline:    true,
 	schemas.CodeInvalidGrace:       true,
+	schemas.CodeInvalidSpot:        true,
 }
 
 func fuzzHeader(contentType string) nats.Header {

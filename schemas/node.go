@@ -32,6 +32,12 @@ type NodeRecord struct {
 	Facts        *NodeFacts `json:"facts,omitempty"`
 	// FactsReceivedAt is the control plane's clock when Facts arrived.
 	FactsReceivedAt time.Time `json:"facts_received_at,omitzero"`
+	// Interruptible marks a node on rented spot capacity (from its
+	// rental): only Runs whose spot policy allows it are placed there.
+	Interruptible bool `json:"interruptible,omitempty"`
+	// Interruption is the node's own report that its provider is taking
+	// it back; placement books nothing more there.
+	Interruption *InterruptionNotice `json:"interruption,omitempty"`
 }
 
 // Live reports whether the node's lease holds at now.
@@ -177,6 +183,9 @@ type Heartbeat struct {
 	FencingToken uint64    `json:"fencing_token"`
 	SentAt       time.Time `json:"sent_at"`
 	Running      int       `json:"running"`
+	// Interruption is set once the machine has been told its provider is
+	// taking it back (the agent's --interruption-notice-* watch).
+	Interruption *InterruptionNotice `json:"interruption,omitempty"`
 }
 
 // Validate checks a heartbeat's node id and counts.
@@ -186,6 +195,9 @@ func (h *Heartbeat) Validate() error {
 	}
 	if h.Running < 0 {
 		return refuse(CodeNegativeResource, "running", "a count of workloads is not negative")
+	}
+	if h.Interruption != nil {
+		return h.Interruption.Validate()
 	}
 	return nil
 }

@@ -43,6 +43,9 @@ type TenantPolicy struct {
 	Budget *Budget `json:"budget,omitempty"`
 	// Retry is the retry policy of the tenant's Runs that set none.
 	Retry *RetryPolicy `json:"retry,omitempty"`
+	// Spot is the spot policy of the tenant's Runs that set none (empty:
+	// never).
+	Spot SpotPolicy `json:"spot,omitempty"`
 }
 
 // Quota is a tenant's nominal limits on what its Runs hold at once; an

@@ -131,6 +131,9 @@ func (t *TenantPolicy) validate(field string) error {
 			return refuse(CodeInvalidPolicy, field+".budget.period", "must be day, week (from Monday) or month, in UTC")
 		}
 	}
+	if !t.Spot.Valid() {
+		return refuse(CodeInvalidPolicy, field+".spot", "must be never, allowed or only (or absent: never)")
+	}
 	if t.Retry != nil {
 		return t.Retry.Validate(field+".retry", CodeInvalidPolicy)
 	}

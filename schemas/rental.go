@@ -48,6 +48,13 @@ type Rental struct {
 	Stages        []RentalStage `json:"stages,omitempty"`
 	Interruptible bool          `json:"interruptible,omitempty"`
 	PricePerHour  float64       `json:"price_per_hour,omitempty"`
+	// Region and GPUModel are the offer's, so an interruption penalises
+	// its capacity pool (spot offers of that region and card) for a while.
+	Region   string `json:"region,omitempty"`
+	GPUModel string `json:"gpu_model,omitempty"`
+	// Why is how the offer was chosen: its expected start and cost beside
+	// the best alternative of the other kind (spot or on-demand).
+	Why string `json:"why,omitempty"`
 	// ForRun is the Run whose placement asked for this rental.
 	ForRun    string    `json:"for_run,omitempty"`
 	Resources Resources `json:"resources"`
@@ -56,6 +63,17 @@ type Rental struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// IdleSince is when the rental's node last had no Run; zero while busy.
 	IdleSince time.Time `json:"idle_since,omitzero"`
+}
+
+// InterruptedAt is when the rental was interrupted (its interrupted
+// stage), and zero when it never was.
+func (r *Rental) InterruptedAt() time.Time {
+	for _, st := range r.Stages {
+		if st.State == RentalInterrupted {
+			return st.At
+		}
+	}
+	return time.Time{}
 }
 
 // Resumes answers the generation this rental was resumed into for node n,

@@ -82,6 +82,12 @@ type Run struct {
 	// request's, else its tenant's default); nil retries node loss alone,
 	// up to the control plane's MaxAttempts.
 	Retry *RetryPolicy `json:"retry,omitempty"`
+	// Execution is the current attempt's execution on the ephemeral lane
+	// (lane.go); nil on a node.
+	Execution *Execution `json:"execution,omitempty"`
+	// Spot is the Run's effective spot policy, resolved at intake (the
+	// request's, else its tenant's); empty is never.
+	Spot SpotPolicy `json:"spot,omitempty"`
 	// Attempts records the latest MaxAttemptRecords attempts: node,
 	// cards, price, cost, outcome.
 	Attempts []AttemptRecord `json:"attempts,omitempty"`

@@ -76,6 +76,12 @@ type RunRequest struct {
 	Preemptible bool `json:"preemptible,omitempty"`
 	// Retry overrides the tenant's default retry policy.
 	Retry *RetryPolicy `json:"retry,omitempty"`
+	// Spot says whether rented interruptible capacity may take the Run
+	// (spot.go); empty is the tenant's policy, else never.
+	Spot SpotPolicy `json:"spot,omitempty"`
+	// Ephemeral lets the Run execute on the ephemeral lane (lane.go) when
+	// that starts it sooner than any node or rental.
+	Ephemeral bool `json:"ephemeral,omitempty"`
 	// StartDeadlineSeconds fails the Run deadline_exceeded when it has not
 	// started running this long after it was accepted (0: no deadline).
 	StartDeadlineSeconds int64 `json:"start_deadline_seconds,omitempty"`

@@ -54,6 +54,9 @@ func (r *RunRequest) validateScheduling() error {
 	if r.StartDeadlineSeconds < 0 || r.StartDeadlineSeconds > MaxStartDeadlineSeconds {
 		return refuse(CodeInvalidDeadline, "start_deadline_seconds", "must be between 0 (no deadline) and %d seconds", MaxStartDeadlineSeconds)
 	}
+	if !r.Spot.Valid() {
+		return refuse(CodeInvalidSpot, "spot", "is never (on-demand only, the default), allowed (spot or on-demand, whichever is expected sooner and cheaper) or only (spot only); leave it empty for the tenant's policy")
+	}
 	if r.GraceSeconds < 0 || r.GraceSeconds > MaxGraceSeconds {
 		return refuse(CodeInvalidGrace, "grace_seconds", "must be between 0 (default %ds) and %d", DefaultGraceSeconds, MaxGraceSeconds)
 	}

@@ -71,7 +71,25 @@ type Declarer interface {
 type Declaration struct {
 	// Type is the adapter type ("fake", "shadeform", "local", …).
 	Type string `json:"type"`
+	// Lane is where the adapter's work runs: LaneNodes (machines that
+	// enroll and take Runs) or LaneEphemeral (one-shot executions).
+	Lane Lane `json:"lane"`
 	// Capacity is present exactly when the adapter implements Provider, and
 	// then equals its Support().
 	Capacity *Support `json:"capacity,omitempty"`
+	// Ephemeral is present exactly when the adapter implements
+	// ephemeral.Executor, and then equals its Support().
+	Ephemeral *EphemeralSupport `json:"ephemeral,omitempty"`
 }
+
+// Lane is where an adapter's work runs.
+type Lane string
+
+const (
+	// LaneNodes: rented machines whose agents enroll and take Runs.
+	LaneNodes Lane = "nodes"
+	// LaneEphemeral: one execution per Run attempt on a provider's
+	// product (a serverless queue, a standing pool); nothing is reused
+	// between Runs.
+	LaneEphemeral Lane = "ephemeral"
+)

@@ -170,3 +170,24 @@ func TestStates(t *testing.T) {
 		t.Error("Settled")
 	}
 }
+
+// TestEphemeralSupportValidate: an executor never claims reuse, and a
+// launch whose answer is lost must be findable or bounded.
+func TestEphemeralSupportValidate(t *testing.T) {
+	for _, c := range []struct {
+		s  capacity.EphemeralSupport
+		ok bool
+	}{
+		{capacity.EphemeralSupport{IdempotentLaunch: capacity.IdempotencyLaunchKey, ListOwned: true}, true},
+		{capacity.EphemeralSupport{IdempotentLaunch: capacity.IdempotencyNone, ProviderTTL: true}, true},
+		{capacity.EphemeralSupport{IdempotentLaunch: capacity.IdempotencyOperationKey}, true},
+		{capacity.EphemeralSupport{IdempotentLaunch: capacity.IdempotencyLaunchKey}, false},
+		{capacity.EphemeralSupport{IdempotentLaunch: capacity.IdempotencyNone}, false},
+		{capacity.EphemeralSupport{IdempotentLaunch: "maybe", ListOwned: true}, false},
+		{capacity.EphemeralSupport{ReusableBetweenRuns: true, IdempotentLaunch: capacity.IdempotencyOperationKey}, false},
+	} {
+		if err := c.s.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.s, err, c.ok)
+		}
+	}
+}

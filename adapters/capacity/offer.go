@@ -27,6 +27,10 @@ type Offer struct {
 	DiskBytes      int64 `json:"disk_bytes,omitempty"`
 	PricePerHour   Price `json:"price_per_hour"`
 	Interruptible  bool  `json:"interruptible,omitempty"`
+	// InterruptionRate is the provider's stated chance, in [0,1], that an
+	// interruptible machine of this offer is taken back within an hour;
+	// 0 when it states none.
+	InterruptionRate float64 `json:"interruption_rate,omitempty"`
 	// Available is the provider's claim that it has stock now. It is a hint:
 	// a provision can still run out of stock.
 	Available bool `json:"available"`

@@ -71,3 +71,59 @@ func (s Support) Validate() error {
 	}
 	return nil
 }
+
+// EphemeralSupport is what a one-shot executor (ephemeral.Executor) can
+// do, including the lifecycle facts that are weaker there than on rented
+// machines. Every field is a promise the executor conformance suite checks.
+type EphemeralSupport struct {
+	// ReusableBetweenRuns is always false: it answers the reuse question
+	// outright, and Validate refuses a claim otherwise.
+	ReusableBetweenRuns bool `json:"reusable_between_runs"`
+	// ObservableLocality: the executor can say what its environment
+	// already holds. Without it locality there is unknown, not cold.
+	ObservableLocality bool `json:"observable_locality"`
+	// CancelQueued: an execution can be cancelled before it runs.
+	CancelQueued bool `json:"cancel_queued"`
+	// ProviderTTL: the provider reclaims an execution on its own after a
+	// TTL the launch sets, which bounds the cost of a lost answer.
+	ProviderTTL bool `json:"provider_ttl"`
+	// IdempotentLaunch is how a repeated launch is made safe:
+	// IdempotencyOperationKey (the provider dedupes on a key),
+	// IdempotencyLaunchKey (the adapter puts a key in the request and
+	// finds it again by ListOwned) or IdempotencyNone.
+	IdempotentLaunch Idempotency `json:"idempotent_launch"`
+	// ListOwned: ListOwned enumerates this deployment's executions.
+	ListOwned bool `json:"list_owned"`
+	// ExactPricing: the provider states a billable rate.
+	ExactPricing bool `json:"exact_pricing"`
+	// StandingPool: executions run on a pool the provider keeps (a
+	// serverless endpoint's workers), so Release ends ours and Terminate
+	// is unsupported.
+	StandingPool bool `json:"standing_pool"`
+}
+
+// IdempotencyLaunchKey: the adapter puts a launch key in the request and
+// finds a launch whose answer was lost by listing what it owns.
+const IdempotencyLaunchKey Idempotency = "launch_key"
+
+// Validate reports an EphemeralSupport that contradicts itself.
+func (s EphemeralSupport) Validate() error {
+	if s.ReusableBetweenRuns {
+		return fmt.Errorf("%w: an ephemeral executor is never reusable between runs", ErrInvalid)
+	}
+	switch s.IdempotentLaunch {
+	case IdempotencyOperationKey:
+	case IdempotencyLaunchKey:
+		if !s.ListOwned {
+			return fmt.Errorf("%w: idempotent_launch %q needs list_owned", ErrInvalid, s.IdempotentLaunch)
+		}
+	case IdempotencyNone:
+		if !s.ListOwned && !s.ProviderTTL {
+			// Nothing would find, or end, what a lost answer launched.
+			return fmt.Errorf("%w: idempotent_launch %q needs list_owned or provider_ttl", ErrInvalid, s.IdempotentLaunch)
+		}
+	default:
+		return fmt.Errorf("%w: idempotent_launch %q is none of %q, %q, %q", ErrInvalid, s.IdempotentLaunch, IdempotencyOperationKey, IdempotencyLaunchKey, IdempotencyNone)
+	}
+	return nil
+}

@@ -58,6 +58,7 @@ func newRoot() *cobra.Command {
 		natsTLS                                                                             bus.TLSFiles
 		logRate, logBurst                                                                   int64
 		sessFlags                                                                           *sessionFlags
+		noticeFlags                                                                         *interruptionFlags
 		diskHigh, diskLow                                                                   int
 	)
 	cmd := &cobra.Command{
@@ -150,11 +151,15 @@ func newRoot() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			notice, err := noticeFlags.source()
+			if err != nil {
+				return err
+			}
 			a, err = agent.New(agent.Config{NodeID: nodeID, RentalID: rentalID, Generation: generation, DataDir: dataDir, EnrollmentToken: token,
 				Capacity: capacity, MaxWorkloads: maxWorkloads, ContentRoot: contentRoot, CacheDir: cacheDir, FactsInterval: factsInterval,
 				Accelerator: gpuProbeFor(gpuProbe, nvmlLibrary, gpuProbeTimeout, cdiDirs, log), AcceleratorTimeout: gpuProbeTimeout,
 				Credentials: creds, Sessions: sessions, LogRate: logRate, LogBurst: logBurst, LogMetrics: logMetrics, ImageMetrics: imageMetrics,
-				DiskWatermarks: watermarks, DiskMetrics: diskMetrics,
+				DiskWatermarks: watermarks, DiskMetrics: diskMetrics, Interruption: notice,
 				LogDialer:    newLogDialer(natsURL, nodeID, natsTLS, creds, log),
 				NetworkModes: networkModes(rt.NetworkModes(), allowHostNetwork)}, conn, rt, log)
 			if err != nil {
@@ -169,6 +174,7 @@ func newRoot() *cobra.Command {
 	}
 	f := cmd.Flags()
 	sessFlags = addSessionFlags(f)
+	noticeFlags = addInterruptionFlags(f)
 	f.StringVar(&natsURL, "nats-url", envOr("WARMFLEET_NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL the agent dials")
 	f.StringVar(&bootstrap, "bootstrap", os.Getenv("WARMFLEET_BOOTSTRAP"), "NodeBootstrap JSON file from `warmfleet node invite`")
 	f.StringVar(&nodeID, "node-id", os.Getenv("WARMFLEET_NODE_ID"), "node identity (default: hostname)")

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,13 +30,34 @@ func newRentalCmd(g *globals) *cobra.Command {
 				return err
 			}
 			slices.SortFunc(rs, func(a, b schemas.Rental) int { return b.CreatedAt.Compare(a.CreatedAt) })
+			conns, connErr := admin[[]schemas.ConnectionStatus](cmd.Context(), conn, bus.SubjectConnections, schemas.AdminRequest{})
+			defer func() {
+				if g.output == "" || g.output == "table" {
+					fmt.Fprintln(cmd.OutOrStdout())
+					printConnections(cmd.OutOrStdout(), conns, connErr)
+				}
+			}()
 			return g.render(cmd.OutOrStdout(), rs, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "RENTAL\tSTATE\tNODE\tOFFER\tNATIVE\tGEN\t$/H\tCREATED\tLAST ERROR")
+				fmt.Fprintln(tw, "RENTAL\tCONNECTION\tSTATE\tKIND\tNODE\tOFFER\tNATIVE\tGEN\t$/H\tCREATED\tLAST ERROR")
 				for _, r := range rs {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%s\t%s\n", r.RentalID, r.State, r.NodeID, r.OfferID, or(r.NativeRef, "-"),
-						r.Generation, r.PricePerHour, r.CreatedAt.UTC().Format(time.RFC3339), or(r.LastError, "-"))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%s\t%s\n", r.RentalID, or(r.ConnectionID, "-"), r.State, rentalKind(r), r.NodeID, r.OfferID,
+						or(r.NativeRef, "-"), r.Generation, r.PricePerHour, r.CreatedAt.UTC().Format(time.RFC3339), or(r.LastError, "-"))
 				}
 			})
+		},
+	}, &cobra.Command{
+		Use: "connections", Short: "Show each capacity provider connection: verified or failed (and skipped), its live rentals and limit",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			conns, err := admin[[]schemas.ConnectionStatus](cmd.Context(), conn, bus.SubjectConnections, schemas.AdminRequest{})
+			if err != nil {
+				return err
+			}
+			return g.render(cmd.OutOrStdout(), conns, func(tw *tabwriter.Writer) { connectionRows(tw, conns) })
 		},
 	}, &cobra.Command{
 		Use: "get RENTAL_ID", Short: "Show one rental with its stage timeline", Args: cobra.ExactArgs(1),
@@ -49,8 +72,9 @@ func newRentalCmd(g *globals) *cobra.Command {
 				return err
 			}
 			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
-				fmt.Fprintf(tw, "Rental:\t%s\nState:\t%s\nNode:\t%s\nOffer:\t%s\nNative ref:\t%s\nGeneration:\t%d\nPrice:\t$%.2f/h\n",
-					r.RentalID, r.State, r.NodeID, r.OfferID, or(r.NativeRef, "-"), r.Generation, r.PricePerHour)
+				fmt.Fprintf(tw, "Rental:\t%s\nConnection:\t%s\nState:\t%s\nKind:\t%s\nNode:\t%s\nOffer:\t%s (%s)\nNative ref:\t%s\nGeneration:\t%d\nPrice:\t$%.2f/h\nChosen:\t%s\nLast error:\t%s\n",
+					r.RentalID, or(r.ConnectionID, "-"), r.State, rentalKind(r), r.NodeID, r.OfferID, poolOf(r), or(r.NativeRef, "-"), r.Generation, r.PricePerHour,
+					or(r.Why, "-"), or(r.LastError, "-"))
 				fmt.Fprintln(tw, "STAGE\tAT\tSOURCE")
 				for _, s := range r.Stages {
 					src := "provider"
@@ -182,4 +206,47 @@ func describeSupport(s schemas.NodeSupport, declared bool) string {
 		return "not declared (read as: " + strings.Join(parts, ", ") + ")"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// rentalKind is spot or on-demand.
+func rentalKind(r schemas.Rental) string {
+	if r.Interruptible {
+		return "spot"
+	}
+	return "on-demand"
+}
+
+// poolOf names a rental's region and card.
+func poolOf(r schemas.Rental) string {
+	return or(r.Region, "any region") + ", " + or(r.GPUModel, "no GPU")
+}
+
+// printConnections writes the connections table under a rental list, or
+// why there is none.
+func printConnections(w io.Writer, conns []schemas.ConnectionStatus, err error) {
+	if err != nil {
+		fmt.Fprintf(w, "connections: %v (is a control plane with a capacity provider running?)\n", err)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	connectionRows(tw, conns)
+	_ = tw.Flush()
+}
+
+func connectionRows(tw *tabwriter.Writer, conns []schemas.ConnectionStatus) {
+	fmt.Fprintln(tw, "CONNECTION\tTYPE\tSTATE\tLIVE\tMAX\tVERIFIED\tERROR")
+	for _, c := range conns {
+		limit, verified := "-", "-"
+		if c.MaxRentals > 0 {
+			limit = strconv.Itoa(c.MaxRentals)
+		}
+		if !c.VerifiedAt.IsZero() {
+			verified = c.VerifiedAt.UTC().Format(time.RFC3339)
+		}
+		state := c.State
+		if c.State == schemas.ConnectionFailed {
+			state += " (skipped)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", c.ID, c.Type, state, c.Live, limit, verified, or(c.Error, "-"))
+	}
 }

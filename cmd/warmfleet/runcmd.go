@@ -98,7 +98,7 @@ func newRunGet(g *globals) *cobra.Command {
 					{"Reason", or(r.Reason, "-")}, {"Node", or(r.NodeID, "-")}, {"Attempt", fmt.Sprint(r.Attempt)},
 					{"Exit code", exit}, {"OOM killed", fmt.Sprint(r.OOMKilled)}, {"Started", fmtTime(r.StartedAt)},
 					{"Finished", fmtTime(r.FinishedAt)}, {"Created", fmtTime(&r.CreatedAt)}, {"Waiting", or(r.Waiting, "-")},
-					{"Progress", progressOf(r)},
+					{"Progress", progressOf(r)}, {"Execution", executionOf(r)},
 				} {
 					fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
 				}
@@ -288,4 +288,14 @@ func progressOf(r schemas.Run) string {
 		return "-"
 	}
 	return r.Progress.What() + " " + r.Progress.String()
+}
+
+// executionOf names a lane attempt's execution: its connection, offer and
+// id ("-" on a node).
+func executionOf(r schemas.Run) string {
+	x := r.Execution
+	if x == nil {
+		return "-"
+	}
+	return x.Connection + " " + x.OfferID + " " + or(x.ExecutionID, "(launch answer awaited)")
 }

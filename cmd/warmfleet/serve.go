@@ -48,6 +48,10 @@ func newServe(g *globals) *cobra.Command {
 			if err := checkRetentionFlags(runRetention, eventsMaxAge); err != nil {
 				return err
 			}
+			// A bad providers file stops serve before anything starts.
+			if err := capf.checkProvidersFile(cmd.Flags()); err != nil {
+				return err
+			}
 			// A bad policy file stops serve before anything starts.
 			if policyFile != "" {
 				if _, err := policy.Read(policyFile); err != nil {
@@ -114,14 +118,14 @@ func newServe(g *globals) *cobra.Command {
 			if err := conn.WaitConnected(cmd.Context()); err != nil {
 				return err
 			}
-			capCfg, stopMachines, err := capf.build(cmd.Context(), cmd.Flags(), dataDir, log)
+			capCfg, laneCfg, stopMachines, err := capf.build(cmd.Context(), cmd.Flags(), dataDir, log)
 			if err != nil {
 				return err
 			}
 			defer stopMachines()
 			cp, err := controlplane.New(cmd.Context(), conn, controlplane.Config{
 				Topology: bus.Topology{Replicas: replicas, LogsMaxAge: logsMaxAge, LogsMaxBytes: logsMaxBytes, LogsMaxChunksPerRun: logsMaxChunksPerRun, EventsMaxAge: eventsMaxAge}, OpenEnrollment: openEnrollment, WaitForCapacity: waitForCapacity, ControlPlaneCA: caPEM, RunRetention: runRetention,
-				Capacity: capCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
+				Capacity: capCfg, Lane: laneCfg, RegistryAuth: registryAuth, ArtifactSourceAuth: artifactSourceAuth, Auth: sec.authConfig(log),
 				CredentialLimit: credentialLimit, Tenants: sec.tenants(), SecretsKeyFile: secretsKeyFile,
 				SchedulingPolicyFile: policyFile, Sessions: sessions.Config{CheckpointsKept: checkpointsKept},
 			}, log)

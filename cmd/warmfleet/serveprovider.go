@@ -18,7 +18,10 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/adapters/capacity/fake"
 	"github.com/warmfleet/warmfleet/adapters/capacity/local"
+	"github.com/warmfleet/warmfleet/adapters/capacity/runpod"
+	"github.com/warmfleet/warmfleet/adapters/capacity/runpodserverless"
 	"github.com/warmfleet/warmfleet/adapters/capacity/shadeform"
+	"github.com/warmfleet/warmfleet/controlplane/lane"
 	"github.com/warmfleet/warmfleet/controlplane/rentals"
 	"github.com/warmfleet/warmfleet/internal/ctrdproc"
 )
@@ -31,9 +34,11 @@ import (
 // from SHADEFORM_API_KEY or a key file, and is never logged.
 type serveCapacity struct {
 	provider, configFile, ownership, connection string
+	providersFile                               string
 	maxRentals                                  int
 	idle, maxLifetime, rentMargin, readyEst     time.Duration
-	enrollTimeout                               time.Duration
+	enrollTimeout, spotPenalty                  time.Duration
+	spotRate                                    float64
 
 	localAgent, localDir, localPrice string
 	localContainerd                  string
@@ -44,17 +49,26 @@ type serveCapacity struct {
 	fakeSeed uint64
 
 	sfKeyFile, sfBaseURL, sfOS, sfSSHKey string
+
+	rpKeyFile, rpBaseURL, rpGraphQLURL, rpImage, rpCloud string
+	rpGPUCounts                                          []int
+
+	rpsKeyFile, rpsBaseURL string
 }
 
 // providerEnv maps a flag to the environment variable that may set it.
 var providerEnv = map[string]string{
-	"provider": "WARMFLEET_PROVIDER", "ownership-token": "WARMFLEET_OWNERSHIP_TOKEN", "provider-config": "WARMFLEET_PROVIDER_CONFIG",
+	"provider": "WARMFLEET_PROVIDER", "providers-file": "WARMFLEET_PROVIDERS_FILE", "ownership-token": "WARMFLEET_OWNERSHIP_TOKEN", "provider-config": "WARMFLEET_PROVIDER_CONFIG",
 	"shadeform-api-key-file": "SHADEFORM_API_KEY_FILE", "shadeform-base-url": "SHADEFORM_BASE_URL",
+	"runpod-api-key-file": "RUNPOD_API_KEY_FILE", "runpod-serverless-api-key-file": "RUNPOD_SERVERLESS_API_KEY_FILE",
 }
 
 func (c *serveCapacity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.StringVar(&c.provider, "provider", "", "rent machines when no node fits (or a fresh one beats the queue): local, fake or shadeform (env WARMFLEET_PROVIDER; default: none)")
+	f.StringVar(&c.provider, "provider", "", "rent machines when no node fits (or a fresh one beats the queue): local, fake, shadeform or runpod (env WARMFLEET_PROVIDER; default: none)")
+	f.StringVar(&c.providersFile, "providers-file", "", "JSON-lines file of provider connections, one per line: "+
+		`{"id": "sf", "type": "shadeform", "credentials_file": "/etc/warmfleet/shadeform.key", "max_rentals": 4, "settings": {"shadeform-os": "…"}}; `+
+		"offers are compared across them, --max-rentals bounds them all (env WARMFLEET_PROVIDERS_FILE; instead of --provider)")
 	f.StringVar(&c.configFile, "provider-config", "", "JSON file of provider settings, keyed by these flags' names without the dashes' prefix, e.g. {\"max-rentals\": 2, \"shadeform-os\": \"ubuntu22.04_cuda12.2_shade_os\"} (env WARMFLEET_PROVIDER_CONFIG)")
 	f.StringVar(&c.ownership, "ownership-token", "", "marks every machine this deployment rents; the janitor touches only machines carrying it (env WARMFLEET_OWNERSHIP_TOKEN; default warmfleet-<connection-id>)")
 	f.StringVar(&c.connection, "connection-id", "default", "names this provider connection in rentals and owned-capacity listings")
@@ -64,6 +78,8 @@ func (c *serveCapacity) register(cmd *cobra.Command) {
 	f.DurationVar(&c.rentMargin, "rent-margin", time.Minute, "rent past a queue only when a fresh machine starts the Run this much sooner (negative: never)")
 	f.DurationVar(&c.enrollTimeout, "enroll-timeout", 20*time.Minute, "give up (terminate) a rented machine whose agent has not enrolled this long after it last changed state")
 	f.DurationVar(&c.readyEst, "ready-estimate", 3*time.Minute, "time to ready assumed for an offer whose provider states none")
+	f.DurationVar(&c.spotPenalty, "spot-penalty", 30*time.Minute, "leave a spot pool (region and card) out this long after one of its machines was interrupted (negative: never)")
+	f.Float64Var(&c.spotRate, "spot-interruption-rate", 0.05, "chance an interruptible machine is taken back within an hour, assumed for an offer whose provider states none (0 < rate < 1)")
 	f.StringVar(&c.localAgent, "local-agent", "", "local: the warmfleet-agent binary (default: the one beside this binary)")
 	f.StringVar(&c.localDir, "local-dir", "", "local: where machines keep their bootstrap, data dir and log (default <data-dir>/machines)")
 	f.StringArrayVar(&c.localArgs, "local-agent-arg", nil, "local: extra warmfleet-agent flag, repeatable (e.g. --local-agent-arg=--containerd-address=/run/containerd/containerd.sock)")
@@ -80,6 +96,14 @@ func (c *serveCapacity) register(cmd *cobra.Command) {
 	f.StringVar(&c.sfBaseURL, "shadeform-base-url", "", "shadeform: API root (env SHADEFORM_BASE_URL; default "+shadeform.DefaultBaseURL+")")
 	f.StringVar(&c.sfOS, "shadeform-os", "", "shadeform: OS image for new instances")
 	f.StringVar(&c.sfSSHKey, "shadeform-ssh-key-id", "", "shadeform: SSH key id for new instances")
+	f.StringVar(&c.rpKeyFile, "runpod-api-key-file", "", "runpod: file holding the API key (env RUNPOD_API_KEY_FILE; else the key from RUNPOD_API_KEY)")
+	f.StringVar(&c.rpBaseURL, "runpod-base-url", "", "runpod: REST API root (default "+runpod.DefaultBaseURL+")")
+	f.StringVar(&c.rpGraphQLURL, "runpod-graphql-url", "", "runpod: GraphQL endpoint for the gpu catalogue (default "+runpod.DefaultGraphQLURL+")")
+	f.StringVar(&c.rpImage, "runpod-image", "", "runpod: the pod image, one whose entrypoint runs warmfleet-agent with the bootstrap from WARMFLEET_BOOTSTRAP (required)")
+	f.StringVar(&c.rpCloud, "runpod-cloud-type", "SECURE", "runpod: SECURE, COMMUNITY or ALL: which prices offers quote")
+	f.IntSliceVar(&c.rpGPUCounts, "runpod-gpu-counts", []int{1}, "runpod: pod sizes offered per gpu type, in cards")
+	f.StringVar(&c.rpsKeyFile, "runpod-serverless-api-key-file", "", "runpod-serverless (providers file only): file holding the API key")
+	f.StringVar(&c.rpsBaseURL, "runpod-serverless-base-url", "", "runpod-serverless (providers file only): API root (default "+runpodserverless.DefaultBaseURL+")")
 }
 
 // resolve fills every flag not given on the command line from the config
@@ -148,40 +172,91 @@ func (c *serveCapacity) resolve(flags *pflag.FlagSet, getenv func(string) string
 // providerFlag reports whether a flag is one of serveCapacity's.
 func providerFlag(name string) bool {
 	switch name {
-	case "provider", "ownership-token", "connection-id", "max-rentals", "idle-timeout", "max-lifetime", "rent-margin", "ready-estimate",
-		"enroll-timeout", "fake-seed":
+	case "provider", "providers-file", "ownership-token", "connection-id", "max-rentals", "idle-timeout", "max-lifetime", "rent-margin", "ready-estimate",
+		"enroll-timeout", "fake-seed", "spot-penalty", "spot-interruption-rate":
 		return true
 	}
-	return strings.HasPrefix(name, "local-") || strings.HasPrefix(name, "shadeform-")
+	return strings.HasPrefix(name, "local-") || strings.HasPrefix(name, "shadeform-") || strings.HasPrefix(name, "runpod-")
 }
 
-// build returns the control plane's capacity configuration, or nil when no
-// provider is configured, and what to run once the control plane stopped:
-// the local provider terminates its machines then, so no agent process
-// outlives the serve that started it.
-func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*rentals.Config, func(), error) {
-	cc, lp, err := c.provide(ctx, flags, dataDir, log)
-	if err != nil || lp == nil {
-		return cc, func() {}, err
+// build returns the control plane's rental and ephemeral-lane
+// configurations (each nil when nothing configures it), and what to run
+// once the control plane stopped: the local provider terminates its
+// machines then, so no agent process outlives the serve that started it.
+func (c *serveCapacity) build(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*rentals.Config, *lane.Config, func(), error) {
+	cc, lc, locals, err := c.provide(ctx, flags, dataDir, log)
+	if err != nil {
+		return nil, nil, func() {}, err
 	}
-	return cc, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := lp.Shutdown(sctx); err != nil {
-			log.Warn("local machines: shutdown", zap.Error(err))
+	return cc, lc, func() {
+		for _, lp := range locals {
+			if err := shutdownLocal(lp); err != nil {
+				log.Warn("local machines: shutdown", zap.Error(err))
+			}
 		}
 	}, nil
 }
 
-func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*rentals.Config, *local.Provider, error) {
+func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataDir string, log *zap.Logger) (*rentals.Config, *lane.Config, []*local.Provider, error) {
 	if err := c.resolve(flags, os.Getenv); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	if c.provider == "" {
-		return nil, nil, nil
+	if c.maxRentals <= 0 {
+		return nil, nil, nil, errors.New("--max-rentals must be 1 or more")
 	}
-	var lp *local.Provider
-	var p capacity.Provider
+	if !(c.spotRate > 0 && c.spotRate < 1) {
+		return nil, nil, nil, fmt.Errorf("--spot-interruption-rate %v: want a chance between 0 and 1, exclusive", c.spotRate)
+	}
+	cfg := &rentals.Config{MaxRentals: c.maxRentals, IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst,
+		EnrollTimeout: c.enrollTimeout, SpotPenalty: c.spotPenalty, SpotInterruptionRate: c.spotRate}
+	switch {
+	case c.providersFile != "" && c.provider != "":
+		return nil, nil, nil, fmt.Errorf("--provider %q and --providers-file %q: give one (a providers file names every connection)", c.provider, c.providersFile)
+	case c.providersFile != "":
+		got, err := loadProviders(ctx, c.providersFile, dataDir, log)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		log.Info("provider connections configured", zap.String("providers_file", c.providersFile), zap.Int("capacity", len(got.rentals)),
+			zap.Int("ephemeral_lane", len(got.lane)), zap.Int("max_rentals", c.maxRentals))
+		var lc *lane.Config
+		if len(got.lane) > 0 {
+			lc = &lane.Config{Connections: got.lane}
+		}
+		if len(got.rentals) == 0 {
+			return nil, lc, got.locals, nil
+		}
+		cfg.Connections = got.rentals
+		return cfg, lc, got.locals, nil
+	case c.provider == "":
+		return nil, nil, nil, nil
+	}
+	p, lp, err := c.providerOf(ctx, dataDir, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := p.Verify(vctx); err != nil {
+		return nil, nil, nil, errors.Join(fmt.Errorf("provider %s: %w", c.provider, err), shutdownLocal(lp))
+	}
+	owner := c.ownership
+	if owner == "" {
+		owner = "warmfleet-" + c.connection
+	}
+	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
+		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
+	cfg.Connections = []rentals.Connection{{ID: c.connection, Provider: p, OwnershipToken: owner}}
+	var locals []*local.Provider
+	if lp != nil {
+		locals = append(locals, lp)
+	}
+	return cfg, nil, locals, nil
+}
+
+// providerOf builds the adapter c.provider names from c's settings; lp is
+// set when it is the local provider, whose machines end with serve.
+func (c *serveCapacity) providerOf(ctx context.Context, dataDir string, log *zap.Logger) (p capacity.Provider, lp *local.Provider, err error) {
 	switch c.provider {
 	case "local":
 		agentPath := c.localAgent
@@ -207,7 +282,7 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 		if err != nil {
 			return nil, nil, err
 		}
-		log.Info("local machines' containerd", zap.Bool("per_machine", perMachine), zap.String("why", why))
+		log.Info("local machines' containerd", zap.String("connection_id", c.connection), zap.Bool("per_machine", perMachine), zap.String("why", why))
 		var opts []local.Option
 		if c.localStopResume {
 			opts = append(opts, local.WithStopResume())
@@ -216,40 +291,33 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 			Log: log.Named("local")}),
 			capacity.Offer{ID: "local", CPUMillis: c.localCPU, MemoryBytes: c.localMemory, GPUCount: c.localGPUs, ReadySeconds: 2,
 				PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: int64(price * 1e6), Exact: true}}, opts...)
-		p = lp
+		return lp, lp, nil
 	case "fake":
 		fp, err := fake.New(fake.Config{Seed: c.fakeSeed, Clock: wallClock{}, ConnectionID: c.connection, Latency: fake.DefaultLatency()})
-		if err != nil {
-			return nil, nil, err
-		}
-		p = fp
+		return fp, nil, err
 	case "shadeform":
 		sp, err := shadeform.New(shadeform.Config{ConnectionID: c.connection, BaseURL: c.sfBaseURL, APIKeyFile: c.sfKeyFile,
 			Logger: log.Named("shadeform"), OS: c.sfOS, SSHKeyID: c.sfSSHKey})
-		if err != nil {
-			return nil, nil, err
-		}
-		p = sp
-	default:
-		return nil, nil, fmt.Errorf("--provider %q: want local, fake or shadeform", c.provider)
+		return sp, nil, err
+	case "runpod":
+		rp, err := runpod.New(runpod.Config{ConnectionID: c.connection, BaseURL: c.rpBaseURL, GraphQLURL: c.rpGraphQLURL, APIKeyFile: c.rpKeyFile,
+			Logger: log.Named("runpod"), Image: c.rpImage, CloudType: c.rpCloud, GPUCounts: c.rpGPUCounts})
+		return rp, nil, err
 	}
-	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	return nil, nil, fmt.Errorf("--provider %q: want %s", c.provider, strings.Join(providerTypes, ", "))
+}
+
+// providerTypes are the adapters serve can rent from.
+var providerTypes = []string{"local", "fake", "shadeform", "runpod"}
+
+// shutdownLocal ends a local provider's machines (nil: nothing to end).
+func shutdownLocal(lp *local.Provider) error {
+	if lp == nil {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := p.Verify(vctx); err != nil {
-		return nil, nil, fmt.Errorf("provider %s: %w", c.provider, err)
-	}
-	owner := c.ownership
-	if owner == "" {
-		owner = "warmfleet-" + c.connection
-	}
-	if c.maxRentals <= 0 {
-		return nil, nil, errors.New("--max-rentals must be 1 or more")
-	}
-	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
-		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
-	return &rentals.Config{Provider: p, ConnectionID: c.connection, OwnershipToken: owner, MaxRentals: c.maxRentals,
-		IdleTimeout: c.idle, MaxLifetime: c.maxLifetime, RentMargin: c.rentMargin, ReadyEstimate: c.readyEst,
-		EnrollTimeout: c.enrollTimeout}, lp, nil
+	return lp.Shutdown(sctx)
 }
 
 // localContainerdMode decides whether each local machine runs its own

@@ -67,16 +67,17 @@ func TestServeCapacity_RefusesUnknownAndCredentialKeys(t *testing.T) {
 func TestServeCapacity_Build(t *testing.T) {
 	ctx := context.Background()
 	c, cmd := newCapacityFlags(t)
-	if cc, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err != nil || cc != nil {
+	if cc, _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err != nil || cc != nil {
 		t.Fatalf("no provider: %+v %v", cc, err)
 	}
 	c, cmd = newCapacityFlags(t, "--provider", "fake", "--connection-id", "lab")
-	cc, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop())
-	if err != nil || cc == nil || cc.OwnershipToken != "warmfleet-lab" || !cc.Provider.Support().Resume {
+	cc, _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop())
+	if err != nil || cc == nil || len(cc.Connections) != 1 || cc.Connections[0].ID != "lab" || cc.Connections[0].OwnershipToken != "warmfleet-lab" ||
+		!cc.Connections[0].Provider.Support().Resume {
 		t.Fatalf("fake: %+v %v", cc, err)
 	}
 	c, cmd = newCapacityFlags(t, "--provider", "local", "--local-agent", filepath.Join(t.TempDir(), "missing"))
-	if _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
+	if _, _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
 		t.Fatal("local provider without an agent binary was built")
 	}
 
@@ -84,7 +85,7 @@ func TestServeCapacity_Build(t *testing.T) {
 	t.Setenv("SHADEFORM_API_KEY", secret)
 	core, logs := observer.New(zap.DebugLevel)
 	c, cmd = newCapacityFlags(t, "--provider", "shadeform", "--shadeform-base-url", "http://127.0.0.1:1/v1")
-	_, _, err = c.build(ctx, cmd.Flags(), t.TempDir(), zap.New(core))
+	_, _, _, err = c.build(ctx, cmd.Flags(), t.TempDir(), zap.New(core))
 	if err == nil {
 		t.Fatal("verify against an unreachable API succeeded")
 	}
@@ -97,7 +98,7 @@ func TestServeCapacity_Build(t *testing.T) {
 		}
 	}
 	c, cmd = newCapacityFlags(t, "--provider", "nope")
-	if _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
+	if _, _, _, err := c.build(ctx, cmd.Flags(), t.TempDir(), zap.NewNop()); err == nil {
 		t.Fatal("an unknown provider was accepted")
 	}
 }

@@ -119,7 +119,7 @@ func newEnv(t *testing.T) *env {
 // booked creates a Run and books its first attempt on node n1.
 func (e *env) booked(requestID string) schemas.Run {
 	e.t.Helper()
-	r, _, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, nil, func(schemas.Run) lifecycle.Transition { return nil })
+	r, _, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, runs.Policy{}, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil {
 		e.t.Fatal(err)
 	}

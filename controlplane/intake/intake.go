@@ -194,7 +194,7 @@ func (in *Intake) submit(ctx context.Context, m jetstream.Msg, tenant, identity 
 	} else if err != nil {
 		return err // the catalog is unavailable: redelivered
 	}
-	run, dup, err := in.runs.Create(ctx, tenant, identity, req, mounts, retryOf(pol, tenant, req), in.sched.AtIntake)
+	run, dup, err := in.runs.Create(ctx, tenant, identity, req, mounts, runs.Policy{Retry: retryOf(pol, tenant, req), Spot: spotOf(pol, tenant, req)}, in.sched.AtIntake)
 	if err != nil {
 		return err
 	}

@@ -39,3 +39,15 @@ func retryOf(p *policy.Snapshot, tenant string, req schemas.RunRequest) *schemas
 	c.On = slices.Clone(r.On)
 	return &c
 }
+
+// spotOf is a Run's effective spot policy: its request's, else its
+// tenant's, else never.
+func spotOf(p *policy.Snapshot, tenant string, req schemas.RunRequest) schemas.SpotPolicy {
+	if req.Spot != schemas.SpotDefault {
+		return req.Spot
+	}
+	if s := p.Tenant(tenant).Spot; s != schemas.SpotDefault {
+		return s
+	}
+	return schemas.SpotNever
+}

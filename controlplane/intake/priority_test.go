@@ -35,7 +35,7 @@ func TestIntakePriorityAndRetry(t *testing.T) {
 	src := &swappable{}
 	src.p.Store(policy.Static(schemas.SchedulingPolicy{
 		PriorityClasses: []schemas.PriorityClass{{Name: "urgent", Value: 1000, Preempts: true}, {Name: "batch"}},
-		Tenants:         map[string]schemas.TenantPolicy{"a": {Retry: tenantRetry}},
+		Tenants:         map[string]schemas.TenantPolicy{"a": {Retry: tenantRetry, Spot: schemas.SpotAllowed}},
 	}, "v1"))
 	tp.in = intake.New(tp.store, waiting{}, dispatch.New(tp.conn.JS, tp.cache, time.Now, zap.NewNop()), tp.cat, nil, src, time.Now, zap.NewNop())
 	submit := func(tenant string, req schemas.RunRequest, msgID string) (schemas.RunEvent, string) {
@@ -61,18 +61,19 @@ func TestIntakePriorityAndRetry(t *testing.T) {
 	if ev, id = submit("a", urgent, "urgent-1"); ev.Type != schemas.EventAccepted {
 		t.Fatalf("known class: %+v", ev)
 	}
-	if r, _ := tp.run(t, id); r.Request.Priority != "urgent" || !reflect.DeepEqual(r.Retry, tenantRetry) {
-		t.Fatalf("stored class %q, retry %+v; want urgent and the tenant's default %+v", r.Request.Priority, r.Retry, tenantRetry)
+	if r, _ := tp.run(t, id); r.Request.Priority != "urgent" || !reflect.DeepEqual(r.Retry, tenantRetry) || r.Spot != schemas.SpotAllowed {
+		t.Fatalf("stored class %q, retry %+v, spot %q; want urgent and the tenant's defaults %+v, allowed", r.Request.Priority, r.Retry, r.Spot, tenantRetry)
 	}
 	own := request("own-1")
 	own.Retry = &schemas.RetryPolicy{On: []schemas.RetryEvent{schemas.RetryExitNonZero, schemas.RetryNodeLost}, MaxAttempts: 5}
+	own.Spot = schemas.SpotNever
 	_, id = submit("a", own, "own-1")
-	if r, _ := tp.run(t, id); !reflect.DeepEqual(r.Retry, own.Retry) {
-		t.Fatalf("retry %+v, want the request's own %+v", r.Retry, own.Retry)
+	if r, _ := tp.run(t, id); !reflect.DeepEqual(r.Retry, own.Retry) || r.Spot != schemas.SpotNever {
+		t.Fatalf("retry %+v, spot %q; want the request's own %+v, never", r.Retry, r.Spot, own.Retry)
 	}
 	_, id = submit("b", request("none-1"), "none-1")
-	if r, _ := tp.run(t, id); r.Retry != nil {
-		t.Fatalf("tenant without a default: retry %+v, want none", r.Retry)
+	if r, _ := tp.run(t, id); r.Retry != nil || r.Spot != schemas.SpotNever {
+		t.Fatalf("tenant without a default: retry %+v, spot %q; want none, never", r.Retry, r.Spot)
 	}
 
 	// The class is removed by a reload: the submit delivered again keeps

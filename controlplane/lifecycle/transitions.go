@@ -64,7 +64,7 @@ func (p Placement) Apply(r schemas.Run) (schemas.Run, []schemas.RunEvent, error)
 		by := p.ReadyBy
 		r.ReadyBy = &by
 	}
-	r.GPUs = slices.Clone(p.GPUs)
+	r.GPUs, r.Execution = slices.Clone(p.GPUs), nil
 	r.Attempts = append(keptAttempts(r.Attempts), schemas.AttemptRecord{
 		Attempt: r.Attempt, NodeID: p.NodeID, GPUs: r.Request.Resources.GPUCount, GPUModel: p.GPUModel, PricePerHour: p.PricePerHour,
 	})

@@ -133,7 +133,7 @@ func (s *Service) checkCredential(ctx context.Context, req schemas.EnrollmentReq
 // retried over, but another enrollment — a new fencing token or
 // generation — means this one must not act.
 func (s *Service) register(ctx context.Context, req schemas.EnrollmentRequest, rec schemas.NodeRecord, known bool, session string, now time.Time) (schemas.NodeRecord, error) {
-	price := s.price(ctx, req)
+	price, spot := s.rentalTerms(ctx, req)
 	facts := req.Facts
 	facts.Normalize()
 	seenToken, seenGen := rec.FencingToken, rec.Generation
@@ -147,6 +147,7 @@ func (s *Service) register(ctx context.Context, req schemas.EnrollmentRequest, r
 		n.State, n.EnrolledAt, n.LeaseExpires = schemas.NodeReady, now, now.Add(s.LeaseTTL())
 		n.AgentVersion, n.Capacity, n.MaxWorkloads, n.PricePerHour = req.AgentVersion, req.Capacity, req.MaxWorkloads, price
 		n.Facts, n.FactsReceivedAt = &facts, now
+		n.Interruptible, n.Interruption = spot, nil
 		return nil
 	}
 	// The consumer exists before the record says the node is ready, so no
@@ -171,16 +172,20 @@ func (s *Service) register(ctx context.Context, req schemas.EnrollmentRequest, r
 	return rec, nil
 }
 
-// price is what the node costs an hour: what it declares, or, rented with
-// a capacity provider configured, what its rental does.
-func (s *Service) price(ctx context.Context, req schemas.EnrollmentRequest) float64 {
+// rentalTerms are what the node costs an hour (what it declares, or,
+// rented with a capacity provider configured, what its rental does) and
+// whether it is interruptible (its rental is spot capacity).
+func (s *Service) rentalTerms(ctx context.Context, req schemas.EnrollmentRequest) (float64, bool) {
 	if req.RentalID != "" && s.cfg.RentedPrices {
 		var rt schemas.Rental
-		if _, err := bus.GetJSON(ctx, s.rentalsKV, req.RentalID, &rt); err == nil && rt.PricePerHour > 0 {
-			return rt.PricePerHour
+		if _, err := bus.GetJSON(ctx, s.rentalsKV, req.RentalID, &rt); err == nil {
+			if rt.PricePerHour > 0 {
+				return rt.PricePerHour, rt.Interruptible
+			}
+			return req.PricePerHour, rt.Interruptible
 		}
 	}
-	return req.PricePerHour
+	return req.PricePerHour, false
 }
 
 // redeem checks an invitation against the request and deletes it at the

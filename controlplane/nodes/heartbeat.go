@@ -32,6 +32,9 @@ func (s *Service) handleHeartbeat(ctx context.Context, m *nats.Msg) {
 	}
 	now := s.cfg.Now()
 	until := now.Add(s.LeaseTTL())
+	if hb.Interruption != nil {
+		s.noteInterruption(ctx, hb)
+	}
 	switch s.cache.Heartbeat(hb.NodeID, hb.FencingToken, until) {
 	case cache.HeartbeatExtended:
 		s.heartbeats.Add(1)
@@ -64,6 +67,34 @@ func (s *Service) handleHeartbeat(ctx context.Context, m *nats.Msg) {
 		s.cache.ExtendLease(hb.NodeID, hb.FencingToken, until)
 		s.heartbeats.Add(1)
 	}
+}
+
+// noteInterruption records, once, a node's report that its provider is
+// taking the machine back: placement books nothing more there, and the
+// rental manager ends its rental as interrupted.
+func (s *Service) noteInterruption(ctx context.Context, hb schemas.Heartbeat) {
+	if n, ok := s.cache.Node(hb.NodeID); ok && n.Interruption != nil {
+		return
+	}
+	rec, rev, err := bus.UpdateJSON(ctx, s.nodesKV, hb.NodeID, func(n *schemas.NodeRecord) error {
+		if n.FencingToken != hb.FencingToken {
+			return errFenced
+		}
+		if n.Interruption != nil {
+			return bus.ErrNoChange
+		}
+		n.Interruption = hb.Interruption
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, bus.ErrNoChange) {
+			s.log.Debug("interruption notice not recorded", zap.String("node_id", hb.NodeID), zap.Error(err))
+		}
+		return
+	}
+	s.log.Warn("node reports its provider is taking it back", zap.String("node_id", hb.NodeID),
+		zap.String("source", hb.Interruption.Source), zap.Time("at", hb.Interruption.At))
+	s.cache.NoteNode(rec, rev)
 }
 
 func (s *Service) fencedHeartbeat(hb schemas.Heartbeat) {

@@ -90,6 +90,10 @@ type Request struct {
 	// node id, each with why ("attempt 1 failed here: oom_killed"): each
 	// costs Config.FailedNodePenaltySeconds more.
 	Penalties map[string]string
+	// Spot is the Run's effective spot policy (schemas.Run.Spot): an
+	// interruptible node takes the Run only when it allows spot, an
+	// on-demand one only when it allows on-demand. Empty is never.
+	Spot schemas.SpotPolicy
 }
 
 // Decide scores every node for req and returns the decision: the winner

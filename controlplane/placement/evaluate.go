@@ -140,6 +140,12 @@ func (q *query) admits(rec *schemas.NodeRecord, c *schemas.Candidate) bool {
 		return reject(c, schemas.ReasonLeaseStale, "no heartbeat since the lease expired at %s", rec.LeaseExpires.UTC().Format(time.RFC3339))
 	case rec.Facts == nil || q.now.Sub(rec.FactsReceivedAt) > q.cfg.FactsMaxAge:
 		return reject(c, schemas.ReasonFactsStale, "facts are older than %s", q.cfg.FactsMaxAge)
+	case rec.Interruption != nil:
+		return reject(c, schemas.ReasonNodeInterrupting, "node reported that its provider is taking it back (%s notice)", rec.Interruption.Source)
+	case rec.Interruptible && !q.req.Spot.AllowsSpot():
+		return reject(c, schemas.ReasonSpotNotAllowed, "node is interruptible (spot); the Run's spot policy is never: set spot to allowed to use it")
+	case !rec.Interruptible && !q.req.Spot.AllowsOnDemand():
+		return reject(c, schemas.ReasonOnDemandNotAllowed, "node is on-demand; the Run's spot policy is only")
 	}
 	return true
 }

@@ -95,6 +95,10 @@ type scenarioNode struct {
 	ArtifactsUnlisted bool              `json:"artifacts_unlisted"`
 	Running           []scenarioBooking `json:"running"`
 	Queued            []scenarioBooking `json:"queued"`
+	// Interruptible: the node is rented spot capacity; Interrupting: it
+	// reported its provider's notice that it is being taken back.
+	Interruptible bool `json:"interruptible"`
+	Interrupting  bool `json:"interrupting"`
 }
 
 type scenarioBooking struct {
@@ -156,7 +160,10 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		}
 		rec := schemas.NodeRecord{NodeID: sn.ID, State: sn.State, Capacity: sn.Capacity, MaxWorkloads: sn.MaxWorkloads, PricePerHour: sn.Price,
 			LeaseExpires: scenarioNow.Add(time.Duration(sn.LeaseIn) * time.Second), Facts: facts,
-			FactsReceivedAt: scenarioNow.Add(-time.Duration(sn.FactsAge) * time.Second), FencingToken: 1, Generation: 1}
+			FactsReceivedAt: scenarioNow.Add(-time.Duration(sn.FactsAge) * time.Second), FencingToken: 1, Generation: 1, Interruptible: sn.Interruptible}
+		if sn.Interrupting {
+			rec.Interruption = &schemas.InterruptionNotice{Source: "url", At: scenarioNow.Add(2 * time.Minute)}
+		}
 		n := NewNode(rec)
 		for i, b := range sn.Running {
 			// A running booking holds the first free cards it asks for.
@@ -179,7 +186,7 @@ func (s scenario) fleet(t *testing.T) (*Fleet, Request) {
 		t.Fatalf("scenario run is invalid: %v", err)
 	}
 	ref, _ := schemas.ParseImageRef("image", run.Image)
-	req := Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest, Penalties: s.Penalties}
+	req := Request{RunID: "r-scenario", Attempt: 1, Run: run, Digest: ref.Digest, Penalties: s.Penalties, Spot: run.Spot}
 	for _, u := range run.Artifacts {
 		a, ok := s.Artifacts[u.Name]
 		if !ok {

@@ -154,6 +154,7 @@ func TestLoadRefusesBadFile(t *testing.T) {
 	}{
 		{"invalid", write("bad.json", policyBad), "negative", "tenants.acme.budget.amount_usd"},
 		{"unknown field", write("unknown.json", `{"tenant":{}}`), "not a field", "tenant"},
+		{"bad spot", write("spot.json", `{"tenants":{"acme":{"spot":"maybe"}}}`), "never, allowed or only", "tenants.acme.spot"},
 		{"too large", write("large.json", "{}"+strings.Repeat(" ", schemas.MaxPolicyBytes)), "limit", ""},
 		{"missing", filepath.Join(dir, "none.json"), "no such file", ""},
 		{"directory", dir, "not a regular file", ""},

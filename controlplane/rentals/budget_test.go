@@ -70,8 +70,11 @@ func budgetManager(t *testing.T, budget Budget) (*Manager, *fake.Provider) {
 		t.Fatal(err)
 	}
 	log := zaptest.NewLogger(t)
-	m := New(Config{Provider: p, OwnershipToken: "own", Budget: budget, MaxRentals: 4}, placement.DefaultConfig(), conn, rentalsKV, nodesKV,
+	m, err := New(Config{Provider: p, OwnershipToken: "own", Budget: budget, MaxRentals: 4}, placement.DefaultConfig(), conn, rentalsKV, nodesKV,
 		cache.New(), nil, inviter{}, time.Now, log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	if err := m.store.start(ctx, &wg); err != nil {

@@ -1,6 +1,7 @@
 package rentals
 
 import (
+	"errors"
 	"time"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
@@ -8,12 +9,17 @@ import (
 
 // Config lets the control plane rent machines when no node fits.
 type Config struct {
+	// Connections are the provider accounts to rent from (connections.go).
+	Connections []Connection
+	// Provider, ConnectionID and OwnershipToken are a shorthand for one
+	// connection, used when Connections is empty.
 	Provider     capacity.Provider
 	ConnectionID string
 	// OwnershipToken marks every machine this deployment rents, so the
 	// janitor never touches a machine that merely resembles ours.
 	OwnershipToken string
-	// MaxRentals bounds machines rented at once (not yet terminated).
+	// MaxRentals bounds machines rented at once (not yet terminated),
+	// over every connection; each connection may bound its own too.
 	MaxRentals int
 	// IdleTimeout retires a ready rental whose node had no Run this long.
 	IdleTimeout time.Duration
@@ -45,9 +51,25 @@ type Config struct {
 	// before it is rented instead of queueing; the margin pays for the
 	// estimates being estimates. Negative disables renting past a queue.
 	RentMargin time.Duration
+	// SpotPenalty is how long a spot pool (region and card) is left out
+	// after one of its machines was interrupted; negative: never.
+	SpotPenalty time.Duration
+	// SpotInterruptionRate is the chance an interruptible machine is taken
+	// back within an hour, assumed for an offer whose provider states none.
+	SpotInterruptionRate float64
 	// Budget, when set, is asked before each rental with its expected
 	// cost: a tenant it does not allow gets no rental (nil: no budgets).
 	Budget Budget
+}
+
+// Validate refuses a Config with no connection, or a connection without
+// an id or a provider, or one id twice.
+func (c Config) Validate() error {
+	if len(c.Connections) == 0 && c.Provider == nil {
+		return errors.New("no provider connection (Connections, or Provider)")
+	}
+	_, err := newConnections(c.Connections)
+	return err
 }
 
 // Defaults fills the zero fields.
@@ -55,6 +77,10 @@ func (c *Config) Defaults() {
 	if c.ConnectionID == "" {
 		c.ConnectionID = "default"
 	}
+	if len(c.Connections) == 0 && c.Provider != nil {
+		c.Connections = []Connection{{ID: c.ConnectionID, Provider: c.Provider, OwnershipToken: c.OwnershipToken}}
+	}
+	c.Provider = nil // the shorthand is read once: every call goes through a connection
 	if c.MaxRentals <= 0 {
 		c.MaxRentals = 4
 	}
@@ -78,6 +104,12 @@ func (c *Config) Defaults() {
 	}
 	if c.ReadyEstimate <= 0 {
 		c.ReadyEstimate = 3 * time.Minute
+	}
+	if c.SpotPenalty == 0 {
+		c.SpotPenalty = 30 * time.Minute
+	}
+	if c.SpotInterruptionRate <= 0 || c.SpotInterruptionRate >= 1 {
+		c.SpotInterruptionRate = 0.05
 	}
 	if c.RentMargin == 0 {
 		c.RentMargin = time.Minute

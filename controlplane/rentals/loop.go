@@ -1,6 +1,7 @@
 package rentals
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,12 +39,20 @@ func (m *Manager) Run(ctx context.Context) {
 	wg.Go(func() { lease.run(ctx) })
 	lastJanitor := time.Time{}
 	for {
+		janitor := time.Since(lastJanitor) >= cc.JanitorInterval
+		if janitor {
+			// Every replica keeps its connections' status current; a
+			// failed one may have come back.
+			m.conns.verify(ctx, lastJanitor.IsZero(), m.now(), m.log)
+		}
 		if lease.leading() {
 			m.pass(ctx)
-			if time.Since(lastJanitor) >= cc.JanitorInterval {
+			if janitor {
 				m.janitor(ctx)
-				lastJanitor = time.Now()
 			}
+		}
+		if janitor {
+			lastJanitor = time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -90,6 +99,14 @@ func (m *Manager) drive(ctx context.Context, rt schemas.Rental, active []*schema
 		}
 	}
 	enrolled := nodeKnown && node.RentalID == rt.RentalID && node.Generation == rt.Generation && node.Live(now)
+	if enrolled && node.Interruption != nil && checkRentalTransition(rt.State, schemas.RentalInterrupted) == nil {
+		// The node's own signal: the provider told the machine it is
+		// taking it back, before its API says so.
+		return m.end(ctx, rt, schemas.RentalInterrupted, time.Time{}, "its node reported the provider's interruption notice ("+node.Interruption.Source+")")
+	}
+	if rt.State == schemas.RentalInterrupted {
+		return m.reclaim(ctx, rt)
+	}
 	switch rt.State {
 	case schemas.RentalProvisioning, schemas.RentalBooting, schemas.RentalEnrolling:
 		if since := stateSince(rt); !enrolled && !since.IsZero() && now.Sub(since) > cc.EnrollTimeout {
@@ -134,8 +151,11 @@ func (m *Manager) drive(ctx context.Context, rt schemas.Rental, active []*schema
 // machine interrupted, terminated or failed ends the attempts of the Runs
 // booked on its node.
 func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time) error {
-	cc := m.cfg
-	obs, err := cc.Provider.ObserveCapacity(ctx, capacity.Ref{ConnectionID: rt.ConnectionID, RentalID: rt.RentalID, NativeRef: rt.NativeRef, OwnershipToken: rt.OwnershipToken})
+	cc, err := m.connFor(rt)
+	if err != nil {
+		return err
+	}
+	obs, err := cc.Provider.ObserveCapacity(ctx, rentalRef(rt))
 	if errors.Is(err, capacity.ErrNotFound) && (rt.State == schemas.RentalTerminating || !cc.Provider.Support().ObserveAfterTerminate) {
 		obs, err = capacity.Observation{NativeRef: rt.NativeRef, State: capacity.StateTerminated, ObservedAt: now}, nil
 	}
@@ -151,20 +171,82 @@ func (m *Manager) observe(ctx context.Context, rt schemas.Rental, now time.Time)
 	if to == "" || to == rt.State {
 		return nil
 	}
-	if to == schemas.RentalInterrupted || to == schemas.RentalTerminated || to == schemas.RentalFailed {
-		var booked []*schemas.Run
-		for _, r := range m.cache.ActiveRuns() {
-			if r.NodeID == rt.NodeID {
-				booked = append(booked, r)
-			}
+	return m.end(ctx, rt, to, obs.StateSince, "")
+}
+
+// end moves rt to to, dated by the provider's since when it gave one;
+// why, when given, is recorded on the rental. A move that ends the machine
+// (interrupted, terminated, failed) drains its node and then ends the
+// attempts of the Runs booked there, so they go back to the queue under
+// their retry policy — after the rental is written, so the placement that
+// follows already sees an interrupted pool penalised.
+func (m *Manager) end(ctx context.Context, rt schemas.Rental, to schemas.RentalState, since time.Time, why string) error {
+	ends := to == schemas.RentalInterrupted || to == schemas.RentalTerminated || to == schemas.RentalFailed
+	if ends {
+		if err := m.drainNode(ctx, rt); err != nil {
+			return err
 		}
-		m.runs.LoseAttempts(ctx, booked, lossCause(rt.State, to), func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
 	}
-	return m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+	if to == schemas.RentalInterrupted {
+		m.log.Warn("rental interrupted", zap.String("rental_id", rt.RentalID), zap.String("region", rt.Region), zap.String("gpu_model", rt.GPUModel), zap.String("why", why))
+	}
+	if err := m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
 		if s.State != rt.State {
 			return bus.ErrNoChange // moved meanwhile; the next pass looks again
 		}
-		return setRentalState(s, to, obs.StateSince, now)
+		if why != "" {
+			s.LastError = why
+		}
+		return setRentalState(s, to, since, now)
+	}); err != nil || !ends {
+		return err
+	}
+	m.loseAttempts(ctx, rt, lossCause(rt.State, to), to)
+	return nil
+}
+
+// loseAttempts ends the attempts of the Runs booked on rt's node, with
+// code, because the rental became to. Runs no longer booked there are left
+// alone, so it may be asked again.
+func (m *Manager) loseAttempts(ctx context.Context, rt schemas.Rental, code schemas.Code, to schemas.RentalState) {
+	var booked []*schemas.Run
+	for _, r := range m.cache.ActiveRuns() {
+		if r.NodeID == rt.NodeID {
+			booked = append(booked, r)
+		}
+	}
+	m.runs.LoseAttempts(ctx, booked, code, func(string) string { return "rental " + rt.RentalID + " is " + string(to) })
+}
+
+// reclaim terminates what the provider left of an interrupted machine (a
+// stopped spot instance still bills its disk): the rental then ends like
+// any terminated one and its slot is free. Terminating a machine already
+// gone succeeds.
+func (m *Manager) reclaim(ctx context.Context, rt schemas.Rental) error {
+	// Again, in case the pass that recorded the interruption stopped
+	// before it ended the attempts.
+	m.loseAttempts(ctx, rt, schemas.CodeInterrupted, schemas.RentalInterrupted)
+	cc, err := m.connFor(rt)
+	if err != nil {
+		return err
+	}
+	rc, err := cc.Provider.TerminateCapacity(ctx, capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "interrupted"), Generation: rt.Generation})
+	if errors.Is(err, capacity.ErrNotFound) {
+		return m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+			if s.State != schemas.RentalInterrupted {
+				return bus.ErrNoChange
+			}
+			return setRentalStateBy(s, schemas.RentalTerminated, time.Time{}, schemas.StageObserved, now)
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("terminate interrupted rental %s: %w", rt.RentalID, err)
+	}
+	return m.store.update(ctx, rt.RentalID, func(s *schemas.Rental, now time.Time) error {
+		if s.State != schemas.RentalInterrupted {
+			return bus.ErrNoChange
+		}
+		return setRentalState(s, schemas.RentalTerminating, rc.AcceptedAt, now)
 	})
 }
 
@@ -188,14 +270,23 @@ func stateSince(rt schemas.Rental) time.Time {
 	return time.Time{}
 }
 
-// janitor lists what the provider says we own: a machine of a live rental
-// that lost it is adopted; one that belongs to no live rental is
-// terminated. Only machines carrying our ownership token are touched.
+// janitor lists, on every usable connection, what the provider says we
+// own: a machine of a live rental that lost it is adopted; one that
+// belongs to no live rental is terminated. Only machines carrying the
+// connection's ownership token are touched.
 func (m *Manager) janitor(ctx context.Context) {
-	cc := m.cfg
-	owned, err := cc.Provider.ListOwnedCapacity(ctx, capacity.OwnershipQuery{ConnectionID: cc.ConnectionID, OwnershipToken: cc.OwnershipToken})
+	for _, c := range m.conns.ready(ctx, m.now(), m.log) {
+		if c.Provider.Support().ListOwned {
+			m.sweep(ctx, c)
+		}
+	}
+}
+
+// sweep is the janitor's pass over one connection.
+func (m *Manager) sweep(ctx context.Context, cc *conn) {
+	owned, err := cc.Provider.ListOwnedCapacity(ctx, capacity.OwnershipQuery{ConnectionID: cc.ID, OwnershipToken: cc.OwnershipToken})
 	if err != nil {
-		m.log.Warn("janitor: list owned capacity", zap.Error(err))
+		m.log.Warn("janitor: list owned capacity", zap.String("connection_id", cc.ID), zap.Error(err))
 		return
 	}
 	for _, o := range owned {
@@ -205,6 +296,8 @@ func (m *Manager) janitor(ctx context.Context) {
 		var rt schemas.Rental
 		_, gerr := bus.GetJSON(ctx, m.store.kv, o.RentalID, &rt)
 		switch {
+		case gerr == nil && cmp.Or(rt.ConnectionID, "default") != cc.ID:
+			// Another connection's rental: this machine is not it.
 		case gerr == nil && !rt.State.Done() && rt.NativeRef == "":
 			if _, err := m.adopt(ctx, rt); err != nil {
 				m.log.Warn("janitor: adopt", zap.String("rental_id", rt.RentalID), zap.Error(err))
@@ -218,7 +311,7 @@ func (m *Manager) janitor(ctx context.Context) {
 		}
 		m.log.Warn("janitor: terminating an orphan machine", zap.String("native_ref", o.NativeRef), zap.String("rental_id", o.RentalID))
 		if _, err := cc.Provider.TerminateCapacity(ctx, capacity.Command{
-			Ref:          capacity.Ref{ConnectionID: cc.ConnectionID, RentalID: o.RentalID, NativeRef: o.NativeRef, OwnershipToken: o.OwnershipToken},
+			Ref:          capacity.Ref{ConnectionID: cc.ID, RentalID: o.RentalID, NativeRef: o.NativeRef, OwnershipToken: o.OwnershipToken},
 			OperationKey: "janitor-" + o.NativeRef, Generation: max(o.Generation, 1),
 		}); err != nil {
 			m.log.Warn("janitor: terminate orphan", zap.String("native_ref", o.NativeRef), zap.Error(err))

@@ -34,6 +34,8 @@ type Inviter interface {
 // Manager rents and drives machines.
 type Manager struct {
 	cfg       Config
+	conns     connections
+	market    *market
 	placement placement.Config
 	conn      *bus.Conn
 	nodesKV   jetstream.KeyValue
@@ -52,9 +54,25 @@ type Manager struct {
 
 // New returns a manager for cfg (defaults applied) over wf_rentals; pc
 // gives the image pull estimates the rent-or-queue policy uses.
-func New(cfg Config, pc placement.Config, conn *bus.Conn, rentalsKV, nodesKV jetstream.KeyValue, c *cache.Cache, store *runs.Store, inviter Inviter, now func() time.Time, log *zap.Logger) *Manager {
+func New(cfg Config, pc placement.Config, conn *bus.Conn, rentalsKV, nodesKV jetstream.KeyValue, c *cache.Cache, store *runs.Store, inviter Inviter, now func() time.Time, log *zap.Logger) (*Manager, error) {
 	cfg.Defaults()
-	return &Manager{cfg: cfg, placement: pc, conn: conn, nodesKV: nodesKV, store: newStore(rentalsKV, now), cache: c, runs: store, inviter: inviter, now: now, log: log}
+	conns, err := newConnections(cfg.Connections)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, conns: conns, placement: pc, conn: conn, nodesKV: nodesKV, store: newStore(rentalsKV, now), cache: c, runs: store, inviter: inviter, now: now, log: log}
+	m.market = &market{cfg: &m.cfg, placement: pc, conns: conns, now: now, log: log}
+	return m, nil
+}
+
+// Connections reports each provider connection as this replica sees it.
+func (m *Manager) Connections() []schemas.ConnectionStatus {
+	rentals := m.store.list()
+	out := make([]schemas.ConnectionStatus, 0, len(m.conns.order))
+	for _, c := range m.conns.order {
+		out = append(out, c.status(rentals))
+	}
+	return out
 }
 
 // Serve loads the rentals and answers operators' retire requests until
@@ -69,7 +87,11 @@ func (m *Manager) Serve(ctx context.Context) (stop func(), err error) {
 	stopRetire, err := requests.Serve(ctx, &m.wg, m.conn.NC, requests.Coded(bus.SubjectRetire, "body is not an AdminRequest",
 		func(r *schemas.AdminRequest) error {
 			return schemas.ValidateID("rental_id", r.ID, schemas.CodeMalformed)
-		}, m.askRetire, m.log))
+		}, m.askRetire, m.log),
+		requests.Coded(bus.SubjectConnections, "body is not an AdminRequest", func(*schemas.AdminRequest) error { return nil },
+			func(context.Context, string, schemas.AdminRequest) ([]schemas.ConnectionStatus, error) {
+				return m.Connections(), nil
+			}, m.log))
 	if err != nil {
 		cancel()
 		m.wg.Wait()

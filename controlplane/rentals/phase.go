@@ -34,10 +34,16 @@ func checkRentalTransition(from, to schemas.RentalState) error {
 }
 
 // rentalStateOf maps what a provider reports onto the rental lifecycle, from
-// where the rental is now. It returns "" when the report moves nothing.
+// where the rental is now. It returns "" when the report moves nothing. An
+// interruption moves a rental once; after it only the machine's end
+// (terminating, terminated) moves it on, since the rental loop terminates
+// whatever the provider left of it.
 func rentalStateOf(cur schemas.RentalState, obs capacity.Observation) schemas.RentalState {
-	if obs.Interrupted {
+	if obs.Interrupted && checkRentalTransition(cur, schemas.RentalInterrupted) == nil {
 		return schemas.RentalInterrupted
+	}
+	if cur == schemas.RentalInterrupted && obs.State != capacity.StateTerminating && obs.State != capacity.StateTerminated {
+		return ""
 	}
 	switch obs.State {
 	case capacity.StatePending, capacity.StateProvisioning:

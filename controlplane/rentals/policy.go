@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"go.uber.org/zap"
 
-	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -32,7 +32,7 @@ import (
 func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, error) {
 	rentals := m.store.list()
 	for _, rt := range rentals {
-		if inFlight(rt.State) && r.Request.Resources.Fits(rt.Resources) {
+		if inFlight(rt.State) && r.Request.Resources.Fits(rt.Resources) && policyAllows(r.Spot, rt.Interruptible) {
 			return true, rentalStage(rt.RentalID, rt.State), nil // on its way
 		}
 	}
@@ -43,19 +43,22 @@ func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, err
 	if err := m.withinBudget(r, 0); err != nil {
 		return false, "", err
 	}
-	offers, err := m.offersFor(ctx, r)
+	offers, err := m.market.offersFor(ctx, r)
 	if err != nil {
 		return false, "", err
 	}
-	c := m.choose(rentals, r, offers, math.Inf(1))
+	c := m.market.choose(rentals, r, offers, math.Inf(1))
 	switch {
 	case c.resume != nil:
 		if err := m.withinBudget(r, c.resume.PricePerHour); err != nil {
 			return false, "", err
 		}
 		return true, "resuming stopped rental " + c.resume.RentalID, m.resume(ctx, r, *c.resume)
+	case c.offer == nil && c.limited:
+		m.log.Info("not renting: every connection with an offer is at its limit", zap.String("run_id", r.ID), zap.String("why", c.why))
+		return true, "at the rental limit: " + c.why, nil
 	case c.offer == nil:
-		return false, "", nil
+		return false, m.market.noOffer(c), nil
 	case live(rentals) >= m.cfg.MaxRentals:
 		m.log.Info("not renting: at the rental limit", zap.String("run_id", r.ID), zap.Int("max_rentals", m.cfg.MaxRentals))
 		return true, fmt.Sprintf("at the rental limit (%d live)", m.cfg.MaxRentals), nil
@@ -63,11 +66,11 @@ func (m *Manager) RentFor(ctx context.Context, r schemas.Run) (bool, string, err
 	if err := m.withinBudget(r, offerPrice(c.offer.PricePerHour.MicrosPerHour)); err != nil {
 		return false, "", err
 	}
-	id, err := m.provision(ctx, r, *c.offer)
+	id, err := m.provision(ctx, r, c.offer, c.why)
 	if err != nil {
 		return true, "", err
 	}
-	return true, rentalStage(id, schemas.RentalRequested), nil
+	return true, rentalStage(id, schemas.RentalRequested) + " (" + c.why + ")", nil
 }
 
 // RentBeforeQueueing is asked when every node that fits r is busy (d's
@@ -108,11 +111,11 @@ func (m *Manager) RentBeforeQueueing(ctx context.Context, r schemas.Run, d schem
 	if m.withinBudget(r, 0) != nil {
 		return false, nil // no rental for a tenant past its budget: book the queue
 	}
-	offers, err := m.offersFor(ctx, r)
+	offers, err := m.market.offersFor(ctx, r)
 	if err != nil {
 		return false, err
 	}
-	c := m.choose(rentals, r, offers, queue-pull-margin)
+	c := m.market.choose(rentals, r, offers, queue-pull-margin)
 	if c.resume != nil && m.withinBudget(r, c.resume.PricePerHour) != nil ||
 		c.resume == nil && c.offer != nil && m.withinBudget(r, offerPrice(c.offer.PricePerHour.MicrosPerHour)) != nil {
 		return false, nil
@@ -130,57 +133,61 @@ func (m *Manager) RentBeforeQueueing(ctx context.Context, r schemas.Run, d schem
 	case c.offer == nil || live(rentals) >= m.cfg.MaxRentals:
 		return false, nil
 	}
-	id, err := m.provision(ctx, r, *c.offer)
+	id, err := m.provision(ctx, r, c.offer, c.why)
 	if err != nil {
 		return false, err
 	}
-	return true, m.recordRenting(ctx, r, d, id, sooner("offer "+c.offer.ID+" is ready")+": renting it")
+	return true, m.recordRenting(ctx, r, d, id, sooner("offer "+c.offer.ID+" is ready")+": renting it ("+c.why+")")
 }
 
 // choice is what choose picked: a stopped rental to resume, an offer to
-// rent, or neither; ready is its estimated seconds to running.
+// rent, or neither; ready is its estimated seconds to running, why how it
+// was chosen (or, with neither, what was left out), limited that a
+// connection's limit left an offer out.
 type choice struct {
-	resume *schemas.Rental
-	offer  *capacity.Offer
-	ready  float64
+	resume  *schemas.Rental
+	offer   *offered
+	ready   float64
+	why     string
+	limited bool
 }
 
 // choose picks the machine for r: a stopped rental that can take it, else
-// the cheapest available offer; either only when ready before within
-// seconds (+Inf: any machine beats none).
-func (m *Manager) choose(rentals []schemas.Rental, r schemas.Run, offers []capacity.Offer, within float64) choice {
-	if rt, ok := m.stoppedFor(rentals, r, offers); ok {
-		ready := m.cfg.ReadyEstimate.Seconds()
-		if i := slices.IndexFunc(offers, func(o capacity.Offer) bool { return o.ID == rt.OfferID }); i >= 0 && offers[i].ReadySeconds > 0 {
+// the offer of the lowest expected cost (spot.go); either only when ready
+// before within seconds (+Inf: any machine beats none).
+func (k *market) choose(rentals []schemas.Rental, r schemas.Run, offers []offered, within float64) choice {
+	if rt, ok := k.stoppedFor(rentals, r, offers); ok {
+		ready := k.cfg.ReadyEstimate.Seconds()
+		if i := slices.IndexFunc(offers, func(o offered) bool { return o.conn.ID == rt.ConnectionID && o.ID == rt.OfferID }); i >= 0 && offers[i].ReadySeconds > 0 {
 			ready = float64(offers[i].ReadySeconds)
 		}
 		if ready < within {
-			return choice{resume: &rt, ready: ready}
+			return choice{resume: &rt, ready: ready, why: "stopped rental " + rt.RentalID + " resumes warm"}
 		}
 	}
-	available := slices.DeleteFunc(slices.Clone(offers), func(o capacity.Offer) bool { return !o.Available })
-	slices.SortStableFunc(available, func(a, b capacity.Offer) int {
-		return cmp.Compare(a.PricePerHour.MicrosPerHour, b.PricePerHour.MicrosPerHour)
-	})
-	for i := range available {
-		ready := m.cfg.ReadyEstimate.Seconds()
-		if available[i].ReadySeconds > 0 {
-			ready = float64(available[i].ReadySeconds)
-		}
-		if ready < within {
-			return choice{offer: &available[i], ready: ready}
+	ranked, left, limited := k.rankOffers(rentals, r, offers)
+	for _, e := range ranked {
+		if e.ready < within {
+			return choice{offer: e.offer, ready: e.ready, why: explain(e, ranked, left)}
 		}
 	}
-	return choice{}
+	return choice{why: strings.Join(left, "; "), limited: limited}
 }
 
-// offersFor lists the provider's offers that match r.
-func (m *Manager) offersFor(ctx context.Context, r schemas.Run) ([]capacity.Offer, error) {
-	offers, err := m.cfg.Provider.ListCapacity(ctx, capacity.OfferQuery{Resources: r.Request.Resources, GPU: r.Request.GPU})
-	if err != nil {
-		return nil, fmt.Errorf("list offers: %w", err)
+// noOffer is what a Run waiting with no offer to rent is told: what was
+// left out, and which connections are skipped.
+func (k *market) noOffer(c choice) string {
+	var parts []string
+	if c.why != "" {
+		parts = append(parts, c.why)
 	}
-	return offers, nil
+	for _, k := range k.conns.order {
+		if !k.usable() {
+			st := k.status(nil)
+			parts = append(parts, "connection "+k.ID+" is skipped: "+cmp.Or(st.Error, st.State))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // inFlight reports whether a rental is on its way to becoming a node.
@@ -212,17 +219,17 @@ func rentalStage(id string, state schemas.RentalState) string {
 // its machine has r's resources, and its offer still answers r's query (a
 // GPU model, say) — or, when the provider no longer lists that offer, r asks
 // for no particular GPU.
-func (m *Manager) stoppedFor(rentals []schemas.Rental, r schemas.Run, matching []capacity.Offer) (schemas.Rental, bool) {
-	if !m.cfg.Provider.Support().Resume {
-		return schemas.Rental{}, false
-	}
+func (k *market) stoppedFor(rentals []schemas.Rental, r schemas.Run, matching []offered) (schemas.Rental, bool) {
 	var best schemas.Rental
 	found := false
 	for _, rt := range rentals {
-		if rt.State != schemas.RentalStopped || rt.NativeRef == "" || !r.Request.Resources.Fits(rt.Resources) {
+		if rt.State != schemas.RentalStopped || rt.NativeRef == "" || !r.Request.Resources.Fits(rt.Resources) || !policyAllows(r.Spot, rt.Interruptible) {
 			continue
 		}
-		if r.Request.GPU != nil && !slices.ContainsFunc(matching, func(o capacity.Offer) bool { return o.ID == rt.OfferID }) {
+		if c, ok := k.conns.of(rt); !ok || !c.usable() || !c.Provider.Support().Resume {
+			continue
+		}
+		if r.Request.GPU != nil && !slices.ContainsFunc(matching, func(o offered) bool { return o.conn.ID == rt.ConnectionID && o.ID == rt.OfferID }) {
 			continue
 		}
 		if !found || rt.PricePerHour < best.PricePerHour || (rt.PricePerHour == best.PricePerHour && rt.RentalID < best.RentalID) {

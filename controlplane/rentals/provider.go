@@ -16,21 +16,22 @@ import (
 
 // provision writes the rental before asking the provider, so a lost answer
 // can be found again by its id and operation key.
-func (m *Manager) provision(ctx context.Context, r schemas.Run, offer capacity.Offer) (string, error) {
-	cc := m.cfg
+func (m *Manager) provision(ctx context.Context, r schemas.Run, offer *offered, why string) (string, error) {
 	id := randid.Hex("rt-", 6)
 	now := m.now()
 	rt := schemas.Rental{
-		RentalID: id, ConnectionID: cc.ConnectionID, OfferID: offer.ID, Generation: 1, OwnershipToken: cc.OwnershipToken,
+		RentalID: id, ConnectionID: offer.conn.ID, OfferID: offer.ID, Generation: 1, OwnershipToken: offer.conn.OwnershipToken,
 		OperationKey: id + "-g1", NodeID: id, State: schemas.RentalRequested, ForRun: r.ID,
 		Resources:    schemas.Resources{CPUMillis: offer.CPUMillis, MemoryBytes: offer.MemoryBytes, GPUCount: offer.GPUCount, DiskBytes: offer.DiskBytes},
 		PricePerHour: float64(offer.PricePerHour.MicrosPerHour) / 1e6, Interruptible: offer.Interruptible,
+		Region: offer.Region, GPUModel: offer.GPUModel, Why: why,
 		CreatedAt: now, UpdatedAt: now, Stages: []schemas.RentalStage{{State: schemas.RentalRequested, At: now, Source: schemas.StageFromControlPlane}},
 	}
 	if err := m.store.create(ctx, rt); err != nil {
 		return "", fmt.Errorf("record rental: %w", err)
 	}
-	m.log.Info("renting a machine", zap.String("rental_id", id), zap.String("offer", offer.ID), zap.String("for_run", r.ID))
+	m.log.Info("renting a machine", zap.String("rental_id", id), zap.String("connection_id", offer.conn.ID), zap.String("offer", offer.ID),
+		zap.String("for_run", r.ID), zap.String("why", why))
 	return id, m.askProvider(ctx, rt)
 }
 
@@ -38,12 +39,16 @@ func (m *Manager) provision(ctx context.Context, r schemas.Run, offer capacity.O
 // provision with a fresh bootstrap, and records the answer.
 func (m *Manager) askProvider(ctx context.Context, rt schemas.Rental) error {
 	cc := m.cfg
+	c, err := m.connFor(rt)
+	if err != nil {
+		return err
+	}
 	boot, err := m.inviter.Invite(ctx, schemas.InviteRequest{NodeID: rt.NodeID, RentalID: rt.RentalID, Generation: rt.Generation, TTLSeconds: 3600})
 	if err != nil {
 		return err
 	}
-	rc, err := cc.Provider.ProvisionCapacity(ctx, capacity.ProvisionCommand{
-		ConnectionID: cc.ConnectionID, OperationKey: rt.OperationKey, RentalID: rt.RentalID, Generation: rt.Generation,
+	rc, err := c.Provider.ProvisionCapacity(ctx, capacity.ProvisionCommand{
+		ConnectionID: c.ID, OperationKey: rt.OperationKey, RentalID: rt.RentalID, Generation: rt.Generation,
 		OwnershipToken: rt.OwnershipToken, OfferID: rt.OfferID, Resources: rt.Resources, Bootstrap: boot,
 		Interruptible: rt.Interruptible, MaxLifetimeSeconds: int64(cc.MaxLifetime / time.Second),
 	})
@@ -100,8 +105,11 @@ func (m *Manager) resume(ctx context.Context, r schemas.Run, rt schemas.Rental) 
 // refusal means the machine cannot come back: it is terminated, and the
 // next scheduling pass rents afresh.
 func (m *Manager) startRental(ctx context.Context, rt schemas.Rental) error {
-	cc := m.cfg
-	_, err := cc.Provider.StartCapacity(ctx, capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "start"), Generation: rt.Generation})
+	cc, err := m.connFor(rt)
+	if err != nil {
+		return err
+	}
+	_, err = cc.Provider.StartCapacity(ctx, capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "start"), Generation: rt.Generation})
 	if err == nil {
 		return nil
 	}
@@ -128,7 +136,10 @@ func (m *Manager) startRental(ctx context.Context, rt schemas.Rental) error {
 // abandon gives up a rental whose machine never became a node: the rental
 // records why and terminates it. The next scheduling pass rents afresh.
 func (m *Manager) abandon(ctx context.Context, rt schemas.Rental, why string) error {
-	cc := m.cfg
+	cc, err := m.connFor(rt)
+	if err != nil {
+		return err
+	}
 	m.log.Warn("abandoning a rental", zap.String("rental_id", rt.RentalID), zap.String("state", string(rt.State)), zap.String("why", why))
 	// Terminate first: a refusal leaves the rental as it was, and the next
 	// pass tries again.
@@ -149,21 +160,17 @@ func (m *Manager) abandon(ctx context.Context, rt schemas.Rental, why string) er
 // it come back warm, and terminates it otherwise. Its node is drained first
 // so nothing new lands on it.
 func (m *Manager) retire(ctx context.Context, rt schemas.Rental) error {
-	cc := m.cfg
-	if _, _, err := bus.UpdateJSON(ctx, m.nodesKV, rt.NodeID, func(n *schemas.NodeRecord) error {
-		if n.State == schemas.NodeDraining {
-			return bus.ErrNoChange
-		}
-		n.State = schemas.NodeDraining
-		return nil
-	}); err != nil && !errors.Is(err, bus.ErrNoChange) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	cc, err := m.connFor(rt)
+	if err != nil {
+		return err
+	}
+	if err := m.drainNode(ctx, rt); err != nil {
 		return err
 	}
 	sup := cc.Provider.Support()
 	cmd := capacity.Command{Ref: rentalRef(rt), OperationKey: cycleKey(rt, "retire"), Generation: rt.Generation}
 	to, verb := schemas.RentalTerminating, "terminate"
 	var rc capacity.Receipt
-	var err error
 	if sup.Stop && sup.Resume && sup.PersistentDisk {
 		to, verb = schemas.RentalStopping, "stop"
 		rc, err = cc.Provider.StopCapacity(ctx, cmd)
@@ -180,9 +187,27 @@ func (m *Manager) retire(ctx context.Context, rt schemas.Rental) error {
 	})
 }
 
+// drainNode marks rt's node draining (of this rental's cycle only), so
+// nothing new is booked on a machine being retired or taken away.
+func (m *Manager) drainNode(ctx context.Context, rt schemas.Rental) error {
+	if _, _, err := bus.UpdateJSON(ctx, m.nodesKV, rt.NodeID, func(n *schemas.NodeRecord) error {
+		if n.State == schemas.NodeDraining || n.State == schemas.NodeLost || n.RentalID != rt.RentalID || n.Generation != rt.Generation {
+			return bus.ErrNoChange
+		}
+		n.State = schemas.NodeDraining
+		return nil
+	}); err != nil && !errors.Is(err, bus.ErrNoChange) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("drain node %s: %w", rt.NodeID, err)
+	}
+	return nil
+}
+
 // adopt looks for a rental's machine among the provider's owned capacity.
 func (m *Manager) adopt(ctx context.Context, rt schemas.Rental) (bool, error) {
-	cc := m.cfg
+	cc, err := m.connFor(rt)
+	if err != nil {
+		return false, err
+	}
 	owned, err := cc.Provider.ListOwnedCapacity(ctx, capacity.OwnershipQuery{ConnectionID: rt.ConnectionID, OwnershipToken: rt.OwnershipToken, RentalID: rt.RentalID})
 	if err != nil {
 		return false, fmt.Errorf("list owned: %w", err)
@@ -205,6 +230,20 @@ func (m *Manager) adopt(ctx context.Context, rt schemas.Rental) (bool, error) {
 	}
 	return false, nil
 }
+
+// connFor is the connection rt was made through, or an error naming it
+// when this control plane no longer has it configured (the rental is left
+// as it is; the janitor of a control plane that has it still sees it).
+func (m *Manager) connFor(rt schemas.Rental) (*conn, error) {
+	c, ok := m.conns.of(rt)
+	if !ok {
+		return nil, fmt.Errorf("rental %s: connection %q is not configured: %w", rt.RentalID, rt.ConnectionID, ErrUnknownConnection)
+	}
+	return c, nil
+}
+
+// ErrUnknownConnection reports a rental of a connection not configured.
+var ErrUnknownConnection = errors.New("rentals: unknown provider connection")
 
 // ErrRentalMoved reports that a rental changed under a decision about it.
 var ErrRentalMoved = errors.New("rentals: the rental moved meanwhile")

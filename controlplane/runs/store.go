@@ -126,11 +126,11 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 // event. When first returns a transition, it is applied in the same write (intake's
 // early decision). It reports true, with the stored Run, when the Run
 // already existed.
-func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas.RunRequest, artifacts []schemas.ArtifactMount, retry *schemas.RetryPolicy, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
+func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas.RunRequest, artifacts []schemas.ArtifactMount, pol Policy, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
 	now := s.cfg.Now()
 	run := schemas.Run{
 		ID: schemas.RunIDFor(tenant, req.RequestID), Tenant: tenant, SubmittedBy: identity, Request: req, Phase: schemas.PhaseAccepted,
-		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts, Retry: retry,
+		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts, Retry: pol.Retry, Spot: pol.Spot,
 	}
 	accepted := schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted}
 	var more []schemas.RunEvent
@@ -163,6 +163,13 @@ func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas
 		return run, false, err
 	}
 	return run, false, nil
+}
+
+// Policy is what intake resolved for a new Run from its request and its
+// tenant's policy; the Run keeps it whatever the policy later says.
+type Policy struct {
+	Retry *schemas.RetryPolicy
+	Spot  schemas.SpotPolicy
 }
 
 // foldDecision moves a decision made at intake that leaves the Run

@@ -102,7 +102,7 @@ func (e *storeEnv) replica() (*Store, *cache.Cache) {
 
 func (e *storeEnv) create(t *testing.T, requestID string) schemas.Run {
 	t.Helper()
-	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, nil, func(schemas.Run) lifecycle.Transition { return nil })
+	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID}, nil, Policy{}, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil || existed {
 		t.Fatalf("create %s: existed %v, %v", requestID, existed, err)
 	}
@@ -319,7 +319,7 @@ func TestCreate(t *testing.T) {
 		decidedWith = r.Retry
 		return lifecycle.NoNodeFits(schemas.BookingDecision{RunID: r.ID}, "")
 	}
-	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, retry, first)
+	r, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, Policy{Retry: retry}, first)
 	if err != nil || existed {
 		t.Fatalf("create: existed %v, %v", existed, err)
 	}
@@ -329,7 +329,7 @@ func TestCreate(t *testing.T) {
 	if r.Waiting != "no nodes enrolled" || len(r.Outbox) != 1 || r.Outbox[0].Decision == nil || r.Outbox[0].Code != schemas.CodeNoCapacity {
 		t.Fatalf("the wait is not folded into the accepted event: %+v", r)
 	}
-	again, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, nil, func(schemas.Run) lifecycle.Transition { return lifecycle.Cancellation{} })
+	again, existed, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, req, nil, Policy{}, func(schemas.Run) lifecycle.Transition { return lifecycle.Cancellation{} })
 	if err != nil || !existed || again.Phase != schemas.PhaseAccepted || again.EventSeq != 1 {
 		t.Fatalf("second create: existed %v, %+v, %v", existed, again, err)
 	}

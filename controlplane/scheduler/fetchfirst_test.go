@@ -6,6 +6,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
+	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -17,7 +18,7 @@ const coldImage = "registry.example/cold@sha256:b172cedcae47474b615c54d510a5d84a
 func (e *env) submitImage(requestID, ref string, cpu, maxRuntime int64) schemas.Run {
 	e.t.Helper()
 	r, _, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID, Image: ref,
-		Resources: schemas.Resources{CPUMillis: cpu}, MaxRuntimeSeconds: maxRuntime}, nil, nil, func(schemas.Run) lifecycle.Transition { return nil })
+		Resources: schemas.Resources{CPUMillis: cpu}, MaxRuntimeSeconds: maxRuntime}, nil, runs.Policy{}, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func (e *env) submit(requestID string, cpu int64, age time.Duration) schemas.Run
 	e.now = now.Add(-age)
 	defer func() { e.now = now }()
 	r, _, err := e.store.Create(e.ctx, schemas.DefaultTenant, bus.OperatorUser, schemas.RunRequest{RequestID: requestID, Image: image, Resources: schemas.Resources{CPUMillis: cpu}},
-		nil, nil, func(schemas.Run) lifecycle.Transition { return nil })
+		nil, runs.Policy{}, func(schemas.Run) lifecycle.Transition { return nil })
 	if err != nil {
 		e.t.Fatal(err)
 	}

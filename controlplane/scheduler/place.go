@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,6 +46,9 @@ func (s *Scheduler) apply(ctx context.Context, actions []queue.Action, pol *poli
 // rate for what r holds.
 func (s *Scheduler) place(ctx context.Context, r schemas.Run, a queue.Action, pol *policy.Snapshot, fleet *placement.Fleet) error {
 	d := a.Decision
+	if took, err := s.toLane(ctx, r, d, winnerStart(d)); took || err != nil {
+		return err
+	}
 	if d.WinnerQueued && s.renter != nil {
 		// Every node that fits is busy: a fresh machine may start it sooner.
 		if renting, err := s.renter.RentBeforeQueueing(ctx, r, d); renting || (err != nil && !budgetRefused(err)) {
@@ -86,6 +90,9 @@ func (s *Scheduler) waitFor(ctx context.Context, r schemas.Run, a queue.Action) 
 // provider is configured; it fails r when no node ever could. A provider
 // that refuses for r's tenant's budget leaves r waiting on the budget.
 func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDecision) error {
+	if took, err := s.toLane(ctx, r, d, math.Inf(1)); took || err != nil {
+		return err
+	}
 	coming, renting := false, ""
 	if s.renter != nil {
 		var err error
@@ -110,6 +117,26 @@ func (s *Scheduler) wait(ctx context.Context, r schemas.Run, d schemas.BookingDe
 	}
 	_, err := s.runs.Advance(ctx, r.ID, t, false)
 	return err
+}
+
+// toLane offers r to the ephemeral lane, when there is one, against a
+// node that starts it in start seconds.
+func (s *Scheduler) toLane(ctx context.Context, r schemas.Run, d schemas.BookingDecision, start float64) (bool, error) {
+	if s.cfg.Lane == nil {
+		return false, nil
+	}
+	d.RunID, d.Attempt, d.DecidedAt = r.ID, r.Attempt+1, s.cfg.Now()
+	return s.cfg.Lane.Take(ctx, r, d, start)
+}
+
+// winnerStart is when d's winner would start its Run, in seconds.
+func winnerStart(d schemas.BookingDecision) float64 {
+	for _, c := range d.Candidates {
+		if c.NodeID == d.Winner {
+			return c.Components.StartSeconds
+		}
+	}
+	return math.Inf(1)
 }
 
 // budgetRefused reports whether err is a capacity provider's refusal for
@@ -209,7 +236,7 @@ func (s *Scheduler) decide(r *schemas.Run, fleet *placement.Fleet, pol *policy.S
 		cfg.GPUHourPrice = price // the policy's price of a card held idle
 	}
 	start := time.Now()
-	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest, Artifacts: r.Artifacts,
+	d := placement.Decide(placement.Request{RunID: r.ID, Attempt: r.Attempt + 1, Run: r.Request, Digest: ref.Digest, Artifacts: r.Artifacts, Spot: r.Spot,
 		Penalties: penalties(r.Attempts)}, fleet, now, cfg)
 	s.stats.DecisionNanos.Add(time.Since(start).Nanoseconds())
 	s.stats.Decisions.Add(1)

@@ -44,6 +44,20 @@ type Config struct {
 	Policy policy.Source
 	// Budgets says whether a tenant is past its budget; nil: no budgets.
 	Budgets Budgets
+	// Lane is the ephemeral lane; nil: none.
+	Lane Lane
+}
+
+// Lane runs Runs as one-shot executions on a provider's serverless
+// product (controlplane/lane).
+type Lane interface {
+	// Take books r on the lane when it allows it and the lane starts it
+	// sooner than start (seconds until the best node would, +Inf when none
+	// takes it now) and than a rental; it reports whether it did.
+	Take(ctx context.Context, r schemas.Run, d schemas.BookingDecision, start float64) (bool, error)
+	// Owns reports whether r's attempt is booked on the lane, which then
+	// owns its steps.
+	Owns(r schemas.Run) bool
 }
 
 // Budgets reports tenants' spending against their budgets.
@@ -186,13 +200,16 @@ func (s *Scheduler) plan(pol *policy.Snapshot, booked, waiting []*schemas.Run, f
 		Decide: func(r *schemas.Run, f *placement.Fleet) (schemas.BookingDecision, error) {
 			return s.decide(r, f, pol, now)
 		},
-		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil}, memo)
+		UnknownRuntime: s.cfg.Placement.UnknownRuntime, DecideAll: s.renter != nil || s.cfg.Lane != nil}, memo)
 }
 
 // step gives r the step it is due, other than placing it; it reports
 // whether r waits for a decision.
 func (s *Scheduler) step(ctx context.Context, rp *schemas.Run, now time.Time, snapshot func() *placement.Fleet) bool {
 	r := *rp
+	if s.cfg.Lane != nil && s.cfg.Lane.Owns(r) {
+		return false // the lane drives its executions
+	}
 	var token uint64
 	if r.NodeID != "" {
 		if n, ok := s.cache.Node(r.NodeID); ok {

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"time"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
@@ -81,12 +82,36 @@ func checkSpot(h *harness) {
 		}
 		spot := h.command(h.rental(), 1)
 		spot.OfferID, spot.Interruptible = o.ID, true
-		if r := h.mustProvision(spot); !r.Interruptible {
+		r := h.mustProvision(spot)
+		if !r.Interruptible {
 			h.t.Errorf("provision of spot offer %s came back on-demand", o.ID)
+		}
+		if h.o.Interrupt != nil {
+			checkInterruption(h, spot.Ref(r.NativeRef))
 		}
 		return
 	}
 	h.t.Log("Support.Spot holds but no interruptible offer is listed now")
+}
+
+// checkInterruption: a spot machine the market takes back is reported
+// interrupted (a different fact from a stop), and stays so until it is
+// gone; terminating what is left of it succeeds.
+func checkInterruption(h *harness, ref capacity.Ref) {
+	// A market may take it back before it runs; that is an interruption too.
+	h.await(ref, "running", func(o capacity.Observation, err error) bool {
+		return err == nil && (o.State == capacity.StateRunning || o.Interrupted)
+	})
+	h.o.Interrupt(h.t, h.p, ref.NativeRef)
+	obs, _ := h.await(ref, "interrupted", func(o capacity.Observation, err error) bool { return err == nil && o.Interrupted })
+	if !obs.Interrupted {
+		h.t.Fatalf("an interrupted machine is observed %+v", obs)
+	}
+	if _, err := retry(h, func() (capacity.Receipt, error) {
+		return h.p.TerminateCapacity(h.ctx, capacity.Command{Ref: ref, OperationKey: ref.RentalID + "-reclaim", Generation: 1})
+	}); err != nil && !errors.Is(err, capacity.ErrNotFound) {
+		h.t.Errorf("terminate an interrupted machine: %v", err)
+	}
 }
 
 // checkMaxLifetime: where the provider enforces MaxLifetimeSeconds, a

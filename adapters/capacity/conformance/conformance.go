@@ -55,6 +55,10 @@ type Options struct {
 	// look-alike part of the ownership check.
 	PlantForeign func(t *testing.T, p capacity.Provider, rentalID, foreignToken string) string
 
+	// Interrupt takes an interruptible machine back as the provider's spot
+	// market would. Nil skips the interruption part of the spot check.
+	Interrupt func(t *testing.T, p capacity.Provider, nativeRef string)
+
 	// Retries is how often an ambiguous or rate-limited call is retried
 	// (the same command, as a real caller would): 8 when zero.
 	Retries int

@@ -16,6 +16,9 @@ func checkDeclaration(h *harness) {
 	if decl.Type == "" {
 		h.t.Error("Declaration.Type is empty")
 	}
+	if decl.Lane != capacity.LaneNodes {
+		h.t.Errorf("Declaration.Lane = %q; a capacity provider's machines are the %q lane", decl.Lane, capacity.LaneNodes)
+	}
 	if decl.Capacity == nil {
 		h.t.Fatal("Declaration.Capacity is nil for a capacity.Provider")
 	}

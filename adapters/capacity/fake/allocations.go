@@ -111,3 +111,24 @@ func (p *Provider) Trace() []string {
 func (p *Provider) tracef(format string, args ...any) {
 	p.trace = append(p.trace, p.clock.Now().Format(time.RFC3339Nano)+" "+fmt.Sprintf(format, args...))
 }
+
+// Interrupt reclaims an interruptible machine now, as the spot market
+// does: it is terminated and observed interrupted. It reports whether the
+// machine was one to interrupt.
+func (p *Provider) Interrupt(nativeRef string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.machines[nativeRef]
+	if m == nil || !m.interruptible {
+		return false
+	}
+	now := p.clock.Now()
+	m.advance(now)
+	if m.state == capacity.StateTerminated {
+		return false
+	}
+	m.endAt, m.endInterrupted = now, true
+	m.advance(now)
+	p.tracef("interrupt %s", nativeRef)
+	return true
+}

@@ -96,7 +96,7 @@ func DefaultOffers() []capacity.Offer {
 		{ID: "fake-h100x8", Provider: "fake", Region: "fake-east", GPUModel: "H100", GPUCount: 8, GPUMemoryBytes: 80 << 30,
 			CPUMillis: 192000, MemoryBytes: 2048 << 30, DiskBytes: 8192 << 30, PricePerHour: usd(2400, true), Available: true},
 		{ID: "fake-a100x1-spot", Provider: "fake", Region: "fake-west", GPUModel: "A100", GPUCount: 1, GPUMemoryBytes: 80 << 30,
-			CPUMillis: 16000, MemoryBytes: 128 << 30, DiskBytes: 512 << 30, PricePerHour: usd(70, true), Interruptible: true, Available: true},
+			CPUMillis: 16000, MemoryBytes: 128 << 30, DiskBytes: 512 << 30, PricePerHour: usd(70, true), Interruptible: true, InterruptionRate: 0.05, Available: true},
 		{ID: "fake-b200x8", Provider: "fake", Region: "fake-west", GPUModel: "B200", GPUCount: 8, GPUMemoryBytes: 192 << 30,
 			CPUMillis: 224000, MemoryBytes: 2048 << 30, DiskBytes: 8192 << 30, PricePerHour: usd(4000, true), Available: false},
 	}

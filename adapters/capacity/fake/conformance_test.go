@@ -23,6 +23,9 @@ var hooks = conformance.Options{
 	PlantForeign: func(_ *testing.T, p capacity.Provider, rental, token string) string {
 		return p.(*fake.Provider).PlantForeign(rental, token)
 	},
+	Interrupt: func(_ *testing.T, p capacity.Provider, ref string) {
+		p.(*fake.Provider).Interrupt(ref)
+	},
 	TransientStockOuts: true,
 	Retries:            24,
 }

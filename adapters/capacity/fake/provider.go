@@ -75,7 +75,7 @@ func (p *Provider) Support() capacity.Support { return p.support }
 // Declaration states the adapter type and its capacity support.
 func (p *Provider) Declaration() capacity.Declaration {
 	s := p.support
-	return capacity.Declaration{Type: Type, Capacity: &s}
+	return capacity.Declaration{Type: Type, Lane: capacity.LaneNodes, Capacity: &s}
 }
 
 // Verify fails only when credentials are configured to be refused.

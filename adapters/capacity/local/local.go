@@ -62,8 +62,10 @@ type Offer = capacity.Offer
 
 // Provider rents local machines.
 type Provider struct {
-	launch      Launcher
-	offer       capacity.Offer
+	launch Launcher
+	offer  capacity.Offer
+	// spot, when set, is a second, interruptible offer (WithSpotOffer).
+	spot        *capacity.Offer
 	now         func() time.Time
 	suspendable bool
 	// nonce makes native refs unique across providers (a restarted
@@ -86,6 +88,10 @@ type machine struct {
 	state capacity.State
 	since time.Time
 	boot  schemas.NodeBootstrap
+	// offer is what the machine was rented as; interrupted that Interrupt
+	// took it back.
+	offer       capacity.Offer
+	interrupted bool
 }
 
 // New returns a provider that launches machines with launch and lists offer
@@ -117,24 +123,29 @@ func (p *Provider) Support() capacity.Support {
 	if p.suspendable {
 		s.Stop, s.Resume, s.PersistentDisk = true, true, true
 	}
+	s.Spot = p.spot != nil
 	return s
 }
 
 // Declaration describes the adapter.
 func (p *Provider) Declaration() capacity.Declaration {
 	s := p.Support()
-	return capacity.Declaration{Type: "local", Capacity: &s}
+	return capacity.Declaration{Type: "local", Lane: capacity.LaneNodes, Capacity: &s}
 }
 
 // Verify has nothing to check.
 func (p *Provider) Verify(context.Context) error { return nil }
 
-// ListCapacity lists the one offer when it matches.
+// ListCapacity lists the offers that match: the on-demand one, and the
+// spot one when there is one.
 func (p *Provider) ListCapacity(_ context.Context, q capacity.OfferQuery) ([]capacity.Offer, error) {
-	if !q.Matches(p.offer) {
-		return nil, nil
+	var out []capacity.Offer
+	for _, o := range p.offers() {
+		if q.Matches(o) {
+			out = append(out, o)
+		}
 	}
-	return []capacity.Offer{p.offer}, nil
+	return out, nil
 }
 
 // ProvisionCapacity launches a machine, once per operation key. A
@@ -148,7 +159,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 	if ref, ok := p.byKey[cmd.OperationKey]; ok {
 		m := p.machines[ref]
 		p.mu.Unlock()
-		return capacity.Receipt{NativeRef: ref, State: m.state, AcceptedAt: m.owned.CreatedAt, Duplicate: true, Pricing: p.offer.PricePerHour}, nil
+		return capacity.Receipt{NativeRef: ref, State: m.state, AcceptedAt: m.owned.CreatedAt, Duplicate: true, Pricing: m.offer.PricePerHour, Interruptible: m.offer.Interruptible}, nil
 	}
 	if g := p.rentalGen[cmd.RentalID]; cmd.Generation < g {
 		p.mu.Unlock()
@@ -158,7 +169,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 	p.seq++
 	ref := fmt.Sprintf("local-%s-%d", p.nonce, p.seq)
 	now := p.now()
-	m := &machine{state: capacity.StateBooting, since: now, boot: cmd.Bootstrap, owned: capacity.OwnedCapacity{
+	m := &machine{state: capacity.StateBooting, since: now, boot: cmd.Bootstrap, offer: p.offerFor(cmd), owned: capacity.OwnedCapacity{
 		NativeRef: ref, ConnectionID: cmd.ConnectionID, RentalID: cmd.RentalID, Generation: cmd.Generation,
 		OwnershipToken: cmd.OwnershipToken, OperationKey: cmd.OperationKey, State: capacity.StateBooting, CreatedAt: now}}
 	p.machines[ref], p.byKey[cmd.OperationKey] = m, ref
@@ -179,7 +190,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 		return capacity.Receipt{}, fmt.Errorf("local: launch %s: %w", ref, err)
 	}
 	m.m, m.state, m.since = mach, capacity.StateRunning, p.now()
-	return capacity.Receipt{NativeRef: ref, State: capacity.StateRunning, AcceptedAt: now, Pricing: p.offer.PricePerHour}, nil
+	return capacity.Receipt{NativeRef: ref, State: capacity.StateRunning, AcceptedAt: now, Pricing: m.offer.PricePerHour, Interruptible: m.offer.Interruptible}, nil
 }
 
 // ObserveCapacity reports a machine; one whose agent exited on its own is
@@ -201,7 +212,7 @@ func (p *Provider) ObserveCapacity(_ context.Context, ref capacity.Ref) (capacit
 		default:
 		}
 	}
-	return capacity.Observation{NativeRef: ref.NativeRef, State: m.state, ObservedAt: p.now(), StateSince: m.since}, nil
+	return capacity.Observation{NativeRef: ref.NativeRef, State: m.state, ObservedAt: p.now(), StateSince: m.since, Interrupted: m.interrupted}, nil
 }
 
 // acquire finds the machine a command names, serialises it against other
@@ -269,7 +280,7 @@ func (p *Provider) changePower(ctx context.Context, cmd capacity.Command, c powe
 	switch m.state {
 	case c.to:
 		defer p.mu.Unlock()
-		return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: p.now(), Duplicate: true, Pricing: p.offer.PricePerHour}, nil
+		return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: p.now(), Duplicate: true, Pricing: m.offer.PricePerHour, Interruptible: m.offer.Interruptible}, nil
 	case c.from:
 	default:
 		defer p.mu.Unlock()
@@ -287,7 +298,7 @@ func (p *Provider) changePower(ctx context.Context, cmd capacity.Command, c powe
 		return capacity.Receipt{}, fmt.Errorf("local: %s %s: %w", c.verb, cmd.NativeRef, err)
 	}
 	m.state, m.since = c.to, p.now()
-	return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: accepted, Pricing: p.offer.PricePerHour}, nil
+	return capacity.Receipt{NativeRef: cmd.NativeRef, State: m.state, AcceptedAt: accepted, Pricing: m.offer.PricePerHour, Interruptible: m.offer.Interruptible}, nil
 }
 
 // TerminateCapacity stops the machine's agent and releases what it holds.

@@ -63,10 +63,12 @@ func (s *suspendable) Resume(context.Context) error {
 	return nil
 }
 
-func newProvider(t *testing.T) capacity.Provider {
+func newProvider(t *testing.T) capacity.Provider { return newProviderWith(t) }
+
+func newProviderWith(_ *testing.T, opts ...local.Option) capacity.Provider {
 	return local.New(func(context.Context, string, schemas.NodeBootstrap) (local.Machine, error) {
 		return &process{done: make(chan struct{})}, nil
-	}, localOffer)
+	}, localOffer, opts...)
 }
 
 var localOffer = capacity.Offer{ID: "local", CPUMillis: 2000, MemoryBytes: 1 << 30, PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 100_000, Exact: true}}
@@ -91,6 +93,19 @@ func received(t *testing.T, p capacity.Provider, ref string) ([]byte, bool) {
 
 func TestConformance(t *testing.T) {
 	conformance.Run(t, newProvider, conformance.Options{Received: received})
+}
+
+// TestConformance_Spot runs the suite against a provider with a spot
+// offer, which Interrupt takes back.
+func TestConformance_Spot(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) capacity.Provider {
+		return newProviderWith(t, local.WithSpotOffer(capacity.Offer{ID: "local-spot", CPUMillis: 1000, MemoryBytes: 1 << 30,
+			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 1000}}))
+	}, conformance.Options{Received: received, Interrupt: func(t *testing.T, p capacity.Provider, ref string) {
+		if err := p.(*local.Provider).Interrupt(context.Background(), ref); err != nil {
+			t.Fatal(err)
+		}
+	}})
 }
 
 // TestConformance_StopResume runs the suite against local machines that

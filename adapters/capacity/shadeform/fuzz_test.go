@@ -2,22 +2,14 @@ package shadeform
 
 import (
 	"encoding/json"
-	"net/http"
-	"strings"
 	"testing"
-	"time"
-	"unicode/utf8"
-
-	"github.com/warmfleet/warmfleet/adapters/capacity"
 )
 
 // The decoders read whatever Shadeform (or anything in between) sends.
 // Whatever the bytes, they must not panic, and what they let through must
 // be usable: offers with non-negative quantities and IDs that parse back,
 // states from our vocabulary, observations that never carry the launch
-// configuration, errors that never carry the key.
-
-const fuzzKey = "sk-fuzz-0123456789abcdef"
+// configuration. (Errors: apicall.FuzzStatusError.)
 
 func FuzzDecodeInstanceTypes(f *testing.F) {
 	f.Add([]byte(`{"instance_types":[{"cloud":"aws","region":"us-east-1","shade_instance_type":"A100_80G","hourly_price":210,` +
@@ -106,41 +98,6 @@ func FuzzDecodeInstances(f *testing.F) {
 					}
 				}
 			}
-		}
-	})
-}
-
-func FuzzDecodeAPIError(f *testing.F) {
-	f.Add(429, "7", []byte(`{"error":"rate limited"}`))
-	f.Add(409, "", []byte(`{"error":"out of stock; your key `+fuzzKey+` is fine"}`))
-	f.Add(500, "Fri, 01 Mar 2030 12:00:30 GMT", []byte("<html>\x00\xff"+strings.ToUpper(fuzzKey)+"</html>"))
-	f.Add(401, "-1", []byte(`{"error":{"code":"E","message":"`+fuzzKey[:10]+`"}}`))
-	now := time.Date(2030, time.March, 1, 12, 0, 0, 0, time.UTC)
-	key := NewAPIKey(fuzzKey)
-	f.Fuzz(func(t *testing.T, status int, retry string, body []byte) {
-		h := http.Header{}
-		h.Set("Retry-After", retry)
-		e := apiError(key, "provision", "r1", status, h, body, now)
-		text := e.Error()
-		if strings.Contains(strings.ToLower(text), strings.ToLower(fuzzKey)) {
-			t.Fatalf("error shows the key: %q", text)
-		}
-		if !utf8.ValidString(e.Message) {
-			t.Fatalf("message is not UTF-8: %q", e.Message)
-		}
-		if len(e.Message) > maxMessageBytes+len("HTTP -9223372036854775808: ")+len("…") {
-			t.Fatalf("message of %d bytes", len(e.Message))
-		}
-		if e.RetryAfter < 0 || e.RetryAfter > maxRetryAfter || (e.RetryAfter > 0 && e.Code != capacity.CodeRateLimited) {
-			t.Fatalf("retry after %v with code %q", e.RetryAfter, e.Code)
-		}
-		switch e.Code {
-		case "", capacity.CodeUnauthorized, capacity.CodeNotFound, capacity.CodeRateLimited, capacity.CodeOutOfStock, capacity.CodeInvalid:
-		default:
-			t.Fatalf("unexpected code %q", e.Code)
-		}
-		if (status == 401 || status == 403) != (e.Code == capacity.CodeUnauthorized) {
-			t.Fatalf("status %d mapped to %q", status, e.Code)
 		}
 	})
 }

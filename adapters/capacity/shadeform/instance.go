@@ -68,7 +68,7 @@ func (p *Provider) TerminateCapacity(ctx context.Context, cmd capacity.Command) 
 	case capacity.StateTerminating, capacity.StateTerminated:
 		return p.receipt(in, true), nil
 	}
-	_, err = p.call(ctx, op, cmd.NativeRef, http.MethodPost, "/instances/"+url.PathEscape(cmd.NativeRef)+"/delete", nil)
+	_, err = p.api.Call(ctx, op, cmd.NativeRef, http.MethodPost, "/instances/"+url.PathEscape(cmd.NativeRef)+"/delete", nil)
 	if errors.Is(err, capacity.ErrNotFound) {
 		return gone, nil
 	}

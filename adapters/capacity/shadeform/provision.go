@@ -66,7 +66,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 		deadline := p.now().Add(time.Duration(cmd.MaxLifetimeSeconds) * time.Second).UTC()
 		req.AutoDelete = &wireAutoDelete{DateThreshold: deadline.Format(time.RFC3339)}
 	}
-	body, err := p.call(ctx, op, cmd.RentalID, http.MethodPost, "/instances/create", req)
+	body, err := p.api.Call(ctx, op, cmd.RentalID, http.MethodPost, "/instances/create", req)
 	if err != nil {
 		// Uncoded errors here (a lost response) leave an instance that the
 		// next attempt with this OperationKey finds by its tags.
@@ -74,7 +74,7 @@ func (p *Provider) ProvisionCapacity(ctx context.Context, cmd capacity.Provision
 	}
 	created, err := decodeCreate(body)
 	if err != nil {
-		return capacity.Receipt{}, p.decodeError(op, cmd.RentalID, err)
+		return capacity.Receipt{}, p.api.DecodeError(op, cmd.RentalID, err)
 	}
 	p.log.Info("shadeform instance created", zap.String("instance", created.ID), zap.String("rental", cmd.RentalID),
 		zap.Uint64("generation", cmd.Generation), zap.String("offer", cmd.OfferID))
@@ -97,13 +97,13 @@ func (p *Provider) receipt(in wireInstance, dup bool) capacity.Receipt {
 }
 
 func (p *Provider) listInstances(ctx context.Context, op, ref string) ([]wireInstance, error) {
-	body, err := p.call(ctx, op, ref, http.MethodGet, "/instances", nil)
+	body, err := p.api.Call(ctx, op, ref, http.MethodGet, "/instances", nil)
 	if err != nil {
 		return nil, err
 	}
 	instances, err := decodeInstances(body)
 	if err != nil {
-		return nil, p.decodeError(op, ref, err)
+		return nil, p.api.DecodeError(op, ref, err)
 	}
 	return instances, nil
 }
@@ -117,13 +117,13 @@ func (p *Provider) instanceInfo(ctx context.Context, op, id string) (wireInstanc
 // instanceInfoRaw reads one instance and also returns the raw record, from
 // which an observation's NativeJSON is cut.
 func (p *Provider) instanceInfoRaw(ctx context.Context, op, id string) (wireInstance, []byte, error) {
-	body, err := p.call(ctx, op, id, http.MethodGet, "/instances/"+url.PathEscape(id)+"/info", nil)
+	body, err := p.api.Call(ctx, op, id, http.MethodGet, "/instances/"+url.PathEscape(id)+"/info", nil)
 	if err != nil {
 		return wireInstance{}, nil, err
 	}
 	in, err := decodeInstance(body)
 	if err != nil {
-		return wireInstance{}, nil, p.decodeError(op, id, err)
+		return wireInstance{}, nil, p.api.DecodeError(op, id, err)
 	}
 	return in, body, nil
 }

@@ -14,13 +14,12 @@ package shadeform
 import (
 	"context"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/adapters/capacity/apicall"
 	"github.com/warmfleet/warmfleet/internal/keyed"
 )
 
@@ -60,9 +59,7 @@ type Config struct {
 // Provider implements capacity.Provider against Shadeform's API.
 type Provider struct {
 	connID string
-	base   string
-	key    APIKey
-	http   *http.Client
+	api    *apicall.Client
 	log    *zap.Logger
 	now    func() time.Time
 	os     string
@@ -82,7 +79,7 @@ var (
 
 // New returns a Provider. It makes no request; Verify does.
 func New(cfg Config) (*Provider, error) {
-	key, err := loadAPIKey(cfg)
+	key, err := apicall.KeySource{Provider: Type, Key: cfg.APIKey, File: cfg.APIKeyFile, Env: EnvAPIKey, Getenv: cfg.Getenv}.Load()
 	if err != nil {
 		return nil, err
 	}
@@ -90,25 +87,11 @@ func New(cfg Config) (*Provider, error) {
 	if base == "" {
 		base = DefaultBaseURL
 	}
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
-		return nil, &capacity.Error{Code: capacity.CodeInvalid, Provider: Type, Op: "configure", Message: "base URL must be http(s)://host[/path] without credentials"}
+	api, err := apicall.NewClient(Type, base, key, func(r *http.Request, k string) { r.Header.Set("X-API-KEY", k) }, cfg.HTTPClient, cfg.Logger, cfg.Now)
+	if err != nil {
+		return nil, err
 	}
-	client := cfg.HTTPClient
-	if client == nil {
-		client = &http.Client{Timeout: 60 * time.Second}
-	}
-	p := &Provider{
-		connID: cfg.ConnectionID, base: strings.TrimRight(u.String(), "/"), key: key,
-		http: guardRedirects(client), log: cfg.Logger, now: cfg.Now, os: cfg.OS, sshKey: cfg.SSHKeyID,
-	}
-	if p.log == nil {
-		p.log = zap.NewNop()
-	}
-	if p.now == nil {
-		p.now = time.Now
-	}
-	return p, nil
+	return &Provider{connID: cfg.ConnectionID, api: api, log: api.Log, now: api.Now, os: cfg.OS, sshKey: cfg.SSHKeyID}, nil
 }
 
 // support is what Shadeform offers through this adapter.
@@ -138,13 +121,13 @@ func (p *Provider) Support() capacity.Support { return support }
 // Declaration states the adapter type and its capacity support.
 func (p *Provider) Declaration() capacity.Declaration {
 	s := support
-	return capacity.Declaration{Type: Type, Capacity: &s}
+	return capacity.Declaration{Type: Type, Lane: capacity.LaneNodes, Capacity: &s}
 }
 
 // Verify lists instances: it checks the key and reachability and allocates
 // nothing.
 func (p *Provider) Verify(ctx context.Context) error {
-	_, err := p.call(ctx, "verify", "", http.MethodGet, "/instances", nil)
+	_, err := p.api.Call(ctx, "verify", "", http.MethodGet, "/instances", nil)
 	return err
 }
 
@@ -154,13 +137,13 @@ func (p *Provider) ListCapacity(ctx context.Context, q capacity.OfferQuery) ([]c
 	if q.AvailableOnly {
 		path += "?available=true"
 	}
-	body, err := p.call(ctx, "list_capacity", "", http.MethodGet, path, nil)
+	body, err := p.api.Call(ctx, "list_capacity", "", http.MethodGet, path, nil)
 	if err != nil {
 		return nil, err
 	}
 	types, err := decodeInstanceTypes(body)
 	if err != nil {
-		return nil, p.decodeError("list_capacity", "", err)
+		return nil, p.api.DecodeError("list_capacity", "", err)
 	}
 	var out []capacity.Offer
 	for _, o := range offersOf(types) {

@@ -1,4 +1,4 @@
-package shadeform
+package apicall
 
 import (
 	"encoding/json"
@@ -12,33 +12,35 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 )
 
-// maxMessageBytes bounds how much of a provider's error text reaches our
+// MaxMessageBytes bounds how much of a provider's error text reaches our
 // errors (and so logs and events).
-const maxMessageBytes = 300
+const MaxMessageBytes = 300
 
 // sanitizeWindow is how much of an error body is looked at.
 const sanitizeWindow = 64 << 10
 
-// maxRetryAfter caps a provider's Retry-After so a garbled header cannot
+// MaxRetryAfter caps a provider's Retry-After so a garbled header cannot
 // park a caller for days.
-const maxRetryAfter = time.Hour
+const MaxRetryAfter = time.Hour
 
-// stockPhrases are what Shadeform and the clouds behind it say when there is
-// nothing to rent. Matched case-insensitively in the error message.
-var stockPhrases = []string{
+// StockPhrases are what providers and the clouds behind them say when
+// there is nothing to rent, matched case-insensitively in an error's
+// message; an adapter may add its provider's own.
+var StockPhrases = []string{
 	"out of stock", "out-of-stock", "out_of_stock", "out of capacity", "insufficient capacity",
 	"insufficientcapacity", "insufficient_capacity",
 	"no capacity", "capacity not available", "not enough capacity", "sold out", "no availability",
 	"not available in", "unavailable in", "insufficient resources",
 }
 
-// apiError maps a non-2xx answer to a coded error, or to an uncoded one
+// StatusError maps a non-2xx answer to a coded error, or to an uncoded one
 // when the outcome is unknown (5xx, conflicts that are not about stock).
 // The message is sanitized: the API key is removed wherever it appears,
-// control characters dropped, length bounded.
-func apiError(key APIKey, op, ref string, status int, header http.Header, body []byte, now time.Time) *capacity.Error {
-	msg := sanitize(key, errorMessage(body))
-	e := &capacity.Error{Provider: Type, Op: op, Ref: ref, Message: "HTTP " + strconv.Itoa(status)}
+// control characters dropped, length bounded. stock are the phrases that
+// mean out of stock (StockPhrases when nil).
+func StatusError(provider string, key Key, stock []string, op, ref string, status int, header http.Header, body []byte, now time.Time) *capacity.Error {
+	msg := Sanitize(key, errorMessage(body))
+	e := &capacity.Error{Provider: provider, Op: op, Ref: ref, Message: "HTTP " + strconv.Itoa(status)}
 	if msg != "" {
 		e.Message += ": " + msg
 	}
@@ -50,20 +52,23 @@ func apiError(key APIKey, op, ref string, status int, header http.Header, body [
 	case status == http.StatusTooManyRequests:
 		e.Code = capacity.CodeRateLimited
 		e.RetryAfter = retryAfter(header.Get("Retry-After"), now)
-	case outOfStock(msg):
+	case outOfStock(msg, stock):
 		e.Code = capacity.CodeOutOfStock
 	case status == http.StatusBadRequest || status == http.StatusUnprocessableEntity:
 		e.Code = capacity.CodeInvalid
 	default:
 		// 409 not about stock, 5xx, anything else: we cannot tell whether
-		// Shadeform acted, so the error stays uncoded (ambiguous).
+		// the provider acted, so the error stays uncoded (ambiguous).
 	}
 	return e
 }
 
-func outOfStock(msg string) bool {
+func outOfStock(msg string, phrases []string) bool {
+	if phrases == nil {
+		phrases = StockPhrases
+	}
 	m := strings.ToLower(msg)
-	for _, p := range stockPhrases {
+	for _, p := range phrases {
 		if strings.Contains(m, p) {
 			return true
 		}
@@ -107,16 +112,17 @@ func errorMessage(body []byte) string {
 	return strings.Join(parts, ": ")
 }
 
-// sanitize removes the key, folds whitespace and control characters to
-// single spaces, and truncates on a rune boundary.
-func sanitize(key APIKey, s string) string {
+// Sanitize removes the key, folds whitespace and control characters to
+// single spaces, and truncates on a rune boundary: what of a provider's
+// text may reach an error.
+func Sanitize(key Key, s string) string {
 	// Only the start of a long body can reach the message. Cut it before
 	// redacting (which is quadratic-ish), dropping a key's length more so a
 	// key split by the cut cannot survive as a fragment.
 	if len(s) > sanitizeWindow {
-		s = s[:sanitizeWindow-len(key.reveal())]
+		s = s[:sanitizeWindow-len(key.Reveal())]
 	}
-	s = key.redact(s)
+	s = key.Redact(s)
 	var b strings.Builder
 	space := false
 	for _, r := range s {
@@ -128,14 +134,14 @@ func sanitize(key APIKey, s string) string {
 			b.WriteByte(' ')
 			space = false
 		}
-		if b.Len()+utf8.RuneLen(r) > maxMessageBytes {
+		if b.Len()+utf8.RuneLen(r) > MaxMessageBytes {
 			b.WriteString("…")
 			break
 		}
 		b.WriteRune(r)
 	}
 	// Redact again: folding could have joined a key split by whitespace.
-	return key.redact(b.String())
+	return key.Redact(b.String())
 }
 
 // retryAfter parses Retry-After as seconds or an HTTP date; zero when
@@ -150,12 +156,12 @@ func retryAfter(v string, now time.Time) time.Duration {
 		if secs <= 0 {
 			return 0
 		}
-		if secs > int64(maxRetryAfter/time.Second) {
-			return maxRetryAfter
+		if secs > int64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter
 		}
 		d = time.Duration(secs) * time.Second
 	} else if t, err := http.ParseTime(v); err == nil {
 		d = t.Sub(now)
 	}
-	return min(max(d, 0), maxRetryAfter)
+	return min(max(d, 0), MaxRetryAfter)
 }

@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/adapters/capacity/ephemeral"
+	"github.com/warmfleet/warmfleet/adapters/capacity/ephemeral/fakeexec"
+	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane"
+	"github.com/warmfleet/warmfleet/controlplane/lane"
+	"github.com/warmfleet/warmfleet/schemas"
+)
+
+const laneImage = "registry.example/worker@sha256:3333333333333333333333333333333333333333333333333333333333333333"
+
+// TestAcceptance_EphemeralLane: with no node and no rental, a Run that
+// allows the ephemeral lane is booked there (its decision names the lane,
+// locality unknown), executes on the fake standing pool, and ends like any
+// Run: succeeded, its output stored, its attempt costed. A Run that does
+// not allow the lane never goes there. A launch whose answer is lost is
+// found again by its launch key through ListOwned, with no second
+// execution. A Run cancelled while its execution is queued has that
+// execution cancelled before it ever runs.
+func TestAcceptance_EphemeralLane(t *testing.T) {
+	exec := fakeexec.New(fakeexec.Config{QueueFor: 100 * time.Millisecond, RunFor: 700 * time.Millisecond,
+		Offers: []ephemeral.Offer{{Image: laneImage, MaxRuntimeSeconds: 3600, Offer: capacity.Offer{ID: "pool-a100", Provider: fakeexec.Type,
+			GPUModel: "A100", GPUCount: 1, CPUMillis: 8000, MemoryBytes: 32 << 30, Available: true, ReadySeconds: 2,
+			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 3_600_000, Exact: true}}}}})
+	f := newFleet(t, invitedOnly, func(c *controlplane.Config) {
+		c.WaitForCapacity = true
+		c.Lane = &lane.Config{Connections: []lane.Connection{{ID: "pool", Executor: exec, OwnershipToken: "wf-e2e"}},
+			Interval: 100 * time.Millisecond, LostAnswerAfter: time.Second}
+	})
+	laneNode := schemas.LaneNodeID("pool")
+	req := func(id string, ephemeralOK bool) schemas.RunRequest {
+		return schemas.RunRequest{RequestID: id, Image: laneImage, Command: []string{"python", "train.py"}, Args: []string{"--epochs", "1"},
+			MaxRuntimeSeconds: 600, Ephemeral: ephemeralOK}
+	}
+
+	nodeOnly := f.submit(req("node-only", false))
+	first := f.submit(req("lane-1", true))
+	r := f.waitPhase(first, schemas.PhaseSucceeded, 30*time.Second)
+	if r.NodeID != laneNode || r.Execution == nil || r.Execution.ExecutionID == "" || r.Execution.OfferID != "pool-a100" {
+		t.Fatalf("run on %s, execution %+v; want the lane", r.NodeID, r.Execution)
+	}
+	if len(r.Attempts) != 1 || r.Attempts[0].NodeID != laneNode || r.Attempts[0].CostUSD <= 0 || r.CostUSD <= 0 {
+		t.Fatalf("attempts %+v, cost %v: want one lane attempt, costed", r.Attempts, r.CostUSD)
+	}
+	if out := f.stdout(first); !strings.Contains(out, "python train.py --epochs 1") {
+		t.Fatalf("stored output %q; want what the execution returned", out)
+	}
+	decided := false
+	for _, ev := range f.events(first) {
+		if d := ev.Decision; ev.Decided() && d != nil && d.Winner == laneNode {
+			for _, c := range d.Candidates {
+				decided = decided || c.NodeID == laneNode && c.Components.ImageState == string(schemas.LocalityUnknown) && strings.Contains(c.Detail, "ephemeral lane")
+			}
+		}
+	}
+	if !decided {
+		t.Error("no decision names the lane as the winner, its locality unknown")
+	}
+	if nr, _ := f.run(nodeOnly); nr.Phase != schemas.PhaseAccepted || nr.NodeID != "" || exec.Launches() != 1 {
+		t.Fatalf("the Run that does not allow the lane is %s on %q after %d launches", nr.Phase, nr.NodeID, exec.Launches())
+	}
+
+	// A launch whose answer is lost is found by its launch key.
+	exec.LoseNextLaunch(1)
+	lost := f.submit(req("lane-lost", true))
+	lr := f.waitPhase(lost, schemas.PhaseSucceeded, 30*time.Second)
+	if exec.Launches() != 2 || lr.Attempt != 1 {
+		t.Fatalf("%d launches, attempt %d; want the lost one found, not launched again", exec.Launches(), lr.Attempt)
+	}
+	found := false
+	for _, ev := range f.events(lost) {
+		found = found || ev.Type == schemas.EventNote && strings.Contains(ev.Message, "execution "+lr.Execution.ExecutionID)
+	}
+	if !found {
+		t.Error("no event records the execution found again")
+	}
+
+	// A cancel of a queued execution: it never runs.
+	exec.Hold(true)
+	queued := f.submit(req("lane-cancel", true))
+	var qr schemas.Run
+	f.eventually(20*time.Second, "the execution to be queued", func() bool {
+		qr, _ = f.run(queued)
+		return qr.Execution != nil && qr.Execution.ExecutionID != ""
+	})
+	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+queued+`","reason":"not needed"}`), "")
+	f.waitPhase(queued, schemas.PhaseCancelled, 20*time.Second)
+	exec.Hold(false)
+	if st := exec.Executions()[qr.Execution.ExecutionID]; st != ephemeral.StateCancelled {
+		t.Fatalf("the cancelled Run's execution is %s; want cancelled before it ran", st)
+	}
+	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+nodeOnly+`"}`), "")
+	f.waitPhase(nodeOnly, schemas.PhaseCancelled, 10*time.Second)
+}
