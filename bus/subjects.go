@@ -39,8 +39,8 @@ const (
 	SubjectPrefetch = "wf.admin.prefetch"
 	// SubjectRetire retires a rental once its node is idle.
 	SubjectRetire = "wf.admin.rental.retire"
-	// SubjectConnections answers how each capacity provider connection
-	// stands ([]schemas.ConnectionStatus).
+	// SubjectConnections answers how each capacity provider and ephemeral
+	// executor connection stands ([]schemas.ConnectionStatus).
 	SubjectConnections = "wf.admin.rental.connections"
 	// SubjectPrune asks the control plane to have a node remove every image
 	// and cache nothing running or booked uses (NodeDiskPrune relays it).

@@ -292,6 +292,9 @@ func (cp *ControlPlane) services(wg *sync.WaitGroup) []service {
 	if cp.rentals != nil {
 		out = append(out, cp.rentals.Serve)
 	}
+	if cp.rentals != nil || cp.lane != nil {
+		out = append(out, withWG(cp.connections))
+	}
 	if cp.secretsService != nil {
 		out = append(out, withWG(cp.secretsService.Serve))
 	}

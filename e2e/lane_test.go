@@ -23,7 +23,8 @@ const laneImage = "registry.example/worker@sha256:333333333333333333333333333333
 // not allow the lane never goes there. A launch whose answer is lost is
 // found again by its launch key through ListOwned, with no second
 // execution. A Run cancelled while its execution is queued has that
-// execution cancelled before it ever runs.
+// execution cancelled before it ever runs. The lane's connection is shown
+// with the provider connections, verified.
 func TestAcceptance_EphemeralLane(t *testing.T) {
 	exec := fakeexec.New(fakeexec.Config{QueueFor: 100 * time.Millisecond, RunFor: 700 * time.Millisecond,
 		Offers: []ephemeral.Offer{{Image: laneImage, MaxRuntimeSeconds: 3600, Offer: capacity.Offer{ID: "pool-a100", Provider: fakeexec.Type,
@@ -51,6 +52,9 @@ func TestAcceptance_EphemeralLane(t *testing.T) {
 	}
 	if out := f.stdout(first); !strings.Contains(out, "python train.py --epochs 1") {
 		t.Fatalf("stored output %q; want what the execution returned", out)
+	}
+	if cs := f.connections(); len(cs) != 1 || cs[0].ID != "pool" || !cs[0].Lane || cs[0].State != schemas.ConnectionOK || cs[0].Type != fakeexec.Type {
+		t.Fatalf("connections %+v; want the lane's one, verified", cs)
 	}
 	decided := false
 	for _, ev := range f.events(first) {

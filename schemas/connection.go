@@ -2,8 +2,9 @@ package schemas
 
 import "time"
 
-// ConnectionStatus is how one capacity provider connection stands, as the
-// control plane replica answering sees it (wf.admin.rental.connections).
+// ConnectionStatus is how one capacity provider or ephemeral executor
+// connection stands, as the control plane replica answering sees it
+// (wf.admin.rental.connections).
 type ConnectionStatus struct {
 	ID   string `json:"id"`
 	Type string `json:"type"`
@@ -17,6 +18,9 @@ type ConnectionStatus struct {
 	// limit (0: only the overall one).
 	Live       int `json:"live"`
 	MaxRentals int `json:"max_rentals,omitempty"`
+	// Lane marks an ephemeral executor's connection: Live counts the Runs
+	// whose executions it holds, and it rents no machines.
+	Lane bool `json:"lane,omitempty"`
 }
 
 // Connection states.

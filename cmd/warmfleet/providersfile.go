@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -265,40 +266,14 @@ func (pl providerLine) settings(path string) (*serveCapacity, error) {
 	cmd := &cobra.Command{}
 	c.register(cmd)
 	flags := cmd.Flags()
-	set := func(name, value string) error {
-		if err := flags.Set(name, value); err != nil {
-			return &ProvidersFileError{Path: path, Line: pl.line, Field: "settings." + name, Err: err}
-		}
-		return nil
-	}
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for k := range pl.Settings {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
-		var one any
-		if err := json.Unmarshal(pl.Settings[name], &one); err != nil {
+	for _, name := range slices.Sorted(maps.Keys(pl.Settings)) {
+		if err := setFromJSON(flags, name, pl.Settings[name]); err != nil {
 			return nil, &ProvidersFileError{Path: path, Line: pl.line, Field: "settings." + name, Err: err}
-		}
-		vals, ok := one.([]any)
-		if !ok {
-			vals = []any{one}
-		}
-		for _, v := range vals {
-			s := fmt.Sprint(v)
-			if f, ok := v.(float64); ok {
-				s = strconv.FormatFloat(f, 'f', -1, 64)
-			}
-			if err := set(name, s); err != nil {
-				return nil, err
-			}
 		}
 	}
 	if flag, ok := credentialsFlag[pl.Type]; ok {
-		if err := set(flag, pl.CredentialsFile); err != nil {
-			return nil, err
+		if err := flags.Set(flag, pl.CredentialsFile); err != nil {
+			return nil, &ProvidersFileError{Path: path, Line: pl.line, Field: "credentials_file", Err: err}
 		}
 	}
 	c.provider, c.connection = pl.Type, pl.ID

@@ -46,7 +46,7 @@ func newRentalCmd(g *globals) *cobra.Command {
 			})
 		},
 	}, &cobra.Command{
-		Use: "connections", Short: "Show each capacity provider connection: verified or failed (and skipped), its live rentals and limit",
+		Use: "connections", Short: "Show each capacity provider and ephemeral lane connection: verified or failed (and skipped), its live rentals or executions and limit",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			conn, err := g.connect(cmd.Context())
 			if err != nil {
@@ -243,10 +243,13 @@ func connectionRows(tw *tabwriter.Writer, conns []schemas.ConnectionStatus) {
 		if !c.VerifiedAt.IsZero() {
 			verified = c.VerifiedAt.UTC().Format(time.RFC3339)
 		}
-		state := c.State
+		state, typ := c.State, c.Type
 		if c.State == schemas.ConnectionFailed {
 			state += " (skipped)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", c.ID, c.Type, state, c.Live, limit, verified, or(c.Error, "-"))
+		if c.Lane {
+			typ += " (lane)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", c.ID, typ, state, c.Live, limit, verified, or(c.Error, "-"))
 	}
 }

@@ -108,6 +108,30 @@ func (c *serveCapacity) register(cmd *cobra.Command) {
 
 // resolve fills every flag not given on the command line from the config
 // file, then from the environment.
+// setFromJSON sets a flag from a JSON value, as the command line would:
+// each element of an array is one occurrence of the flag; a number is
+// written without an exponent.
+func setFromJSON(flags *pflag.FlagSet, name string, raw json.RawMessage) error {
+	var one any
+	if err := json.Unmarshal(raw, &one); err != nil {
+		return err
+	}
+	vals, ok := one.([]any)
+	if !ok {
+		vals = []any{one}
+	}
+	for _, v := range vals {
+		s := fmt.Sprint(v)
+		if f, ok := v.(float64); ok {
+			s = strconv.FormatFloat(f, 'f', -1, 64)
+		}
+		if err := flags.Set(name, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (c *serveCapacity) resolve(flags *pflag.FlagSet, getenv func(string) string) error {
 	fromEnv := func(name string) error {
 		if flags.Changed(name) {
@@ -140,24 +164,8 @@ func (c *serveCapacity) resolve(flags *pflag.FlagSet, getenv func(string) string
 			if onCommandLine[name] {
 				continue // the command line wins
 			}
-			var vals []any
-			var one any
-			if err := json.Unmarshal(raw, &one); err != nil {
+			if err := setFromJSON(flags, name, raw); err != nil {
 				return fmt.Errorf("provider config %s: %s: %w", c.configFile, name, err)
-			}
-			if list, ok := one.([]any); ok {
-				vals = list
-			} else {
-				vals = []any{one}
-			}
-			for _, v := range vals {
-				s := fmt.Sprint(v)
-				if f, ok := v.(float64); ok {
-					s = strconv.FormatFloat(f, 'f', -1, 64)
-				}
-				if err := flags.Set(name, s); err != nil {
-					return fmt.Errorf("provider config %s: %s: %w", c.configFile, name, err)
-				}
 			}
 		}
 	}

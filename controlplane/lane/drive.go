@@ -9,15 +9,23 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/adapters/capacity/ephemeral"
+	"github.com/warmfleet/warmfleet/controlplane/connhealth"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
-// Run drives the lane's executions until ctx ends.
+// Run drives the lane's executions until ctx ends, checking its
+// connections at start and a failed one again each VerifyInterval.
 func (m *Manager) Run(ctx context.Context) {
 	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
+	m.verify(ctx, connhealth.Every)
+	checked := time.Now()
 	for {
+		if time.Since(checked) >= m.cfg.VerifyInterval {
+			m.verify(ctx, connhealth.NotVerified)
+			checked = time.Now()
+		}
 		for _, r := range m.cache.ActiveRuns() {
 			if ctx.Err() != nil {
 				return

@@ -19,6 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/adapters/capacity/ephemeral"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
+	"github.com/warmfleet/warmfleet/controlplane/connhealth"
 	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/runs"
 	"github.com/warmfleet/warmfleet/schemas"
@@ -50,6 +51,9 @@ type Config struct {
 	// LostAnswerAfter is how long a booked attempt may go without its
 	// execution's id before the launch is taken as lost (10s).
 	LostAnswerAfter time.Duration
+	// VerifyInterval is how often a connection whose check failed is
+	// checked again (1m); until it passes, no Run is sent through it.
+	VerifyInterval time.Duration
 }
 
 func (c *Config) defaults() {
@@ -65,6 +69,9 @@ func (c *Config) defaults() {
 	if c.LostAnswerAfter <= 0 {
 		c.LostAnswerAfter = 10 * time.Second
 	}
+	if c.VerifyInterval <= 0 {
+		c.VerifyInterval = time.Minute
+	}
 	for i := range c.Connections {
 		if c.Connections[i].OwnershipToken == "" {
 			c.Connections[i].OwnershipToken = "warmfleet-" + c.Connections[i].ID
@@ -74,12 +81,13 @@ func (c *Config) defaults() {
 
 // Manager is the lane.
 type Manager struct {
-	cfg   Config
-	conn  *bus.Conn
-	cache *cache.Cache
-	runs  *runs.Store
-	now   func() time.Time
-	log   *zap.Logger
+	cfg    Config
+	health map[string]*connhealth.Health
+	conn   *bus.Conn
+	cache  *cache.Cache
+	runs   *runs.Store
+	now    func() time.Time
+	log    *zap.Logger
 }
 
 // New returns the lane over cfg's connections.
@@ -95,7 +103,7 @@ func New(cfg Config, conn *bus.Conn, c *cache.Cache, store *runs.Store, now func
 		}
 		seen[k.ID] = true
 	}
-	return &Manager{cfg: cfg, conn: conn, cache: c, runs: store, now: now, log: log}, nil
+	return &Manager{cfg: cfg, health: healthOf(cfg.Connections), conn: conn, cache: c, runs: store, now: now, log: log}, nil
 }
 
 // Owns reports whether r's attempt is booked on the lane: its steps are
@@ -118,17 +126,19 @@ type candidate struct {
 // launches the execution. d is the placement decision; the lane is added
 // to it as the winning candidate. It reports whether r was booked.
 func (m *Manager) Take(ctx context.Context, r schemas.Run, d schemas.BookingDecision, start float64) (bool, error) {
-	if r.Request.LaneIneligible() != "" {
+	// An offer ready at once is the best the lane can do; when even that
+	// loses, no provider is asked.
+	if r.Request.LaneIneligible() != "" || !m.beats(0, start) {
 		return false, nil
 	}
 	best, ok := m.best(ctx, r)
 	if !ok {
 		return false, nil
 	}
-	rental := m.rentalReady()
 	if !m.beats(best.ready, start) {
 		return false, nil
 	}
+	rental := m.rentalReady()
 	node := schemas.LaneNodeID(best.conn.ID)
 	price := float64(best.offer.PricePerHour.MicrosPerHour) / 1e6
 	d.Winner, d.WinnerQueued, d.GPUs, d.FetchFirst = node, false, nil, false
@@ -163,11 +173,16 @@ func (m *Manager) beats(ready, start float64) bool {
 	return ready+margin < start && ready+margin < m.rentalReady()
 }
 
-// best is the soonest offer for r over every connection, cheaper first
-// on a tie; a connection whose listing fails is left out.
+// best is the soonest offer for r over every connection that passed its
+// check, cheaper first on a tie; a connection whose listing fails is left
+// out.
 func (m *Manager) best(ctx context.Context, r schemas.Run) (candidate, bool) {
+	m.verify(ctx, connhealth.Pending)
 	var all []candidate
 	for _, k := range m.cfg.Connections {
+		if !m.health[k.ID].Usable() {
+			continue
+		}
 		offers, err := k.Executor.ListOffers(ctx, ephemeral.OfferQuery{Resources: r.Request.Resources, GPU: r.Request.GPU, Image: r.Request.Image})
 		if err != nil {
 			m.log.Warn("lane offers", zap.String("connection_id", k.ID), zap.Error(err))

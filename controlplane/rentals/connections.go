@@ -5,12 +5,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/controlplane/connhealth"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -30,12 +30,7 @@ type Connection struct {
 // conn is a Connection with its health, as this replica last verified it.
 type conn struct {
 	Connection
-	typ string
-
-	mu         sync.Mutex
-	state      string
-	err        string
-	verifiedAt time.Time
+	health *connhealth.Health
 }
 
 func newConn(c Connection) *conn {
@@ -46,45 +41,18 @@ func newConn(c Connection) *conn {
 	if d, ok := c.Provider.(capacity.Declarer); ok {
 		typ = d.Declaration().Type
 	}
-	return &conn{Connection: c, typ: typ, state: schemas.ConnectionPending}
+	return &conn{Connection: c, health: connhealth.New(c.ID, typ)}
 }
 
 // usable reports whether the connection's last Verify succeeded.
-func (c *conn) usable() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.state == schemas.ConnectionOK
-}
-
-// verify runs the provider's Verify and records the outcome.
-func (c *conn) verify(ctx context.Context, now time.Time, log *zap.Logger) {
-	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err := c.Provider.Verify(vctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	was := c.state
-	c.verifiedAt = now
-	if err != nil {
-		c.state, c.err = schemas.ConnectionFailed, err.Error()
-		if was != schemas.ConnectionFailed {
-			log.Warn("provider connection failed its check; skipped until it passes", zap.String("connection_id", c.ID), zap.String("type", c.typ), zap.Error(err))
-		}
-		return
-	}
-	c.state, c.err = schemas.ConnectionOK, ""
-	if was != schemas.ConnectionOK {
-		log.Info("provider connection verified", zap.String("connection_id", c.ID), zap.String("type", c.typ))
-	}
-}
+func (c *conn) usable() bool { return c.health.Usable() }
 
 // status is the connection as operators see it, with live rentals counted
 // from rentals.
 func (c *conn) status(rentals []schemas.Rental) schemas.ConnectionStatus {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return schemas.ConnectionStatus{ID: c.ID, Type: c.typ, State: c.state, Error: c.err, VerifiedAt: c.verifiedAt,
-		Live: liveOn(rentals, c.ID), MaxRentals: c.MaxRentals}
+	st := c.health.Status()
+	st.Live, st.MaxRentals = liveOn(rentals, c.ID), c.MaxRentals
+	return st
 }
 
 // atLimit reports whether the connection holds as many machines as it may.
@@ -136,23 +104,15 @@ func (cs connections) usable() []*conn {
 // ready verifies the connections not yet checked, then returns the usable
 // ones, by id.
 func (cs connections) ready(ctx context.Context, now time.Time, log *zap.Logger) []*conn {
-	for _, c := range cs.order {
-		c.mu.Lock()
-		pending := c.state == schemas.ConnectionPending
-		c.mu.Unlock()
-		if pending {
-			c.verify(ctx, now, log)
-		}
-	}
+	cs.verify(ctx, connhealth.Pending, now, log)
 	return cs.usable()
 }
 
-// verify checks every connection (all: true) or only those not verified
-// ok.
-func (cs connections) verify(ctx context.Context, all bool, now time.Time, log *zap.Logger) {
+// verify checks the connections whose current state which selects.
+func (cs connections) verify(ctx context.Context, which func(state string) bool, now time.Time, log *zap.Logger) {
 	for _, c := range cs.order {
-		if all || !c.usable() {
-			c.verify(ctx, now, log)
+		if which(c.health.State()) {
+			c.health.Verify(ctx, c.Provider.Verify, now, log)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/bus"
+	"github.com/warmfleet/warmfleet/controlplane/connhealth"
 	"github.com/warmfleet/warmfleet/schemas"
 	"go.uber.org/zap"
 )
@@ -43,7 +44,11 @@ func (m *Manager) Run(ctx context.Context) {
 		if janitor {
 			// Every replica keeps its connections' status current; a
 			// failed one may have come back.
-			m.conns.verify(ctx, lastJanitor.IsZero(), m.now(), m.log)
+			which := connhealth.NotVerified
+			if lastJanitor.IsZero() {
+				which = connhealth.Every
+			}
+			m.conns.verify(ctx, which, m.now(), m.log)
 		}
 		if lease.leading() {
 			m.pass(ctx)

@@ -87,11 +87,7 @@ func (m *Manager) Serve(ctx context.Context) (stop func(), err error) {
 	stopRetire, err := requests.Serve(ctx, &m.wg, m.conn.NC, requests.Coded(bus.SubjectRetire, "body is not an AdminRequest",
 		func(r *schemas.AdminRequest) error {
 			return schemas.ValidateID("rental_id", r.ID, schemas.CodeMalformed)
-		}, m.askRetire, m.log),
-		requests.Coded(bus.SubjectConnections, "body is not an AdminRequest", func(*schemas.AdminRequest) error { return nil },
-			func(context.Context, string, schemas.AdminRequest) ([]schemas.ConnectionStatus, error) {
-				return m.Connections(), nil
-			}, m.log))
+		}, m.askRetire, m.log))
 	if err != nil {
 		cancel()
 		m.wg.Wait()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/adapters/capacity/fake"
+	"github.com/warmfleet/warmfleet/controlplane/connhealth"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/schemas"
 )
@@ -57,7 +58,7 @@ func spotManager(t *testing.T, now time.Time) *Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns.verify(context.Background(), true, now, zap.NewNop())
+	conns.verify(context.Background(), connhealth.Every, now, zap.NewNop())
 	m := &Manager{cfg: cfg, conns: conns}
 	m.market = &market{cfg: &m.cfg, placement: placement.DefaultConfig(), conns: conns, now: func() time.Time { return now }, log: zap.NewNop()}
 	return m
