@@ -8,6 +8,7 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/admission"
 	"github.com/warmfleet/warmfleet/controlplane/artifactauth"
 	"github.com/warmfleet/warmfleet/controlplane/lane"
+	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodecreds"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/registryauth"
@@ -227,4 +228,10 @@ func (c *Config) check() error {
 		return fmt.Errorf("controlplane: tenant registry credentials: %w", err)
 	}
 	return nil
+}
+
+// timing is when the scheduler (and the lane, for its own Runs) resends a
+// booked Run's commands and stops one past its max runtime.
+func (c Config) timing() lifecycle.Timing {
+	return lifecycle.Timing{RedispatchAfter: c.RedispatchAfter, MaxRuntimeSlack: c.MaxRuntimeSlack}
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/warmfleet/warmfleet/controlplane/ingest"
 	"github.com/warmfleet/warmfleet/controlplane/intake"
 	"github.com/warmfleet/warmfleet/controlplane/lane"
-	"github.com/warmfleet/warmfleet/controlplane/lifecycle"
 	"github.com/warmfleet/warmfleet/controlplane/nodes"
 	"github.com/warmfleet/warmfleet/controlplane/placement"
 	"github.com/warmfleet/warmfleet/controlplane/policy"
@@ -137,7 +136,7 @@ func New(ctx context.Context, conn *bus.Conn, cfg Config, log *zap.Logger) (*Con
 		return nil, err
 	}
 	cp.scheduler = scheduler.New(scheduler.Config{
-		Interval: cfg.ReconcileInterval, Timing: lifecycle.Timing{RedispatchAfter: cfg.RedispatchAfter, MaxRuntimeSlack: cfg.MaxRuntimeSlack},
+		Interval: cfg.ReconcileInterval, Timing: cfg.timing(),
 		Placement: cfg.Placement, WaitForCapacity: cfg.WaitForCapacity, Now: cfg.Now, Lane: laneStep,
 		Policy: cp.policy, Budgets: cp.usage,
 	}, cp.cache, cp.runs, cp.dispatch, cp.nodes, renter, log)
@@ -184,6 +183,7 @@ func (cp *ControlPlane) capacity(rentalsKV jetstream.KeyValue) (scheduler.Renter
 	}
 	if cfg.Lane != nil {
 		lc := *cfg.Lane
+		lc.Timing = cfg.timing()
 		if lc.RentalReady == 0 && cfg.Capacity != nil {
 			lc.RentalReady = cfg.Capacity.ReadyEstimate
 		}

@@ -23,7 +23,9 @@ const laneImage = "registry.example/worker@sha256:333333333333333333333333333333
 // not allow the lane never goes there. A launch whose answer is lost is
 // found again by its launch key through ListOwned, with no second
 // execution. A Run cancelled while its execution is queued has that
-// execution cancelled before it ever runs. The lane's connection is shown
+// execution cancelled before it ever runs; one whose start deadline
+// passes while it is queued fails deadline_exceeded, its execution
+// cancelled too. The lane's connection is shown
 // with the provider connections, verified.
 func TestAcceptance_EphemeralLane(t *testing.T) {
 	exec := fakeexec.New(fakeexec.Config{QueueFor: 100 * time.Millisecond, RunFor: 700 * time.Millisecond,
@@ -96,9 +98,19 @@ func TestAcceptance_EphemeralLane(t *testing.T) {
 	})
 	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+queued+`","reason":"not needed"}`), "")
 	f.waitPhase(queued, schemas.PhaseCancelled, 20*time.Second)
-	exec.Hold(false)
 	if st := exec.Executions()[qr.Execution.ExecutionID]; st != ephemeral.StateCancelled {
 		t.Fatalf("the cancelled Run's execution is %s; want cancelled before it ran", st)
+	}
+
+	// A start deadline passed while the execution waits in the provider's
+	// queue: the Run fails deadline_exceeded and its execution is released.
+	late := req("lane-deadline", true)
+	late.StartDeadlineSeconds = 2
+	lateID := f.submit(late)
+	dr := f.waitPhase(lateID, schemas.PhaseFailed, 20*time.Second)
+	exec.Hold(false)
+	if dr.Reason != string(schemas.CodeDeadlineExceeded) || dr.Execution == nil || exec.Executions()[dr.Execution.ExecutionID] != ephemeral.StateCancelled {
+		t.Fatalf("past its start deadline: reason %q, execution %+v; want deadline_exceeded and the execution cancelled", dr.Reason, dr.Execution)
 	}
 	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+nodeOnly+`"}`), "")
 	f.waitPhase(nodeOnly, schemas.PhaseCancelled, 10*time.Second)

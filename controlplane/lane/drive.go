@@ -45,9 +45,10 @@ func (m *Manager) Run(ctx context.Context) {
 	}
 }
 
-// drive moves one lane-booked Run on: its launch found or made, a cancel
-// or stop carried out, and what the provider says of its execution
-// reported.
+// drive moves one lane-booked Run on: its launch found or made, the
+// steps the scheduler owes a node's Run (its start deadline, a stop past
+// its max runtime), a cancel or stop carried out, and what the provider
+// says of its execution reported.
 func (m *Manager) drive(ctx context.Context, r schemas.Run) error {
 	k, ok := m.connection(r)
 	if !ok {
@@ -57,6 +58,23 @@ func (m *Manager) drive(ctx context.Context, r schemas.Run) error {
 		return m.reconcile(ctx, r, k)
 	}
 	ref := m.ref(r, k)
+	switch lifecycle.Due(r, 0, m.now(), m.cfg.Timing) {
+	case lifecycle.StepDeadline:
+		// Not started by its start deadline: the Run is left stopping, and
+		// its execution is released below.
+		run, err := m.runs.Advance(ctx, r.ID, lifecycle.DeadlineExceeded{}, false)
+		if err != nil {
+			return err
+		}
+		r = run
+	case lifecycle.StepStopOverdue:
+		// Past its max runtime, and the provider's execution timeout has
+		// not ended it: released, and ended as a timeout would end it.
+		if _, err := k.Executor.Release(ctx, ref); err != nil && !errors.Is(err, capacity.ErrNotFound) {
+			return err
+		}
+		return m.report(ctx, r, ephemeral.Execution{State: ephemeral.StateTimedOut})
+	}
 	if r.CancelRequested || r.Stopping != "" {
 		if _, err := k.Executor.Release(ctx, ref); err != nil && !errors.Is(err, capacity.ErrNotFound) {
 			return err
@@ -165,7 +183,12 @@ func (m *Manager) report(ctx context.Context, r schemas.Run, x ephemeral.Executi
 	case ephemeral.StateTimedOut:
 		code, w.StopReason = 1, string(schemas.CodeMaxRuntime)
 	case ephemeral.StateCancelled:
-		if !r.CancelRequested {
+		switch {
+		case r.Stopping != "":
+			// Stopped by the control plane, as a node's SIGTERM would: the
+			// Run's stop decides how it ends.
+			code, w.StopReason = 143, string(r.Stopping)
+		case !r.CancelRequested:
 			w.Phase, w.ExitCode, w.FinishedAt = schemas.WorkloadFailed, nil, nil
 			w.FailureCode, w.FailureReason = schemas.CodeLaunchFailed, "the provider cancelled the execution"
 		}

@@ -51,6 +51,9 @@ type Config struct {
 	// LostAnswerAfter is how long a booked attempt may go without its
 	// execution's id before the launch is taken as lost (10s).
 	LostAnswerAfter time.Duration
+	// Timing is the scheduler's: a lane Run is stopped past its start
+	// deadline, and past its max runtime plus MaxRuntimeSlack.
+	Timing lifecycle.Timing
 	// VerifyInterval is how often a connection whose check failed is
 	// checked again (1m); until it passes, no Run is sent through it.
 	VerifyInterval time.Duration
