@@ -99,7 +99,7 @@ func New(cfg Config, conn *bus.Conn, rt noderuntime.Runtime, log *zap.Logger) (*
 	a.disk = disk.New(disk.Config{NodeID: cfg.NodeID, ContentRoot: cfg.ContentRoot, CacheDir: cfg.CacheDir, ArtifactDir: cfg.ArtifactDir,
 		Watermarks: cfg.DiskWatermarks, Runtime: a.rt, Busy: a.attempts, Caches: a.caches, Artifacts: store,
 		Metrics: cfg.DiskMetrics, Removed: signal, Log: log})
-	a.output = output.New(output.Config{DataDir: cfg.DataDir, NodeID: cfg.NodeID, JS: js, Dialer: cfg.LogDialer, Poll: cfg.LogPoll,
+	a.output = output.New(output.Config{DataDir: cfg.DataDir, NodeID: cfg.NodeID, JS: js, Dialer: cfg.LogDialer, Poll: cfg.LogPoll, RefusedWait: cfg.LogRefusedWait,
 		Now: cfg.Now, Metrics: cfg.LogMetrics, Log: log, Group: &a.wg})
 	a.workloads = &workloads{rt: a.rt, journal: j, output: a.output, attempts: a.attempts, rep: a.rep, log: log,
 		now: cfg.Now, stopGrace: cfg.StopGrace, shipTimeout: cfg.LogShipTimeout,

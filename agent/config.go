@@ -73,6 +73,9 @@ type Config struct {
 	// LogPoll is how often a running attempt's output is read for new
 	// lines; DefaultLogPoll when zero.
 	LogPoll time.Duration
+	// LogRefusedWait is the longest wait between refused log logins of a
+	// Run's output before refusals have gone on long (10s when zero).
+	LogRefusedWait time.Duration
 	// LogShipTimeout bounds how long an exit report waits for the attempt's
 	// output to be stored; DefaultLogShipTimeout when zero. Shipping goes
 	// on after it.

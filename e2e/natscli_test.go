@@ -62,7 +62,9 @@ func TestAcceptance_NatsCLIExamples(t *testing.T) {
 	subCtx, subCancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer subCancel()
 	sub := cli.follow(subCtx, steps["sub"], []string{"--count", "60"}, func(line string) bool {
-		return strings.Contains(line, `"run_id":"`+runID+`"`) && strings.Contains(line, `"phase":"succeeded"`)
+		// The phase event, not the attempt_ended one just before it that
+		// carries the same phase.
+		return strings.Contains(line, `"run_id":"`+runID+`"`) && strings.Contains(line, `"type":"phase"`) && strings.Contains(line, `"phase":"succeeded"`)
 	})
 	cli.waitSubscribed(sub, steps["sub"][1], 10*time.Second)
 	// The Run's output, live: its one line arrives as a message.

@@ -193,7 +193,8 @@ func (sf *secureFleet) startAgentWith(id, token, dataDir string, sessions noderu
 	}
 	a, err := agent.New(agent.Config{NodeID: id, Generation: 1, EnrollmentToken: token, DataDir: dataDir,
 		StopGrace: time.Second, Credentials: creds, Sessions: sessions, Capacity: schemas.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30},
-		LogDialer: bus.RunLogDialer(sf.url, id, sf.tls, creds, log)}, conn, rt, log)
+		// A refused log login is tried again within a second, not ten.
+		LogDialer: bus.RunLogDialer(sf.url, id, sf.tls, creds, log), LogRefusedWait: time.Second}, conn, rt, log)
 	if err != nil {
 		sf.t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package output
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,10 +40,13 @@ type Config struct {
 	JS     jetstream.JetStream
 	Dialer Dialer
 	// Poll is how often a running attempt's files are read for new lines.
-	Poll    time.Duration
-	Now     func() time.Time
-	Metrics Metrics // nil: none
-	Log     *zap.Logger
+	Poll time.Duration
+	// RefusedWait is the longest wait between refused log logins before
+	// they have gone on long (refusedWait when zero).
+	RefusedWait time.Duration
+	Now         func() time.Time
+	Metrics     Metrics // nil: none
+	Log         *zap.Logger
 	// Group is the owner's: every shipment runs in it, under the context
 	// Ship is given.
 	Group *sync.WaitGroup
@@ -162,9 +166,9 @@ var errDropped = errors.New("the output directory was removed before it shipped"
 // tells the agent only "authorization violation", whether the callout
 // failed to read a record (transient) or the Run is no longer booked here,
 // so no number of refusals proves the output unwanted. Waits grow to
-// refusedWait, then to refusedWaitLong after refusedLongAfter refusals in a
-// row, when the agent also logs, once, that the output is kept and how to
-// drop it.
+// Config.RefusedWait (refusedWait), then to refusedWaitLong after
+// refusedLongAfter refusals in a row, when the agent also logs, once, that
+// the output is kept and how to drop it.
 const (
 	refusedWait      = 10 * time.Second
 	refusedWaitLong  = 2 * time.Minute
@@ -194,7 +198,7 @@ func (sh *Shipment) dial(ctx context.Context) (jetstream.JetStream, func(), erro
 			}
 			return js, closeJS, nil
 		}
-		maxWait := refusedWait
+		maxWait := cmp.Or(cfg.RefusedWait, refusedWait)
 		if bus.IsAuthError(err) {
 			refused++
 			cfg.Log.Warn("log login refused; output kept, retrying", zap.String("run_id", sh.meta.RunID),
