@@ -25,15 +25,19 @@ const laneImage = "registry.example/worker@sha256:333333333333333333333333333333
 // execution. A Run cancelled while its execution is queued has that
 // execution cancelled before it ever runs; one whose start deadline
 // passes while it is queued fails deadline_exceeded, its execution
-// cancelled too. The lane's connection is shown
+// cancelled too; one that runs past its max runtime on a pool that does
+// not enforce it is released by the lane and fails max_runtime. The lane's
+// connection is shown
 // with the provider connections, verified.
 func TestAcceptance_EphemeralLane(t *testing.T) {
-	exec := fakeexec.New(fakeexec.Config{QueueFor: 100 * time.Millisecond, RunFor: 700 * time.Millisecond,
+	// A pool that does not enforce the execution timeout, so the lane's own
+	// stop past a Run's max runtime is what ends a hung execution.
+	exec := fakeexec.New(fakeexec.Config{QueueFor: 100 * time.Millisecond, RunFor: 700 * time.Millisecond, IgnoreTimeout: true,
 		Offers: []ephemeral.Offer{{Image: laneImage, MaxRuntimeSeconds: 3600, Offer: capacity.Offer{ID: "pool-a100", Provider: fakeexec.Type,
 			GPUModel: "A100", GPUCount: 1, CPUMillis: 8000, MemoryBytes: 32 << 30, Available: true, ReadySeconds: 2,
 			PricePerHour: capacity.Price{Currency: "USD", MicrosPerHour: 3_600_000, Exact: true}}}}})
 	f := newFleet(t, invitedOnly, func(c *controlplane.Config) {
-		c.WaitForCapacity = true
+		c.WaitForCapacity, c.MaxRuntimeSlack = true, 500*time.Millisecond
 		c.Lane = &lane.Config{Connections: []lane.Connection{{ID: "pool", Executor: exec, OwnershipToken: "wf-e2e"}},
 			Interval: 100 * time.Millisecond, LostAnswerAfter: time.Second}
 	})
@@ -111,6 +115,15 @@ func TestAcceptance_EphemeralLane(t *testing.T) {
 	exec.Hold(false)
 	if dr.Reason != string(schemas.CodeDeadlineExceeded) || dr.Execution == nil || exec.Executions()[dr.Execution.ExecutionID] != ephemeral.StateCancelled {
 		t.Fatalf("past its start deadline: reason %q, execution %+v; want deadline_exceeded and the execution cancelled", dr.Reason, dr.Execution)
+	}
+	// Past its max runtime (and the slack) on a pool that does not stop
+	// it: the lane releases the execution and the Run ends as a timeout.
+	hung := req("lane-overdue", true)
+	hung.Command, hung.MaxRuntimeSeconds = []string{"hang"}, 1
+	hungID := f.submit(hung)
+	hr := f.waitPhase(hungID, schemas.PhaseFailed, 20*time.Second)
+	if hr.Reason != string(schemas.CodeMaxRuntime) || hr.Execution == nil || exec.Executions()[hr.Execution.ExecutionID] != ephemeral.StateCancelled {
+		t.Fatalf("past its max runtime: reason %q, execution %+v; want max_runtime and the execution released", hr.Reason, hr.Execution)
 	}
 	f.publish(bus.CancelSubject(schemas.DefaultTenant, bus.OperatorUser), []byte(`{"run_id":"`+nodeOnly+`"}`), "")
 	f.waitPhase(nodeOnly, schemas.PhaseCancelled, 10*time.Second)

@@ -27,6 +27,9 @@ type Config struct {
 	QueueFor, RunFor time.Duration
 	// RejectCredentials fails every call unauthorized.
 	RejectCredentials bool
+	// IgnoreTimeout is a provider that does not enforce the execution
+	// timeout it is given: only a release ends a long execution.
+	IgnoreTimeout bool
 }
 
 // Executor is the fake.
@@ -83,7 +86,7 @@ func (e *Executor) Hold(on bool) {
 		now := time.Now()
 		for _, x := range e.execs {
 			if x.state == ephemeral.StateQueued {
-				x.startAt, x.endAt = now.Add(e.cfg.QueueFor), now.Add(e.cfg.QueueFor+e.cfg.RunFor)
+				e.schedule(x, now)
 			}
 		}
 	}
@@ -155,7 +158,7 @@ func (e *Executor) Launch(_ context.Context, req ephemeral.LaunchRequest) (ephem
 		OwnershipToken: req.OwnershipToken, State: ephemeral.StateQueued}, input: req.Input, createdAt: now, state: ephemeral.StateQueued,
 		timeout: time.Duration(req.ExecutionTimeoutSeconds) * time.Second}
 	if !e.hold {
-		x.startAt, x.endAt = now.Add(e.cfg.QueueFor), now.Add(e.cfg.QueueFor+e.cfg.RunFor)
+		e.schedule(x, now)
 	}
 	e.execs[id] = x
 	e.order = append(e.order, id)
@@ -166,6 +169,15 @@ func (e *Executor) Launch(_ context.Context, req ephemeral.LaunchRequest) (ephem
 	return ephemeral.LaunchReceipt{ExecutionID: id, State: ephemeral.StateQueued, AcceptedAt: now}, nil
 }
 
+// schedule starts x's timeline at now: queued for QueueFor, then running
+// for RunFor, or until released when its command is "hang".
+func (e *Executor) schedule(x *execution, now time.Time) {
+	x.startAt, x.endAt = now.Add(e.cfg.QueueFor), now.Add(e.cfg.QueueFor+e.cfg.RunFor)
+	if slices.Contains(x.input.Command, "hang") {
+		x.endAt = now.Add(24 * time.Hour)
+	}
+}
+
 // advance moves x along its timeline.
 func (e *Executor) advance(x *execution, now time.Time) {
 	if x.state.Ended() || x.startAt.IsZero() {
@@ -174,7 +186,7 @@ func (e *Executor) advance(x *execution, now time.Time) {
 	if !now.Before(x.startAt) {
 		x.state = ephemeral.StateRunning
 	}
-	if x.timeout > 0 && now.Sub(x.startAt) > x.timeout && x.endAt.Sub(x.startAt) > x.timeout {
+	if x.timeout > 0 && !e.cfg.IgnoreTimeout && now.Sub(x.startAt) > x.timeout && x.endAt.Sub(x.startAt) > x.timeout {
 		x.state = ephemeral.StateTimedOut
 		return
 	}
