@@ -41,6 +41,7 @@ type Store struct {
 	cache  *cache.Cache
 	log    *zap.Logger
 	repair outboxRepair
+	order  *publishOrder
 
 	transitions atomic.Int64
 	eventsSent  atomic.Int64
@@ -48,7 +49,7 @@ type Store struct {
 
 // NewStore returns a store over wf_runs (kv) and WF_EVENTS (through js).
 func NewStore(kv jetstream.KeyValue, js jetstream.JetStream, c *cache.Cache, cfg Config, log *zap.Logger) *Store {
-	return &Store{cfg: cfg, kv: kv, js: js, cache: c, log: log}
+	return &Store{cfg: cfg, kv: kv, js: js, cache: c, log: log, order: newPublishOrder()}
 }
 
 // Transitions counts writes that changed a Run; EventsPublished counts
@@ -70,8 +71,10 @@ func (e noChange) Unwrap() []error { return []error{e.err, bus.ErrNoChange} }
 // before, and its first handling may have stopped between an earlier write
 // and its publish, so the Run's outbox is published again (Nats-Msg-Id keeps
 // WF_EVENTS free of duplicates). A publish that fails after its write
-// leaves the Run marked for RepairOutboxes.
+// leaves the Run marked for RepairOutboxes. This replica's writes of one
+// Run and their publishes happen one at a time (publishOrder).
 func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transition, redelivered bool) (schemas.Run, error) {
+	defer s.order.lock(runID)()
 	now := s.cfg.Now()
 	var from schemas.Phase
 	// The cached copy seeds the CAS: most writes then need no read first.
@@ -128,8 +131,10 @@ func (s *Store) Advance(ctx context.Context, runID string, t lifecycle.Transitio
 // already existed.
 func (s *Store) Create(ctx context.Context, tenant, identity string, req schemas.RunRequest, artifacts []schemas.ArtifactMount, pol Policy, first func(schemas.Run) lifecycle.Transition) (schemas.Run, bool, error) {
 	now := s.cfg.Now()
+	id := schemas.RunIDFor(tenant, req.RequestID)
+	defer s.order.lock(id)()
 	run := schemas.Run{
-		ID: schemas.RunIDFor(tenant, req.RequestID), Tenant: tenant, SubmittedBy: identity, Request: req, Phase: schemas.PhaseAccepted,
+		ID: id, Tenant: tenant, SubmittedBy: identity, Request: req, Phase: schemas.PhaseAccepted,
 		CreatedAt: now, UpdatedAt: now, PhaseSince: now, Artifacts: artifacts, Retry: pol.Retry, Spot: pol.Spot,
 	}
 	accepted := schemas.RunEvent{Type: schemas.EventAccepted, Phase: schemas.PhaseAccepted}
