@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -58,6 +59,34 @@ func LogMsgID(attempt, stream string, offset int64) string {
 
 // LogEndMsgID is the Nats-Msg-Id of a stream's closing message.
 func LogEndMsgID(attempt, stream string) string { return attempt + "." + stream + ".end" }
+
+// LogChunkMsg is one chunk of attempt's stream on subject, as WF_LOGS
+// keeps it: data starting at offset, written by node, its first byte
+// received at at (no time header when zero).
+func LogChunkMsg(subject, attempt, stream, node string, offset int64, at time.Time, data []byte) *nats.Msg {
+	m := logMsg(subject, attempt, stream, node)
+	m.Data = data
+	m.Header.Set(HeaderLogOffset, strconv.FormatInt(offset, 10))
+	if !at.IsZero() {
+		m.Header.Set(HeaderLogTime, at.UTC().Format(time.RFC3339Nano))
+	}
+	return m
+}
+
+// LogEndMsg closes attempt's stream on subject at size bytes.
+func LogEndMsg(subject, attempt, stream, node string, size int64) *nats.Msg {
+	m := logMsg(subject, attempt, stream, node)
+	m.Header.Set(HeaderLogEnd, strconv.FormatInt(size, 10))
+	return m
+}
+
+func logMsg(subject, attempt, stream, node string) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(HeaderLogAttempt, attempt)
+	m.Header.Set(HeaderLogStream, stream)
+	m.Header.Set(HeaderLogNode, node)
+	return m
+}
 
 // logsStreamConfig keeps output by age and size (limits retention): logs
 // outlive their Run and its node, and the oldest go first.

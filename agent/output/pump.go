@@ -3,7 +3,6 @@ package output
 import (
 	"context"
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -242,24 +241,11 @@ func (p *pump) end(ctx context.Context, final bool) (ended bool, err error) {
 }
 
 func (sh *Shipment) chunkMsg(c nodelog.Chunk) *nats.Msg {
-	m := nats.NewMsg(sh.meta.Subject)
-	m.Data = c.Data
-	m.Header.Set(bus.HeaderLogAttempt, sh.meta.AttemptID)
-	m.Header.Set(bus.HeaderLogStream, c.Stream.String())
-	m.Header.Set(bus.HeaderLogOffset, strconv.FormatInt(c.Offset, 10))
-	m.Header.Set(bus.HeaderLogNode, sh.s.cfg.NodeID)
-	if !c.At.IsZero() {
-		m.Header.Set(bus.HeaderLogTime, c.At.UTC().Format(time.RFC3339Nano))
-	}
-	return m
+	return bus.LogChunkMsg(sh.meta.Subject, sh.meta.AttemptID, c.Stream.String(), sh.s.cfg.NodeID, c.Offset, c.At, c.Data)
 }
 
 func (sh *Shipment) publishEnd(ctx context.Context, js jetstream.JetStream, s nodelog.Stream, size int64) error {
-	m := nats.NewMsg(sh.meta.Subject)
-	m.Header.Set(bus.HeaderLogAttempt, sh.meta.AttemptID)
-	m.Header.Set(bus.HeaderLogStream, s.String())
-	m.Header.Set(bus.HeaderLogNode, sh.s.cfg.NodeID)
-	m.Header.Set(bus.HeaderLogEnd, strconv.FormatInt(size, 10))
+	m := bus.LogEndMsg(sh.meta.Subject, sh.meta.AttemptID, s.String(), sh.s.cfg.NodeID, size)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err := js.PublishMsg(pctx, m, jetstream.WithMsgID(bus.LogEndMsgID(sh.meta.AttemptID, s.String())))

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/bus"
@@ -108,15 +106,7 @@ func (ra rawAttempt) publish(ctx context.Context, js jetstream.JetStream, runID,
 					}
 				}
 			}
-			m := nats.NewMsg(subject)
-			m.Data = c.Data
-			m.Header.Set(bus.HeaderLogAttempt, attempt)
-			m.Header.Set(bus.HeaderLogStream, s.String())
-			m.Header.Set(bus.HeaderLogOffset, strconv.FormatInt(c.Offset, 10))
-			m.Header.Set(bus.HeaderLogNode, node)
-			if !c.At.IsZero() {
-				m.Header.Set(bus.HeaderLogTime, c.At.UTC().Format(time.RFC3339Nano))
-			}
+			m := bus.LogChunkMsg(subject, attempt, s.String(), node, c.Offset, c.At, c.Data)
 			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(bus.LogMsgID(attempt, s.String(), c.Offset)))
 			if err != nil {
 				return err
@@ -130,11 +120,7 @@ func (ra rawAttempt) publish(ctx context.Context, js jetstream.JetStream, runID,
 		}
 	}
 	for _, s := range nodelog.Streams {
-		m := nats.NewMsg(subject)
-		m.Header.Set(bus.HeaderLogAttempt, attempt)
-		m.Header.Set(bus.HeaderLogStream, s.String())
-		m.Header.Set(bus.HeaderLogNode, node)
-		m.Header.Set(bus.HeaderLogEnd, strconv.FormatInt(ra.size[s], 10))
+		m := bus.LogEndMsg(subject, attempt, s.String(), node, ra.size[s])
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := js.PublishMsg(pctx, m, jetstream.WithMsgID(bus.LogEndMsgID(attempt, s.String())))
 		cancel()

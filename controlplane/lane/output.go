@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity/ephemeral"
@@ -30,27 +29,15 @@ func (m *Manager) store(ctx context.Context, r schemas.Run, x ephemeral.Executio
 	defer cancel()
 	for _, s := range streams {
 		if len(s.data) > 0 {
-			msg := m.logMsg(subject, r, s.name)
-			msg.Data = s.data
-			msg.Header.Set(bus.HeaderLogOffset, "0")
-			msg.Header.Set(bus.HeaderLogTime, x.ObservedAt.UTC().Format(time.RFC3339Nano))
+			msg := bus.LogChunkMsg(subject, r.AttemptID, s.name, r.NodeID, 0, x.ObservedAt, s.data)
 			if _, err := m.conn.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(bus.LogMsgID(r.AttemptID, s.name, 0))); err != nil {
 				return err
 			}
 		}
-		end := m.logMsg(subject, r, s.name)
-		end.Header.Set(bus.HeaderLogEnd, strconv.Itoa(len(s.data)))
+		end := bus.LogEndMsg(subject, r.AttemptID, s.name, r.NodeID, int64(len(s.data)))
 		if _, err := m.conn.JS.PublishMsg(pctx, end, jetstream.WithMsgID(bus.LogEndMsgID(r.AttemptID, s.name))); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func (m *Manager) logMsg(subject string, r schemas.Run, stream string) *nats.Msg {
-	msg := nats.NewMsg(subject)
-	msg.Header.Set(bus.HeaderLogAttempt, r.AttemptID)
-	msg.Header.Set(bus.HeaderLogStream, stream)
-	msg.Header.Set(bus.HeaderLogNode, r.NodeID)
-	return msg
 }
