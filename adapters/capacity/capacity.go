@@ -64,6 +64,14 @@ type Declarer interface {
 	Declaration() Declaration
 }
 
+// TypeOf is the adapter type v declares, "unknown" when it declares none.
+func TypeOf(v any) string {
+	if d, ok := v.(Declarer); ok {
+		return d.Declaration().Type
+	}
+	return "unknown"
+}
+
 // Declaration is what an adapter says about itself. Each contract an
 // adapter implements has a pointer field here that is present exactly when
 // the adapter implements that contract; contracts other than capacity add

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/adapters/capacity"
+	"github.com/warmfleet/warmfleet/adapters/capacity/fake"
 	"github.com/warmfleet/warmfleet/schemas"
 )
 
@@ -189,5 +190,26 @@ func TestEphemeralSupportValidate(t *testing.T) {
 		if err := c.s.Validate(); (err == nil) != c.ok {
 			t.Errorf("%+v: %v, want ok %v", c.s, err, c.ok)
 		}
+	}
+}
+
+// TestConnectionDefaults: a connection without its own ownership token
+// gets warmfleet-<id>, and an adapter's type is what it declares.
+func TestConnectionDefaults(t *testing.T) {
+	if got := capacity.OwnershipTokenFor("sf", ""); got != "warmfleet-sf" {
+		t.Errorf("default token %q", got)
+	}
+	if got := capacity.OwnershipTokenFor("sf", "mine"); got != "mine" {
+		t.Errorf("own token %q", got)
+	}
+	if got := capacity.TypeOf(struct{}{}); got != "unknown" {
+		t.Errorf("type of a non-declarer %q", got)
+	}
+	p, err := fake.New(fake.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := capacity.TypeOf(p); got != "fake" {
+		t.Errorf("type of the fake %q", got)
 	}
 }

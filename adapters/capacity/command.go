@@ -20,6 +20,15 @@ type Ref struct {
 	OwnershipToken string `json:"ownership_token"`
 }
 
+// OwnershipTokenFor is a connection's ownership token: token, or
+// "warmfleet-<connection id>" when it is empty.
+func OwnershipTokenFor(connectionID, token string) string {
+	if token != "" {
+		return token
+	}
+	return "warmfleet-" + connectionID
+}
+
 // Validate checks that r names a machine and carries an ownership token.
 func (r Ref) Validate() error {
 	if err := checkRef("native_ref", r.NativeRef); err != nil {

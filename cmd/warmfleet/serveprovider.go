@@ -248,13 +248,9 @@ func (c *serveCapacity) provide(ctx context.Context, flags *pflag.FlagSet, dataD
 	if err := p.Verify(vctx); err != nil {
 		return nil, nil, nil, errors.Join(fmt.Errorf("provider %s: %w", c.provider, err), shutdownLocal(lp))
 	}
-	owner := c.ownership
-	if owner == "" {
-		owner = "warmfleet-" + c.connection
-	}
 	log.Info("capacity provider configured", zap.String("provider", c.provider), zap.String("connection_id", c.connection),
 		zap.Any("support", p.Support()), zap.Int("max_rentals", c.maxRentals))
-	cfg.Connections = []rentals.Connection{{ID: c.connection, Provider: p, OwnershipToken: owner}}
+	cfg.Connections = []rentals.Connection{{ID: c.connection, Provider: p, OwnershipToken: capacity.OwnershipTokenFor(c.connection, c.ownership)}}
 	var locals []*local.Provider
 	if lp != nil {
 		locals = append(locals, lp)

@@ -12,11 +12,7 @@ import (
 func healthOf(cs []Connection) map[string]*connhealth.Health {
 	out := make(map[string]*connhealth.Health, len(cs))
 	for _, k := range cs {
-		typ := "unknown"
-		if d, ok := k.Executor.(capacity.Declarer); ok {
-			typ = d.Declaration().Type
-		}
-		out[k.ID] = connhealth.New(k.ID, typ)
+		out[k.ID] = connhealth.New(k.ID, capacity.TypeOf(k.Executor))
 	}
 	return out
 }

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warmfleet/warmfleet/adapters/capacity"
 	"github.com/warmfleet/warmfleet/adapters/capacity/ephemeral"
 	"github.com/warmfleet/warmfleet/bus"
 	"github.com/warmfleet/warmfleet/controlplane/cache"
@@ -76,9 +77,8 @@ func (c *Config) defaults() {
 		c.VerifyInterval = time.Minute
 	}
 	for i := range c.Connections {
-		if c.Connections[i].OwnershipToken == "" {
-			c.Connections[i].OwnershipToken = "warmfleet-" + c.Connections[i].ID
-		}
+		k := &c.Connections[i]
+		k.OwnershipToken = capacity.OwnershipTokenFor(k.ID, k.OwnershipToken)
 	}
 }
 

@@ -34,14 +34,8 @@ type conn struct {
 }
 
 func newConn(c Connection) *conn {
-	if c.OwnershipToken == "" {
-		c.OwnershipToken = "warmfleet-" + c.ID
-	}
-	typ := "unknown"
-	if d, ok := c.Provider.(capacity.Declarer); ok {
-		typ = d.Declaration().Type
-	}
-	return &conn{Connection: c, health: connhealth.New(c.ID, typ)}
+	c.OwnershipToken = capacity.OwnershipTokenFor(c.ID, c.OwnershipToken)
+	return &conn{Connection: c, health: connhealth.New(c.ID, capacity.TypeOf(c.Provider))}
 }
 
 // usable reports whether the connection's last Verify succeeded.
@@ -83,10 +77,17 @@ func newConnections(cs []Connection) (connections, error) {
 	return out, nil
 }
 
+// defaultConnection is the id of the one connection Config's shorthand
+// (Provider) makes, and of a rental recorded before connections had ids.
+const defaultConnection = "default"
+
+// connectionOf is the id of the connection rt was made through.
+func connectionOf(rt schemas.Rental) string { return cmp.Or(rt.ConnectionID, defaultConnection) }
+
 // of is the connection a rental was made through; false when this control
 // plane no longer has it configured.
 func (cs connections) of(rt schemas.Rental) (*conn, bool) {
-	c, ok := cs.byID[cmp.Or(rt.ConnectionID, "default")]
+	c, ok := cs.byID[connectionOf(rt)]
 	return c, ok
 }
 
@@ -121,7 +122,7 @@ func (cs connections) verify(ctx context.Context, which func(state string) bool,
 func liveOn(rentals []schemas.Rental, id string) int {
 	n := 0
 	for _, rt := range rentals {
-		if !rt.State.Done() && cmp.Or(rt.ConnectionID, "default") == id {
+		if !rt.State.Done() && connectionOf(rt) == id {
 			n++
 		}
 	}
