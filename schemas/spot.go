@@ -1,6 +1,9 @@
 package schemas
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // SpotPolicy says whether a Run may run on interruptible (spot) capacity:
 // rented machines a provider may take back at short notice for a lower
@@ -78,4 +81,19 @@ func (n *InterruptionNotice) Validate() error {
 		return refuse(CodeValueTooLong, "interruption.detail", "at most %d bytes", MaxNoticeBytes)
 	}
 	return nil
+}
+
+// CapacityKind names capacity that is, or is not, interruptible: spot or
+// on-demand.
+func CapacityKind(interruptible bool) string {
+	if interruptible {
+		return "spot"
+	}
+	return "on-demand"
+}
+
+// PoolName names a pool of capacity, its region and card, as operators
+// read it.
+func PoolName(region, gpuModel string) string {
+	return cmp.Or(region, "any region") + ", " + cmp.Or(gpuModel, "no GPU")
 }

@@ -40,7 +40,7 @@ func newRentalCmd(g *globals) *cobra.Command {
 			return g.render(cmd.OutOrStdout(), rs, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "RENTAL\tCONNECTION\tSTATE\tKIND\tNODE\tOFFER\tNATIVE\tGEN\t$/H\tCREATED\tLAST ERROR")
 				for _, r := range rs {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%s\t%s\n", r.RentalID, or(r.ConnectionID, "-"), r.State, rentalKind(r), r.NodeID, r.OfferID,
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%s\t%s\n", r.RentalID, or(r.ConnectionID, "-"), r.State, schemas.CapacityKind(r.Interruptible), r.NodeID, r.OfferID,
 						or(r.NativeRef, "-"), r.Generation, r.PricePerHour, r.CreatedAt.UTC().Format(time.RFC3339), or(r.LastError, "-"))
 				}
 			})
@@ -73,7 +73,7 @@ func newRentalCmd(g *globals) *cobra.Command {
 			}
 			return g.render(cmd.OutOrStdout(), r, func(tw *tabwriter.Writer) {
 				fmt.Fprintf(tw, "Rental:\t%s\nConnection:\t%s\nState:\t%s\nKind:\t%s\nNode:\t%s\nOffer:\t%s (%s)\nNative ref:\t%s\nGeneration:\t%d\nPrice:\t$%.2f/h\nChosen:\t%s\nLast error:\t%s\n",
-					r.RentalID, or(r.ConnectionID, "-"), r.State, rentalKind(r), r.NodeID, r.OfferID, poolOf(r), or(r.NativeRef, "-"), r.Generation, r.PricePerHour,
+					r.RentalID, or(r.ConnectionID, "-"), r.State, schemas.CapacityKind(r.Interruptible), r.NodeID, r.OfferID, schemas.PoolName(r.Region, r.GPUModel), or(r.NativeRef, "-"), r.Generation, r.PricePerHour,
 					or(r.Why, "-"), or(r.LastError, "-"))
 				fmt.Fprintln(tw, "STAGE\tAT\tSOURCE")
 				for _, s := range r.Stages {
@@ -206,19 +206,6 @@ func describeSupport(s schemas.NodeSupport, declared bool) string {
 		return "not declared (read as: " + strings.Join(parts, ", ") + ")"
 	}
 	return strings.Join(parts, ", ")
-}
-
-// rentalKind is spot or on-demand.
-func rentalKind(r schemas.Rental) string {
-	if r.Interruptible {
-		return "spot"
-	}
-	return "on-demand"
-}
-
-// poolOf names a rental's region and card.
-func poolOf(r schemas.Rental) string {
-	return or(r.Region, "any region") + ", " + or(r.GPUModel, "no GPU")
 }
 
 // printConnections writes the connections table under a rental list, or

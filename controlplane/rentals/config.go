@@ -75,7 +75,7 @@ func (c Config) Validate() error {
 // Defaults fills the zero fields.
 func (c *Config) Defaults() {
 	if c.ConnectionID == "" {
-		c.ConnectionID = "default"
+		c.ConnectionID = defaultConnection
 	}
 	if len(c.Connections) == 0 && c.Provider != nil {
 		c.Connections = []Connection{{ID: c.ConnectionID, Provider: c.Provider, OwnershipToken: c.OwnershipToken}}

@@ -1,7 +1,6 @@
 package rentals
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -301,7 +300,7 @@ func (m *Manager) sweep(ctx context.Context, cc *conn) {
 		var rt schemas.Rental
 		_, gerr := bus.GetJSON(ctx, m.store.kv, o.RentalID, &rt)
 		switch {
-		case gerr == nil && cmp.Or(rt.ConnectionID, "default") != cc.ID:
+		case gerr == nil && connectionOf(rt) != cc.ID:
 			// Another connection's rental: this machine is not it.
 		case gerr == nil && !rt.State.Done() && rt.NativeRef == "":
 			if _, err := m.adopt(ctx, rt); err != nil {

@@ -158,7 +158,7 @@ type choice struct {
 func (k *market) choose(rentals []schemas.Rental, r schemas.Run, offers []offered, within float64) choice {
 	if rt, ok := k.stoppedFor(rentals, r, offers); ok {
 		ready := k.cfg.ReadyEstimate.Seconds()
-		if i := slices.IndexFunc(offers, func(o offered) bool { return o.conn.ID == rt.ConnectionID && o.ID == rt.OfferID }); i >= 0 && offers[i].ReadySeconds > 0 {
+		if i := slices.IndexFunc(offers, offerOf(rt)); i >= 0 && offers[i].ReadySeconds > 0 {
 			ready = float64(offers[i].ReadySeconds)
 		}
 		if ready < within {
@@ -229,7 +229,7 @@ func (k *market) stoppedFor(rentals []schemas.Rental, r schemas.Run, matching []
 		if c, ok := k.conns.of(rt); !ok || !c.usable() || !c.Provider.Support().Resume {
 			continue
 		}
-		if r.Request.GPU != nil && !slices.ContainsFunc(matching, func(o offered) bool { return o.conn.ID == rt.ConnectionID && o.ID == rt.OfferID }) {
+		if r.Request.GPU != nil && !slices.ContainsFunc(matching, offerOf(rt)) {
 			continue
 		}
 		if !found || rt.PricePerHour < best.PricePerHour || (rt.PricePerHour == best.PricePerHour && rt.RentalID < best.RentalID) {

@@ -47,6 +47,11 @@ type offered struct {
 	capacity.Offer
 }
 
+// offerOf matches the offer rt was rented from, on its connection.
+func offerOf(rt schemas.Rental) func(offered) bool {
+	return func(o offered) bool { return o.conn.ID == connectionOf(rt) && o.ID == rt.OfferID }
+}
+
 // estimate is one offer as a candidate for one Run.
 type estimate struct {
 	offer *offered
@@ -147,18 +152,14 @@ func (k *market) penalised(rentals []schemas.Rental, o *offered, now time.Time) 
 	for i := range rentals {
 		rt := &rentals[i]
 		at := rt.InterruptedAt()
-		if at.IsZero() || now.Sub(at) >= k.cfg.SpotPenalty || rt.ConnectionID != o.conn.ID ||
+		if at.IsZero() || now.Sub(at) >= k.cfg.SpotPenalty || connectionOf(*rt) != o.conn.ID ||
 			rt.Region != o.Region || rt.GPUModel != o.GPUModel {
 			continue
 		}
 		return fmt.Sprintf("spot offer %s left out: rental %s was interrupted in its pool (%s) at %s; penalised until %s",
-			o.ID, rt.RentalID, poolName(o.Region, o.GPUModel), at.UTC().Format(time.RFC3339), at.Add(k.cfg.SpotPenalty).UTC().Format(time.RFC3339)), true
+			o.ID, rt.RentalID, schemas.PoolName(o.Region, o.GPUModel), at.UTC().Format(time.RFC3339), at.Add(k.cfg.SpotPenalty).UTC().Format(time.RFC3339)), true
 	}
 	return "", false
-}
-
-func poolName(region, model string) string {
-	return cmp.Or(region, "any region") + ", " + cmp.Or(model, "no GPU")
 }
 
 // explain says how e was chosen among ranked (and the offers penalised):
@@ -167,7 +168,7 @@ func explain(e estimate, ranked []estimate, penalised []string) string {
 	s := describe(e)
 	for _, o := range ranked {
 		if o.offer.Interruptible != e.offer.Interruptible {
-			s += "; best " + kindOf(o.offer) + " alternative " + describe(o)
+			s += "; best " + schemas.CapacityKind(o.offer.Interruptible) + " alternative " + describe(o)
 			break
 		}
 	}
@@ -178,16 +179,9 @@ func explain(e estimate, ranked []estimate, penalised []string) string {
 }
 
 func describe(e estimate) string {
-	s := fmt.Sprintf("%s offer %s of connection %s: ready in about %.0fs, expected $%.4f", kindOf(e.offer), e.offer.ID, e.offer.conn.ID, e.ready, e.cost)
+	s := fmt.Sprintf("%s offer %s of connection %s: ready in about %.0fs, expected $%.4f", schemas.CapacityKind(e.offer.Interruptible), e.offer.ID, e.offer.conn.ID, e.ready, e.cost)
 	if e.offer.Interruptible {
 		s += fmt.Sprintf(" (%.0f%% chance of an interruption)", 100*e.chance)
 	}
 	return s
-}
-
-func kindOf(o *offered) string {
-	if o.Interruptible {
-		return "spot"
-	}
-	return "on-demand"
 }
