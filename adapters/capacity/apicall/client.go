@@ -37,6 +37,9 @@ type Client struct {
 	Now   func() time.Time
 }
 
+// Bearer authorizes a request with the key as a bearer token.
+func Bearer(r *http.Request, key string) { r.Header.Set("Authorization", "Bearer "+key) }
+
 // NewClient checks base (http(s)://host[/path], no credentials) and returns
 // a client whose HTTP client never follows a redirect off base's host.
 func NewClient(provider, base string, key Key, authorize func(*http.Request, string), httpClient *http.Client, log *zap.Logger, now func() time.Time) (*Client, error) {

@@ -100,12 +100,11 @@ func New(cfg Config) (*Provider, error) {
 		return nil, &capacity.Error{Code: capacity.CodeInvalid, Provider: Type, Op: "configure", Message: "an agent image is required (the pods run it)"}
 	}
 	cfg.defaults()
-	bearer := func(r *http.Request, k string) { r.Header.Set("Authorization", "Bearer "+k) }
-	rest, err := apicall.NewClient(Type, cfg.BaseURL, key, bearer, cfg.HTTPClient, cfg.Logger, cfg.Now)
+	rest, err := apicall.NewClient(Type, cfg.BaseURL, key, apicall.Bearer, cfg.HTTPClient, cfg.Logger, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
-	gql, err := apicall.NewClient(Type, cfg.GraphQLURL, key, bearer, cfg.HTTPClient, cfg.Logger, cfg.Now)
+	gql, err := apicall.NewClient(Type, cfg.GraphQLURL, key, apicall.Bearer, cfg.HTTPClient, cfg.Logger, cfg.Now)
 	if err != nil {
 		return nil, err
 	}

@@ -97,7 +97,7 @@ func New(cfg Config) (*Executor, error) {
 	if base == "" {
 		base = DefaultBaseURL
 	}
-	api, err := apicall.NewClient(Type, base, key, func(r *http.Request, k string) { r.Header.Set("Authorization", "Bearer "+k) }, cfg.HTTPClient, cfg.Logger, cfg.Now)
+	api, err := apicall.NewClient(Type, base, key, apicall.Bearer, cfg.HTTPClient, cfg.Logger, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
